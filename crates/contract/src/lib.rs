@@ -1,0 +1,62 @@
+//! airlock-contract: the execution contract (what one cell may see, reach and consume),
+//! its parsing from YAML, TOML or JSON, its validation, and its pure compilation into the
+//! [`CellPlan`] the runtime applies.
+
+mod compile;
+mod contract;
+mod error;
+mod parse;
+pub mod plan;
+mod validate;
+
+pub use compile::{compile, contract_sha256, CompileInput};
+pub use contract::*;
+pub use error::{ContractError, ContractFormat, FieldError, FieldErrors};
+pub use plan::*;
+pub use validate::{BASE_ENV_NAMES, DEFAULT_PORTS, RESERVED_CELL_DIRS, RESERVED_ENV_NAMES};
+
+use std::path::Path;
+
+/// Parses and validates a contract document, bare or wrapped in `execution_contract:`.
+/// Every rule violation is reported at once; see [`ContractError::Invalid`].
+pub fn parse_contract(text: &str, format: ContractFormat) -> Result<Contract, ContractError> {
+    let contract = parse::parse_document(text, format)?;
+    validate_contract(&contract)?;
+    Ok(contract)
+}
+
+/// Checks every rule of a contract built in code (parsed contracts are already checked).
+pub fn validate_contract(contract: &Contract) -> Result<(), ContractError> {
+    validate::check(contract)
+        .map(|_| ())
+        .map_err(ContractError::Invalid)
+}
+
+/// Reads a contract file, choosing the format by its extension (`.yaml`, `.yml`, `.toml`,
+/// `.json`). The only function of this crate that does I/O.
+pub fn load_contract_file(path: &Path) -> Result<Contract, ContractError> {
+    let extension = path
+        .extension()
+        .map(|e| e.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let format = ContractFormat::from_extension(&extension).ok_or_else(|| {
+        ContractError::invalid(
+            "file",
+            format!(
+                "unknown contract extension `{extension}` of {}: use .yaml, .yml, .toml or .json",
+                path.display()
+            ),
+        )
+    })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ContractError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_contract(&text, format)
+}
+
+/// JSON Schema of a contract document (bare or wrapped), generated from the types.
+pub fn contract_json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(ContractDocument))
+        .expect("a generated schema always serialises")
+}

@@ -1,0 +1,134 @@
+//! `CellPlan`: the fully resolved, validated description of one cell, produced by
+//! [`crate::compile`] from a contract. The runtime (`airlock-cell`) only *applies* a plan;
+//! every decision about what a cell may do is made here, without I/O.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Port of the supervisor's HTTP forward/CONNECT proxy on `127.0.0.1` inside the cell.
+pub const HTTP_PROXY_PORT: u16 = 3128;
+/// Port of the supervisor's SOCKS5 proxy on `127.0.0.1` inside the cell.
+pub const SOCKS_PROXY_PORT: u16 = 1080;
+
+/// What the runtime executes. Serialised into the run's result as "the plan as enforced".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellPlan {
+    /// sha256 (hex) of the canonical JSON form of the contract this plan came from.
+    pub contract_sha256: String,
+    /// argv of the payload; argv[0] is resolved against `PATH` inside the cell.
+    pub argv: Vec<String>,
+    /// Identity the payload runs as inside the cell.
+    pub identity: CellIdentity,
+    pub hostname: String,
+    /// Absolute path inside the cell; must be inside one of the mounts.
+    pub workdir: PathBuf,
+    /// The exact environment of the payload (nothing of the host leaks in).
+    pub env: Vec<EnvVar>,
+    /// Root filesystem: always a fresh tmpfs; `readonly_root` makes it read-only after setup.
+    pub rootfs: RootfsPlan,
+    /// Mounts in the order they are applied. Targets are absolute, normalised cell paths.
+    pub mounts: Vec<MountPlan>,
+    pub network: NetworkPlan,
+    pub limits: Limits,
+    pub seccomp: SeccompPlan,
+    /// Globs (relative to the cell root, `/`-rooted after normalisation) of files allowed
+    /// to leave the cell as artifacts.
+    pub output_allowlist: Vec<String>,
+    /// Credentials the supervisor injects; values never appear in the plan.
+    pub credentials: Vec<CredentialPlan>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellIdentity {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvVar {
+    pub name: String,
+    pub value: String,
+    /// Secret values are redacted from every record, event and export.
+    pub secret: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootfsPlan {
+    /// `host` is the only image the runtime supports today.
+    pub image: RootImage,
+    pub readonly: bool,
+    /// Size cap of the root tmpfs (holds only the generated skeleton and `/etc`).
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RootImage {
+    /// Read-only view of the host's `/usr`, `/bin`, `/lib*`, `/sbin` plus a generated `/etc`.
+    Host,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MountPlan {
+    /// A host directory of the `host` image (e.g. `/usr`). Mirrored as a symlink when the
+    /// host path is a symlink (merged-/usr), skipped when `optional` and absent.
+    HostSystem { path: PathBuf, optional: bool },
+    /// A read-only input: host `source` (absolute, as resolved against the contract's
+    /// directory) bind-mounted read-only, nosuid, nodev, noexec at `target`.
+    ReadonlyInput { source: PathBuf, target: PathBuf },
+    /// A writable, size-capped tmpfs (nosuid, nodev) at `target`.
+    WritableTmpfs { target: PathBuf, size_bytes: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum NetworkPlan {
+    /// Only `lo` in the cell's network namespace; Landlock denies every TCP connect.
+    Deny,
+    /// Only `lo`; the supervisor's proxies listen on `127.0.0.1` inside the cell.
+    Allowlist { destinations: Vec<DestinationRule> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DestinationRule {
+    /// Lower-case host name; a leading `*.` matches any sub-domain (not the apex).
+    pub host_pattern: String,
+    /// Allowed ports; `[443, 80]` when the contract names none.
+    pub ports: Vec<u16>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// CPU quota in thousandths of one CPU (1000 = one full core).
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
+    /// Maximum number of tasks (processes and threads) in the cell.
+    pub process_limit: u32,
+    pub wall_time_ms: u64,
+    /// Combined stdout+stderr bytes kept; the rest is counted and dropped.
+    pub output_bytes: u64,
+    /// RLIMIT_NOFILE of the payload.
+    pub open_files: u64,
+    /// RLIMIT_FSIZE of the payload.
+    pub file_size_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "profile", rename_all = "snake_case")]
+pub enum SeccompPlan {
+    /// airlock's built-in allowlist (Docker's default profile plus agent hardening).
+    Default,
+    /// A profile in Docker's seccomp JSON format, read by the runtime from `path`; the
+    /// built-in hardening (foreign arches, x32, namespace flags, TIOCSTI) still applies.
+    DockerJson { path: PathBuf },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialPlan {
+    pub name: String,
+    /// Environment variable set inside the cell.
+    pub env: String,
+    /// Environment variable of the trusted supervisor the value is read from.
+    pub from_env: String,
+}

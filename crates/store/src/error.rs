@@ -1,0 +1,170 @@
+use std::fmt;
+use std::path::PathBuf;
+
+/// Where `verify()` found the audit trail to be inconsistent.
+///
+/// `seq` names the audit entry (if the break is in the chain) and `run_id` the run
+/// (if the entry or row belongs to one), so an operator can go straight to the record.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ChainBreak {
+    pub seq: Option<i64>,
+    pub run_id: Option<String>,
+    pub reason: String,
+}
+
+impl fmt::Display for ChainBreak {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.seq, &self.run_id) {
+            (Some(seq), Some(run)) => write!(f, "audit entry seq {seq} (run {run})")?,
+            (Some(seq), None) => write!(f, "audit entry seq {seq}")?,
+            (None, Some(run)) => write!(f, "run {run}")?,
+            (None, None) => write!(f, "audit chain")?,
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+/// Coarse classification of a [`StoreError`], for callers that map errors to exit codes,
+/// metrics or HTTP statuses without matching on every variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The store cannot be written (read-only file system, immutable file, permissions).
+    ReadOnly,
+    /// No space left for the database or its WAL.
+    DiskFull,
+    /// Another writer held the lock longer than the busy timeout.
+    Busy,
+    /// The file is not a usable airlock database (corrupt, foreign, or newer schema).
+    Corrupt,
+    /// Anything else the operating system or SQLite reported.
+    Io,
+    /// The caller asked for something invalid (unknown status, reserved event kind, ...).
+    InvalidInput,
+    /// The run named by the caller does not exist.
+    NotFound,
+    /// The run is not in a state that allows the operation (e.g. finished twice).
+    Conflict,
+    /// `verify()` found the audit trail altered.
+    Tampered,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("audit store {path} is read-only: {detail}")]
+    ReadOnly { path: PathBuf, detail: String },
+    #[error("audit store {path}: disk full: {detail}")]
+    DiskFull { path: PathBuf, detail: String },
+    #[error("audit store {path} is busy (another writer held the lock past the busy timeout): {detail}")]
+    Busy { path: PathBuf, detail: String },
+    #[error("audit store {path} is corrupt or not an airlock database: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("audit store {path} has schema version {found}, newer than this airlock supports ({supported}); upgrade airlock")]
+    SchemaTooNew {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+    #[error("audit store directory {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("audit store {path}: {source}")]
+    Sqlite {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("audit store: cannot encode record: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("audit store: invalid input: {0}")]
+    InvalidInput(String),
+    #[error("audit store: run {0} not found")]
+    RunNotFound(String),
+    #[error("audit store: run {run_id} is already {status}")]
+    RunNotRunning { run_id: String, status: String },
+    #[error("audit store tampered: {0}")]
+    Tampered(ChainBreak),
+}
+
+impl StoreError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            StoreError::ReadOnly { .. } => ErrorClass::ReadOnly,
+            StoreError::DiskFull { .. } => ErrorClass::DiskFull,
+            StoreError::Busy { .. } => ErrorClass::Busy,
+            StoreError::Corrupt { .. } => ErrorClass::Corrupt,
+            StoreError::SchemaTooNew { .. } => ErrorClass::Corrupt,
+            StoreError::Dir { source, .. } => io_class(source),
+            StoreError::Sqlite { .. } => ErrorClass::Io,
+            StoreError::Encode(_) => ErrorClass::InvalidInput,
+            StoreError::InvalidInput(_) => ErrorClass::InvalidInput,
+            StoreError::RunNotFound(_) => ErrorClass::NotFound,
+            StoreError::RunNotRunning { .. } => ErrorClass::Conflict,
+            StoreError::Tampered(_) => ErrorClass::Tampered,
+        }
+    }
+
+    /// Map a SQLite error to the variant an operator can act on. SQLite reports
+    /// ENOSPC as SQLITE_FULL and EROFS/EPERM on its files as READONLY or CANTOPEN.
+    pub(crate) fn from_sqlite(path: &std::path::Path, e: rusqlite::Error) -> StoreError {
+        use rusqlite::ErrorCode;
+        let path = path.to_path_buf();
+        if let rusqlite::Error::SqliteFailure(ffi, ref msg) = e {
+            let detail = match msg {
+                Some(m) => format!("{m} ({})", ffi.extended_code),
+                None => format!("{ffi}"),
+            };
+            match ffi.code {
+                ErrorCode::ReadOnly => return StoreError::ReadOnly { path, detail },
+                ErrorCode::DiskFull => return StoreError::DiskFull { path, detail },
+                ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                    return StoreError::Busy { path, detail }
+                }
+                ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
+                    return StoreError::Corrupt { path, detail }
+                }
+                ErrorCode::CannotOpen | ErrorCode::PermissionDenied | ErrorCode::SystemIoFailure => {
+                    // SQLite folds errno into the extended code only partly; ask the
+                    // file system directly so "read-only" and "disk full" are named.
+                    if let Some(class) = probe_dir(&path) {
+                        return match class {
+                            ErrorClass::DiskFull => StoreError::DiskFull { path, detail },
+                            _ => StoreError::ReadOnly { path, detail },
+                        };
+                    }
+                }
+                _ => {}
+            }
+        }
+        StoreError::Sqlite { path, source: e }
+    }
+}
+
+fn io_class(e: &std::io::Error) -> ErrorClass {
+    match e.raw_os_error() {
+        Some(28) | Some(122) => ErrorClass::DiskFull, // ENOSPC, EDQUOT
+        Some(30) | Some(1) | Some(13) => ErrorClass::ReadOnly, // EROFS, EPERM, EACCES
+        _ => ErrorClass::Io,
+    }
+}
+
+/// Try to create a scratch file beside the database to learn why SQLite could not write.
+fn probe_dir(db_path: &std::path::Path) -> Option<ErrorClass> {
+    let dir = db_path.parent()?;
+    let probe = dir.join(format!(".airlock-probe-{}", std::process::id()));
+    let res = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &[0u8; 4096]).and(f.sync_all()));
+    let _ = std::fs::remove_file(&probe);
+    match res {
+        Ok(()) => None,
+        Err(e) => match io_class(&e) {
+            ErrorClass::Io => None,
+            c => Some(c),
+        },
+    }
+}

@@ -1,0 +1,1191 @@
+//! airlock-store: the run records and the tamper-evident audit trail of airlock.
+//!
+//! One SQLite file (`airlock.db`, WAL mode) in a state directory holds:
+//!
+//! * `runs` - one row per run, written when the run starts (`status = running`) and
+//!   updated when it ends (or marked `aborted` when its supervisor died);
+//! * `audit_log` - an append-only hash chain. Every write (run begin, every event, run
+//!   finish, abort, prune checkpoint) appends one entry whose
+//!   `hash = sha256(domain || prev_hash || seq || run_id || kind || at || body_json)`;
+//! * `chain_head` - the seq and hash of the newest entry, so cutting off the end of the
+//!   chain is detected too.
+//!
+//! The run row is a *projection* of its audit entries: `begin` carries the start columns,
+//! `finish`/`aborted` the end columns, and [`Store::verify`] recomputes the projection and
+//! compares it column by column. Editing, deleting or reordering a run row or an audit
+//! entry therefore breaks either the chain or a projection, and `verify` names the first
+//! broken record. Anyone who can write the file can still rebuild a consistent chain from
+//! scratch; to detect that, keep the head hash `verify` reports somewhere else (a SIEM via
+//! [`Store::export_jsonl`], a log line).
+//!
+//! Secrets handed to [`Store::begin_run`] stay in the [`RunHandle`] (memory only); every
+//! string written for that run is redacted first.
+
+mod error;
+mod proc_info;
+mod redact;
+mod schema;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+pub use error::{ChainBreak, ErrorClass, StoreError};
+pub use redact::{Redactor, REDACTED};
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+/// A run id: a UUIDv7 in its hyphenated text form (time-ordered, sorts by start).
+pub type RunId = String;
+
+pub const DB_FILE: &str = "airlock.db";
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// `prev_hash` of the very first audit entry.
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+/// The schema version this code writes.
+pub const SCHEMA_VERSION: i64 = schema::LATEST;
+
+/// Audit entry kinds written by the store itself. Callers may not append these.
+pub mod kinds {
+    pub const RUN_BEGIN: &str = "run.begin";
+    pub const RUN_FINISH: &str = "run.finish";
+    pub const RUN_ABORTED: &str = "run.aborted";
+    pub const STORE_PRUNE: &str = "store.prune";
+    /// Suggested kinds for `append_event` (any `[a-z0-9._-]+` name is accepted).
+    pub const POLICY_DECISION: &str = "policy.decision";
+    pub const EGRESS_DECISION: &str = "egress.decision";
+    pub const LIMIT_FIRED: &str = "limit.fired";
+    pub const ARTIFACT_KEPT: &str = "artifact.kept";
+    pub const ARTIFACT_REJECTED: &str = "artifact.rejected";
+    pub const CLEANUP: &str = "cleanup";
+
+    pub(crate) const RESERVED: &[&str] = &[RUN_BEGIN, RUN_FINISH, RUN_ABORTED, STORE_PRUNE];
+}
+
+/// Final status classes a run may be finished with (see DESIGN.md section 4).
+pub const FINISH_STATUSES: &[&str] = &[
+    "ok",
+    "task_error",
+    "policy_denied",
+    "capacity_exceeded",
+    "runtime_fault",
+    "sandbox_unavailable",
+    "suspected_escape",
+];
+pub const STATUS_RUNNING: &str = "running";
+pub const STATUS_ABORTED: &str = "aborted";
+
+/// The state directory: `/var/lib/airlock` for root, else
+/// `$XDG_STATE_HOME/airlock` (default `~/.local/state/airlock`).
+pub fn default_state_dir() -> PathBuf {
+    if proc_info::effective_uid() == Some(0) {
+        return PathBuf::from("/var/lib/airlock");
+    }
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| Path::new(x).is_absolute()) {
+        return PathBuf::from(x).join("airlock");
+    }
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(home) => PathBuf::from(home).join(".local/state/airlock"),
+        None => PathBuf::from("/var/lib/airlock"),
+    }
+}
+
+/// What the caller knows when a run starts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunStart {
+    pub argv: Vec<String>,
+    pub input_sha256: String,
+    pub contract_sha256: String,
+    /// Empty means `"default"`.
+    pub workload_class: String,
+    pub plan_json: Value,
+}
+
+/// What the caller knows when a run ends.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunEnd {
+    /// One of [`FINISH_STATUSES`].
+    pub status: String,
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+    /// `memory`, `pids`, `cpu`, `wall_time`, `output_bytes`, `disk`.
+    pub limit_fired: Option<String>,
+    /// e.g. `{"cpu_usec": .., "memory_peak_bytes": .., "pids_peak": ..}`.
+    pub usage: Value,
+    pub startup_ms: f64,
+    pub wall_ms: f64,
+    pub stdout_head: String,
+    pub stdout_tail: String,
+    pub stderr_head: String,
+    pub stderr_tail: String,
+    pub cleanup_ok: bool,
+    pub cleanup_leftovers: Value,
+    pub result_json: Value,
+}
+
+/// One run as stored. Field names are also the keys of the `run.begin`/`run.finish`
+/// audit bodies, which is what lets `verify` compare the row with its entries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run_id: RunId,
+    /// Unix time in milliseconds.
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub argv: Vec<String>,
+    pub input_sha256: String,
+    pub contract_sha256: String,
+    pub workload_class: String,
+    pub plan: Value,
+    pub status: String,
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+    pub limit_fired: Option<String>,
+    pub usage: Value,
+    pub startup_ms: Option<f64>,
+    pub wall_ms: Option<f64>,
+    pub stdout_head: Option<String>,
+    pub stdout_tail: Option<String>,
+    pub stderr_head: Option<String>,
+    pub stderr_tail: Option<String>,
+    pub cleanup_ok: Option<bool>,
+    pub cleanup_leftovers: Value,
+    pub result: Value,
+    pub supervisor_pid: u32,
+    pub supervisor_start_time: u64,
+    pub boot_id: String,
+}
+
+/// One entry of the audit chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub seq: i64,
+    pub run_id: Option<RunId>,
+    pub kind: String,
+    /// Unix time in milliseconds.
+    pub at: i64,
+    pub body: Value,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunDetail {
+    pub run: RunRecord,
+    /// Every audit entry of the run in order, including `run.begin` / `run.finish`.
+    pub events: Vec<AuditEntry>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    pub status: Option<String>,
+    pub workload_class: Option<String>,
+    /// Inclusive lower bound on `started_at` (unix ms).
+    pub since: Option<i64>,
+    /// Exclusive upper bound on `started_at` (unix ms).
+    pub until: Option<i64>,
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ClassStats {
+    pub runs: u64,
+    pub running: u64,
+    pub finished: u64,
+    pub ok: u64,
+    /// ok / finished (aborted counts as finished); `None` before any run finished.
+    pub completion_rate: Option<f64>,
+    pub startup_ms_p50: Option<f64>,
+    pub startup_ms_p99: Option<f64>,
+    pub by_status: BTreeMap<String, u64>,
+    /// Events whose body has `"decision": "deny"` (or `denied`/`reject`/`rejected`),
+    /// counted by their `reason_code`.
+    pub denials: BTreeMap<String, u64>,
+    /// Runs with `limit_fired = wall_time`.
+    pub timeouts: u64,
+    pub cleanup_failures: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VerifyReport {
+    pub entries: u64,
+    pub runs: u64,
+    pub first_seq: Option<i64>,
+    pub head_seq: i64,
+    /// Keep this somewhere else to detect a wholesale rewrite of the file.
+    pub head_hash: String,
+}
+
+/// An open run. Holds the run's secrets (memory only) for redaction.
+#[derive(Debug)]
+pub struct RunHandle {
+    run_id: RunId,
+    started_at: i64,
+    redactor: Redactor,
+}
+
+impl RunHandle {
+    pub fn run_id(&self) -> String {
+        self.run_id.clone()
+    }
+    pub fn started_at(&self) -> i64 {
+        self.started_at
+    }
+    /// Redact a text with this run's secrets (for callers that log elsewhere too).
+    pub fn redact(&self, s: &str) -> String {
+        self.redactor.text(s)
+    }
+}
+
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(source: rusqlite::Error) -> Self {
+        // The path is filled in by `Store::ctx` at the public boundary.
+        StoreError::Sqlite {
+            path: PathBuf::new(),
+            source,
+        }
+    }
+}
+
+/// Hash of one audit entry. Every variable field is length-prefixed, so no two
+/// different entries serialise to the same bytes.
+pub fn entry_hash(
+    prev_hash: &str,
+    seq: i64,
+    run_id: Option<&str>,
+    kind: &str,
+    at: i64,
+    body_json: &str,
+) -> String {
+    let mut h = Sha256::new();
+    h.update(b"airlock-audit-v1\0");
+    let mut field = |b: &[u8]| {
+        h.update((b.len() as u64).to_be_bytes());
+        h.update(b);
+    };
+    field(prev_hash.as_bytes());
+    field(&seq.to_be_bytes());
+    match run_id {
+        Some(r) => field(format!("R{r}").as_bytes()),
+        None => field(b"-"),
+    }
+    field(kind.as_bytes());
+    field(&at.to_be_bytes());
+    field(body_json.as_bytes());
+    hex::encode(h.finalize())
+}
+
+/// Append one entry to the chain. Must run inside a write (`BEGIN IMMEDIATE`)
+/// transaction: the head read and the insert are then atomic across processes.
+fn append_entry(
+    conn: &Connection,
+    run_id: Option<&str>,
+    kind: &str,
+    at: i64,
+    body: &Value,
+) -> rusqlite::Result<i64> {
+    let body_json = body.to_string();
+    let (head_seq, head_hash): (i64, String) = conn
+        .prepare_cached("SELECT seq, hash FROM chain_head WHERE id = 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let seq = head_seq + 1;
+    let hash = entry_hash(&head_hash, seq, run_id, kind, at, &body_json);
+    conn.prepare_cached(
+        "INSERT INTO audit_log (seq, run_id, kind, at, body_json, prev_hash, hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![seq, run_id, kind, at, body_json, head_hash, hash])?;
+    conn.prepare_cached("UPDATE chain_head SET seq = ?1, hash = ?2 WHERE id = 1")?
+        .execute(params![seq, hash])?;
+    Ok(seq)
+}
+
+fn json_col(v: &Value) -> Option<String> {
+    match v {
+        Value::Null => None,
+        v => Some(v.to_string()),
+    }
+}
+
+fn parse_json_col(s: Option<String>) -> Value {
+    s.and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(Value::Null)
+}
+
+const RUN_COLUMNS: &str = "run_id, started_at, finished_at, argv_json, input_sha256, \
+    contract_sha256, workload_class, plan_json, status, exit_code, exit_signal, limit_fired, \
+    usage_json, startup_ms, wall_ms, stdout_head, stdout_tail, stderr_head, stderr_tail, \
+    cleanup_ok, cleanup_leftovers_json, result_json, supervisor_pid, supervisor_start_time, boot_id";
+
+fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
+    let argv: Option<String> = r.get(3)?;
+    Ok(RunRecord {
+        run_id: r.get(0)?,
+        started_at: r.get(1)?,
+        finished_at: r.get(2)?,
+        argv: argv
+            .and_then(|a| serde_json::from_str(&a).ok())
+            .unwrap_or_default(),
+        input_sha256: r.get(4)?,
+        contract_sha256: r.get(5)?,
+        workload_class: r.get(6)?,
+        plan: parse_json_col(r.get(7)?),
+        status: r.get(8)?,
+        exit_code: r.get(9)?,
+        exit_signal: r.get(10)?,
+        limit_fired: r.get(11)?,
+        usage: parse_json_col(r.get(12)?),
+        startup_ms: r.get(13)?,
+        wall_ms: r.get(14)?,
+        stdout_head: r.get(15)?,
+        stdout_tail: r.get(16)?,
+        stderr_head: r.get(17)?,
+        stderr_tail: r.get(18)?,
+        cleanup_ok: r.get(19)?,
+        cleanup_leftovers: parse_json_col(r.get(20)?),
+        result: parse_json_col(r.get(21)?),
+        supervisor_pid: r.get(22)?,
+        supervisor_start_time: r.get::<_, i64>(23)? as u64,
+        boot_id: r.get(24)?,
+    })
+}
+
+fn entry_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(AuditEntry, String)> {
+    let body_json: String = r.get(4)?;
+    let body = serde_json::from_str(&body_json).unwrap_or(Value::Null);
+    Ok((
+        AuditEntry {
+            seq: r.get(0)?,
+            run_id: r.get(1)?,
+            kind: r.get(2)?,
+            at: r.get(3)?,
+            body,
+            prev_hash: r.get(5)?,
+            hash: r.get(6)?,
+        },
+        body_json,
+    ))
+}
+
+const ENTRY_COLUMNS: &str = "seq, run_id, kind, at, body_json, prev_hash, hash";
+
+fn valid_kind(kind: &str) -> bool {
+    !kind.is_empty()
+        && kind.len() <= 64
+        && kind
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+}
+
+/// Nearest-rank percentile of sorted data.
+fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+impl Store {
+    /// Open (creating if needed) the store in `state_dir`, migrating it to the current
+    /// schema. Fails if the store cannot be written.
+    pub fn open(state_dir: &Path) -> Result<Store> {
+        Self::open_with_schema(state_dir, schema::LATEST)
+    }
+
+    /// Open the store at `default_state_dir()`.
+    pub fn open_default() -> Result<Store> {
+        Self::open(&default_state_dir())
+    }
+
+    /// Open and migrate only up to `version` (used to build old-schema fixtures).
+    #[doc(hidden)]
+    pub fn open_with_schema(state_dir: &Path, version: i64) -> Result<Store> {
+        let path = state_dir.join(DB_FILE);
+        if !state_dir.is_dir() {
+            use std::os::unix::fs::DirBuilderExt;
+            // 0700: the store holds output heads and tails of every run.
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(state_dir)
+                .map_err(|source| {
+                    let path = state_dir.to_path_buf();
+                    match source.raw_os_error() {
+                        Some(30) => StoreError::ReadOnly {
+                            path,
+                            detail: source.to_string(),
+                        },
+                        Some(28) => StoreError::DiskFull {
+                            path,
+                            detail: source.to_string(),
+                        },
+                        _ => StoreError::Dir { path, source },
+                    }
+                })?;
+        }
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| StoreError::from_sqlite(&path, e))?;
+        let store = Store { conn, path };
+        store.init(version).map_err(|e| store.ctx(e))?;
+        Ok(store)
+    }
+
+    fn init(&self, version: i64) -> Result<()> {
+        // SQLite silently falls back to read-only when it cannot open the file for
+        // writing; an audit store that cannot be written must not look usable.
+        if self.conn.is_readonly(rusqlite::MAIN_DB)? {
+            return Err(StoreError::ReadOnly {
+                path: self.path.clone(),
+                detail: "the database file cannot be opened for writing".into(),
+            });
+        }
+        self.conn.busy_timeout(BUSY_TIMEOUT)?;
+        // WAL + NORMAL: commits do not fsync (only checkpoints do); a power loss can lose
+        // the last commits but never corrupts the file. This keeps begin/finish cheap.
+        self.conn.execute_batch("PRAGMA synchronous = NORMAL")?;
+        let found = schema::version(&self.conn)?;
+        if found > schema::LATEST {
+            return Err(StoreError::SchemaTooNew {
+                path: self.path.clone(),
+                found,
+                supported: schema::LATEST,
+            });
+        }
+        if found < version {
+            // journal_mode is persistent in the file; only set it when creating or
+            // upgrading, so the common open path stays one read.
+            let mode: String = self
+                .conn
+                .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(StoreError::InvalidInput(format!(
+                    "cannot switch {} to WAL mode (got {mode})",
+                    self.path.display()
+                )));
+            }
+            schema::migrate(&self.conn, version)?;
+        }
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn schema_version(&self) -> Result<i64> {
+        schema::version(&self.conn).map_err(|e| self.ctx(e.into()))
+    }
+
+    /// Attach the database path to an error and classify SQLite failures.
+    fn ctx(&self, e: StoreError) -> StoreError {
+        match e {
+            StoreError::Sqlite { source, .. } => StoreError::from_sqlite(&self.path, source),
+            other => other,
+        }
+    }
+
+    /// Run `f` in a `BEGIN IMMEDIATE` transaction: writers queue on the lock (up to the
+    /// busy timeout) instead of failing on upgrade, and the chain head read in `f` is
+    /// the head the entry is appended to.
+    fn write_tx<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        self.conn
+            .execute_batch("BEGIN IMMEDIATE")
+            .map_err(|e| self.ctx(e.into()))?;
+        match f(&self.conn) {
+            Ok(v) => match self.conn.execute_batch("COMMIT") {
+                Ok(()) => Ok(v),
+                Err(e) => {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                    Err(self.ctx(e.into()))
+                }
+            },
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(self.ctx(e))
+            }
+        }
+    }
+
+    fn read_tx<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        self.conn
+            .execute_batch("BEGIN")
+            .map_err(|e| self.ctx(e.into()))?;
+        let res = f(&self.conn);
+        let _ = self.conn.execute_batch("COMMIT");
+        res.map_err(|e| self.ctx(e))
+    }
+
+    /// Record the start of a run. The caller must not start the run if this fails.
+    pub fn begin_run(&self, start: RunStart, secrets: Vec<String>) -> Result<RunHandle> {
+        let redactor = Redactor::new(secrets);
+        let run_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let started_at = now_ms();
+        let me = proc_info::current();
+        let workload_class = if start.workload_class.is_empty() {
+            "default".to_string()
+        } else {
+            start.workload_class
+        };
+        let body = redactor.value(json!({
+            "run_id": run_id,
+            "started_at": started_at,
+            "argv": start.argv,
+            "input_sha256": start.input_sha256,
+            "contract_sha256": start.contract_sha256,
+            "workload_class": workload_class,
+            "plan": start.plan_json,
+            "status": STATUS_RUNNING,
+            "supervisor_pid": me.pid,
+            "supervisor_start_time": me.start_time,
+            "boot_id": me.boot_id,
+        }));
+        // Columns are taken from the redacted body, so row and audit entry agree.
+        let s = |k: &str| body[k].as_str().unwrap_or_default().to_string();
+        let argv_json = body["argv"].to_string();
+        self.write_tx(|c| {
+            append_entry(c, Some(&run_id), kinds::RUN_BEGIN, started_at, &body)?;
+            c.prepare_cached(
+                "INSERT INTO runs (run_id, started_at, argv_json, input_sha256, contract_sha256,
+                    workload_class, plan_json, status, supervisor_pid, supervisor_start_time,
+                    boot_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            )?
+            .execute(params![
+                run_id,
+                started_at,
+                argv_json,
+                s("input_sha256"),
+                s("contract_sha256"),
+                s("workload_class"),
+                json_col(&body["plan"]),
+                STATUS_RUNNING,
+                me.pid,
+                me.start_time as i64,
+                s("boot_id"),
+            ])?;
+            Ok(())
+        })?;
+        Ok(RunHandle {
+            run_id,
+            started_at,
+            redactor,
+        })
+    }
+
+    /// Append an event (policy/egress decision, ceiling fired, artifact kept/rejected,
+    /// cleanup, ...) to a run. The body is redacted with the run's secrets.
+    pub fn append_event(&self, h: &RunHandle, kind: &str, body: Value) -> Result<()> {
+        if !valid_kind(kind) || kinds::RESERVED.contains(&kind) {
+            return Err(StoreError::InvalidInput(format!(
+                "event kind {kind:?} is reserved or not of the form [a-z0-9._-]{{1,64}}"
+            )));
+        }
+        let body = h.redactor.value(body);
+        let at = now_ms();
+        self.write_tx(|c| {
+            let exists: Option<i64> = c
+                .prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")?
+                .query_row([&h.run_id], |r| r.get(0))
+                .optional()?;
+            if exists.is_none() {
+                return Err(StoreError::RunNotFound(h.run_id.clone()));
+            }
+            append_entry(c, Some(&h.run_id), kind, at, &body)?;
+            Ok(())
+        })
+    }
+
+    /// Record the end of a run. Fails if the run is not `running` any more (finished
+    /// twice, or reaped as `aborted`).
+    pub fn finish_run(&self, h: &RunHandle, end: RunEnd) -> Result<()> {
+        if !FINISH_STATUSES.contains(&end.status.as_str()) {
+            return Err(StoreError::InvalidInput(format!(
+                "unknown status {:?}; expected one of {}",
+                end.status,
+                FINISH_STATUSES.join(", ")
+            )));
+        }
+        let finite = |x: f64| x.is_finite().then_some(x);
+        let (stdout_head, stdout_tail) = h.redactor.head_tail(&end.stdout_head, &end.stdout_tail);
+        let (stderr_head, stderr_tail) = h.redactor.head_tail(&end.stderr_head, &end.stderr_tail);
+        let finished_at = now_ms();
+        let body = h.redactor.value(json!({
+            "finished_at": finished_at,
+            "status": end.status,
+            "exit_code": end.exit_code,
+            "exit_signal": end.exit_signal,
+            "limit_fired": end.limit_fired,
+            "usage": end.usage,
+            "startup_ms": finite(end.startup_ms),
+            "wall_ms": finite(end.wall_ms),
+            "stdout_head": stdout_head,
+            "stdout_tail": stdout_tail,
+            "stderr_head": stderr_head,
+            "stderr_tail": stderr_tail,
+            "cleanup_ok": end.cleanup_ok,
+            "cleanup_leftovers": end.cleanup_leftovers,
+            "result": end.result_json,
+        }));
+        self.write_tx(|c| {
+            let status: Option<String> = c
+                .prepare_cached("SELECT status FROM runs WHERE run_id = ?1")?
+                .query_row([&h.run_id], |r| r.get(0))
+                .optional()?;
+            match status.as_deref() {
+                None => return Err(StoreError::RunNotFound(h.run_id.clone())),
+                Some(STATUS_RUNNING) => {}
+                Some(other) => {
+                    return Err(StoreError::RunNotRunning {
+                        run_id: h.run_id.clone(),
+                        status: other.to_string(),
+                    })
+                }
+            }
+            append_entry(c, Some(&h.run_id), kinds::RUN_FINISH, finished_at, &body)?;
+            c.prepare_cached(
+                "UPDATE runs SET finished_at = ?2, status = ?3, exit_code = ?4, exit_signal = ?5,
+                    limit_fired = ?6, usage_json = ?7, startup_ms = ?8, wall_ms = ?9,
+                    stdout_head = ?10, stdout_tail = ?11, stderr_head = ?12, stderr_tail = ?13,
+                    cleanup_ok = ?14, cleanup_leftovers_json = ?15, result_json = ?16
+                 WHERE run_id = ?1",
+            )?
+            .execute(params![
+                h.run_id,
+                finished_at,
+                body["status"].as_str(),
+                body["exit_code"].as_i64(),
+                body["exit_signal"].as_i64(),
+                body["limit_fired"].as_str(),
+                json_col(&body["usage"]),
+                body["startup_ms"].as_f64(),
+                body["wall_ms"].as_f64(),
+                body["stdout_head"].as_str(),
+                body["stdout_tail"].as_str(),
+                body["stderr_head"].as_str(),
+                body["stderr_tail"].as_str(),
+                body["cleanup_ok"].as_bool(),
+                json_col(&body["cleanup_leftovers"]),
+                json_col(&body["result"]),
+            ])?;
+            Ok(())
+        })
+    }
+
+    /// Mark as `aborted` every `running` run whose supervisor is gone: another boot,
+    /// pid not alive, or pid alive with a different start time (reused).
+    pub fn reap_aborted(&self) -> Result<Vec<RunId>> {
+        let candidates: Vec<(String, proc_info::ProcessIdentity)> = {
+            let mut stmt = self
+                .conn
+                .prepare_cached(
+                    "SELECT run_id, supervisor_pid, supervisor_start_time, boot_id
+                     FROM runs WHERE status = 'running'",
+                )
+                .map_err(|e| self.ctx(e.into()))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        proc_info::ProcessIdentity {
+                            pid: r.get(1)?,
+                            start_time: r.get::<_, i64>(2)? as u64,
+                            boot_id: r.get(3)?,
+                        },
+                    ))
+                })
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                .map_err(|e| self.ctx(e.into()))?;
+            rows
+        };
+        let mut reaped = Vec::new();
+        for (run_id, sup) in candidates {
+            let Some(reason) = proc_info::staleness(&sup) else {
+                continue;
+            };
+            let at = now_ms();
+            let body = json!({"finished_at": at, "status": STATUS_ABORTED, "reason": reason});
+            let done = self.write_tx(|c| {
+                // Another process may have reaped or finished it meanwhile.
+                let n = c
+                    .prepare_cached(
+                        "UPDATE runs SET status = 'aborted', finished_at = ?2
+                         WHERE run_id = ?1 AND status = 'running'",
+                    )?
+                    .execute(params![run_id, at])?;
+                if n == 1 {
+                    append_entry(c, Some(&run_id), kinds::RUN_ABORTED, at, &body)?;
+                }
+                Ok(n == 1)
+            })?;
+            if done {
+                reaped.push(run_id);
+            }
+        }
+        Ok(reaped)
+    }
+
+    pub fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1 = 1");
+        let mut args: Vec<rusqlite::types::Value> = Vec::new();
+        if let Some(s) = &filter.status {
+            sql.push_str(" AND status = ?");
+            args.push(s.clone().into());
+        }
+        if let Some(c) = &filter.workload_class {
+            sql.push_str(" AND workload_class = ?");
+            args.push(c.clone().into());
+        }
+        if let Some(t) = filter.since {
+            sql.push_str(" AND started_at >= ?");
+            args.push(t.into());
+        }
+        if let Some(t) = filter.until {
+            sql.push_str(" AND started_at < ?");
+            args.push(t.into());
+        }
+        sql.push_str(" ORDER BY started_at DESC, run_id DESC");
+        if let Some(n) = filter.limit {
+            sql.push_str(&format!(" LIMIT {n}"));
+        }
+        let run = || -> rusqlite::Result<Vec<RunRecord>> {
+            let mut stmt = self.conn.prepare(&sql)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), run_from_row)?;
+            rows.collect()
+        };
+        run().map_err(|e| self.ctx(e.into()))
+    }
+
+    pub fn show_run(&self, run_id: &str) -> Result<Option<RunDetail>> {
+        self.read_tx(|c| {
+            let run = c
+                .query_row(
+                    &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
+                    [run_id],
+                    run_from_row,
+                )
+                .optional()?;
+            let Some(run) = run else { return Ok(None) };
+            let mut stmt = c.prepare(&format!(
+                "SELECT {ENTRY_COLUMNS} FROM audit_log WHERE run_id = ?1 ORDER BY seq"
+            ))?;
+            let events = stmt
+                .query_map([run_id], entry_from_row)?
+                .map(|r| r.map(|(e, _)| e))
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Some(RunDetail { run, events }))
+        })
+    }
+
+    /// Write the whole store as JSON lines for a SIEM: first every audit entry in chain
+    /// order (`"type": "audit"`), then every run (`"type": "run"`). Returns the line count.
+    pub fn export_jsonl<W: Write>(&self, mut out: W) -> Result<u64> {
+        let io = |e: std::io::Error| StoreError::Dir {
+            path: PathBuf::from("<export writer>"),
+            source: e,
+        };
+        self.read_tx(|c| {
+            let mut n = 0u64;
+            let mut stmt =
+                c.prepare(&format!("SELECT {ENTRY_COLUMNS} FROM audit_log ORDER BY seq"))?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                let (e, _) = entry_from_row(row)?;
+                let mut v = serde_json::to_value(&e)?;
+                v["type"] = json!("audit");
+                serde_json::to_writer(&mut out, &v)?;
+                out.write_all(b"\n").map_err(io)?;
+                n += 1;
+            }
+            let mut stmt = c.prepare(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs ORDER BY started_at, run_id"
+            ))?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                let mut v = serde_json::to_value(run_from_row(row)?)?;
+                v["type"] = json!("run");
+                serde_json::to_writer(&mut out, &v)?;
+                out.write_all(b"\n").map_err(io)?;
+                n += 1;
+            }
+            out.flush().map_err(io)?;
+            Ok(n)
+        })
+    }
+
+    /// Per workload class statistics.
+    pub fn stats(&self) -> Result<BTreeMap<String, ClassStats>> {
+        self.read_tx(|c| {
+            let mut out: BTreeMap<String, ClassStats> = BTreeMap::new();
+            let mut startups: HashMap<String, Vec<f64>> = HashMap::new();
+            let mut stmt = c.prepare(
+                "SELECT workload_class, status, startup_ms, limit_fired, cleanup_ok FROM runs",
+            )?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let class: String = r.get(0)?;
+                let status: String = r.get(1)?;
+                let s = out.entry(class.clone()).or_default();
+                s.runs += 1;
+                *s.by_status.entry(status.clone()).or_default() += 1;
+                if status == STATUS_RUNNING {
+                    s.running += 1;
+                    continue;
+                }
+                s.finished += 1;
+                if status == "ok" {
+                    s.ok += 1;
+                }
+                if let Some(ms) = r.get::<_, Option<f64>>(2)? {
+                    startups.entry(class).or_default().push(ms);
+                }
+                if r.get::<_, Option<String>>(3)?.as_deref() == Some("wall_time") {
+                    s.timeouts += 1;
+                }
+                if r.get::<_, Option<bool>>(4)? == Some(false) {
+                    s.cleanup_failures += 1;
+                }
+            }
+            for (class, s) in out.iter_mut() {
+                s.completion_rate = (s.finished > 0).then(|| s.ok as f64 / s.finished as f64);
+                if let Some(v) = startups.get_mut(class) {
+                    v.sort_by(f64::total_cmp);
+                    s.startup_ms_p50 = percentile(v, 0.50);
+                    s.startup_ms_p99 = percentile(v, 0.99);
+                }
+            }
+            let mut stmt = c.prepare(
+                "SELECT r.workload_class,
+                        COALESCE(json_extract(a.body_json, '$.reason_code'), 'unknown'),
+                        COUNT(*)
+                 FROM audit_log a JOIN runs r ON r.run_id = a.run_id
+                 WHERE json_valid(a.body_json)
+                   AND lower(json_extract(a.body_json, '$.decision'))
+                       IN ('deny', 'denied', 'reject', 'rejected')
+                 GROUP BY 1, 2",
+            )?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let class: String = r.get(0)?;
+                let code: String = r.get(1)?;
+                let n: i64 = r.get(2)?;
+                out.entry(class).or_default().denials.insert(code, n as u64);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Delete finished runs (and their audit entries) that finished before
+    /// `now - older_than`. Only a prefix of the chain is removed; a `store.prune`
+    /// checkpoint entry records the hash of the last removed entry, which is the anchor
+    /// `verify` checks the first remaining entry against. Returns the runs removed.
+    pub fn prune(&self, older_than: Duration) -> Result<usize> {
+        let cutoff = now_ms().saturating_sub(older_than.as_millis() as i64);
+        self.write_tx(|c| {
+            // (run_id, eligible, min seq, max seq) of every run that has entries.
+            let mut stmt = c.prepare(
+                "SELECT a.run_id,
+                        r.status != 'running' AND r.finished_at IS NOT NULL AND r.finished_at < ?1,
+                        MIN(a.seq), MAX(a.seq)
+                 FROM audit_log a LEFT JOIN runs r ON r.run_id = a.run_id
+                 WHERE a.run_id IS NOT NULL GROUP BY a.run_id",
+            )?;
+            let runs = stmt
+                .query_map([cutoff], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, Option<bool>>(1)?.unwrap_or(false),
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, i64>(3)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            drop(stmt);
+            let head: i64 = c.query_row("SELECT seq FROM chain_head WHERE id = 1", [], |r| r.get(0))?;
+            // Cut = largest seq such that every entry at or below it belongs to a run
+            // being removed (or to no run). A run straddling the cut is kept, which
+            // lowers the cut; iterate to the fixed point.
+            let mut cut = head;
+            loop {
+                let lowered = runs
+                    .iter()
+                    .filter(|(_, eligible, _, max)| !eligible || *max > cut)
+                    .map(|(_, _, min, _)| min - 1)
+                    .fold(cut, i64::min);
+                if lowered == cut {
+                    break;
+                }
+                cut = lowered;
+            }
+            let doomed: Vec<&String> = runs
+                .iter()
+                .filter(|(_, eligible, _, max)| *eligible && *max <= cut)
+                .map(|(id, ..)| id)
+                .collect();
+            if doomed.is_empty() {
+                return Ok(0);
+            }
+            let anchor: Option<(i64, String)> = c
+                .query_row(
+                    "SELECT seq, hash FROM audit_log WHERE seq <= ?1 ORDER BY seq DESC LIMIT 1",
+                    [cut],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            let Some((anchor_seq, anchor_hash)) = anchor else {
+                return Ok(0);
+            };
+            c.execute("DELETE FROM audit_log WHERE seq <= ?1", [anchor_seq])?;
+            let mut del = c.prepare("DELETE FROM runs WHERE run_id = ?1")?;
+            for id in &doomed {
+                del.execute([id])?;
+            }
+            drop(del);
+            let at = now_ms();
+            append_entry(
+                c,
+                None,
+                kinds::STORE_PRUNE,
+                at,
+                &json!({
+                    "pruned_through_seq": anchor_seq,
+                    "anchor_hash": anchor_hash,
+                    "runs_pruned": doomed.len(),
+                    "cutoff": cutoff,
+                }),
+            )?;
+            Ok(doomed.len())
+        })
+    }
+
+    /// Check the whole audit trail; `Err(StoreError::Tampered)` names the first broken
+    /// record (chain order first, then run rows).
+    pub fn verify(&self) -> Result<VerifyReport> {
+        self.read_tx(verify_in)
+    }
+
+    /// Checkpoint the WAL into the main file (e.g. before copying or inspecting it).
+    pub fn checkpoint(&self) -> Result<()> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .map_err(|e| self.ctx(e.into()))
+    }
+}
+
+fn broken(seq: Option<i64>, run_id: Option<&str>, reason: impl Into<String>) -> StoreError {
+    StoreError::Tampered(ChainBreak {
+        seq,
+        run_id: run_id.map(str::to_string),
+        reason: reason.into(),
+    })
+}
+
+fn verify_in(c: &Connection) -> Result<VerifyReport> {
+    let (head_seq, head_hash): (i64, String) =
+        c.query_row("SELECT seq, hash FROM chain_head WHERE id = 1", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+    // The newest prune checkpoint says where the chain may start.
+    let checkpoint: Option<(i64, String)> = c
+        .query_row(
+            "SELECT seq, body_json FROM audit_log WHERE kind = ?1 ORDER BY seq DESC LIMIT 1",
+            [kinds::STORE_PRUNE],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+
+    // Expected run rows, folded from the entries.
+    let mut expected: BTreeMap<String, (i64, serde_json::Map<String, Value>)> = BTreeMap::new();
+    let mut prev: Option<(i64, String)> = None;
+    let mut first_seq = None;
+    let mut entries = 0u64;
+    let mut stmt = c.prepare(&format!("SELECT {ENTRY_COLUMNS} FROM audit_log ORDER BY seq"))?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let (e, body_json) = entry_from_row(row)?;
+        let run = e.run_id.as_deref();
+        entries += 1;
+        match &prev {
+            None => {
+                first_seq = Some(e.seq);
+                if e.seq == 1 {
+                    if e.prev_hash != GENESIS_HASH {
+                        return Err(broken(Some(e.seq), run, "first entry does not start from the genesis hash"));
+                    }
+                } else {
+                    let ok = checkpoint.as_ref().is_some_and(|(_, body)| {
+                        let b: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+                        b["pruned_through_seq"].as_i64() == Some(e.seq - 1)
+                            && b["anchor_hash"].as_str() == Some(e.prev_hash.as_str())
+                    });
+                    if !ok {
+                        return Err(broken(
+                            Some(e.seq),
+                            run,
+                            format!(
+                                "chain starts at seq {} but no prune checkpoint anchors entries before it (deleted?)",
+                                e.seq
+                            ),
+                        ));
+                    }
+                }
+            }
+            Some((pseq, phash)) => {
+                if e.seq != pseq + 1 {
+                    return Err(broken(
+                        Some(e.seq),
+                        run,
+                        format!("entries {}..={} are missing (deleted)", pseq + 1, e.seq - 1),
+                    ));
+                }
+                if &e.prev_hash != phash {
+                    return Err(broken(Some(e.seq), run, "prev_hash does not match the previous entry (entries edited or reordered)"));
+                }
+            }
+        }
+        let h = entry_hash(&e.prev_hash, e.seq, run, &e.kind, e.at, &body_json);
+        if h != e.hash {
+            return Err(broken(Some(e.seq), run, "content does not match its hash (entry edited)"));
+        }
+        if let Some(run_id) = run {
+            let body = serde_json::from_str::<Value>(&body_json).unwrap_or(Value::Null);
+            match e.kind.as_str() {
+                kinds::RUN_BEGIN | kinds::RUN_FINISH | kinds::RUN_ABORTED => {
+                    let Value::Object(m) = body else {
+                        return Err(broken(Some(e.seq), run, "run entry body is not an object"));
+                    };
+                    let slot = expected.entry(run_id.to_string()).or_insert((e.seq, Default::default()));
+                    if e.kind == kinds::RUN_BEGIN && !slot.1.is_empty() {
+                        return Err(broken(Some(e.seq), run, "second run.begin for the same run"));
+                    }
+                    if e.kind != kinds::RUN_BEGIN && slot.1.is_empty() {
+                        return Err(broken(Some(e.seq), run, "run ends before it begins (reordered?)"));
+                    }
+                    slot.0 = e.seq;
+                    slot.1.extend(m);
+                }
+                _ => {
+                    if !expected.contains_key(run_id) {
+                        return Err(broken(Some(e.seq), run, "event precedes its run.begin (reordered?)"));
+                    }
+                }
+            }
+        }
+        prev = Some((e.seq, e.hash));
+    }
+    drop(rows);
+    drop(stmt);
+    match &prev {
+        Some((seq, hash)) if *seq == head_seq && *hash == head_hash => {}
+        None if head_seq == 0 => {}
+        Some((seq, _)) => {
+            return Err(broken(
+                Some(*seq),
+                None,
+                format!("chain ends at seq {seq} but the recorded head is seq {head_seq} (newest entries deleted or head edited)"),
+            ))
+        }
+        None => {
+            return Err(broken(
+                None,
+                None,
+                format!("audit log is empty but the recorded head is seq {head_seq} (entries deleted)"),
+            ))
+        }
+    }
+
+    // Every run row must equal the projection of its entries, and vice versa.
+    let mut stmt = c.prepare(&format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY run_id"))?;
+    let actual = stmt
+        .query_map([], run_from_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut runs = 0u64;
+    for rec in &actual {
+        runs += 1;
+        let Some((last_seq, exp)) = expected.remove(&rec.run_id) else {
+            return Err(broken(None, Some(&rec.run_id), "run row has no audit entries (inserted outside the store)"));
+        };
+        let Value::Object(row) = serde_json::to_value(rec)? else {
+            unreachable!("RunRecord serialises to an object")
+        };
+        for (col, have) in &row {
+            let want = exp.get(col).unwrap_or(&Value::Null);
+            if have != want {
+                return Err(broken(
+                    Some(last_seq),
+                    Some(&rec.run_id),
+                    format!("run row column {col} = {have} differs from the audit trail ({want}) (row edited)"),
+                ));
+            }
+        }
+    }
+    if let Some((run_id, (seq, _))) = expected.into_iter().next() {
+        return Err(broken(Some(seq), Some(&run_id), "run row is missing (deleted)"));
+    }
+    Ok(VerifyReport {
+        entries,
+        runs,
+        first_seq,
+        head_seq,
+        head_hash,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), Some(50.0));
+        assert_eq!(percentile(&v, 0.99), Some(99.0));
+        assert_eq!(percentile(&[3.0], 0.99), Some(3.0));
+        assert_eq!(percentile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn hash_is_field_separated() {
+        let a = entry_hash(GENESIS_HASH, 1, Some("ab"), "c", 0, "{}");
+        let b = entry_hash(GENESIS_HASH, 1, Some("a"), "bc", 0, "{}");
+        let n = entry_hash(GENESIS_HASH, 1, None, "c", 0, "{}");
+        assert_ne!(a, b);
+        assert_ne!(a, n);
+        assert_eq!(a, entry_hash(GENESIS_HASH, 1, Some("ab"), "c", 0, "{}"));
+    }
+
+    #[test]
+    fn kinds_are_validated() {
+        assert!(valid_kind("egress.decision"));
+        assert!(!valid_kind(""));
+        assert!(!valid_kind("Egress"));
+        assert!(!valid_kind("a b"));
+    }
+}

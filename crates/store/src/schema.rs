@@ -1,0 +1,94 @@
+//! Numbered schema migrations, tracked in `PRAGMA user_version`.
+//!
+//! Each migration runs in its own `BEGIN IMMEDIATE` transaction and re-reads the
+//! version inside it, so many processes opening a fresh store at once apply each step
+//! exactly once. Migrations are append-only: never edit a released one.
+
+use rusqlite::Connection;
+
+/// Version 1: runs, the audit chain and its head pointer.
+const V1: &str = r#"
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY NOT NULL,
+    started_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    argv_json TEXT NOT NULL,
+    input_sha256 TEXT NOT NULL,
+    contract_sha256 TEXT NOT NULL,
+    workload_class TEXT NOT NULL,
+    plan_json TEXT,
+    status TEXT NOT NULL,
+    exit_code INTEGER,
+    exit_signal INTEGER,
+    limit_fired TEXT,
+    usage_json TEXT,
+    startup_ms REAL,
+    wall_ms REAL,
+    stdout_head TEXT,
+    stdout_tail TEXT,
+    stderr_head TEXT,
+    stderr_tail TEXT,
+    cleanup_ok INTEGER,
+    cleanup_leftovers_json TEXT,
+    result_json TEXT,
+    supervisor_pid INTEGER NOT NULL,
+    supervisor_start_time INTEGER NOT NULL,
+    boot_id TEXT NOT NULL
+);
+CREATE TABLE audit_log (
+    seq INTEGER PRIMARY KEY,
+    run_id TEXT,
+    kind TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    body_json TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE TABLE chain_head (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    seq INTEGER NOT NULL,
+    hash TEXT NOT NULL
+);
+INSERT INTO chain_head (id, seq, hash)
+    VALUES (1, 0, '0000000000000000000000000000000000000000000000000000000000000000');
+"#;
+
+/// Version 2: indexes for `list_runs`, `stats`, `show_run` and `reap_aborted`, which
+/// scanned whole tables in version 1.
+const V2: &str = r#"
+CREATE INDEX runs_status ON runs (status);
+CREATE INDEX runs_class_started ON runs (workload_class, started_at);
+CREATE INDEX runs_started ON runs (started_at);
+CREATE INDEX audit_log_run ON audit_log (run_id, seq);
+"#;
+
+pub const MIGRATIONS: &[&str] = &[V1, V2];
+pub const LATEST: i64 = MIGRATIONS.len() as i64;
+
+pub fn version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+}
+
+/// Apply migrations up to `target`. Returns the version found before migrating.
+pub fn migrate(conn: &Connection, target: i64) -> rusqlite::Result<i64> {
+    let before = version(conn)?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().take(target as usize) {
+        let v = i as i64 + 1;
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let res = (|| {
+            if version(conn)? < v {
+                conn.execute_batch(sql)?;
+                conn.execute_batch(&format!("PRAGMA user_version = {v}"))?;
+            }
+            Ok(())
+        })();
+        match res {
+            Ok(()) => conn.execute_batch("COMMIT")?,
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                return Err(e);
+            }
+        }
+    }
+    Ok(before)
+}

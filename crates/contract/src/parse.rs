@@ -14,6 +14,11 @@ const WRAPPER_KEY: &str = "execution_contract";
 
 pub(crate) fn parse_document(text: &str, format: ContractFormat) -> Result<Contract, ContractError> {
     let parse_error = |message: String| ContractError::Parse { format, message };
+    // An empty file is far more likely a mistake than a request for the default contract
+    // (and TOML would otherwise read it as exactly that).
+    if text.trim().is_empty() {
+        return Err(parse_error("the document is empty".to_owned()));
+    }
     let StrictValue(document) = match format {
         ContractFormat::Yaml => serde_saphyr::from_str(text).map_err(|e| parse_error(yaml_message(&e)))?,
         ContractFormat::Toml => toml::from_str(text).map_err(|e| parse_error(toml_message(text, &e)))?,
@@ -97,7 +102,9 @@ fn kind_of(value: &Value) -> &'static str {
 }
 
 fn yaml_message(error: &serde_saphyr::Error) -> String {
-    let message = error.to_string();
+    // The snippet rendering spans several lines; the message and its position are enough.
+    let message = error.without_snippet().to_string();
+    let message = message.trim().trim_start_matches("error: ").to_owned();
     match error.location() {
         Some(location) if !message.contains("line") => {
             format!("{message} at line {} column {}", location.line(), location.column())
@@ -199,5 +206,217 @@ impl<'de> Visitor<'de> for StrictValueVisitor {
             entries.insert(key, value);
         }
         Ok(Value::Object(entries))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{parse_contract, ContractError, ContractFormat, NetworkMode, ReadonlyInput};
+
+    pub(crate) const SEED_YAML: &str = include_str!("../../../examples/contracts/seed-004.yaml");
+
+    const SEED_TOML: &str = r#"
+[execution_contract]
+image = "document-tools@sha256:pinned-image-digest"
+credentials = []
+
+[execution_contract.identity]
+uid = 10001
+gid = 10001
+
+[execution_contract.filesystem]
+readonly_root = true
+readonly_inputs = ["input/report.docx"]
+writable_paths = ["output/", "tmp/"]
+output_allowlist = ["output/report.pdf"]
+
+[execution_contract.network]
+mode = "deny"
+allowed_domains = []
+
+[execution_contract.resources]
+cpu_millis = 1000
+memory_mb = 768
+process_limit = 64
+wall_time_seconds = 90
+output_bytes = 5242880
+
+[execution_contract.cleanup]
+destroy_runtime = true
+retain_outputs_only = true
+"#;
+
+    const SEED_JSON: &str = r#"{
+  "execution_contract": {
+    "image": "document-tools@sha256:pinned-image-digest",
+    "identity": { "uid": 10001, "gid": 10001 },
+    "filesystem": {
+      "readonly_root": true,
+      "readonly_inputs": ["input/report.docx"],
+      "writable_paths": ["output/", "tmp/"],
+      "output_allowlist": ["output/report.pdf"]
+    },
+    "network": { "mode": "deny", "allowed_domains": [] },
+    "resources": {
+      "cpu_millis": 1000,
+      "memory_mb": 768,
+      "process_limit": 64,
+      "wall_time_seconds": 90,
+      "output_bytes": 5242880
+    },
+    "credentials": [],
+    "cleanup": { "destroy_runtime": true, "retain_outputs_only": true }
+  }
+}"#;
+
+    fn invalid(text: &str, format: ContractFormat) -> Vec<String> {
+        match parse_contract(text, format) {
+            Err(ContractError::Invalid(errors)) => errors.iter().map(ToString::to_string).collect(),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    fn parse_message(text: &str, format: ContractFormat) -> String {
+        match parse_contract(text, format) {
+            Err(ContractError::Parse { message, .. }) => message,
+            other => panic!("expected Parse, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn seed_contract_parses_as_written() {
+        let contract = parse_contract(SEED_YAML, ContractFormat::Yaml).unwrap();
+        assert_eq!(contract.image, "document-tools@sha256:pinned-image-digest");
+        assert_eq!(contract.identity.uid, 10001);
+        assert_eq!(
+            contract.filesystem.readonly_inputs,
+            [ReadonlyInput::Path("input/report.docx".into())]
+        );
+        assert_eq!(contract.filesystem.writable_paths.len(), 2);
+        assert_eq!(contract.network.mode, NetworkMode::Deny);
+        assert_eq!(contract.resources.memory_mb, 768);
+        assert_eq!(contract.resources.output_bytes, 5_242_880);
+        // Not in the seed: filled in from the default contract.
+        assert_eq!(contract.resources.open_files, 256);
+        assert_eq!(contract.hostname, "airlock");
+    }
+
+    #[test]
+    fn seed_contract_reads_the_same_in_every_format() {
+        let yaml = parse_contract(SEED_YAML, ContractFormat::Yaml).unwrap();
+        assert_eq!(parse_contract(SEED_TOML, ContractFormat::Toml).unwrap(), yaml);
+        assert_eq!(parse_contract(SEED_JSON, ContractFormat::Json).unwrap(), yaml);
+    }
+
+    #[test]
+    fn bare_and_wrapped_forms_are_the_same_contract() {
+        let bare: String = SEED_YAML
+            .lines()
+            .skip(1)
+            .map(|line| format!("{}\n", line.strip_prefix("  ").unwrap()))
+            .collect();
+        assert_eq!(
+            parse_contract(&bare, ContractFormat::Yaml).unwrap(),
+            parse_contract(SEED_YAML, ContractFormat::Yaml).unwrap()
+        );
+    }
+
+    #[test]
+    fn unknown_top_level_field_is_named() {
+        let errors = invalid("image: host\nimgae: other\n", ContractFormat::Yaml);
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].starts_with("imgae: unknown field (expected one of `image`, "),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_nested_field_is_named_with_its_path() {
+        let errors = invalid("filesystem:\n  readonly_rot: true\n", ContractFormat::Yaml);
+        assert!(
+            errors[0].starts_with("filesystem.readonly_rot: unknown field (expected one of"),
+            "{errors:?}"
+        );
+        let errors = invalid(
+            "filesystem:\n  readonly_inputs:\n    - { source: a, target: b, mode: rw }\n",
+            ContractFormat::Yaml,
+        );
+        assert_eq!(
+            errors,
+            ["filesystem.readonly_inputs[0].mode: unknown field (expected `source` or `target`)"]
+        );
+        let errors = invalid(
+            r#"{"execution_contract": {"network": {"mode": "deny", "proxy": "x"}}}"#,
+            ContractFormat::Json,
+        );
+        assert!(errors[0].starts_with("network.proxy: unknown field"), "{errors:?}");
+    }
+
+    #[test]
+    fn wrong_types_are_named_with_their_path() {
+        assert_eq!(
+            invalid("[resources]\nmemory_mb = \"lots\"\n", ContractFormat::Toml),
+            ["resources.memory_mb: invalid type: string \"lots\", expected i64"]
+        );
+        assert_eq!(
+            invalid("network:\n  mode: open\n", ContractFormat::Yaml),
+            ["network.mode: unknown variant `open`, expected `deny` or `allowlist`"]
+        );
+        assert_eq!(
+            invalid("filesystem:\n  writable_paths: [3]\n", ContractFormat::Yaml),
+            ["filesystem.writable_paths[0]: invalid type: integer `3`, expected a path or a map with `path` and `size_mb`"]
+        );
+    }
+
+    #[test]
+    fn stray_keys_next_to_the_wrapper_are_rejected() {
+        assert_eq!(
+            invalid("execution_contract:\n  image: host\nimage: other\n", ContractFormat::Yaml),
+            ["image: unknown field: a document with `execution_contract` has no other top-level keys"]
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_are_rejected_in_every_format() {
+        let yaml = parse_message("network:\n  mode: deny\n  mode: allowlist\n", ContractFormat::Yaml);
+        assert!(yaml.contains("duplicate") && yaml.contains("line 3"), "{yaml}");
+        let toml = parse_message("hostname = \"a\"\nhostname = \"b\"\n", ContractFormat::Toml);
+        assert!(toml.contains("duplicate") && toml.contains("line 2"), "{toml}");
+        let json = parse_message(r#"{"network": {"mode": "deny", "mode": "allowlist"}}"#, ContractFormat::Json);
+        assert_eq!(json, "duplicate key `mode` at line 1 column 49");
+    }
+
+    #[test]
+    fn syntax_errors_carry_line_and_column() {
+        assert_eq!(
+            parse_message("image: host\nnetwork: [\n", ContractFormat::Yaml),
+            "unclosed bracket '[' at line 2, column 10"
+        );
+        let toml = parse_message("image = \"host\"\nhostname = \n", ContractFormat::Toml);
+        assert!(toml.ends_with("at line 2 column 12"), "{toml}");
+        assert_eq!(
+            parse_message("{\"image\": \"host\",\n \"x\": }", ContractFormat::Json),
+            "expected value at line 2 column 7"
+        );
+    }
+
+    #[test]
+    fn empty_and_non_mapping_documents_are_parse_errors() {
+        for format in [ContractFormat::Yaml, ContractFormat::Toml, ContractFormat::Json] {
+            assert_eq!(parse_message(" \n", format), "the document is empty");
+        }
+        assert_eq!(
+            parse_message("- a\n- b\n", ContractFormat::Yaml),
+            "expected a mapping at the top level, found a list"
+        );
+    }
+
+    #[test]
+    fn an_empty_mapping_is_the_default_contract() {
+        assert_eq!(
+            parse_contract("{}", ContractFormat::Json).unwrap(),
+            crate::default_contract()
+        );
     }
 }

@@ -169,7 +169,11 @@ fn normalise(raw: &str) -> Result<NormalPath, &'static str> {
 /// A cell path a contract may mount on: not `/`, not a directory the runtime provides.
 fn cell_target(path: &str, raw: &str, errors: &mut Errors) -> Option<NormalPath> {
     let target = match normalise(raw) {
-        Ok(target) => target,
+        // Every cell path is rooted at `/`, written with a leading `/` or not.
+        Ok(target) => NormalPath {
+            absolute: true,
+            ..target
+        },
         Err(rule) => {
             errors.push(path, rule);
             return None;
@@ -262,26 +266,27 @@ fn check_filesystem(
         .zip(inputs.iter().map(|i| &i.target))
         .chain(writable_fields.iter().zip(writable.iter().map(|w| &w.target)))
         .collect();
+    // Nesting is refused as well as equality: a tmpfs over an input hides it, and a mount
+    // point inside a read-only bind cannot be created.
     for (later, (later_field, later_target)) in all_mounts.iter().enumerate() {
-        for (earlier_field, earlier_target) in &all_mounts[..later] {
+        let conflict = all_mounts[..later].iter().find_map(|(earlier_field, earlier_target)| {
             if earlier_target == later_target {
-                errors.push(
-                    *later_field,
-                    format!(
-                        "duplicates the target {} of {earlier_field}",
-                        later_target.cell_path()
-                    ),
-                );
+                Some(format!(
+                    "duplicates the target {} of {earlier_field}",
+                    later_target.cell_path()
+                ))
             } else if earlier_target.contains(later_target) || later_target.contains(earlier_target) {
-                errors.push(
-                    *later_field,
-                    format!(
-                        "{} overlaps {} of {earlier_field}: mounts may not nest",
-                        later_target.cell_path(),
-                        earlier_target.cell_path()
-                    ),
-                );
+                Some(format!(
+                    "{} overlaps {} of {earlier_field}: mounts may not nest",
+                    later_target.cell_path(),
+                    earlier_target.cell_path()
+                ))
+            } else {
+                None
             }
+        });
+        if let Some(rule) = conflict {
+            errors.push(*later_field, rule);
         }
     }
 
@@ -587,4 +592,364 @@ fn check_seccomp_profile(profile: &str, errors: &mut Errors) -> Option<NormalPat
         return None;
     }
     host_source("seccomp_profile", profile, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_destination;
+    use crate::{parse_contract, ContractError, ContractFormat};
+
+    /// The displayed violations of a YAML contract, which must be invalid.
+    fn violations(yaml: &str) -> Vec<String> {
+        match parse_contract(yaml, ContractFormat::Yaml) {
+            Err(ContractError::Invalid(errors)) => errors.iter().map(ToString::to_string).collect(),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    fn assert_valid(yaml: &str) {
+        if let Err(error) = parse_contract(yaml, ContractFormat::Yaml) {
+            panic!("expected a valid contract, got: {error}");
+        }
+    }
+
+    #[test]
+    fn memory_below_minimum() {
+        assert_eq!(
+            violations("resources:\n  memory_mb: 0\n"),
+            ["resources.memory_mb: must be at least 4"]
+        );
+    }
+
+    #[test]
+    fn negative_numbers_are_field_errors() {
+        assert_eq!(
+            violations("resources:\n  wall_time_seconds: -1\n  output_bytes: -100\n"),
+            [
+                "resources.wall_time_seconds: must be at least 1",
+                "resources.output_bytes: must be at least 1",
+            ]
+        );
+        assert_eq!(
+            violations("identity:\n  uid: -1\n"),
+            ["identity.uid: must be at least 1"]
+        );
+    }
+
+    #[test]
+    fn every_resource_has_both_bounds() {
+        assert_eq!(
+            violations(
+                "resources:\n  cpu_millis: 9\n  memory_mb: 65537\n  process_limit: 4097\n  \
+                 wall_time_seconds: 86401\n  output_bytes: 1073741825\n  open_files: 15\n  \
+                 file_size_mb: 16385\n"
+            ),
+            [
+                "resources.cpu_millis: must be at least 10",
+                "resources.memory_mb: must be at most 65536",
+                "resources.process_limit: must be at most 4096",
+                "resources.wall_time_seconds: must be at most 86400",
+                "resources.output_bytes: must be at most 1073741824",
+                "resources.open_files: must be at least 16",
+                "resources.file_size_mb: must be at most 16384",
+            ]
+        );
+        assert_valid(
+            "resources:\n  cpu_millis: 64000\n  memory_mb: 4\n  process_limit: 1\n  \
+             wall_time_seconds: 1\n  output_bytes: 1073741824\n  open_files: 65536\n  \
+             file_size_mb: 1\n",
+        );
+    }
+
+    #[test]
+    fn all_violations_are_reported_together() {
+        let errors = violations(
+            "identity: { uid: 0 }\nresources: { memory_mb: 0 }\ncleanup: { destroy_runtime: false }\n",
+        );
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        let displayed = ContractError::Invalid(
+            errors
+                .iter()
+                .map(|e| {
+                    let (path, rule) = e.split_once(": ").unwrap();
+                    crate::FieldError::new(path, rule)
+                })
+                .collect(),
+        )
+        .to_string();
+        assert_eq!(displayed.lines().count(), 3);
+    }
+
+    #[test]
+    fn root_identity_is_refused() {
+        assert_eq!(
+            violations("identity:\n  uid: 0\n  gid: 0\n"),
+            [
+                "identity.uid: must not be 0: the cell identity is never root",
+                "identity.gid: must not be 0: the cell identity is never root",
+            ]
+        );
+        assert_eq!(
+            violations("identity:\n  uid: 65535\n"),
+            ["identity.uid: must be at most 65534"]
+        );
+    }
+
+    #[test]
+    fn cleanup_cannot_be_disabled() {
+        assert_eq!(
+            violations("cleanup:\n  destroy_runtime: false\n  retain_outputs_only: false\n"),
+            [
+                "cleanup.destroy_runtime: must be true: cells are always destroyed",
+                "cleanup.retain_outputs_only: must be true: only allowlisted outputs leave a cell",
+            ]
+        );
+    }
+
+    #[test]
+    fn parent_components_are_refused_everywhere() {
+        assert_eq!(
+            violations(
+                "filesystem:\n  readonly_inputs:\n    - ../secrets\n    - { source: a, target: /in/../etc }\n  \
+                 writable_paths: [out/../../x]\n"
+            ),
+            [
+                "filesystem.readonly_inputs[0]: must not contain `..`",
+                "filesystem.readonly_inputs[1].target: must not contain `..`",
+                "filesystem.writable_paths[0]: must not contain `..`",
+            ]
+        );
+        assert_eq!(
+            violations("seccomp_profile: ../profile.json\n"),
+            ["seccomp_profile: must not contain `..`"]
+        );
+    }
+
+    #[test]
+    fn system_directories_and_root_are_not_mount_targets() {
+        assert_eq!(
+            violations(
+                "filesystem:\n  readonly_inputs:\n    - /etc/passwd\n    - { source: x, target: /usr/local/bin/tool }\n  \
+                 writable_paths: [/, /proc/self, lib64/]\n"
+            ),
+            [
+                "filesystem.readonly_inputs[0]: must not be or lie under /etc: the runtime provides it",
+                "filesystem.readonly_inputs[1].target: must not be or lie under /usr: the runtime provides it",
+                "filesystem.writable_paths[0]: must not be `/`",
+                "filesystem.writable_paths[1]: must not be or lie under /proc: the runtime provides it",
+                "filesystem.writable_paths[2]: must not be or lie under /lib64: the runtime provides it",
+            ]
+        );
+        // Only whole components count: /etcetera is not /etc.
+        assert_valid("filesystem:\n  writable_paths: [/etcetera, /tmp]\n");
+    }
+
+    #[test]
+    fn paths_are_normalised_before_comparison() {
+        assert_eq!(
+            violations("filesystem:\n  writable_paths: [tmp/, //tmp, { path: ./tmp//, size_mb: 8 }]\n"),
+            [
+                "filesystem.writable_paths[1]: duplicates the target /tmp of filesystem.writable_paths[0]",
+                "filesystem.writable_paths[2].path: duplicates the target /tmp of filesystem.writable_paths[0]",
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicate_targets_are_refused() {
+        assert_eq!(
+            violations(
+                "filesystem:\n  readonly_inputs:\n    - data/a.csv\n    - { source: other/a.csv, target: /data/a.csv }\n"
+            ),
+            ["filesystem.readonly_inputs[1].target: duplicates the target /data/a.csv of filesystem.readonly_inputs[0]"]
+        );
+    }
+
+    #[test]
+    fn inputs_may_not_overlap_writable_paths() {
+        assert_eq!(
+            violations("filesystem:\n  readonly_inputs: [output/template.txt]\n  writable_paths: [output/]\n"),
+            ["filesystem.writable_paths[0]: /output overlaps /output/template.txt of filesystem.readonly_inputs[0]: mounts may not nest"]
+        );
+        assert_eq!(
+            violations("filesystem:\n  readonly_inputs: [input/]\n  writable_paths: [input]\n"),
+            ["filesystem.writable_paths[0]: duplicates the target /input of filesystem.readonly_inputs[0]"]
+        );
+    }
+
+    #[test]
+    fn output_allowlist_must_lie_inside_a_writable_path() {
+        assert_eq!(
+            violations(
+                "filesystem:\n  writable_paths: [output/, tmp/]\n  \
+                 output_allowlist: [output/*.pdf, input/report.pdf, output, /outputs/x]\n"
+            ),
+            [
+                "filesystem.output_allowlist[1]: must lie inside a writable path (/output, /tmp)",
+                "filesystem.output_allowlist[2]: must lie inside a writable path (/output, /tmp)",
+                "filesystem.output_allowlist[3]: must lie inside a writable path (/output, /tmp)",
+            ]
+        );
+        assert_eq!(
+            violations("filesystem:\n  writable_paths: []\n  output_allowlist: [out/x]\n"),
+            ["filesystem.output_allowlist[0]: must lie inside a writable path (there are none)"]
+        );
+    }
+
+    #[test]
+    fn writable_size_is_bounded() {
+        assert_eq!(
+            violations("filesystem:\n  writable_paths:\n    - { path: /out, size_mb: 0 }\n    - { path: /big, size_mb: 4097 }\n"),
+            [
+                "filesystem.writable_paths[0].size_mb: must be at least 1",
+                "filesystem.writable_paths[1].size_mb: must be at most 4096",
+            ]
+        );
+    }
+
+    #[test]
+    fn deny_mode_takes_no_domains() {
+        assert_eq!(
+            violations("network:\n  mode: deny\n  allowed_domains: [example.org]\n"),
+            ["network.allowed_domains: must be empty when network.mode is deny"]
+        );
+    }
+
+    #[test]
+    fn allowlist_mode_needs_domains() {
+        assert_eq!(
+            violations("network:\n  mode: allowlist\n"),
+            ["network.allowed_domains: must name at least one destination when network.mode is allowlist"]
+        );
+    }
+
+    #[test]
+    fn bad_domain_patterns_are_refused_with_a_reason() {
+        let cases = [
+            ("", "must not be empty"),
+            ("exa mple.org", "must not contain spaces"),
+            ("https://example.org", "must be a host name, not a URL"),
+            ("example.org/path", "must be a host name, not a URL"),
+            ("10.0.0.1", "must be a DNS name, not an IP address literal"),
+            ("169.254.169.254:80", "must be a DNS name, not an IP address literal"),
+            ("[::1]:443", "must be a DNS name, not an IP address literal"),
+            ("::1", "must be a DNS name, not an IP address literal"),
+            ("example..org", "must not have an empty label"),
+            ("example.org.", "must not have an empty label"),
+            ("*", "`*` is only allowed as a single leading `*.` label"),
+            ("*.", "must not have an empty label"),
+            ("*.*.example.org", "`*` is only allowed as a single leading `*.` label"),
+            ("api.*.example.org", "`*` is only allowed as a single leading `*.` label"),
+            ("*example.org", "`*` is only allowed as a single leading `*.` label"),
+            ("*.org", "a `*.` wildcard must cover a domain of at least two labels"),
+            ("exa_mple.org", "label `exa_mple` may contain only letters, digits and `-`"),
+            ("-bad.org", "label `-bad` must not start or end with `-`"),
+            ("example.org:0", "port `0` must be a number from 1 to 65535"),
+            ("example.org:65536", "port `65536` must be a number from 1 to 65535"),
+            ("example.org:+443", "port `+443` must be a number from 1 to 65535"),
+            ("example.org:", "port `` must be a number from 1 to 65535"),
+        ];
+        for (pattern, reason) in cases {
+            assert_eq!(parse_destination(pattern).as_ref().err().map(String::as_str), Some(reason), "{pattern:?}");
+        }
+        assert_eq!(
+            violations("network:\n  mode: allowlist\n  allowed_domains: [ok.test, 'https://x.test']\n"),
+            ["network.allowed_domains[1]: must be a host name, not a URL"]
+        );
+    }
+
+    #[test]
+    fn good_domain_patterns_are_lower_cased_with_ports() {
+        let rule = parse_destination("API.Test").unwrap();
+        assert_eq!((rule.host_pattern.as_str(), rule.ports), ("api.test", vec![443, 80]));
+        let rule = parse_destination("*.Pkg.test:8443").unwrap();
+        assert_eq!((rule.host_pattern.as_str(), rule.ports), ("*.pkg.test", vec![8443]));
+        assert!(parse_destination("localhost").is_ok());
+        assert!(parse_destination("x1.example-2.org").is_ok());
+    }
+
+    #[test]
+    fn the_same_domain_twice_is_refused() {
+        assert_eq!(
+            violations("network:\n  mode: allowlist\n  allowed_domains: [a.test, A.test:8080]\n"),
+            ["network.allowed_domains[1]: a.test is already allowed by network.allowed_domains[0]: list its ports once"]
+        );
+    }
+
+    #[test]
+    fn reserved_env_names_are_refused_in_either_case() {
+        assert_eq!(
+            violations("env:\n  HTTPS_PROXY: http://evil\n  no_proxy: '*'\n  Lang: C\n"),
+            [
+                "env.HTTPS_PROXY: is reserved: airlock sets the proxy variables itself",
+                "env.no_proxy: is reserved: airlock sets the proxy variables itself",
+            ]
+        );
+    }
+
+    #[test]
+    fn env_names_and_values_are_checked() {
+        assert_eq!(
+            violations("env:\n  1ST: x\n  A-B: x\n  OK: \"a\\0b\"\n"),
+            [
+                "env.1ST: must match [A-Za-z_][A-Za-z0-9_]*",
+                "env.A-B: must match [A-Za-z_][A-Za-z0-9_]*",
+                "env.OK: must not contain NUL",
+            ]
+        );
+        assert_valid("env:\n  _X1: a\n  TOKEN: { value: s3cret, secret: true }\n");
+    }
+
+    #[test]
+    fn credentials_are_checked() {
+        assert_eq!(
+            violations(
+                "env:\n  API: x\ncredentials:\n  - { name: store, env: STORE_TOKEN, from_env: AIRLOCK_STORE_TOKEN }\n  \
+                 - { name: store, env: HTTP_PROXY, from_env: X }\n  - { name: 'a b', env: API, from_env: '9' }\n  \
+                 - { name: c, env: STORE_TOKEN, from_env: FROM }\n  - { name: d, env: PATH, from_env: FROM }\n"
+            ),
+            [
+                "credentials[1].name: duplicates credentials[0].name",
+                "credentials[1].env: is reserved: airlock sets the proxy variables itself",
+                "credentials[2].name: must be non-empty and contain only letters, digits, `_`, `.` and `-`",
+                "credentials[2].env: is already set by the cell's environment",
+                "credentials[2].from_env: must match [A-Za-z_][A-Za-z0-9_]*",
+                "credentials[3].env: duplicates credentials[0].env",
+                "credentials[4].env: is already set by the cell's environment",
+            ]
+        );
+    }
+
+    #[test]
+    fn hostname_is_an_rfc_1123_label() {
+        for bad in ["", "-cell", "cell-", "a.b", "under_score", &"x".repeat(64)] {
+            let yaml = format!("hostname: '{bad}'\n");
+            assert_eq!(
+                violations(&yaml),
+                ["hostname: must be an RFC 1123 label: 1-63 letters, digits or `-`, not starting or ending with `-`"],
+                "{bad:?}"
+            );
+        }
+        assert_valid("hostname: build-7\n");
+    }
+
+    #[test]
+    fn workdir_must_be_absolute_and_inside_a_mount() {
+        assert_eq!(violations("workdir: tmp\n"), ["workdir: must be an absolute path"]);
+        assert_eq!(
+            violations("workdir: /home/agent\n"),
+            ["workdir: must be `/` or lie inside a readonly input or writable path"]
+        );
+        assert_valid("workdir: /\n");
+        assert_valid("workdir: /tmp/work/\n");
+    }
+
+    #[test]
+    fn image_must_be_named() {
+        assert_eq!(violations("image: ''\n"), ["image: must not be empty"]);
+        assert_eq!(
+            violations("image: 'a b'\n"),
+            ["image: must not contain whitespace or control characters"]
+        );
+    }
 }

@@ -209,3 +209,302 @@ fn narrow(value: i64) -> u32 {
 fn widen(value: i64) -> u64 {
     u64::try_from(value).expect("validated value is positive")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{default_contract, parse_contract, ContractFormat};
+
+    fn argv(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    fn compile_yaml(yaml: &str) -> Result<CellPlan, ContractError> {
+        let contract = parse_contract(yaml, ContractFormat::Yaml)?;
+        compile(
+            &contract,
+            &CompileInput {
+                base_dir: Path::new("/jobs/42"),
+                argv: &argv(&["sh", "-c", "true"]),
+            },
+        )
+    }
+
+    fn env_value<'p>(plan: &'p CellPlan, name: &str) -> Option<&'p str> {
+        plan.env
+            .iter()
+            .find(|var| var.name == name)
+            .map(|var| var.value.as_str())
+    }
+
+    const DOCUMENT_TOOLS: &str = "
+image: host
+filesystem:
+  readonly_inputs:
+    - input/report.docx
+    - { source: /srv/fonts, target: fonts }
+  writable_paths:
+    - output/
+    - { path: tmp, size_mb: 32 }
+  output_allowlist:
+    - output/report.pdf
+    - output/*.log
+resources:
+  cpu_millis: 1500
+  memory_mb: 768
+  process_limit: 64
+  wall_time_seconds: 90
+  output_bytes: 5242880
+";
+
+    #[test]
+    fn seed_image_is_unsupported() {
+        let seed = parse_contract(
+            crate::parse::tests::SEED_YAML,
+            ContractFormat::Yaml,
+        )
+        .unwrap();
+        let error = compile(
+            &seed,
+            &CompileInput {
+                base_dir: Path::new("/jobs"),
+                argv: &argv(&["true"]),
+            },
+        )
+        .unwrap_err();
+        assert_eq!(error.class(), "sandbox_unavailable");
+        assert_eq!(
+            error.to_string(),
+            "image: only `host` (a read-only view of the host's /usr, /bin, /lib*, /sbin) is \
+             supported by this runtime; OCI images are not"
+        );
+    }
+
+    #[test]
+    fn mounts_are_system_then_inputs_then_writable() {
+        let plan = compile_yaml(DOCUMENT_TOOLS).unwrap();
+        let expected_system = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"];
+        for (mount, path) in plan.mounts.iter().zip(expected_system) {
+            assert_eq!(
+                *mount,
+                MountPlan::HostSystem {
+                    path: path.into(),
+                    optional: path != "/usr"
+                }
+            );
+        }
+        assert_eq!(
+            plan.mounts[7..],
+            [
+                MountPlan::ReadonlyInput {
+                    source: "/jobs/42/input/report.docx".into(),
+                    target: "/input/report.docx".into()
+                },
+                MountPlan::ReadonlyInput {
+                    source: "/srv/fonts".into(),
+                    target: "/fonts".into()
+                },
+                MountPlan::WritableTmpfs {
+                    target: "/output".into(),
+                    size_bytes: 16 << 20
+                },
+                MountPlan::WritableTmpfs {
+                    target: "/tmp".into(),
+                    size_bytes: 32 << 20
+                },
+            ]
+        );
+        assert_eq!(
+            plan.rootfs,
+            RootfsPlan {
+                image: RootImage::Host,
+                readonly: true,
+                size_bytes: 1 << 20
+            }
+        );
+        assert_eq!(plan.output_allowlist, ["/output/report.pdf", "/output/*.log"]);
+    }
+
+    #[test]
+    fn limits_are_converted_to_runtime_units() {
+        let plan = compile_yaml(DOCUMENT_TOOLS).unwrap();
+        assert_eq!(
+            plan.limits,
+            Limits {
+                cpu_millis: 1500,
+                memory_bytes: 768 << 20,
+                process_limit: 64,
+                wall_time_ms: 90_000,
+                output_bytes: 5_242_880,
+                open_files: 256,
+                file_size_bytes: 64 << 20,
+            }
+        );
+    }
+
+    #[test]
+    fn default_contract_gives_a_minimal_deny_all_plan() {
+        let plan = compile(
+            &default_contract(),
+            &CompileInput {
+                base_dir: Path::new("/"),
+                argv: &argv(&["/bin/true"]),
+            },
+        )
+        .unwrap();
+        assert_eq!(plan.identity, CellIdentity { uid: 10001, gid: 10001 });
+        assert_eq!(plan.hostname, "airlock");
+        assert_eq!(plan.workdir, Path::new("/tmp"));
+        assert_eq!(plan.network, NetworkPlan::Deny);
+        assert_eq!(plan.seccomp, SeccompPlan::Default);
+        assert!(plan.credentials.is_empty());
+        let names: Vec<&str> = plan.env.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["HOME", "LANG", "PATH", "TMPDIR"]);
+        assert_eq!(env_value(&plan, "HOME"), Some("/tmp"));
+        assert_eq!(env_value(&plan, "PATH"), Some(BASE_PATH));
+    }
+
+    #[test]
+    fn without_a_writable_tmp_the_workdir_is_root_and_tmpdir_unset() {
+        let plan = compile_yaml("filesystem:\n  writable_paths: [output]\n").unwrap();
+        assert_eq!(plan.workdir, Path::new("/"));
+        assert_eq!(env_value(&plan, "HOME"), Some("/"));
+        assert_eq!(env_value(&plan, "TMPDIR"), None);
+    }
+
+    #[test]
+    fn contract_env_overrides_the_base_and_keeps_secrets_marked() {
+        let plan = compile_yaml(
+            "workdir: /tmp/work\nenv:\n  LANG: en_US.UTF-8\n  API_TOKEN: { value: s3cret, secret: true }\n",
+        )
+        .unwrap();
+        assert_eq!(env_value(&plan, "LANG"), Some("en_US.UTF-8"));
+        assert_eq!(env_value(&plan, "HOME"), Some("/tmp/work"));
+        let token = plan.env.iter().find(|v| v.name == "API_TOKEN").unwrap();
+        assert!(token.secret);
+        assert!(plan.env.windows(2).all(|pair| pair[0].name < pair[1].name));
+    }
+
+    #[test]
+    fn allowlist_sets_destinations_and_proxy_variables() {
+        let plan = compile_yaml(
+            "network:\n  mode: allowlist\n  allowed_domains: [API.test, '*.pkg.test:8443']\n",
+        )
+        .unwrap();
+        assert_eq!(
+            plan.network,
+            NetworkPlan::Allowlist {
+                destinations: vec![
+                    DestinationRule {
+                        host_pattern: "api.test".into(),
+                        ports: vec![443, 80]
+                    },
+                    DestinationRule {
+                        host_pattern: "*.pkg.test".into(),
+                        ports: vec![8443]
+                    },
+                ]
+            }
+        );
+        for name in ["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"] {
+            assert_eq!(env_value(&plan, name), Some("http://127.0.0.1:3128"), "{name}");
+        }
+        for name in ["ALL_PROXY", "all_proxy"] {
+            assert_eq!(env_value(&plan, name), Some("socks5h://127.0.0.1:1080"));
+        }
+        for name in ["NO_PROXY", "no_proxy"] {
+            assert_eq!(env_value(&plan, name), Some("localhost,127.0.0.1,::1"));
+        }
+    }
+
+    #[test]
+    fn deny_mode_sets_no_proxy_variables() {
+        let plan = compile_yaml("network: { mode: deny }\n").unwrap();
+        assert!(plan.env.iter().all(|v| !v.name.to_ascii_lowercase().contains("proxy")));
+    }
+
+    #[test]
+    fn seccomp_profile_and_credentials_are_carried_over() {
+        let plan = compile_yaml(
+            "seccomp_profile: profiles/strict.json\ncredentials:\n  - { name: store, env: STORE_TOKEN, from_env: AIRLOCK_STORE_TOKEN }\n",
+        )
+        .unwrap();
+        assert_eq!(
+            plan.seccomp,
+            SeccompPlan::DockerJson {
+                path: "/jobs/42/profiles/strict.json".into()
+            }
+        );
+        assert_eq!(
+            plan.credentials,
+            [CredentialPlan {
+                name: "store".into(),
+                env: "STORE_TOKEN".into(),
+                from_env: "AIRLOCK_STORE_TOKEN".into()
+            }]
+        );
+        assert!(plan.env.iter().all(|v| v.name != "STORE_TOKEN"));
+    }
+
+    #[test]
+    fn compile_is_deterministic_and_hashes_the_contract_not_the_format() {
+        let first = compile_yaml(DOCUMENT_TOOLS).unwrap();
+        assert_eq!(compile_yaml(DOCUMENT_TOOLS).unwrap(), first);
+        assert_eq!(first.contract_sha256.len(), 64);
+
+        let contract = parse_contract(DOCUMENT_TOOLS, ContractFormat::Yaml).unwrap();
+        let as_json = serde_json::to_string_pretty(&contract).unwrap();
+        let reparsed = parse_contract(&as_json, ContractFormat::Json).unwrap();
+        assert_eq!(contract_sha256(&reparsed), first.contract_sha256);
+
+        let other = compile_yaml(&DOCUMENT_TOOLS.replace("768", "769")).unwrap();
+        assert_ne!(other.contract_sha256, first.contract_sha256);
+    }
+
+    #[test]
+    fn argv_and_base_dir_are_checked() {
+        let contract = default_contract();
+        let refused = |argv: &[String], base_dir: &str| {
+            compile(
+                &contract,
+                &CompileInput {
+                    base_dir: Path::new(base_dir),
+                    argv,
+                },
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        assert_eq!(refused(&[], "/"), "argv: must name a command");
+        assert_eq!(refused(&argv(&[""]), "/"), "argv: must name a command");
+        assert_eq!(
+            refused(&argv(&["echo", "a\0b"]), "/"),
+            "argv[1]: must not contain NUL"
+        );
+        assert_eq!(
+            refused(&argv(&["true"]), "jobs"),
+            "base_dir: must be an absolute path"
+        );
+    }
+
+    #[test]
+    fn an_invalid_contract_built_in_code_is_refused_by_compile() {
+        let mut contract = default_contract();
+        contract.identity.uid = 0;
+        contract.resources.memory_mb = -1;
+        let error = compile(
+            &contract,
+            &CompileInput {
+                base_dir: Path::new("/"),
+                argv: &argv(&["true"]),
+            },
+        )
+        .unwrap_err();
+        assert_eq!(error.class(), "policy_denied");
+        assert_eq!(
+            error.to_string(),
+            "identity.uid: must not be 0: the cell identity is never root\n\
+             resources.memory_mb: must be at least 4"
+        );
+    }
+}

@@ -210,7 +210,7 @@ impl<'de> Visitor<'de> for StrictValueVisitor {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use crate::{parse_contract, ContractError, ContractFormat, NetworkMode, ReadonlyInput};
 
     pub(crate) const SEED_YAML: &str = include_str!("../../../examples/contracts/seed-004.yaml");

@@ -90,7 +90,10 @@ pub struct WrappedContract {
     pub execution_contract: Contract,
 }
 
-/// What a contract document may be: the contract itself, or wrapped. Used for the schema.
+/// airlock execution contract
+///
+/// A contract document: the contract itself, or the contract under a single top-level
+/// `execution_contract` key. Reference: docs/contract.md.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum ContractDocument {

@@ -259,11 +259,7 @@ resources:
 
     #[test]
     fn seed_image_is_unsupported() {
-        let seed = parse_contract(
-            crate::parse::tests::SEED_YAML,
-            ContractFormat::Yaml,
-        )
-        .unwrap();
+        let seed = parse_contract(crate::parse::tests::SEED_YAML, ContractFormat::Yaml).unwrap();
         let error = compile(
             &seed,
             &CompileInput {
@@ -283,7 +279,9 @@ resources:
     #[test]
     fn mounts_are_system_then_inputs_then_writable() {
         let plan = compile_yaml(DOCUMENT_TOOLS).unwrap();
-        let expected_system = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"];
+        let expected_system = [
+            "/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32",
+        ];
         for (mount, path) in plan.mounts.iter().zip(expected_system) {
             assert_eq!(
                 *mount,
@@ -322,7 +320,10 @@ resources:
                 size_bytes: 1 << 20
             }
         );
-        assert_eq!(plan.output_allowlist, ["/output/report.pdf", "/output/*.log"]);
+        assert_eq!(
+            plan.output_allowlist,
+            ["/output/report.pdf", "/output/*.log"]
+        );
     }
 
     #[test]
@@ -352,7 +353,13 @@ resources:
             },
         )
         .unwrap();
-        assert_eq!(plan.identity, CellIdentity { uid: 10001, gid: 10001 });
+        assert_eq!(
+            plan.identity,
+            CellIdentity {
+                uid: 10001,
+                gid: 10001
+            }
+        );
         assert_eq!(plan.hostname, "airlock");
         assert_eq!(plan.workdir, Path::new("/tmp"));
         assert_eq!(plan.network, NetworkPlan::Deny);
@@ -407,7 +414,11 @@ resources:
             }
         );
         for name in ["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"] {
-            assert_eq!(env_value(&plan, name), Some("http://127.0.0.1:3128"), "{name}");
+            assert_eq!(
+                env_value(&plan, name),
+                Some("http://127.0.0.1:3128"),
+                "{name}"
+            );
         }
         for name in ["ALL_PROXY", "all_proxy"] {
             assert_eq!(env_value(&plan, name), Some("socks5h://127.0.0.1:1080"));
@@ -420,7 +431,10 @@ resources:
     #[test]
     fn deny_mode_sets_no_proxy_variables() {
         let plan = compile_yaml("network: { mode: deny }\n").unwrap();
-        assert!(plan.env.iter().all(|v| !v.name.to_ascii_lowercase().contains("proxy")));
+        assert!(plan
+            .env
+            .iter()
+            .all(|v| !v.name.to_ascii_lowercase().contains("proxy")));
     }
 
     #[test]

@@ -21,7 +21,10 @@ pub struct Bounds {
 
 pub const UID_BOUNDS: Bounds = Bounds { min: 1, max: 65534 };
 pub const WRITABLE_SIZE_MB_BOUNDS: Bounds = Bounds { min: 1, max: 4096 };
-pub const CPU_MILLIS_BOUNDS: Bounds = Bounds { min: 10, max: 64000 };
+pub const CPU_MILLIS_BOUNDS: Bounds = Bounds {
+    min: 10,
+    max: 64000,
+};
 pub const MEMORY_MB_BOUNDS: Bounds = Bounds { min: 4, max: 65536 };
 pub const PROCESS_LIMIT_BOUNDS: Bounds = Bounds { min: 1, max: 4096 };
 pub const WALL_TIME_SECONDS_BOUNDS: Bounds = Bounds { min: 1, max: 86400 };
@@ -33,10 +36,7 @@ pub const OPEN_FILES_BOUNDS: Bounds = Bounds {
     min: 16,
     max: 65536,
 };
-pub const FILE_SIZE_MB_BOUNDS: Bounds = Bounds {
-    min: 1,
-    max: 16384,
-};
+pub const FILE_SIZE_MB_BOUNDS: Bounds = Bounds { min: 1, max: 16384 };
 
 pub const DEFAULT_UID: i64 = 10001;
 pub const DEFAULT_GID: i64 = 10001;
@@ -357,12 +357,7 @@ string_or_struct!(
 
 /// Parts of a string-or-struct type: the message, the string constructor and the struct
 /// constructor (whose argument type is the struct form, deserialized with its own rules).
-struct StringOrStruct<T, S>(
-    &'static str,
-    fn(String) -> T,
-    fn(S) -> T,
-    PhantomData<S>,
-);
+struct StringOrStruct<T, S>(&'static str, fn(String) -> T, fn(S) -> T, PhantomData<S>);
 
 impl<'de, T, S: Deserialize<'de>> Visitor<'de> for StringOrStruct<T, S> {
     type Value = T;

@@ -12,7 +12,10 @@ use std::fmt;
 
 const WRAPPER_KEY: &str = "execution_contract";
 
-pub(crate) fn parse_document(text: &str, format: ContractFormat) -> Result<Contract, ContractError> {
+pub(crate) fn parse_document(
+    text: &str,
+    format: ContractFormat,
+) -> Result<Contract, ContractError> {
     let parse_error = |message: String| ContractError::Parse { format, message };
     // An empty file is far more likely a mistake than a request for the default contract
     // (and TOML would otherwise read it as exactly that).
@@ -20,9 +23,15 @@ pub(crate) fn parse_document(text: &str, format: ContractFormat) -> Result<Contr
         return Err(parse_error("the document is empty".to_owned()));
     }
     let StrictValue(document) = match format {
-        ContractFormat::Yaml => serde_saphyr::from_str(text).map_err(|e| parse_error(yaml_message(&e)))?,
-        ContractFormat::Toml => toml::from_str(text).map_err(|e| parse_error(toml_message(text, &e)))?,
-        ContractFormat::Json => serde_json::from_str(text).map_err(|e| parse_error(e.to_string()))?,
+        ContractFormat::Yaml => {
+            serde_saphyr::from_str(text).map_err(|e| parse_error(yaml_message(&e)))?
+        }
+        ContractFormat::Toml => {
+            toml::from_str(text).map_err(|e| parse_error(toml_message(text, &e)))?
+        }
+        ContractFormat::Json => {
+            serde_json::from_str(text).map_err(|e| parse_error(e.to_string()))?
+        }
     };
     let mut top_level = match document {
         Value::Object(map) => map,
@@ -52,7 +61,8 @@ pub(crate) fn parse_document(text: &str, format: ContractFormat) -> Result<Contr
         }
         None => Value::Object(top_level),
     };
-    serde_path_to_error::deserialize(contract).map_err(|error| ContractError::Invalid(vec![shape_error(&error)]))
+    serde_path_to_error::deserialize(contract)
+        .map_err(|error| ContractError::Invalid(vec![shape_error(&error)]))
 }
 
 /// Turns serde's "unknown field `x`, expected one of ..." (reported at the enclosing map) into
@@ -107,7 +117,11 @@ fn yaml_message(error: &serde_saphyr::Error) -> String {
     let message = message.trim().trim_start_matches("error: ").to_owned();
     match error.location() {
         Some(location) if !message.contains("line") => {
-            format!("{message} at line {} column {}", location.line(), location.column())
+            format!(
+                "{message} at line {} column {}",
+                location.line(),
+                location.column()
+            )
         }
         _ => message,
     }
@@ -127,7 +141,11 @@ fn toml_message(text: &str, error: &toml::de::Error) -> String {
 fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |tail| tail.chars().count()) + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .map_or(0, |tail| tail.chars().count())
+        + 1;
     (line, column)
 }
 
@@ -137,7 +155,9 @@ struct StrictValue(Value);
 
 impl<'de> Deserialize<'de> for StrictValue {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(StrictValueVisitor).map(StrictValue)
+        deserializer
+            .deserialize_any(StrictValueVisitor)
+            .map(StrictValue)
     }
 }
 
@@ -304,8 +324,14 @@ retain_outputs_only = true
     #[test]
     fn seed_contract_reads_the_same_in_every_format() {
         let yaml = parse_contract(SEED_YAML, ContractFormat::Yaml).unwrap();
-        assert_eq!(parse_contract(SEED_TOML, ContractFormat::Toml).unwrap(), yaml);
-        assert_eq!(parse_contract(SEED_JSON, ContractFormat::Json).unwrap(), yaml);
+        assert_eq!(
+            parse_contract(SEED_TOML, ContractFormat::Toml).unwrap(),
+            yaml
+        );
+        assert_eq!(
+            parse_contract(SEED_JSON, ContractFormat::Json).unwrap(),
+            yaml
+        );
     }
 
     #[test]
@@ -350,7 +376,10 @@ retain_outputs_only = true
             r#"{"execution_contract": {"network": {"mode": "deny", "proxy": "x"}}}"#,
             ContractFormat::Json,
         );
-        assert!(errors[0].starts_with("network.proxy: unknown field"), "{errors:?}");
+        assert!(
+            errors[0].starts_with("network.proxy: unknown field"),
+            "{errors:?}"
+        );
     }
 
     #[test]
@@ -379,11 +408,23 @@ retain_outputs_only = true
 
     #[test]
     fn duplicate_keys_are_rejected_in_every_format() {
-        let yaml = parse_message("network:\n  mode: deny\n  mode: allowlist\n", ContractFormat::Yaml);
-        assert!(yaml.contains("duplicate") && yaml.contains("line 3"), "{yaml}");
+        let yaml = parse_message(
+            "network:\n  mode: deny\n  mode: allowlist\n",
+            ContractFormat::Yaml,
+        );
+        assert!(
+            yaml.contains("duplicate") && yaml.contains("line 3"),
+            "{yaml}"
+        );
         let toml = parse_message("hostname = \"a\"\nhostname = \"b\"\n", ContractFormat::Toml);
-        assert!(toml.contains("duplicate") && toml.contains("line 2"), "{toml}");
-        let json = parse_message(r#"{"network": {"mode": "deny", "mode": "allowlist"}}"#, ContractFormat::Json);
+        assert!(
+            toml.contains("duplicate") && toml.contains("line 2"),
+            "{toml}"
+        );
+        let json = parse_message(
+            r#"{"network": {"mode": "deny", "mode": "allowlist"}}"#,
+            ContractFormat::Json,
+        );
         assert_eq!(json, "duplicate key `mode` at line 1 column 49");
     }
 
@@ -403,7 +444,11 @@ retain_outputs_only = true
 
     #[test]
     fn empty_and_non_mapping_documents_are_parse_errors() {
-        for format in [ContractFormat::Yaml, ContractFormat::Toml, ContractFormat::Json] {
+        for format in [
+            ContractFormat::Yaml,
+            ContractFormat::Toml,
+            ContractFormat::Json,
+        ] {
             assert_eq!(parse_message(" \n", format), "the document is empty");
         }
         assert_eq!(

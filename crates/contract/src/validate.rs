@@ -128,7 +128,10 @@ fn check_image(image: &str, errors: &mut Errors) {
 }
 
 fn check_identity(identity: &Identity, errors: &mut Errors) {
-    for (field, id) in [("identity.uid", identity.uid), ("identity.gid", identity.gid)] {
+    for (field, id) in [
+        ("identity.uid", identity.uid),
+        ("identity.gid", identity.gid),
+    ] {
         if id == 0 {
             errors.push(field, "must not be 0: the cell identity is never root");
         } else {
@@ -223,7 +226,9 @@ fn check_filesystem(
             ReadonlyInput::Mapped(mapped) => {
                 let source = host_source(&format!("{field}.source"), &mapped.source, errors);
                 let target = cell_target(&format!("{field}.target"), &mapped.target, errors);
-                source.zip(target).map(|(source, target)| CheckedInput { source, target })
+                source
+                    .zip(target)
+                    .map(|(source, target)| CheckedInput { source, target })
             }
         };
         if let Some(checked) = checked {
@@ -264,27 +269,35 @@ fn check_filesystem(
     let all_mounts: Vec<(&String, &NormalPath)> = input_fields
         .iter()
         .zip(inputs.iter().map(|i| &i.target))
-        .chain(writable_fields.iter().zip(writable.iter().map(|w| &w.target)))
+        .chain(
+            writable_fields
+                .iter()
+                .zip(writable.iter().map(|w| &w.target)),
+        )
         .collect();
     // Nesting is refused as well as equality: a tmpfs over an input hides it, and a mount
     // point inside a read-only bind cannot be created.
     for (later, (later_field, later_target)) in all_mounts.iter().enumerate() {
-        let conflict = all_mounts[..later].iter().find_map(|(earlier_field, earlier_target)| {
-            if earlier_target == later_target {
-                Some(format!(
-                    "duplicates the target {} of {earlier_field}",
-                    later_target.cell_path()
-                ))
-            } else if earlier_target.contains(later_target) || later_target.contains(earlier_target) {
-                Some(format!(
-                    "{} overlaps {} of {earlier_field}: mounts may not nest",
-                    later_target.cell_path(),
-                    earlier_target.cell_path()
-                ))
-            } else {
-                None
-            }
-        });
+        let conflict = all_mounts[..later]
+            .iter()
+            .find_map(|(earlier_field, earlier_target)| {
+                if earlier_target == later_target {
+                    Some(format!(
+                        "duplicates the target {} of {earlier_field}",
+                        later_target.cell_path()
+                    ))
+                } else if earlier_target.contains(later_target)
+                    || later_target.contains(earlier_target)
+                {
+                    Some(format!(
+                        "{} overlaps {} of {earlier_field}: mounts may not nest",
+                        later_target.cell_path(),
+                        earlier_target.cell_path()
+                    ))
+                } else {
+                    None
+                }
+            });
         if let Some(rule) = conflict {
             errors.push(*later_field, rule);
         }
@@ -398,9 +411,14 @@ pub(crate) fn parse_destination(entry: &str) -> Result<DestinationRule, String> 
             return Err("must not have an empty label".to_owned());
         }
         if label.len() > 63 {
-            return Err(format!("label `{label}` must be at most 63 characters long"));
+            return Err(format!(
+                "label `{label}` must be at most 63 characters long"
+            ));
         }
-        if !label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
             return Err(format!(
                 "label `{label}` may contain only letters, digits and `-`"
             ));
@@ -419,7 +437,11 @@ pub(crate) fn parse_destination(entry: &str) -> Result<DestinationRule, String> 
         return Err("a `*.` wildcard must cover a domain of at least two labels".to_owned());
     }
     Ok(DestinationRule {
-        host_pattern: if wildcard { format!("*.{name}") } else { name.to_owned() },
+        host_pattern: if wildcard {
+            format!("*.{name}")
+        } else {
+            name.to_owned()
+        },
         ports,
     })
 }
@@ -428,7 +450,11 @@ fn check_resources(resources: &Resources, errors: &mut Errors) {
     let checks = [
         ("cpu_millis", resources.cpu_millis, CPU_MILLIS_BOUNDS),
         ("memory_mb", resources.memory_mb, MEMORY_MB_BOUNDS),
-        ("process_limit", resources.process_limit, PROCESS_LIMIT_BOUNDS),
+        (
+            "process_limit",
+            resources.process_limit,
+            PROCESS_LIMIT_BOUNDS,
+        ),
         (
             "wall_time_seconds",
             resources.wall_time_seconds,
@@ -541,7 +567,9 @@ fn check_cleanup(cleanup: &Cleanup, errors: &mut Errors) {
 
 fn check_hostname(hostname: &str, errors: &mut Errors) {
     let valid = (1..=63).contains(&hostname.len())
-        && hostname.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && hostname
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
         && !hostname.starts_with('-')
         && !hostname.ends_with('-');
     if !valid {
@@ -831,29 +859,62 @@ mod tests {
             ("https://example.org", "must be a host name, not a URL"),
             ("example.org/path", "must be a host name, not a URL"),
             ("10.0.0.1", "must be a DNS name, not an IP address literal"),
-            ("169.254.169.254:80", "must be a DNS name, not an IP address literal"),
+            (
+                "169.254.169.254:80",
+                "must be a DNS name, not an IP address literal",
+            ),
             ("[::1]:443", "must be a DNS name, not an IP address literal"),
             ("::1", "must be a DNS name, not an IP address literal"),
             ("example..org", "must not have an empty label"),
             ("example.org.", "must not have an empty label"),
             ("*", "`*` is only allowed as a single leading `*.` label"),
             ("*.", "must not have an empty label"),
-            ("*.*.example.org", "`*` is only allowed as a single leading `*.` label"),
-            ("api.*.example.org", "`*` is only allowed as a single leading `*.` label"),
-            ("*example.org", "`*` is only allowed as a single leading `*.` label"),
-            ("*.org", "a `*.` wildcard must cover a domain of at least two labels"),
-            ("exa_mple.org", "label `exa_mple` may contain only letters, digits and `-`"),
+            (
+                "*.*.example.org",
+                "`*` is only allowed as a single leading `*.` label",
+            ),
+            (
+                "api.*.example.org",
+                "`*` is only allowed as a single leading `*.` label",
+            ),
+            (
+                "*example.org",
+                "`*` is only allowed as a single leading `*.` label",
+            ),
+            (
+                "*.org",
+                "a `*.` wildcard must cover a domain of at least two labels",
+            ),
+            (
+                "exa_mple.org",
+                "label `exa_mple` may contain only letters, digits and `-`",
+            ),
             ("-bad.org", "label `-bad` must not start or end with `-`"),
             ("example.org:0", "port `0` must be a number from 1 to 65535"),
-            ("example.org:65536", "port `65536` must be a number from 1 to 65535"),
-            ("example.org:+443", "port `+443` must be a number from 1 to 65535"),
+            (
+                "example.org:65536",
+                "port `65536` must be a number from 1 to 65535",
+            ),
+            (
+                "example.org:+443",
+                "port `+443` must be a number from 1 to 65535",
+            ),
             ("example.org:", "port `` must be a number from 1 to 65535"),
         ];
         for (pattern, reason) in cases {
-            assert_eq!(parse_destination(pattern).as_ref().err().map(String::as_str), Some(reason), "{pattern:?}");
+            assert_eq!(
+                parse_destination(pattern)
+                    .as_ref()
+                    .err()
+                    .map(String::as_str),
+                Some(reason),
+                "{pattern:?}"
+            );
         }
         assert_eq!(
-            violations("network:\n  mode: allowlist\n  allowed_domains: [ok.test, 'https://x.test']\n"),
+            violations(
+                "network:\n  mode: allowlist\n  allowed_domains: [ok.test, 'https://x.test']\n"
+            ),
             ["network.allowed_domains[1]: must be a host name, not a URL"]
         );
     }
@@ -861,9 +922,15 @@ mod tests {
     #[test]
     fn good_domain_patterns_are_lower_cased_with_ports() {
         let rule = parse_destination("API.Test").unwrap();
-        assert_eq!((rule.host_pattern.as_str(), rule.ports), ("api.test", vec![443, 80]));
+        assert_eq!(
+            (rule.host_pattern.as_str(), rule.ports),
+            ("api.test", vec![443, 80])
+        );
         let rule = parse_destination("*.Pkg.test:8443").unwrap();
-        assert_eq!((rule.host_pattern.as_str(), rule.ports), ("*.pkg.test", vec![8443]));
+        assert_eq!(
+            (rule.host_pattern.as_str(), rule.ports),
+            ("*.pkg.test", vec![8443])
+        );
         assert!(parse_destination("localhost").is_ok());
         assert!(parse_destination("x1.example-2.org").is_ok());
     }
@@ -935,7 +1002,10 @@ mod tests {
 
     #[test]
     fn workdir_must_be_absolute_and_inside_a_mount() {
-        assert_eq!(violations("workdir: tmp\n"), ["workdir: must be an absolute path"]);
+        assert_eq!(
+            violations("workdir: tmp\n"),
+            ["workdir: must be an absolute path"]
+        );
         assert_eq!(
             violations("workdir: /home/agent\n"),
             ["workdir: must be `/` or lie inside a readonly input or writable path"]

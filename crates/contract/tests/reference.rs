@@ -56,12 +56,18 @@ fn reference_page_documents_every_field() {
     let doc = std::fs::read_to_string(repo_root().join("docs/contract.md")).unwrap();
     let mut names = BTreeSet::new();
     property_names(&contract_json_schema(), &mut names);
-    assert!(names.len() > 20, "schema walk found too few fields: {names:?}");
+    assert!(
+        names.len() > 20,
+        "schema walk found too few fields: {names:?}"
+    );
     let missing: Vec<&String> = names
         .iter()
         .filter(|name| !doc.contains(&format!("`{name}`")))
         .collect();
-    assert!(missing.is_empty(), "docs/contract.md does not mention {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/contract.md does not mention {missing:?}"
+    );
 }
 
 fn example(name: &str) -> PathBuf {
@@ -99,7 +105,10 @@ fn every_example_contract_parses_and_compiles() {
             Err(error) => panic!("{name}: {error}"),
         }
     }
-    assert!(seen >= 4, "expected at least four example contracts, found {seen}");
+    assert!(
+        seen >= 4,
+        "expected at least four example contracts, found {seen}"
+    );
 }
 
 #[test]

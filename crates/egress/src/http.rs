@@ -1,0 +1,517 @@
+//! The HTTP proxy listener: absolute-form forwarding and CONNECT tunnels.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::destination::{parse_host, ParsedHost};
+use crate::proxy::{canonical_host, decide_and_connect, Attempt, ConnectionSlot};
+use crate::tunnel::{pump, BodyFraming, ChunkedScanner, Traffic, UpMode};
+use crate::{reason, Decision, SharedState};
+
+const MAX_HEAD: usize = 64 * 1024;
+const MAX_HEADERS: usize = 100;
+
+/// Headers that describe this hop only (RFC 9110 7.6.1) or the proxy itself; never
+/// forwarded. `Upgrade` is dropped because the connection is used for one request only.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "upgrade",
+];
+
+pub async fn handle(
+    shared: SharedState,
+    mut client: TcpStream,
+    over_limit: bool,
+    _slot: ConnectionSlot,
+) {
+    let _ = client.set_nodelay(true);
+    let mut attempt = Attempt::begin("http");
+    let mut buf = Vec::with_capacity(4096);
+    let head = match read_head(&shared, &mut client, &mut buf).await {
+        HeadRead::Complete(len) => len,
+        HeadRead::Nothing => return,
+        HeadRead::Refused(code) => {
+            refuse(&mut client, code).await;
+            attempt.deny(&shared, code);
+            return;
+        }
+    };
+
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    if !matches!(req.parse(&buf[..head]), Ok(httparse::Status::Complete(_))) {
+        refuse(&mut client, reason::BAD_REQUEST).await;
+        attempt.deny(&shared, reason::BAD_REQUEST);
+        return;
+    }
+    let method = req.method.unwrap_or("");
+    let target = req.path.unwrap_or("");
+    let version = req.version.unwrap_or(1);
+
+    if method.eq_ignore_ascii_case("CONNECT") {
+        attempt.protocol = "connect";
+        let Some((host, port)) = split_authority(target, None) else {
+            refuse(&mut client, reason::BAD_REQUEST).await;
+            attempt.deny(&shared, reason::BAD_REQUEST);
+            return;
+        };
+        attempt.target(&host, port);
+        if over_limit {
+            refuse(&mut client, reason::LIMIT).await;
+            attempt.deny(&shared, reason::LIMIT);
+            return;
+        }
+        let leftover = buf[head..].to_vec();
+        drop(buf);
+        connect_tunnel(&shared, client, attempt, &host, port, leftover).await;
+        return;
+    }
+
+    // Absolute-form only: a proxy never serves origin-form requests itself.
+    let Some((authority, path)) = split_absolute_http(target) else {
+        refuse(&mut client, reason::BAD_REQUEST).await;
+        attempt.deny(&shared, reason::BAD_REQUEST);
+        return;
+    };
+    let Some((host, port)) = split_authority(authority, Some(80)) else {
+        refuse(&mut client, reason::BAD_REQUEST).await;
+        attempt.deny(&shared, reason::BAD_REQUEST);
+        return;
+    };
+    attempt.target(&host, port);
+    let request = match check_and_rewrite(
+        req.method.unwrap_or("GET"),
+        path,
+        version,
+        req.headers,
+        &host,
+        port,
+        authority,
+    ) {
+        Ok(r) => r,
+        Err(code) => {
+            refuse(&mut client, code).await;
+            attempt.deny(&shared, code);
+            return;
+        }
+    };
+    if over_limit {
+        refuse(&mut client, reason::LIMIT).await;
+        attempt.deny(&shared, reason::LIMIT);
+        return;
+    }
+    let leftover = buf[head..].to_vec();
+    drop(buf);
+
+    let mut opened = match decide_and_connect(&shared, &host, port).await {
+        Ok(o) => o,
+        Err(refusal) => {
+            attempt.address = refusal.address;
+            refuse(&mut client, refusal.reason).await;
+            attempt.deny(&shared, refusal.reason);
+            return;
+        }
+    };
+    attempt.address = opened.address;
+    let traffic = Traffic::default();
+    if !shared.consume(request.head.len()) {
+        refuse(&mut client, reason::LIMIT).await;
+        attempt.deny(&shared, reason::LIMIT);
+        return;
+    }
+    if opened.stream.write_all(&request.head).await.is_err() {
+        refuse(&mut client, reason::UPSTREAM_FAILED).await;
+        attempt.deny(&shared, reason::UPSTREAM_FAILED);
+        return;
+    }
+    traffic.up.fetch_add(
+        request.head.len() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    let cut = pump(
+        &shared,
+        &mut client,
+        &mut opened.stream,
+        leftover,
+        std::mem::take(&mut opened.upstream_prefix),
+        UpMode::HttpBody(request.framing),
+        &traffic,
+    )
+    .await;
+    attempt.finish(
+        &shared,
+        Decision::Allowed,
+        cut,
+        traffic.up(),
+        traffic.down(),
+    );
+}
+
+async fn connect_tunnel(
+    shared: &SharedState,
+    mut client: TcpStream,
+    mut attempt: Attempt,
+    host: &str,
+    port: u16,
+    leftover: Vec<u8>,
+) {
+    let mut opened = match decide_and_connect(shared, host, port).await {
+        Ok(o) => o,
+        Err(refusal) => {
+            attempt.address = refusal.address;
+            refuse(&mut client, refusal.reason).await;
+            attempt.deny(shared, refusal.reason);
+            return;
+        }
+    };
+    attempt.address = opened.address;
+    if client
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await
+        .is_err()
+    {
+        attempt.finish(shared, Decision::Allowed, None, 0, 0);
+        return;
+    }
+    let traffic = Traffic::default();
+    let expect = canonical_host(host);
+    let cut = pump(
+        shared,
+        &mut client,
+        &mut opened.stream,
+        leftover,
+        std::mem::take(&mut opened.upstream_prefix),
+        UpMode::Tunnel {
+            expect_sni: Some(&expect),
+        },
+        &traffic,
+    )
+    .await;
+    let decision = match cut {
+        Some(reason::SNI_MISMATCH) | Some(reason::BAD_REQUEST) => Decision::Denied,
+        _ => Decision::Allowed,
+    };
+    attempt.finish(shared, decision, cut, traffic.up(), traffic.down());
+}
+
+enum HeadRead {
+    /// The head is `buf[..len]`.
+    Complete(usize),
+    /// The client closed without sending anything: not an attempt.
+    Nothing,
+    Refused(&'static str),
+}
+
+async fn read_head(shared: &SharedState, client: &mut TcpStream, buf: &mut Vec<u8>) -> HeadRead {
+    let mut chunk = [0u8; 8192];
+    let mut scanned: usize = 0;
+    loop {
+        let read = tokio::time::timeout(shared.idle, client.read(&mut chunk)).await;
+        let n = match read {
+            Err(_) if buf.is_empty() => return HeadRead::Nothing,
+            Err(_) => return HeadRead::Refused(reason::LIMIT),
+            Ok(Ok(0)) | Ok(Err(_)) if buf.is_empty() => return HeadRead::Nothing,
+            Ok(Ok(0)) | Ok(Err(_)) => return HeadRead::Refused(reason::BAD_REQUEST),
+            Ok(Ok(n)) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        let from = scanned.saturating_sub(3);
+        if let Some(pos) = buf[from..].windows(4).position(|w| w == b"\r\n\r\n") {
+            return HeadRead::Complete(from + pos + 4);
+        }
+        scanned = buf.len();
+        if buf.len() > MAX_HEAD {
+            return HeadRead::Refused(reason::BAD_REQUEST);
+        }
+    }
+}
+
+/// `http://authority/path?query` -> (authority, origin-form target).
+fn split_absolute_http(target: &str) -> Option<(&str, &str)> {
+    let scheme_end = target.find("://")?;
+    if !target[..scheme_end].eq_ignore_ascii_case("http") {
+        return None;
+    }
+    let rest = &target[scheme_end + 3..];
+    let path_start = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(path_start);
+    if path.contains('#') {
+        return None;
+    }
+    Some((authority, if path.is_empty() { "/" } else { path }))
+}
+
+/// `host:port`, `[v6]:port`, or `host` with a default port. Userinfo is refused.
+pub fn split_authority(authority: &str, default_port: Option<u16>) -> Option<(String, u16)> {
+    if authority.is_empty() || authority.contains(['@', '/', '\\', ' ', '?', '#']) {
+        return None;
+    }
+    let (host, port) = if authority.starts_with('[') {
+        let close = authority.find(']')?;
+        let host = &authority[..=close];
+        match &authority[close + 1..] {
+            "" => (host, None),
+            rest => (host, Some(rest.strip_prefix(':')?)),
+        }
+    } else {
+        match authority.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() || host.contains('%') && !host.starts_with('[') {
+        return None;
+    }
+    let port = match port {
+        Some(p) => {
+            if p.is_empty() || p.len() > 5 || !p.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            p.parse().ok()?
+        }
+        None => default_port?,
+    };
+    Some((host.to_string(), port))
+}
+
+struct ForwardRequest {
+    head: Vec<u8>,
+    framing: BodyFraming,
+}
+
+fn check_and_rewrite(
+    method: &str,
+    path: &str,
+    version: u8,
+    headers: &[httparse::Header<'_>],
+    host: &str,
+    port: u16,
+    authority: &str,
+) -> Result<ForwardRequest, &'static str> {
+    let name_is = |h: &httparse::Header<'_>, n: &str| h.name.eq_ignore_ascii_case(n);
+
+    // Host must name the same host (and port) as the request target.
+    let hosts: Vec<&httparse::Header<'_>> = headers.iter().filter(|h| name_is(h, "host")).collect();
+    match hosts.as_slice() {
+        [] if version == 0 => {}
+        [one] => {
+            let value = std::str::from_utf8(one.value).map_err(|_| reason::HOST_MISMATCH)?;
+            let (h, p) = split_authority(value.trim(), Some(80)).ok_or(reason::HOST_MISMATCH)?;
+            if canonical_host(&h) != canonical_host(host) || p != port {
+                return Err(reason::HOST_MISMATCH);
+            }
+            if matches!(parse_host(&h), ParsedHost::Invalid) {
+                return Err(reason::HOST_MISMATCH);
+            }
+        }
+        _ => return Err(reason::HOST_MISMATCH),
+    }
+
+    // Framing: refuse the ambiguous combinations that enable request smuggling.
+    let te: Vec<&[u8]> = headers
+        .iter()
+        .filter(|h| name_is(h, "transfer-encoding"))
+        .map(|h| h.value)
+        .collect();
+    let cl: Vec<&[u8]> = headers
+        .iter()
+        .filter(|h| name_is(h, "content-length"))
+        .map(|h| h.value)
+        .collect();
+    let framing = match (te.as_slice(), cl.as_slice()) {
+        ([], []) => BodyFraming::Empty,
+        ([], lengths) => {
+            let first = lengths[0];
+            if lengths.iter().any(|l| *l != first) {
+                return Err(reason::BAD_REQUEST);
+            }
+            let text = std::str::from_utf8(first)
+                .map_err(|_| reason::BAD_REQUEST)?
+                .trim();
+            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(reason::BAD_REQUEST);
+            }
+            BodyFraming::Length(text.parse().map_err(|_| reason::BAD_REQUEST)?)
+        }
+        ([one], []) if one.trim_ascii().eq_ignore_ascii_case(b"chunked") => {
+            BodyFraming::Chunked(ChunkedScanner::default())
+        }
+        _ => return Err(reason::BAD_REQUEST),
+    };
+
+    // Tokens listed in Connection are hop-by-hop too.
+    let mut extra_hop: Vec<String> = Vec::new();
+    for h in headers.iter().filter(|h| name_is(h, "connection")) {
+        if let Ok(v) = std::str::from_utf8(h.value) {
+            extra_hop.extend(v.split(',').map(|t| t.trim().to_ascii_lowercase()));
+        }
+    }
+
+    let mut head = Vec::with_capacity(512);
+    head.extend_from_slice(method.as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(path.as_bytes());
+    head.extend_from_slice(if version == 0 {
+        b" HTTP/1.0\r\n"
+    } else {
+        b" HTTP/1.1\r\n"
+    });
+    if hosts.is_empty() {
+        head.extend_from_slice(b"Host: ");
+        head.extend_from_slice(authority.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    for h in headers {
+        let lower = h.name.to_ascii_lowercase();
+        if HOP_BY_HOP.contains(&lower.as_str())
+            || lower.starts_with("proxy-")
+            || extra_hop.iter().any(|t| *t == lower)
+        {
+            continue;
+        }
+        head.extend_from_slice(h.name.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(h.value);
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"Connection: close\r\n\r\n");
+    Ok(ForwardRequest { head, framing })
+}
+
+/// Answer a refused request: status, `X-Airlock-Reason`, and the code as the body. No
+/// upstream detail is ever included.
+pub async fn refuse(client: &mut TcpStream, code: &'static str) {
+    let status = match code {
+        reason::UPSTREAM_FAILED | reason::RESOLVE_FAILED => "502 Bad Gateway",
+        reason::BAD_REQUEST => "400 Bad Request",
+        _ => "403 Forbidden",
+    };
+    let body = format!("{code}\n");
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nX-Airlock-Reason: {code}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if client.write_all(response.as_bytes()).await.is_err() {
+        return;
+    }
+    let _ = client.shutdown().await;
+    // Drain briefly so unread request bytes do not turn our close into a RST that would
+    // destroy the response before the client reads it.
+    let mut sink = [0u8; 4096];
+    let drain = async {
+        let mut total = 0usize;
+        while let Ok(n) = client.read(&mut sink).await {
+            if n == 0 || total > 256 * 1024 {
+                break;
+            }
+            total += n;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(200), drain).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authorities() {
+        assert_eq!(
+            split_authority("api.test:443", None),
+            Some(("api.test".into(), 443))
+        );
+        assert_eq!(
+            split_authority("api.test", Some(80)),
+            Some(("api.test".into(), 80))
+        );
+        assert_eq!(split_authority("api.test", None), None);
+        assert_eq!(
+            split_authority("[::1]:8080", None),
+            Some(("[::1]".into(), 8080))
+        );
+        assert_eq!(split_authority("::1:8080", None), None);
+        assert_eq!(split_authority("user@api.test:80", None), None);
+        assert_eq!(split_authority("api.test:+80", None), None);
+        assert_eq!(split_authority("api.test:99999", None), None);
+        assert_eq!(split_authority("api.test:", None), None);
+    }
+
+    #[test]
+    fn absolute_targets() {
+        assert_eq!(
+            split_absolute_http("http://api.test/a?b"),
+            Some(("api.test", "/a?b"))
+        );
+        assert_eq!(
+            split_absolute_http("HTTP://api.test"),
+            Some(("api.test", "/"))
+        );
+        assert_eq!(
+            split_absolute_http("http://api.test?q"),
+            Some(("api.test", "?q"))
+        );
+        assert_eq!(split_absolute_http("https://api.test/"), None);
+        assert_eq!(split_absolute_http("/path"), None);
+    }
+
+    fn hdr<'a>(name: &'a str, value: &'a str) -> httparse::Header<'a> {
+        httparse::Header {
+            name,
+            value: value.as_bytes(),
+        }
+    }
+
+    #[test]
+    fn rewrite_strips_proxy_headers_and_checks_host() {
+        let headers = [
+            hdr("Host", "API.test"),
+            hdr("Proxy-Authorization", "Basic eA=="),
+            hdr("Proxy-Connection", "keep-alive"),
+            hdr("Connection", "keep-alive, X-Secret"),
+            hdr("X-Secret", "1"),
+            hdr("Accept", "*/*"),
+        ];
+        let r = check_and_rewrite("GET", "/p", 1, &headers, "api.test", 80, "api.test").unwrap();
+        let text = String::from_utf8(r.head).unwrap();
+        assert_eq!(
+            text,
+            "GET /p HTTP/1.1\r\nHost: API.test\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        );
+        let bad = [hdr("Host", "other.test")];
+        assert_eq!(
+            check_and_rewrite("GET", "/", 1, &bad, "api.test", 80, "api.test").err(),
+            Some(reason::HOST_MISMATCH)
+        );
+        let bad_port = [hdr("Host", "api.test:8080")];
+        assert_eq!(
+            check_and_rewrite("GET", "/", 1, &bad_port, "api.test", 80, "api.test").err(),
+            Some(reason::HOST_MISMATCH)
+        );
+        let two = [hdr("Host", "api.test"), hdr("Host", "other.test")];
+        assert_eq!(
+            check_and_rewrite("GET", "/", 1, &two, "api.test", 80, "api.test").err(),
+            Some(reason::HOST_MISMATCH)
+        );
+        let none: [httparse::Header<'_>; 0] = [];
+        assert_eq!(
+            check_and_rewrite("GET", "/", 1, &none, "api.test", 80, "api.test").err(),
+            Some(reason::HOST_MISMATCH)
+        );
+        let smuggle = [
+            hdr("Host", "api.test"),
+            hdr("Transfer-Encoding", "chunked"),
+            hdr("Content-Length", "3"),
+        ];
+        assert_eq!(
+            check_and_rewrite("POST", "/", 1, &smuggle, "api.test", 80, "api.test").err(),
+            Some(reason::BAD_REQUEST)
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! airlock-egress: the supervisor-side egress proxy for allowlisted cells.
+//!
+//! A cell's network namespace holds only `lo`. The launcher binds two listening sockets on
+//! `127.0.0.1` inside that namespace (HTTP proxy, SOCKS5) and hands them to the trusted
+//! supervisor, which calls [`start_proxy`]. The proxy runs in the host namespace, so every
+//! upstream connection it makes uses the host network - which is why it must decide, for
+//! every attempt, whether the destination is allowed:
+//!
+//! 1. the host must match the contract's allowlist (exact name or `*.` sub-domain wildcard,
+//!    and the port must be listed) - [`reason::NOT_ALLOWLISTED`];
+//! 2. IP literals are refused unless the operator allows them - [`reason::IP_LITERAL`];
+//! 3. the proxy resolves the name itself and refuses if *any* address is non-public
+//!    ([`address`]) - [`reason::PRIVATE_ADDRESS`] - then connects to exactly the checked
+//!    address, so DNS rebinding cannot redirect the connection;
+//! 4. inside CONNECT/SOCKS tunnels a TLS ClientHello must name the same server -
+//!    [`reason::SNI_MISMATCH`]; plain HTTP must carry a matching `Host` -
+//!    [`reason::HOST_MISMATCH`];
+//! 5. per-cell ceilings (connections, bytes, idle) - [`reason::LIMIT`].
+//!
+//! Every attempt yields exactly one [`ConnectionRecord`].
+
+pub mod address;
+pub mod destination;
+mod http;
+mod proxy;
+pub mod reason;
+mod resolver;
+pub mod sni;
+mod socks;
+mod tunnel;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use proxy::ProxyHandle;
+
+/// The operator's `[egress]` table (trusted; never from the contract or the model).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressConfig {
+    /// Static host map, like `curl --resolve`: `resolve = { "api.test" = "127.0.0.2" }`.
+    pub resolve: BTreeMap<String, IpAddr>,
+    /// Ranges exempt from the private-address rule, e.g. `["127.0.0.2/32"]`.
+    pub exempt_cidrs: Vec<ipnet::IpNet>,
+    /// DNS servers for names not in `resolve`. Empty: such names are refused
+    /// (`egress.resolve_failed`), i.e. fail closed.
+    pub upstream_resolvers: Vec<SocketAddr>,
+    /// Allow IP-literal destinations (still subject to the private-address rule).
+    pub allow_ip_literals: bool,
+    /// Optional `http://host:port` proxy to chain every upstream connection through (via
+    /// CONNECT). `host` must be an IP literal or a key of `resolve`.
+    pub upstream_proxy: Option<String>,
+    /// Concurrent client connections per cell.
+    pub max_connections: u32,
+    /// Total bytes forwarded (up + down) per cell.
+    pub max_bytes: u64,
+    /// A tunnel or request with no traffic for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// Upper bound for resolving + connecting upstream.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        EgressConfig {
+            resolve: BTreeMap::new(),
+            exempt_cidrs: Vec::new(),
+            upstream_resolvers: Vec::new(),
+            allow_ip_literals: false,
+            upstream_proxy: None,
+            max_connections: 32,
+            max_bytes: 256 * 1024 * 1024,
+            idle_timeout_ms: 30_000,
+            connect_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// One allowlist entry (same shape as the contract crate's `DestinationRule`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DestinationRule {
+    /// Host name; a leading `*.` matches any sub-domain (not the apex).
+    pub host_pattern: String,
+    /// Allowed ports.
+    pub ports: Vec<u16>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Allowed,
+    Denied,
+}
+
+/// The outcome of one connection attempt through the proxy.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnectionRecord {
+    /// `"http"` (plain forward), `"connect"` (HTTP CONNECT tunnel) or `"socks5"`.
+    pub protocol: &'static str,
+    /// Requested host, normalised (lower case, no trailing dot); empty when the request
+    /// was too malformed to name one.
+    pub host: String,
+    pub port: u16,
+    /// The address actually connected to (or, for `egress.private_address`, the offending
+    /// address). `None` when denied before resolution or when chained through
+    /// `upstream_proxy` (the upstream proxy resolved the name).
+    pub address: Option<SocketAddr>,
+    pub decision: Decision,
+    /// A [`reason`] code: why it was denied, or why an allowed tunnel was cut short
+    /// (`egress.limit`, `egress.sni_mismatch`). `None` for a clean allowed connection.
+    pub reason: Option<&'static str>,
+    /// Bytes forwarded from the cell to the destination.
+    pub bytes_up: u64,
+    /// Bytes forwarded from the destination to the cell.
+    pub bytes_down: u64,
+    pub duration_ms: u64,
+    pub started_at_unix_ms: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    #[error("invalid upstream_proxy {value:?}: {why}")]
+    InvalidUpstreamProxy { value: String, why: &'static str },
+    #[error("cannot use the proxy listener: {0}")]
+    Listener(#[source] std::io::Error),
+    #[error("cannot start the proxy runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("cannot enumerate the host's addresses: {0}")]
+    HostAddresses(#[source] std::io::Error),
+    #[error("cannot build the DNS resolver: {0}")]
+    Resolver(String),
+}
+
+impl EgressError {
+    /// `true` when the operator's configuration is at fault (fix the config), `false` when
+    /// the host failed us (a `runtime_fault`, safe to retry).
+    pub fn is_config_error(&self) -> bool {
+        match self {
+            EgressError::InvalidUpstreamProxy { .. } => true,
+            EgressError::Resolver(_) => true,
+            EgressError::Listener(_) => false,
+            EgressError::Runtime(_) => false,
+            EgressError::HostAddresses(_) => false,
+        }
+    }
+}
+
+/// Start the proxy on the given (already listening) sockets and return at once.
+///
+/// The proxy runs on its own thread with a single-threaded tokio runtime; the caller stays
+/// synchronous. Call [`ProxyHandle::shutdown`] to stop it and collect every record.
+pub fn start_proxy(
+    config: EgressConfig,
+    rules: Vec<DestinationRule>,
+    http_listener: std::net::TcpListener,
+    socks_listener: Option<std::net::TcpListener>,
+) -> Result<ProxyHandle, EgressError> {
+    proxy::start(config, rules, http_listener, socks_listener)
+}
+
+pub(crate) type SharedState = Arc<proxy::Shared>;

@@ -1,0 +1,40 @@
+//! Stable reason codes for egress denials.
+//!
+//! These strings are part of the product's external contract: they appear verbatim in the
+//! HTTP refusal body, the `X-Airlock-Reason` header, the [`crate::ConnectionRecord`], the
+//! audit store and metrics. Never rename one; add a new constant instead.
+
+/// The destination host (or host:port pair) is not on the contract's allowlist.
+pub const NOT_ALLOWLISTED: &str = "egress.not_allowlisted";
+/// The destination was given as an IP literal and `allow_ip_literals` is off.
+pub const IP_LITERAL: &str = "egress.ip_literal";
+/// A resolved (or literal) address is loopback, private, link-local, metadata, one of the
+/// host's own addresses, or another non-public range.
+pub const PRIVATE_ADDRESS: &str = "egress.private_address";
+/// The name could not be resolved (not in the static map and no upstream resolvers, or
+/// the upstream resolvers returned nothing usable).
+pub const RESOLVE_FAILED: &str = "egress.resolve_failed";
+/// A TLS ClientHello named a server other than the tunnel's destination.
+pub const SNI_MISMATCH: &str = "egress.sni_mismatch";
+/// A plain-HTTP request's `Host` header differs from its absolute request target.
+pub const HOST_MISMATCH: &str = "egress.host_mismatch";
+/// A per-cell ceiling fired: concurrent connections, total bytes, or idle timeout.
+pub const LIMIT: &str = "egress.limit";
+/// The proxy could not connect to the (allowed) destination.
+pub const UPSTREAM_FAILED: &str = "egress.upstream_failed";
+/// The client spoke something the proxy does not accept (malformed request, unsupported
+/// scheme, SOCKS command or authentication method, malformed TLS ClientHello, ...).
+pub const BAD_REQUEST: &str = "egress.bad_request";
+
+/// Every reason code, for documentation and exhaustiveness tests.
+pub const ALL: &[&str] = &[
+    NOT_ALLOWLISTED,
+    IP_LITERAL,
+    PRIVATE_ADDRESS,
+    RESOLVE_FAILED,
+    SNI_MISMATCH,
+    HOST_MISMATCH,
+    LIMIT,
+    UPSTREAM_FAILED,
+    BAD_REQUEST,
+];

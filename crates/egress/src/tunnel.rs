@@ -1,0 +1,463 @@
+//! Byte pumping between the cell's client and the upstream, with the per-cell ceilings
+//! (byte budget, idle timeout), shutdown, and the in-band checks (SNI, HTTP body framing).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::destination::same_host;
+use crate::proxy::{shutdown_requested, Shared};
+use crate::reason;
+use crate::sni::{self, Inspection};
+
+/// Per-direction copy buffer. Large buffers keep the syscall count per byte low, which is
+/// what tunnel throughput on loopback is bound by.
+const BUF_SIZE: usize = 128 * 1024;
+
+/// Bytes forwarded on one connection, readable after the pump was cancelled.
+#[derive(Default)]
+pub struct Traffic {
+    pub up: AtomicU64,
+    pub down: AtomicU64,
+    /// Bumped on every read; the idle watchdog only looks at whether it moved.
+    activity: AtomicU64,
+}
+
+impl Traffic {
+    pub fn up(&self) -> u64 {
+        self.up.load(Ordering::Relaxed)
+    }
+    pub fn down(&self) -> u64 {
+        self.down.load(Ordering::Relaxed)
+    }
+}
+
+/// What the client-to-upstream direction does.
+pub enum UpMode<'a> {
+    /// A tunnel. When `expect_sni` is set and the client starts a TLS handshake, the
+    /// ClientHello's server name must match it.
+    Tunnel { expect_sni: Option<&'a str> },
+    /// A plain-HTTP request body with the given framing; once it is forwarded the client
+    /// side is no longer read (one request per connection), and the exchange ends when the
+    /// upstream finishes its response.
+    HttpBody(BodyFraming),
+}
+
+enum DirEnd {
+    Closed,
+    Deny(&'static str),
+}
+
+/// Pump until both directions are closed (tunnel) or the response ended (HTTP).
+/// Returns the reason code if the exchange was cut short by policy.
+#[allow(clippy::too_many_arguments)]
+pub async fn pump(
+    shared: &Shared,
+    client: &mut TcpStream,
+    upstream: &mut TcpStream,
+    client_prefix: Vec<u8>,
+    upstream_prefix: Vec<u8>,
+    mode: UpMode<'_>,
+    traffic: &Traffic,
+) -> Option<&'static str> {
+    let http = matches!(mode, UpMode::HttpBody(_));
+    let (mut client_r, mut client_w) = client.split();
+    let (mut up_r, mut up_w) = upstream.split();
+    let up = async {
+        match mode {
+            UpMode::Tunnel { expect_sni } => {
+                let prefix = match expect_sni {
+                    Some(expect) => {
+                        match check_client_hello(&mut client_r, client_prefix, expect, traffic)
+                            .await
+                        {
+                            Ok(Some(prefix)) => prefix,
+                            Ok(None) => {
+                                let _ = up_w.shutdown().await;
+                                return DirEnd::Closed;
+                            }
+                            Err(code) => return DirEnd::Deny(code),
+                        }
+                    }
+                    None => client_prefix,
+                };
+                copy(
+                    shared,
+                    &mut client_r,
+                    &mut up_w,
+                    prefix,
+                    &traffic.up,
+                    traffic,
+                )
+                .await
+            }
+            UpMode::HttpBody(framing) => {
+                copy_body(
+                    shared,
+                    &mut client_r,
+                    &mut up_w,
+                    client_prefix,
+                    framing,
+                    traffic,
+                )
+                .await
+            }
+        }
+    };
+    let down = copy(
+        shared,
+        &mut up_r,
+        &mut client_w,
+        upstream_prefix,
+        &traffic.down,
+        traffic,
+    );
+    tokio::pin!(up, down);
+
+    let mut shutdown = shared.shutdown_signal();
+    let tick = (shared.idle / 4).max(Duration::from_millis(1));
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen = traffic.activity.load(Ordering::Relaxed);
+    let mut last_change = Instant::now();
+    let (mut up_done, mut down_done) = (false, false);
+    loop {
+        tokio::select! {
+            end = &mut up, if !up_done => {
+                up_done = true;
+                if let DirEnd::Deny(code) = end {
+                    return Some(code);
+                }
+            }
+            end = &mut down, if !down_done => {
+                down_done = true;
+                if let DirEnd::Deny(code) = end {
+                    return Some(code);
+                }
+                if http {
+                    return None;
+                }
+            }
+            _ = ticker.tick() => {
+                let now = traffic.activity.load(Ordering::Relaxed);
+                if now != seen {
+                    seen = now;
+                    last_change = Instant::now();
+                } else if last_change.elapsed() >= shared.idle {
+                    return Some(reason::LIMIT);
+                }
+            }
+            _ = shutdown_requested(&mut shutdown) => return None,
+        }
+        if up_done && down_done {
+            return None;
+        }
+    }
+}
+
+/// Read the client's first flight until the SNI verdict. `Ok(Some(bytes))`: allowed, the
+/// bytes still need forwarding; `Ok(None)`: the client closed before finishing a hello.
+///
+/// No SNI, or a stream that is not TLS at all, is allowed: the tunnel can only reach the
+/// address that was resolved and checked for the allowlisted name, so without a name in
+/// the hello there is no second destination to smuggle in; the check exists to stop a
+/// client from asking a shared front end (CDN, virtual hosting) for a *different* name.
+async fn check_client_hello<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    mut acc: Vec<u8>,
+    expect: &str,
+    traffic: &Traffic,
+) -> Result<Option<Vec<u8>>, &'static str> {
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        match sni::inspect(&acc) {
+            Inspection::NotTls | Inspection::ClientHello { server_name: None } => {
+                return Ok(Some(acc))
+            }
+            Inspection::ClientHello {
+                server_name: Some(name),
+            } => {
+                return if same_host(&name, expect) {
+                    Ok(Some(acc))
+                } else {
+                    Err(reason::SNI_MISMATCH)
+                };
+            }
+            Inspection::Malformed => return Err(reason::BAD_REQUEST),
+            Inspection::NeedMore => {
+                let room = (sni::MAX_CLIENT_HELLO - acc.len()).min(chunk.len());
+                let n = match reader.read(&mut chunk[..room]).await {
+                    Ok(0) | Err(_) => return Ok(None),
+                    Ok(n) => n,
+                };
+                traffic.activity.fetch_add(1, Ordering::Relaxed);
+                acc.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+}
+
+async fn forward<W: AsyncWrite + Unpin>(
+    shared: &Shared,
+    writer: &mut W,
+    bytes: &[u8],
+    counter: &AtomicU64,
+) -> Result<(), DirEnd> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    if !shared.consume(bytes.len()) {
+        return Err(DirEnd::Deny(reason::LIMIT));
+    }
+    writer.write_all(bytes).await.map_err(|_| DirEnd::Closed)?;
+    counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+async fn copy<R, W>(
+    shared: &Shared,
+    reader: &mut R,
+    writer: &mut W,
+    prefix: Vec<u8>,
+    counter: &AtomicU64,
+    traffic: &Traffic,
+) -> DirEnd
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    if let Err(end) = forward(shared, writer, &prefix, counter).await {
+        return end;
+    }
+    drop(prefix);
+    let mut buf = vec![0u8; BUF_SIZE];
+    loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => {
+                // Propagate the half-close so request/response protocols still finish.
+                let _ = writer.shutdown().await;
+                return DirEnd::Closed;
+            }
+            Ok(n) => n,
+        };
+        traffic.activity.fetch_add(1, Ordering::Relaxed);
+        if let Err(end) = forward(shared, writer, &buf[..n], counter).await {
+            return end;
+        }
+    }
+}
+
+async fn copy_body<R, W>(
+    shared: &Shared,
+    reader: &mut R,
+    writer: &mut W,
+    prefix: Vec<u8>,
+    mut framing: BodyFraming,
+    traffic: &Traffic,
+) -> DirEnd
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut pending = prefix;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        if !pending.is_empty() {
+            let take = match framing.feed(&pending) {
+                Ok(n) => n,
+                Err(()) => return DirEnd::Deny(reason::BAD_REQUEST),
+            };
+            if let Err(end) = forward(shared, writer, &pending[..take], &traffic.up).await {
+                return end;
+            }
+            // Anything after the body (a pipelined request) is dropped: one request per
+            // connection, so it can never reach the upstream without its own checks.
+        }
+        if framing.done() {
+            return DirEnd::Closed;
+        }
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => return DirEnd::Closed,
+            Ok(n) => n,
+        };
+        traffic.activity.fetch_add(1, Ordering::Relaxed);
+        pending.clear();
+        pending.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// How a request body is delimited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyFraming {
+    Empty,
+    Length(u64),
+    Chunked(ChunkedScanner),
+}
+
+impl BodyFraming {
+    /// How many of `bytes` belong to the body (stops at its end).
+    fn feed(&mut self, bytes: &[u8]) -> Result<usize, ()> {
+        match self {
+            BodyFraming::Empty => Ok(0),
+            BodyFraming::Length(rem) => {
+                let take = (*rem).min(bytes.len() as u64);
+                *rem -= take;
+                Ok(take as usize)
+            }
+            BodyFraming::Chunked(scanner) => scanner.feed(bytes),
+        }
+    }
+
+    fn done(&self) -> bool {
+        match self {
+            BodyFraming::Empty => true,
+            BodyFraming::Length(rem) => *rem == 0,
+            BodyFraming::Chunked(scanner) => scanner.state == ChunkState::Done,
+        }
+    }
+}
+
+/// Finds the end of a chunked body without decoding it (bytes are forwarded verbatim).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ChunkedScanner {
+    state: ChunkState,
+    line_len: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum ChunkState {
+    #[default]
+    SizeStart,
+    Size(u64),
+    Extension(u64),
+    SizeLf(u64),
+    Data(u64),
+    DataCr,
+    DataLf,
+    /// In the trailer section; `true` at the start of a line.
+    Trailer(bool),
+    TrailerLf(bool),
+    Done,
+}
+
+const MAX_CHUNK_LINE: usize = 4096;
+
+impl ChunkedScanner {
+    fn feed(&mut self, bytes: &[u8]) -> Result<usize, ()> {
+        use ChunkState::*;
+        let mut i = 0;
+        while i < bytes.len() && self.state != Done {
+            if let Data(rem) = self.state {
+                let take = rem.min((bytes.len() - i) as u64);
+                i += take as usize;
+                self.state = if rem == take {
+                    DataCr
+                } else {
+                    Data(rem - take)
+                };
+                continue;
+            }
+            let b = bytes[i];
+            i += 1;
+            self.line_len += 1;
+            if self.line_len > MAX_CHUNK_LINE {
+                return Err(());
+            }
+            self.state = match (self.state, b) {
+                (SizeStart, _) => Size(hex(b).ok_or(())?),
+                (Size(n), b'\r') => SizeLf(n),
+                (Size(n), b';' | b' ' | b'\t') => Extension(n),
+                (Size(n), _) => {
+                    let d = hex(b).ok_or(())?;
+                    Size(n.checked_mul(16).and_then(|v| v.checked_add(d)).ok_or(())?)
+                }
+                (Extension(n), b'\r') => SizeLf(n),
+                // Bare LF line endings are refused (request-smuggling territory).
+                (Extension(_), b'\n') => return Err(()),
+                (Extension(n), _) => Extension(n),
+                (SizeLf(n), b'\n') => {
+                    self.line_len = 0;
+                    if n == 0 {
+                        Trailer(true)
+                    } else {
+                        Data(n)
+                    }
+                }
+                (DataCr, b'\r') => DataLf,
+                (DataLf, b'\n') => {
+                    self.line_len = 0;
+                    SizeStart
+                }
+                (Trailer(at_start), b'\r') => TrailerLf(at_start),
+                (Trailer(_), _) => Trailer(false),
+                (TrailerLf(at_start), b'\n') => {
+                    self.line_len = 0;
+                    if at_start {
+                        Done
+                    } else {
+                        Trailer(true)
+                    }
+                }
+                _ => return Err(()),
+            };
+        }
+        Ok(i)
+    }
+}
+
+fn hex(b: u8) -> Option<u64> {
+    (b as char).to_digit(16).map(u64::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan(input: &[u8], step: usize) -> Result<(usize, bool), ()> {
+        let mut s = ChunkedScanner::default();
+        let mut consumed = 0;
+        for chunk in input.chunks(step) {
+            let n = s.feed(chunk)?;
+            consumed += n;
+            if s.state == ChunkState::Done {
+                break;
+            }
+        }
+        Ok((consumed, s.state == ChunkState::Done))
+    }
+
+    #[test]
+    fn chunked_body_end_found_at_any_split() {
+        let body =
+            b"4\r\nWiki\r\n5;ext=1\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nX-T: 1\r\n\r\n";
+        let mut with_next = body.to_vec();
+        with_next.extend_from_slice(b"GET http://other.test/ HTTP/1.1\r\n\r\n");
+        for step in 1..=with_next.len() {
+            assert_eq!(
+                scan(&with_next, step),
+                Ok((body.len(), true)),
+                "step {step}"
+            );
+        }
+    }
+
+    #[test]
+    fn chunked_rejects_garbage() {
+        assert!(scan(b"zz\r\n", 100).is_err());
+        assert!(scan(b"4\nWiki", 100).is_err());
+        assert!(scan(b"4\r\nWikiXX", 100).is_err());
+        assert!(scan(b"ffffffffffffffffff\r\n", 100).is_err());
+        assert_eq!(scan(b"0\r\n\r\n", 1), Ok((5, true)));
+    }
+
+    #[test]
+    fn length_framing() {
+        let mut f = BodyFraming::Length(5);
+        assert_eq!(f.feed(b"abc"), Ok(3));
+        assert!(!f.done());
+        assert_eq!(f.feed(b"defgh"), Ok(2));
+        assert!(f.done());
+    }
+}

@@ -65,8 +65,8 @@ pub(crate) fn parse_document(
         .map_err(|error| ContractError::Invalid(vec![shape_error(&error)]))
 }
 
-/// Turns serde's "unknown field `x`, expected one of ..." (reported at the enclosing map) into
-/// an error addressed at the unknown field itself.
+/// Maps a shape error onto a field error. serde reports an unknown field as "unknown field
+/// `x`, expected one of ..."; the path already ends at `x`, so only the list is kept.
 fn shape_error(error: &serde_path_to_error::Error<serde_json::Error>) -> FieldError {
     let mut path = String::new();
     for segment in error.path().iter() {
@@ -79,10 +79,7 @@ fn shape_error(error: &serde_path_to_error::Error<serde_json::Error>) -> FieldEr
     }
     let message = error.inner().to_string();
     if let Some(rest) = message.strip_prefix("unknown field `") {
-        if let Some((field, expected)) = rest.split_once('`') {
-            if !path.ends_with(field) {
-                push_key(&mut path, field);
-            }
+        if let Some((_field, expected)) = rest.split_once('`') {
             let expected = expected.trim_start_matches(',').trim();
             return FieldError::new(path, format!("unknown field ({expected})"));
         }
@@ -463,5 +460,15 @@ retain_outputs_only = true
             parse_contract("{}", ContractFormat::Json).unwrap(),
             crate::default_contract()
         );
+    }
+
+    #[test]
+    fn an_unknown_field_named_like_its_parent_keeps_both_names() {
+        match parse_contract("network:\n  network: x\n", ContractFormat::Yaml) {
+            Err(ContractError::Invalid(errors)) => {
+                assert_eq!(errors[0].path, "network.network", "{errors:?}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -54,7 +54,9 @@ pub enum StoreError {
     ReadOnly { path: PathBuf, detail: String },
     #[error("audit store {path}: disk full: {detail}")]
     DiskFull { path: PathBuf, detail: String },
-    #[error("audit store {path} is busy (another writer held the lock past the busy timeout): {detail}")]
+    #[error(
+        "audit store {path} is busy (another writer held the lock past the busy timeout): {detail}"
+    )]
     Busy { path: PathBuf, detail: String },
     #[error("audit store {path} is corrupt or not an airlock database: {detail}")]
     Corrupt { path: PathBuf, detail: String },
@@ -125,7 +127,9 @@ impl StoreError {
                 ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
                     return StoreError::Corrupt { path, detail }
                 }
-                ErrorCode::CannotOpen | ErrorCode::PermissionDenied | ErrorCode::SystemIoFailure => {
+                ErrorCode::CannotOpen
+                | ErrorCode::PermissionDenied
+                | ErrorCode::SystemIoFailure => {
                     // SQLite folds errno into the extended code only partly; ask the
                     // file system directly so "read-only" and "disk full" are named.
                     if let Some(class) = probe_dir(&path) {

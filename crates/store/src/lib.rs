@@ -813,8 +813,9 @@ impl Store {
         };
         self.read_tx(|c| {
             let mut n = 0u64;
-            let mut stmt =
-                c.prepare(&format!("SELECT {ENTRY_COLUMNS} FROM audit_log ORDER BY seq"))?;
+            let mut stmt = c.prepare(&format!(
+                "SELECT {ENTRY_COLUMNS} FROM audit_log ORDER BY seq"
+            ))?;
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
                 let (e, _) = entry_from_row(row)?;
@@ -928,7 +929,8 @@ impl Store {
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             drop(stmt);
-            let head: i64 = c.query_row("SELECT seq FROM chain_head WHERE id = 1", [], |r| r.get(0))?;
+            let head: i64 =
+                c.query_row("SELECT seq FROM chain_head WHERE id = 1", [], |r| r.get(0))?;
             // Cut = largest seq such that every entry at or below it belongs to a run
             // being removed (or to no run). A run straddling the cut is kept, which
             // lowers the cut; iterate to the fixed point.
@@ -1026,7 +1028,9 @@ fn verify_in(c: &Connection) -> Result<VerifyReport> {
     let mut prev: Option<(i64, String)> = None;
     let mut first_seq = None;
     let mut entries = 0u64;
-    let mut stmt = c.prepare(&format!("SELECT {ENTRY_COLUMNS} FROM audit_log ORDER BY seq"))?;
+    let mut stmt = c.prepare(&format!(
+        "SELECT {ENTRY_COLUMNS} FROM audit_log ORDER BY seq"
+    ))?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
         let (e, body_json) = entry_from_row(row)?;
@@ -1037,7 +1041,11 @@ fn verify_in(c: &Connection) -> Result<VerifyReport> {
                 first_seq = Some(e.seq);
                 if e.seq == 1 {
                     if e.prev_hash != GENESIS_HASH {
-                        return Err(broken(Some(e.seq), run, "first entry does not start from the genesis hash"));
+                        return Err(broken(
+                            Some(e.seq),
+                            run,
+                            "first entry does not start from the genesis hash",
+                        ));
                     }
                 } else {
                     let ok = checkpoint.as_ref().is_some_and(|(_, body)| {
@@ -1066,13 +1074,21 @@ fn verify_in(c: &Connection) -> Result<VerifyReport> {
                     ));
                 }
                 if &e.prev_hash != phash {
-                    return Err(broken(Some(e.seq), run, "prev_hash does not match the previous entry (entries edited or reordered)"));
+                    return Err(broken(
+                        Some(e.seq),
+                        run,
+                        "prev_hash does not match the previous entry (entries edited or reordered)",
+                    ));
                 }
             }
         }
         let h = entry_hash(&e.prev_hash, e.seq, run, &e.kind, e.at, &body_json);
         if h != e.hash {
-            return Err(broken(Some(e.seq), run, "content does not match its hash (entry edited)"));
+            return Err(broken(
+                Some(e.seq),
+                run,
+                "content does not match its hash (entry edited)",
+            ));
         }
         if let Some(run_id) = run {
             let body = serde_json::from_str::<Value>(&body_json).unwrap_or(Value::Null);
@@ -1081,19 +1097,33 @@ fn verify_in(c: &Connection) -> Result<VerifyReport> {
                     let Value::Object(m) = body else {
                         return Err(broken(Some(e.seq), run, "run entry body is not an object"));
                     };
-                    let slot = expected.entry(run_id.to_string()).or_insert((e.seq, Default::default()));
+                    let slot = expected
+                        .entry(run_id.to_string())
+                        .or_insert((e.seq, Default::default()));
                     if e.kind == kinds::RUN_BEGIN && !slot.1.is_empty() {
-                        return Err(broken(Some(e.seq), run, "second run.begin for the same run"));
+                        return Err(broken(
+                            Some(e.seq),
+                            run,
+                            "second run.begin for the same run",
+                        ));
                     }
                     if e.kind != kinds::RUN_BEGIN && slot.1.is_empty() {
-                        return Err(broken(Some(e.seq), run, "run ends before it begins (reordered?)"));
+                        return Err(broken(
+                            Some(e.seq),
+                            run,
+                            "run ends before it begins (reordered?)",
+                        ));
                     }
                     slot.0 = e.seq;
                     slot.1.extend(m);
                 }
                 _ => {
                     if !expected.contains_key(run_id) {
-                        return Err(broken(Some(e.seq), run, "event precedes its run.begin (reordered?)"));
+                        return Err(broken(
+                            Some(e.seq),
+                            run,
+                            "event precedes its run.begin (reordered?)",
+                        ));
                     }
                 }
             }
@@ -1130,7 +1160,11 @@ fn verify_in(c: &Connection) -> Result<VerifyReport> {
     for rec in &actual {
         runs += 1;
         let Some((last_seq, exp)) = expected.remove(&rec.run_id) else {
-            return Err(broken(None, Some(&rec.run_id), "run row has no audit entries (inserted outside the store)"));
+            return Err(broken(
+                None,
+                Some(&rec.run_id),
+                "run row has no audit entries (inserted outside the store)",
+            ));
         };
         let Value::Object(row) = serde_json::to_value(rec)? else {
             unreachable!("RunRecord serialises to an object")
@@ -1147,7 +1181,11 @@ fn verify_in(c: &Connection) -> Result<VerifyReport> {
         }
     }
     if let Some((run_id, (seq, _))) = expected.into_iter().next() {
-        return Err(broken(Some(seq), Some(&run_id), "run row is missing (deleted)"));
+        return Err(broken(
+            Some(seq),
+            Some(&run_id),
+            "run row is missing (deleted)",
+        ));
     }
     Ok(VerifyReport {
         entries,

@@ -63,9 +63,10 @@ pub fn staleness(recorded: &ProcessIdentity) -> Option<String> {
     }
     match stat_of(recorded.pid) {
         None => Some(format!("supervisor pid {} is gone", recorded.pid)),
-        Some(('Z', _)) | Some(('X', _)) => {
-            Some(format!("supervisor pid {} has exited (zombie)", recorded.pid))
-        }
+        Some(('Z', _)) | Some(('X', _)) => Some(format!(
+            "supervisor pid {} has exited (zombie)",
+            recorded.pid
+        )),
         Some((_, start)) if start != recorded.start_time => Some(format!(
             "supervisor pid {} was reused (start time {} != recorded {})",
             recorded.pid, start, recorded.start_time

@@ -114,7 +114,11 @@ mod tests {
     use super::*;
 
     fn r() -> Redactor {
-        Redactor::new(vec!["sk-live-0123456789".into(), "".into(), "hunter2".into()])
+        Redactor::new(vec![
+            "sk-live-0123456789".into(),
+            "".into(),
+            "hunter2".into(),
+        ])
     }
 
     #[test]
@@ -134,7 +138,10 @@ mod tests {
     fn nested_json_and_keys() {
         let v = serde_json::json!({"hunter2": ["x hunter2", {"k": "sk-live-0123456789"}], "n": 1});
         let out = serde_json::to_string(&r().value(v)).unwrap();
-        assert!(!out.contains("hunter2") && !out.contains("sk-live"), "{out}");
+        assert!(
+            !out.contains("hunter2") && !out.contains("sk-live"),
+            "{out}"
+        );
     }
 
     #[test]

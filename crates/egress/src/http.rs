@@ -6,7 +6,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::destination::{parse_host, ParsedHost};
-use crate::proxy::{canonical_host, decide_and_connect, Attempt, ConnectionSlot};
+use crate::proxy::{
+    canonical_host, decide_and_connect_or_shutdown, or_shutdown, Attempt, ConnectionSlot,
+};
 use crate::tunnel::{pump, BodyFraming, ChunkedScanner, Traffic, UpMode};
 use crate::{reason, Decision, SharedState};
 
@@ -34,10 +36,10 @@ pub async fn handle(
     let _ = client.set_nodelay(true);
     let mut attempt = Attempt::begin("http");
     let mut buf = Vec::with_capacity(4096);
-    let head = match read_head(&shared, &mut client, &mut buf).await {
-        HeadRead::Complete(len) => len,
-        HeadRead::Nothing => return,
-        HeadRead::Refused(code) => {
+    let head = match or_shutdown(&shared, read_head(&shared, &mut client, &mut buf)).await {
+        Some(HeadRead::Complete(len)) => len,
+        Some(HeadRead::Nothing) | None => return,
+        Some(HeadRead::Refused(code)) => {
             refuse(&mut client, code).await;
             attempt.deny(&shared, code);
             return;
@@ -110,7 +112,7 @@ pub async fn handle(
     let leftover = buf[head..].to_vec();
     drop(buf);
 
-    let mut opened = match decide_and_connect(&shared, &host, port).await {
+    let mut opened = match decide_and_connect_or_shutdown(&shared, &host, port).await {
         Ok(o) => o,
         Err(refusal) => {
             attempt.address = refusal.address;
@@ -162,7 +164,7 @@ async fn connect_tunnel(
     port: u16,
     leftover: Vec<u8>,
 ) {
-    let mut opened = match decide_and_connect(shared, host, port).await {
+    let mut opened = match decide_and_connect_or_shutdown(shared, host, port).await {
         Ok(o) => o,
         Err(refusal) => {
             attempt.address = refusal.address;

@@ -78,6 +78,26 @@ pub async fn shutdown_requested(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
 
+/// Run `f` unless shutdown is requested first (`None` then).
+pub async fn or_shutdown<F: std::future::Future>(shared: &Shared, f: F) -> Option<F::Output> {
+    let mut rx = shared.shutdown_signal();
+    tokio::select! {
+        out = f => Some(out),
+        _ = shutdown_requested(&mut rx) => None,
+    }
+}
+
+/// Policy decision and connect, abandoned (as `egress.upstream_failed`) on shutdown.
+pub async fn decide_and_connect_or_shutdown(
+    shared: &Shared,
+    raw_host: &str,
+    port: u16,
+) -> Result<Opened, Refusal> {
+    or_shutdown(shared, decide_and_connect(shared, raw_host, port))
+        .await
+        .unwrap_or(Err(Refusal::new(reason::UPSTREAM_FAILED)))
+}
+
 /// One connection attempt in progress; becomes a [`ConnectionRecord`] when finished.
 pub struct Attempt {
     pub protocol: &'static str,

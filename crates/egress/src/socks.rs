@@ -5,7 +5,9 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::proxy::{canonical_host, decide_and_connect, Attempt, ConnectionSlot};
+use crate::proxy::{
+    canonical_host, decide_and_connect_or_shutdown, or_shutdown, Attempt, ConnectionSlot,
+};
 use crate::tunnel::{pump, Traffic, UpMode};
 use crate::{reason, Decision, SharedState};
 
@@ -55,14 +57,16 @@ pub async fn handle(
 ) {
     let _ = client.set_nodelay(true);
     let mut attempt = Attempt::begin("socks5");
-    let request = match tokio::time::timeout(shared.idle, negotiate(&mut client)).await {
-        Ok(Ok(Some(r))) => r,
-        Ok(Ok(None)) => return,
-        Ok(Err(code)) => {
+    let negotiation = tokio::time::timeout(shared.idle, negotiate(&mut client));
+    let request = match or_shutdown(&shared, negotiation).await {
+        None => return,
+        Some(Ok(Ok(Some(r)))) => r,
+        Some(Ok(Ok(None))) => return,
+        Some(Ok(Err(code))) => {
             attempt.deny(&shared, code);
             return;
         }
-        Err(_) => {
+        Some(Err(_)) => {
             attempt.deny(&shared, reason::LIMIT);
             return;
         }
@@ -86,7 +90,7 @@ pub async fn handle(
         attempt.deny(&shared, reason::LIMIT);
         return;
     }
-    let mut opened = match decide_and_connect(&shared, &host, port).await {
+    let mut opened = match decide_and_connect_or_shutdown(&shared, &host, port).await {
         Ok(o) => o,
         Err(refusal) => {
             attempt.address = refusal.address;

@@ -805,7 +805,7 @@ fn v1_fixture_migrates_without_loss() {
             |r| r.get(0),
         )
         .unwrap();
-    assert_eq!(indexes, 3);
+    assert_eq!(indexes, 2);
     let denied = store
         .list_runs(&RunFilter {
             status: Some("policy_denied".into()),

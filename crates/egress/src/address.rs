@@ -154,9 +154,8 @@ fn classify_v6(ip: Ipv6Addr) -> Option<AddressClass> {
         Benchmark
     } else if s[0] == 0x2001 && s[1] == 0 {
         Teredo
-    } else if s[0] == 0x2001 && s[1] < 0x0200 {
-        Reserved
-    } else if s[0] == 0x0100 && s[1..4] == [0, 0, 0] {
+    } else if (s[0] == 0x2001 && s[1] < 0x0200) || (s[0] == 0x0100 && s[1..4] == [0, 0, 0]) {
+        // 2001::/23 IETF protocol assignments; 100::/64 discard-only.
         Reserved
     } else if s[0] & 0xe000 != 0x2000 {
         NonGlobalV6

@@ -374,7 +374,7 @@ fn check_and_rewrite(
         let lower = h.name.to_ascii_lowercase();
         if HOP_BY_HOP.contains(&lower.as_str())
             || lower.starts_with("proxy-")
-            || extra_hop.iter().any(|t| *t == lower)
+            || extra_hop.contains(&lower)
         {
             continue;
         }

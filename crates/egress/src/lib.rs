@@ -18,6 +18,25 @@
 //! 5. per-cell ceilings (connections, bytes, idle) - [`reason::LIMIT`].
 //!
 //! Every attempt yields exactly one [`ConnectionRecord`].
+//!
+//! # Deliberate trade-offs
+//!
+//! - **No SNI / not TLS is allowed.** The tunnel can only reach an address that was resolved
+//!   and checked for the allowlisted name, so a hello without a name (or a non-TLS
+//!   protocol) cannot name a second destination. The SNI check exists to stop asking a
+//!   shared front end (CDN, virtual hosting) for a *different* name. Encrypted Client Hello
+//!   hides the inner name; the outer (public) name is what is checked.
+//! - **Chaining (`upstream_proxy`)**: the proxy sends `CONNECT name:port` to the upstream
+//!   proxy and resolves nothing itself, so the private-address rule cannot be applied to
+//!   names (the corporate proxy is trusted to resolve and route); it still applies to IP
+//!   literals. Plain-HTTP requests are also tunnelled with CONNECT through it.
+//! - **One request per plain-HTTP connection** (`Connection: close` upstream): every request
+//!   gets its own policy decision and record, and pipelined bytes after the request body
+//!   are dropped rather than reaching the upstream unchecked.
+//! - **Server-first protocols work**: while waiting for the client's first bytes (for the
+//!   SNI check), the upstream-to-client direction already flows.
+//! - **Records are bounded** at [`MAX_RECORDS`] per cell; past that, new connections
+//!   are closed unserved and counted by [`ProxyHandle::dropped_records`].
 
 pub mod address;
 pub mod destination;
@@ -35,7 +54,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-pub use proxy::ProxyHandle;
+pub use proxy::{ProxyHandle, MAX_RECORDS};
 
 /// The operator's `[egress]` table (trusted; never from the contract or the model).
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -858,3 +858,30 @@ fn records_serialize_with_stable_field_names() {
     assert_eq!(json["host"], "x.test");
     assert_eq!(json["port"], 443);
 }
+
+#[test]
+fn server_first_protocols_work_through_tunnels() {
+    // The upstream greets first (SMTP/SSH style); the client says nothing until it has
+    // read the banner, so the SNI wait must not block the downstream direction.
+    let listener = TcpListener::bind((UPSTREAM_IP, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.write_all(b"220 ready\r\n").unwrap();
+        let mut buf = [0u8; 6];
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(b"221 bye\r\n").unwrap();
+    });
+    let proxy = start(base_config(), vec![rule("api.test", &[port])]);
+    let (mut s, code) = socks_connect_domain(&proxy, "api.test", port);
+    assert_eq!(code, 0);
+    let mut banner = [0u8; 11];
+    s.read_exact(&mut banner).unwrap();
+    assert_eq!(&banner, b"220 ready\r\n");
+    s.write_all(b"QUIT\r\n").unwrap();
+    assert_eq!(read_to_end(&mut s), "221 bye\r\n");
+    let records = proxy.shutdown();
+    let r = only_record(&records, "api.test");
+    assert_eq!(r.decision, Decision::Allowed);
+    assert_eq!((r.bytes_up, r.bytes_down), (6, 20));
+}

@@ -78,6 +78,8 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("audit store export: cannot write: {0}")]
+    Export(#[source] std::io::Error),
     #[error("audit store: cannot encode record: {0}")]
     Encode(#[from] serde_json::Error),
     #[error("audit store: invalid input: {0}")]
@@ -100,6 +102,7 @@ impl StoreError {
             StoreError::SchemaTooNew { .. } => ErrorClass::Corrupt,
             StoreError::Dir { source, .. } => io_class(source),
             StoreError::Sqlite { .. } => ErrorClass::Io,
+            StoreError::Export(source) => io_class(source),
             StoreError::Encode(_) => ErrorClass::InvalidInput,
             StoreError::InvalidInput(_) => ErrorClass::InvalidInput,
             StoreError::RunNotFound(_) => ErrorClass::NotFound,

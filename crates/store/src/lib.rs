@@ -259,6 +259,13 @@ impl std::fmt::Debug for Store {
     }
 }
 
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -461,8 +468,21 @@ impl Store {
         )
         .map_err(|e| StoreError::from_sqlite(&path, e))?;
         let store = Store { conn, path };
-        store.init(version).map_err(|e| store.ctx(e))?;
-        Ok(store)
+        // Switching a fresh file to WAL needs an exclusive lock and SQLite does not call
+        // the busy handler for it, so processes creating the store at the same moment can
+        // see SQLITE_BUSY here. Every step of `init` is idempotent: retry it.
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        loop {
+            match store.init(version) {
+                Ok(()) => return Ok(store),
+                Err(StoreError::Sqlite { source, .. })
+                    if is_busy(&source) && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(store.ctx(e)),
+            }
+        }
     }
 
     fn init(&self, version: i64) -> Result<()> {
@@ -822,10 +842,7 @@ impl Store {
     /// Write the whole store as JSON lines for a SIEM: first every audit entry in chain
     /// order (`"type": "audit"`), then every run (`"type": "run"`). Returns the line count.
     pub fn export_jsonl<W: Write>(&self, mut out: W) -> Result<u64> {
-        let io = |e: std::io::Error| StoreError::Dir {
-            path: PathBuf::from("<export writer>"),
-            source: e,
-        };
+        let io = StoreError::Export;
         self.read_tx(|c| {
             let mut n = 0u64;
             let mut stmt = c.prepare(&format!(

@@ -67,6 +67,14 @@ fn child_process() {
         return;
     };
     let (what, dir) = mode.split_once(':').expect("mode:dir");
+    // Start line: all children open the store at the same moment.
+    if let Ok(go) = std::env::var("AIRLOCK_STORE_GO") {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !Path::new(&go).exists() {
+            assert!(Instant::now() < deadline, "no start signal");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     let store = Store::open(Path::new(dir)).expect("open");
     let h = store
         .begin_run(start("child"), vec!["child-secret-value".into()])
@@ -86,18 +94,22 @@ fn child_process() {
     }
 }
 
-fn spawn_child(mode: &str, dir: &Path) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, format!("{mode}:{}", dir.display()))
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn child")
+fn spawn_child(mode: &str, dir: &Path, go: Option<&Path>) -> std::process::Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    if let Some(go) = go {
+        cmd.env("AIRLOCK_STORE_GO", go);
+    }
+    cmd.args([
+        "--exact",
+        "child_process",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, format!("{mode}:{}", dir.display()))
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn child")
 }
 
 fn run_id_from(out: &str) -> Option<String> {
@@ -213,7 +225,13 @@ fn list_runs_filters() {
 fn thirty_two_processes_write_concurrently() {
     let dir = tempfile::tempdir().unwrap();
     // Children open a store that does not exist yet: creation and migration race too.
-    let children: Vec<_> = (0..32).map(|_| spawn_child("write", dir.path())).collect();
+    let go = tempfile::tempdir().unwrap();
+    let go = go.path().join("go");
+    let children: Vec<_> = (0..32)
+        .map(|_| spawn_child("write", dir.path(), Some(&go)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::write(&go, b"").unwrap();
     let mut ids = Vec::new();
     for child in children {
         let out = child.wait_with_output().unwrap();
@@ -242,7 +260,7 @@ fn sigkilled_supervisor_is_reaped_as_aborted() {
     // A run of this (live) process must survive the reaper.
     let mine = store.begin_run(start("x"), vec![]).unwrap();
 
-    let mut child = spawn_child("hang", dir.path());
+    let mut child = spawn_child("hang", dir.path(), None);
     let mut line = String::new();
     let mut reader = BufReader::new(child.stdout.take().unwrap());
     let id = loop {

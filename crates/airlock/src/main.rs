@@ -1,0 +1,70 @@
+//! The `airlock` command line: run a command in a cell, check the host, and (later
+//! issues) query the audit store.
+
+mod run;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(
+    name = "airlock",
+    version,
+    about = "Run untrusted commands in disposable, kernel-enforced cells"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command in a fresh cell under an execution contract.
+    Run(run::RunArgs),
+    /// Check that this host can enforce every control of a cell.
+    Doctor {
+        /// Print the checks as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run::run(args, started),
+        Command::Doctor { json } => doctor(json),
+    }
+}
+
+fn doctor(json: bool) -> ExitCode {
+    let checks = airlock_cell::doctor::run_checks();
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&checks).unwrap_or_default()
+        );
+    } else {
+        for c in &checks {
+            println!(
+                "{:<4} {:<34} {}",
+                if c.ok { "ok" } else { "FAIL" },
+                c.control,
+                c.detail
+            );
+        }
+    }
+    if checks.iter().all(|c| c.ok) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// Directory used for relative paths of the default contract.
+fn current_dir() -> PathBuf {
+    std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"))
+}

@@ -1,0 +1,463 @@
+//! Per-cell cgroups on v2 (unified) or v1 (per-controller hierarchies, as on hybrid hosts).
+//! The supervisor creates the cgroup before the cell starts, places the cell's pid 1 in it
+//! before releasing it, reads the ceilings' counters afterwards and removes it.
+
+use crate::error::CellError;
+use airlock_contract::Limits;
+use std::fs;
+use std::io::{self, ErrorKind};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// Name of the directory below each hierarchy root that holds airlock's cells.
+const PARENT_NAME: &str = "airlock";
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// Where the controllers a cell needs live on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupLayout {
+    /// Unified hierarchy with memory, pids and cpu controllers available.
+    V2 { root: PathBuf },
+    /// One hierarchy per controller.
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: PathBuf,
+        freezer: PathBuf,
+    },
+}
+
+impl CgroupLayout {
+    pub fn version(&self) -> &'static str {
+        match self {
+            CgroupLayout::V2 { .. } => "v2",
+            CgroupLayout::V1 { .. } => "v1",
+        }
+    }
+
+    /// Detects the layout; `AIRLOCK_CGROUP_ROOT` overrides the mount point (tests use it).
+    pub fn detect() -> Result<CgroupLayout, CellError> {
+        let root = std::env::var_os("AIRLOCK_CGROUP_ROOT")
+            .map_or_else(|| PathBuf::from(CGROUP_ROOT), PathBuf::from);
+        if let Ok(controllers) = fs::read_to_string(root.join("cgroup.controllers")) {
+            let have: Vec<&str> = controllers.split_whitespace().collect();
+            let missing: Vec<&str> = ["memory", "pids", "cpu"]
+                .into_iter()
+                .filter(|c| !have.contains(c))
+                .collect();
+            if missing.is_empty() {
+                return Ok(CgroupLayout::V2 { root });
+            }
+            return Err(CellError::Unavailable {
+                control: "cgroups",
+                reason: format!(
+                    "cgroup v2 at {} lacks the {} controller(s)",
+                    root.display(),
+                    missing.join(", ")
+                ),
+            });
+        }
+        let v1 = |name: &str| {
+            let path = root.join(name);
+            path.join("cgroup.procs").exists().then_some(path)
+        };
+        match (
+            v1("memory"),
+            v1("pids"),
+            v1("cpu").or_else(|| v1("cpu,cpuacct")),
+            v1("freezer"),
+        ) {
+            (Some(memory), Some(pids), Some(cpu), Some(freezer)) => {
+                if !memory.join("memory.memsw.limit_in_bytes").exists() && swap_enabled() {
+                    return Err(CellError::Unavailable {
+                        control: "cgroups.memory",
+                        reason: "swap is enabled but cgroup v1 swap accounting (memsw) is off: the memory limit could be escaped into swap; boot with swapaccount=1".into(),
+                    });
+                }
+                Ok(CgroupLayout::V1 {
+                    memory,
+                    pids,
+                    cpu,
+                    freezer,
+                })
+            }
+            (memory, pids, cpu, freezer) => {
+                let missing: Vec<&str> = [
+                    ("memory", memory),
+                    ("pids", pids),
+                    ("cpu", cpu),
+                    ("freezer", freezer),
+                ]
+                .into_iter()
+                .filter(|(_, p)| p.is_none())
+                .map(|(n, _)| n)
+                .collect();
+                Err(CellError::Unavailable {
+                    control: "cgroups",
+                    reason: format!(
+                        "neither a cgroup v2 hierarchy with memory+pids+cpu nor cgroup v1 controllers are mounted under {} (missing v1: {})",
+                        root.display(),
+                        missing.join(", ")
+                    ),
+                })
+            }
+        }
+    }
+
+    fn parents(&self) -> Vec<PathBuf> {
+        match self {
+            CgroupLayout::V2 { root } => vec![root.join(PARENT_NAME)],
+            CgroupLayout::V1 {
+                memory,
+                pids,
+                cpu,
+                freezer,
+            } => [memory, pids, cpu, freezer]
+                .iter()
+                .map(|p| p.join(PARENT_NAME))
+                .collect(),
+        }
+    }
+}
+
+fn swap_enabled() -> bool {
+    fs::read_to_string("/proc/swaps")
+        .map(|s| s.lines().count() > 1)
+        .unwrap_or(false)
+}
+
+fn write_file(path: &Path, value: &str) -> Result<(), CellError> {
+    fs::write(path, value).map_err(|source| CellError::Cgroup {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Counters read after the cell has ended.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct CgroupUsage {
+    pub memory_peak_bytes: u64,
+    pub oom_kills: u64,
+    /// How often a fork/clone was refused because of the pids limit.
+    pub pids_limit_hits: u64,
+    pub pids_peak: u64,
+}
+
+/// The cgroup(s) of one cell.
+#[derive(Debug)]
+pub struct CellCgroup {
+    layout: CgroupLayout,
+    /// One directory (v2) or one per controller (v1: memory, pids, cpu, freezer).
+    dirs: Vec<PathBuf>,
+}
+
+impl CellCgroup {
+    /// Creates the cgroup and writes every limit. Any failure removes what was created.
+    pub fn create(
+        layout: &CgroupLayout,
+        name: &str,
+        limits: &Limits,
+    ) -> Result<CellCgroup, CellError> {
+        let dirs: Vec<PathBuf> = layout.parents().iter().map(|p| p.join(name)).collect();
+        let cgroup = CellCgroup {
+            layout: layout.clone(),
+            dirs,
+        };
+        let mut created = Vec::new();
+        for dir in &cgroup.dirs {
+            if let Err(err) = fs::create_dir(dir) {
+                if err.kind() != ErrorKind::NotFound {
+                    cgroup.remove_dirs(&created);
+                    return Err(CellError::Cgroup {
+                        path: dir.clone(),
+                        source: err,
+                    });
+                }
+                let parent = dir.parent().expect("cell cgroup has a parent");
+                if let Err(source) =
+                    prepare_parent(layout, parent).and_then(|_| fs::create_dir(dir))
+                {
+                    cgroup.remove_dirs(&created);
+                    return Err(CellError::Cgroup {
+                        path: dir.clone(),
+                        source,
+                    });
+                }
+            }
+            created.push(dir.clone());
+        }
+        if let Err(err) = cgroup.write_limits(limits) {
+            cgroup.remove_dirs(&created);
+            return Err(err);
+        }
+        Ok(cgroup)
+    }
+
+    fn write_limits(&self, limits: &Limits) -> Result<(), CellError> {
+        let quota_us = u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1000;
+        match &self.layout {
+            CgroupLayout::V2 { .. } => {
+                let dir = &self.dirs[0];
+                write_file(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
+                // No swap: otherwise a cell could exceed its memory ceiling by swapping.
+                write_file(&dir.join("memory.swap.max"), "0")?;
+                // An OOM kills the whole cell, not one random process of it.
+                write_file(&dir.join("memory.oom.group"), "1")?;
+                write_file(&dir.join("pids.max"), &limits.process_limit.to_string())?;
+                write_file(&dir.join("cpu.max"), &format!("{quota_us} {CPU_PERIOD_US}"))?;
+            }
+            CgroupLayout::V1 { .. } => {
+                let [memory, pids, cpu, _freezer] = &self.dirs[..] else {
+                    unreachable!("v1 has four dirs")
+                };
+                write_file(
+                    &memory.join("memory.limit_in_bytes"),
+                    &limits.memory_bytes.to_string(),
+                )?;
+                let memsw = memory.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    // memory+swap = memory: the cell cannot use swap at all.
+                    write_file(&memsw, &limits.memory_bytes.to_string())?;
+                }
+                write_file(&memory.join("memory.swappiness"), "0").ok();
+                write_file(&pids.join("pids.max"), &limits.process_limit.to_string())?;
+                write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                write_file(&cpu.join("cpu.cfs_quota_us"), &quota_us.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves `pid` (the cell's pid 1, not yet released) into every hierarchy.
+    pub fn add_process(&self, pid: libc::pid_t) -> Result<(), CellError> {
+        let pid = pid.to_string();
+        for dir in &self.dirs {
+            write_file(&dir.join("cgroup.procs"), &pid)?;
+        }
+        Ok(())
+    }
+
+    fn procs_file(&self) -> PathBuf {
+        // The freezer (v1) or the single directory (v2) holds every process of the cell.
+        self.dirs
+            .last()
+            .expect("at least one dir")
+            .join("cgroup.procs")
+    }
+
+    pub fn pids(&self) -> Vec<libc::pid_t> {
+        fs::read_to_string(self.procs_file())
+            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn signal_all(&self, signal: libc::c_int) {
+        for pid in self.pids() {
+            let _ = crate::sys::kill(pid, signal);
+        }
+    }
+
+    /// Kills every process of the cell, including ones that fork while we kill.
+    pub fn kill_all(&self) -> Result<(), CellError> {
+        match &self.layout {
+            CgroupLayout::V2 { .. } => write_file(&self.dirs[0].join("cgroup.kill"), "1"),
+            CgroupLayout::V1 { .. } => {
+                // Freeze first so nothing can fork between reading the list and killing.
+                let freezer = self.dirs[3].join("freezer.state");
+                write_file(&freezer, "FROZEN")?;
+                self.signal_all(libc::SIGKILL);
+                write_file(&freezer, "THAWED")
+            }
+        }
+    }
+
+    /// Waits until no process is left in the cgroup, killing stragglers.
+    pub fn wait_empty(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(50);
+        loop {
+            if self.pids().is_empty() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            let _ = self.kill_all();
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    pub fn usage(&self) -> CgroupUsage {
+        let read = |path: PathBuf| fs::read_to_string(path).unwrap_or_default();
+        let number = |path: PathBuf| read(path).trim().parse::<u64>().unwrap_or(0);
+        let keyed = |text: &str, key: &str| {
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix(key)
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                })
+                .unwrap_or(0)
+        };
+        match &self.layout {
+            CgroupLayout::V2 { .. } => {
+                let dir = &self.dirs[0];
+                CgroupUsage {
+                    memory_peak_bytes: number(dir.join("memory.peak")),
+                    oom_kills: keyed(&read(dir.join("memory.events")), "oom_kill "),
+                    pids_limit_hits: keyed(&read(dir.join("pids.events")), "max "),
+                    pids_peak: number(dir.join("pids.peak")),
+                }
+            }
+            CgroupLayout::V1 { .. } => {
+                let (memory, pids) = (&self.dirs[0], &self.dirs[1]);
+                CgroupUsage {
+                    memory_peak_bytes: number(memory.join("memory.max_usage_in_bytes")),
+                    oom_kills: keyed(&read(memory.join("memory.oom_control")), "oom_kill "),
+                    pids_limit_hits: keyed(&read(pids.join("pids.events")), "max "),
+                    pids_peak: number(pids.join("pids.peak")),
+                }
+            }
+        }
+    }
+
+    /// Removes the cgroup directories; returns those that could not be removed.
+    pub fn destroy(self) -> Vec<PathBuf> {
+        let mut left = Vec::new();
+        for dir in &self.dirs {
+            let mut attempts = 0;
+            loop {
+                match fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == ErrorKind::NotFound => break,
+                    // EBUSY while the last task is still being torn down by the kernel.
+                    Err(_) if attempts < 200 => {
+                        attempts += 1;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(_) => {
+                        left.push(dir.clone());
+                        break;
+                    }
+                }
+            }
+        }
+        left
+    }
+
+    fn remove_dirs(&self, dirs: &[PathBuf]) {
+        for dir in dirs {
+            let _ = fs::remove_dir(dir);
+        }
+    }
+
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+}
+
+/// Creates airlock's parent cgroup; on v2 also enables the controllers for its children.
+fn prepare_parent(layout: &CgroupLayout, parent: &Path) -> io::Result<()> {
+    match fs::create_dir(parent) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    if let CgroupLayout::V2 { root } = layout {
+        fs::write(root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+        fs::write(parent.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+    }
+    Ok(())
+}
+
+/// A cell cgroup left behind by a supervisor that died (its name starts with the
+/// supervisor's pid, which is no longer an airlock process).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LeftoverCgroup {
+    pub path: PathBuf,
+    pub processes: usize,
+}
+
+/// Names cell cgroups `<supervisor pid>-<run id>` so leftovers can be recognised.
+pub fn cgroup_name(run_id: &str) -> String {
+    format!("{}-{}", std::process::id(), run_id)
+}
+
+fn supervisor_alive(name: &str) -> bool {
+    let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+        return false;
+    };
+    fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "airlock")
+}
+
+/// Finds cell cgroups whose supervisor is gone.
+pub fn find_leftovers(layout: &CgroupLayout) -> Vec<LeftoverCgroup> {
+    let mut found = Vec::new();
+    for parent in layout.parents() {
+        let Ok(entries) = fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.path().is_dir() && !supervisor_alive(&name) {
+                let processes = fs::read_to_string(entry.path().join("cgroup.procs"))
+                    .map(|s| s.lines().count())
+                    .unwrap_or(0);
+                found.push(LeftoverCgroup {
+                    path: entry.path(),
+                    processes,
+                });
+            }
+        }
+    }
+    found
+}
+
+/// Kills and removes every leftover cell cgroup; returns what could not be removed.
+pub fn reap_leftovers(layout: &CgroupLayout) -> Vec<PathBuf> {
+    let leftovers = find_leftovers(layout);
+    let mut by_name: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
+    for l in leftovers {
+        let name = l
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        by_name.entry(name).or_default().push(l.path);
+    }
+    let mut left = Vec::new();
+    for (_, dirs) in by_name {
+        let cgroup = CellCgroup {
+            layout: layout.clone(),
+            dirs: order_like_layout(layout, dirs),
+        };
+        if cgroup.dirs.len() == layout.parents().len() {
+            let _ = cgroup.kill_all();
+            cgroup.wait_empty(Duration::from_secs(2));
+        } else {
+            for pid in cgroup.dirs.iter().flat_map(|d| {
+                fs::read_to_string(d.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.parse().ok())
+                    .collect::<Vec<libc::pid_t>>()
+            }) {
+                let _ = crate::sys::kill(pid, libc::SIGKILL);
+            }
+        }
+        left.extend(cgroup.destroy());
+    }
+    left
+}
+
+fn order_like_layout(layout: &CgroupLayout, dirs: Vec<PathBuf>) -> Vec<PathBuf> {
+    let parents = layout.parents();
+    let mut ordered: Vec<PathBuf> = Vec::new();
+    for parent in &parents {
+        if let Some(d) = dirs.iter().find(|d| d.parent() == Some(parent.as_path())) {
+            ordered.push(d.clone());
+        }
+    }
+    ordered
+}

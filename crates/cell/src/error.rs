@@ -1,0 +1,56 @@
+use std::path::PathBuf;
+
+/// Failures of the cell runtime. `class()` maps each to a result class of DESIGN.md §4.
+#[derive(Debug, thiserror::Error)]
+pub enum CellError {
+    /// A control the contract needs cannot be enforced on this host.
+    #[error("{control} cannot be enforced on this host: {reason}")]
+    Unavailable {
+        control: &'static str,
+        reason: String,
+    },
+    #[error("cgroup {path}: {source}")]
+    Cgroup {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A launcher step inside the new cell failed; `stage` names the step.
+    #[error("cell setup failed at {stage}: {message}")]
+    Launch { stage: String, message: String },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompProfileError),
+    #[error("credential {name}: the supervisor variable {from_env} is not set")]
+    MissingCredential { name: String, from_env: String },
+    #[error(
+        "the supervisor has {0} threads; a cell may only be cloned from a single-threaded process"
+    )]
+    NotSingleThreaded(usize),
+    #[error("egress proxy: {0}")]
+    Egress(String),
+}
+
+impl CellError {
+    pub fn class(&self) -> &'static str {
+        match self {
+            CellError::Unavailable { .. } | CellError::Seccomp(_) => "sandbox_unavailable",
+            CellError::MissingCredential { .. } => "policy_denied",
+            CellError::Cgroup { .. }
+            | CellError::Launch { .. }
+            | CellError::Io { .. }
+            | CellError::NotSingleThreaded(_)
+            | CellError::Egress(_) => "runtime_fault",
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> CellError {
+        CellError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! The cell side of a run: what the cloned child does, in order, until it execs the
+//! payload. It runs as pid 1 of the new pid namespace, in fresh user, mount, net, ipc and
+//! uts namespaces, and becomes the cell's reaper once the payload is started.
+//!
+//! Order (DESIGN.md §3): wait for the supervisor -> identity -> cgroup namespace -> rootfs
+//! and pivot_root -> hostname, `lo` -> egress listeners -> setsid -> stdio -> rlimits ->
+//! capabilities and securebits -> no_new_privs -> Landlock -> close-on-exec for fds >= 3 ->
+//! seccomp (last) -> fork the payload, which only resolves and execs.
+
+use crate::protocol::{self, LaunchFailure, PayloadEnded};
+use crate::{landlock_policy, rootfs, sys};
+use airlock_contract::{CellPlan, NetworkPlan, HTTP_PROXY_PORT, SOCKS_PROXY_PORT};
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// A failed setup step: its name, what went wrong and whether it means the host cannot
+/// provide the control (as opposed to an error of airlock itself).
+#[derive(Debug)]
+pub struct Stage {
+    pub name: String,
+    pub message: String,
+    pub unavailable: bool,
+}
+
+impl Stage {
+    pub fn new(name: &str, message: String) -> Stage {
+        Stage {
+            name: name.into(),
+            message,
+            unavailable: false,
+        }
+    }
+    pub fn io(name: &str, path: &Path, err: std::io::Error) -> Stage {
+        Stage::new(name, format!("{}: {err}", path.display()))
+    }
+    fn errno(name: &str, err: std::io::Error) -> Stage {
+        Stage::new(name, err.to_string())
+    }
+}
+
+/// Everything the child needs, prepared by the supervisor before `clone`.
+pub struct ChildSetup<'a> {
+    pub plan: &'a CellPlan,
+    pub env: &'a [CString],
+    pub seccomp_program: &'a [libc::sock_filter],
+    pub sync: OwnedFd,
+    pub exec_notify: OwnedFd,
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    pub has_artifacts: bool,
+    pub mounts: Vec<rootfs::Prepared>,
+}
+
+/// Entry point of the cloned child. Never returns.
+pub fn run(mut setup: ChildSetup<'_>) -> ! {
+    match prepare(&mut setup) {
+        Ok(()) => {}
+        Err(stage) => {
+            let failure = LaunchFailure {
+                stage: stage.name,
+                message: stage.message,
+                unavailable: stage.unavailable,
+            };
+            send(
+                &setup.sync,
+                protocol::FAILED,
+                &serde_json::to_vec(&failure).unwrap_or_default(),
+            );
+            sys::exit_now(125);
+        }
+    }
+    let payload = match sys::fork_process() {
+        Ok(0) => exec_payload(&setup),
+        Ok(pid) => pid,
+        Err(err) => {
+            let failure = LaunchFailure {
+                stage: "fork_payload".into(),
+                message: err.to_string(),
+                unavailable: false,
+            };
+            send(
+                &setup.sync,
+                protocol::FAILED,
+                &serde_json::to_vec(&failure).unwrap_or_default(),
+            );
+            sys::exit_now(125);
+        }
+    };
+    reap(setup, payload)
+}
+
+fn send(sync: &OwnedFd, kind: u8, body: &[u8]) {
+    let mut message = Vec::with_capacity(body.len() + 1);
+    message.push(kind);
+    message.extend_from_slice(body);
+    let _ = sys::send_with_fds(sync.as_fd(), &message, &[]);
+}
+
+fn prepare(setup: &mut ChildSetup<'_>) -> Result<(), Stage> {
+    let plan = setup.plan;
+    // If the supervisor dies from here on, so does the cell.
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
+        .map_err(|e| Stage::errno("pdeathsig", e))?;
+    // The supervisor may already be gone (the death signal only covers later deaths):
+    // waiting for its go-ahead settles it - EOF means it died.
+    let mut go = [0u8; 1];
+    match sys::read(setup.sync.as_fd(), &mut go) {
+        Ok(1) if go[0] == protocol::GO => {}
+        _ => sys::exit_now(125),
+    }
+    sys::set_ids(plan.identity.uid, plan.identity.gid).map_err(|e| Stage::errno("identity", e))?;
+    // The supervisor has placed us in the cell cgroup; make it our cgroup root.
+    sys::unshare(libc::CLONE_NEWCGROUP).map_err(|e| Stage::errno("cgroup_namespace", e))?;
+    rootfs::build(plan, std::mem::take(&mut setup.mounts))?;
+    sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
+    sys::loopback_up().map_err(|e| Stage::errno("loopback", e))?;
+    if let NetworkPlan::Allowlist { .. } = plan.network {
+        pass_egress_listeners(&setup.sync)?;
+    }
+    // A new session has no controlling terminal: no TIOCSTI into the caller's shell.
+    sys::setsid().map_err(|e| Stage::errno("setsid", e))?;
+    sys::dup2(setup.stdin.as_raw_fd(), 0).map_err(|e| Stage::errno("stdio", e))?;
+    sys::dup2(setup.stdout.as_raw_fd(), 1).map_err(|e| Stage::errno("stdio", e))?;
+    sys::dup2(setup.stderr.as_raw_fd(), 2).map_err(|e| Stage::errno("stdio", e))?;
+    set_rlimits(plan)?;
+    drop_privileges()?;
+    sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| Stage::errno("no_new_privs", e))?;
+    landlock_policy::restrict(plan)?;
+    sys::cloexec_from_3().map_err(|e| Stage::errno("close_fds", e))?;
+    sys::install_seccomp_filter(setup.seccomp_program).map_err(|e| Stage::errno("seccomp", e))?;
+    Ok(())
+}
+
+fn pass_egress_listeners(sync: &OwnedFd) -> Result<(), Stage> {
+    let bind = |port: u16| {
+        std::net::TcpListener::bind(("127.0.0.1", port))
+            .map_err(|e| Stage::new("egress_listeners", format!("127.0.0.1:{port}: {e}")))
+    };
+    let http = bind(HTTP_PROXY_PORT)?;
+    let socks = bind(SOCKS_PROXY_PORT)?;
+    let fds: [RawFd; 2] = [http.as_raw_fd(), socks.as_raw_fd()];
+    sys::send_with_fds(sync.as_fd(), &[protocol::LISTENERS], &fds)
+        .map_err(|e| Stage::errno("egress_listeners", e))
+    // Our copies close here; the supervisor's proxy owns the listeners.
+}
+
+fn set_rlimits(plan: &CellPlan) -> Result<(), Stage> {
+    let limits = &plan.limits;
+    for (resource, value, name) in [
+        (libc::RLIMIT_CORE, 0, "core"),
+        (libc::RLIMIT_NOFILE, limits.open_files, "nofile"),
+        (libc::RLIMIT_FSIZE, limits.file_size_bytes, "fsize"),
+        // Backstop for the pids cgroup; counted per user namespace, so per cell.
+        (
+            libc::RLIMIT_NPROC,
+            u64::from(limits.process_limit) + 1,
+            "nproc",
+        ),
+    ] {
+        sys::set_rlimit(resource, value)
+            .map_err(|e| Stage::new("rlimits", format!("{name}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Empties every capability set and locks the securebits so that no later execve (even of
+/// a file with capabilities, or as uid 0) can regain any.
+fn drop_privileges() -> Result<(), Stage> {
+    const SECBIT_NOROOT: u64 = 1 << 0;
+    const SECBIT_NOROOT_LOCKED: u64 = 1 << 1;
+    const SECBIT_NO_SETUID_FIXUP: u64 = 1 << 2;
+    const SECBIT_NO_SETUID_FIXUP_LOCKED: u64 = 1 << 3;
+    const SECBIT_KEEP_CAPS_LOCKED: u64 = 1 << 5;
+    const SECBIT_NO_CAP_AMBIENT_RAISE: u64 = 1 << 6;
+    const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: u64 = 1 << 7;
+    let bits = SECBIT_NOROOT
+        | SECBIT_NOROOT_LOCKED
+        | SECBIT_NO_SETUID_FIXUP
+        | SECBIT_NO_SETUID_FIXUP_LOCKED
+        | SECBIT_KEEP_CAPS_LOCKED
+        | SECBIT_NO_CAP_AMBIENT_RAISE
+        | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
+    sys::prctl(libc::PR_SET_SECUREBITS, bits as libc::c_ulong)
+        .map_err(|e| Stage::errno("securebits", e))?;
+    sys::prctl3(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+        0,
+    )
+    .map_err(|e| Stage::errno("ambient_caps", e))?;
+    for cap in 0..=63 {
+        match sys::prctl(libc::PR_CAPBSET_DROP, cap) {
+            Ok(_) => {}
+            // EINVAL: beyond the last capability this kernel knows.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
+            Err(e) => return Err(Stage::new("bounding_caps", format!("cap {cap}: {e}"))),
+        }
+    }
+    sys::clear_capability_sets().map_err(|e| Stage::errno("capabilities", e))
+}
+
+fn plan_path_var(env: &[CString]) -> Vec<PathBuf> {
+    env.iter()
+        .find_map(|e| e.as_bytes().strip_prefix(b"PATH="))
+        .map(|p| {
+            p.split(|b| *b == b':')
+                .map(|d| PathBuf::from(std::ffi::OsStr::from_bytes(d)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Resolves argv[0] against the *cell's* PATH (execvp would use the supervisor's).
+fn resolve_command(command: &str, env: &[CString]) -> Option<PathBuf> {
+    if command.contains('/') {
+        return Some(PathBuf::from(command));
+    }
+    plan_path_var(env)
+        .into_iter()
+        .map(|dir| dir.join(command))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// The payload process: exec or report why not. Never returns.
+fn exec_payload(setup: &ChildSetup<'_>) -> ! {
+    let argv: Vec<CString> = setup
+        .plan
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()).unwrap_or_default())
+        .collect();
+    let command = &setup.plan.argv[0];
+    let Some(path) = resolve_command(command, setup.env) else {
+        let _ = sys::write(
+            setup.exec_notify.as_fd(),
+            format!("127 {command}: command not found").as_bytes(),
+        );
+        sys::exit_now(127);
+    };
+    let path_c = CString::new(path.as_os_str().as_bytes()).unwrap_or_default();
+    let err = sys::execve(&path_c, &argv, setup.env);
+    let code = if err.raw_os_error() == Some(libc::ENOENT) {
+        127
+    } else {
+        126
+    };
+    let _ = sys::write(
+        setup.exec_notify.as_fd(),
+        format!("{code} {}: {err}", path.display()).as_bytes(),
+    );
+    sys::exit_now(code)
+}
+
+/// pid 1 after the payload started: reap everything, and when the payload ends, kill what
+/// it left behind, report, wait for artifact collection and exit (which tears the pid
+/// namespace down).
+fn reap(setup: ChildSetup<'_>, payload: libc::pid_t) -> ! {
+    // Only the payload may hold the exec notification pipe, so its exec closes the last copy.
+    drop(setup.exec_notify);
+    let wait_status = loop {
+        match sys::wait_child(-1, false) {
+            Ok(Some(reaped)) if reaped.pid == payload => break reaped.status,
+            Ok(_) => continue,
+            Err(_) => break 0,
+        }
+    };
+    // Daemons, double forks and stopped processes go with the payload.
+    let _ = sys::kill(-1, libc::SIGKILL);
+    while let Ok(Some(_)) = sys::wait_child(-1, false) {}
+    let ended = PayloadEnded {
+        wait_status,
+        full_mounts: rootfs::full_writable_mounts(setup.plan),
+    };
+    send(
+        &setup.sync,
+        protocol::ENDED,
+        &serde_json::to_vec(&ended).unwrap_or_default(),
+    );
+    if setup.has_artifacts {
+        // The supervisor reads artifacts through /proc/<pid>/root while we are alive.
+        let mut done = [0u8; 1];
+        let _ = sys::read(setup.sync.as_fd(), &mut done);
+    }
+    sys::exit_now(0)
+}

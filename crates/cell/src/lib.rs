@@ -1,0 +1,25 @@
+//! airlock-cell: the Linux cell runtime. It applies a [`airlock_contract::CellPlan`]:
+//! namespaces, root filesystem, capabilities, Landlock, seccomp, cgroup ceilings, the
+//! deadline, output capture, artifact collection and teardown.
+//!
+//! All `unsafe` code lives in [`sys`].
+
+pub mod artifacts;
+pub mod cgroup;
+pub mod doctor;
+mod error;
+mod landlock_policy;
+mod launcher;
+pub mod output;
+mod protocol;
+pub mod report;
+mod rootfs;
+pub mod seccomp;
+mod supervisor;
+mod sys;
+mod syscalls;
+
+pub use error::CellError;
+pub use supervisor::{
+    credential_env, run_cell, EgressSession, RunOptions, HOST_ID_BASE, TERM_GRACE,
+};

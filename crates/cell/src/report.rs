@@ -1,0 +1,144 @@
+//! The result of one run: exactly one class, derived from real signals (exit status, the
+//! cgroup counters, the deadline timer, the output counter, tmpfs free space, seccomp
+//! kills), never from the payload's output.
+
+use crate::cgroup::CgroupUsage;
+use crate::output::OutputCapture;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultClass {
+    Ok,
+    TaskError,
+    PolicyDenied,
+    CapacityExceeded,
+    RuntimeFault,
+    SandboxUnavailable,
+    SuspectedEscape,
+}
+
+impl ResultClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResultClass::Ok => "ok",
+            ResultClass::TaskError => "task_error",
+            ResultClass::PolicyDenied => "policy_denied",
+            ResultClass::CapacityExceeded => "capacity_exceeded",
+            ResultClass::RuntimeFault => "runtime_fault",
+            ResultClass::SandboxUnavailable => "sandbox_unavailable",
+            ResultClass::SuspectedEscape => "suspected_escape",
+        }
+    }
+
+    pub fn from_error_class(class: &str) -> ResultClass {
+        match class {
+            "sandbox_unavailable" => ResultClass::SandboxUnavailable,
+            "policy_denied" => ResultClass::PolicyDenied,
+            _ => ResultClass::RuntimeFault,
+        }
+    }
+}
+
+/// Which ceiling ended or marked the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ceiling {
+    Memory,
+    Pids,
+    Cpu,
+    WallTime,
+    OutputBytes,
+    Disk,
+}
+
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct Timings {
+    /// From the start of `run` to the payload's successful exec.
+    pub startup_ms: f64,
+    /// From the start of `run` until the cell was gone.
+    pub wall_ms: f64,
+    /// Time spent destroying the cell after the payload ended.
+    pub teardown_ms: f64,
+}
+
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct Usage {
+    pub cpu_user_ms: f64,
+    pub cpu_system_ms: f64,
+    pub memory_peak_bytes: u64,
+    pub pids_peak: u64,
+    pub oom_kills: u64,
+    pub pids_limit_hits: u64,
+}
+
+impl Usage {
+    pub fn from_parts(rusage: Option<&libc::rusage>, cgroup: CgroupUsage) -> Usage {
+        let ms = |tv: libc::timeval| tv.tv_sec as f64 * 1000.0 + tv.tv_usec as f64 / 1000.0;
+        Usage {
+            cpu_user_ms: rusage.map_or(0.0, |r| ms(r.ru_utime)),
+            cpu_system_ms: rusage.map_or(0.0, |r| ms(r.ru_stime)),
+            memory_peak_bytes: cgroup.memory_peak_bytes,
+            pids_peak: cgroup.pids_peak,
+            oom_kills: cgroup.oom_kills,
+            pids_limit_hits: cgroup.pids_limit_hits,
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct CleanupReport {
+    pub ok: bool,
+    /// Anything that could not be removed (cgroup dirs, processes).
+    pub leftovers: Vec<String>,
+}
+
+/// Everything `airlock run` reports about one run.
+#[derive(Debug, Serialize)]
+pub struct RunReport {
+    pub run_id: String,
+    pub status: ResultClass,
+    pub exit: ExitInfo,
+    pub limit_fired: Option<Ceiling>,
+    /// Human-readable cause for runtime faults, unavailable controls and exec failures.
+    pub error: Option<String>,
+    /// The exit code `airlock run` itself returns (DESIGN.md §4).
+    pub exit_code: i32,
+    pub timings: Timings,
+    pub usage: Usage,
+    pub output: Option<OutputCapture>,
+    pub cgroup_version: Option<&'static str>,
+    pub egress: serde_json::Value,
+    pub artifacts: serde_json::Value,
+    pub cleanup: CleanupReport,
+}
+
+impl RunReport {
+    /// A run that ended before a cell existed.
+    pub fn refused(run_id: &str, status: ResultClass, error: String) -> RunReport {
+        RunReport {
+            run_id: run_id.to_string(),
+            status,
+            exit: ExitInfo::default(),
+            limit_fired: None,
+            error: Some(error),
+            exit_code: 125,
+            timings: Timings::default(),
+            usage: Usage::default(),
+            output: None,
+            cgroup_version: None,
+            egress: serde_json::Value::Null,
+            artifacts: serde_json::Value::Null,
+            cleanup: CleanupReport {
+                ok: true,
+                leftovers: Vec::new(),
+            },
+        }
+    }
+}

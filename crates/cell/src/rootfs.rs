@@ -1,0 +1,408 @@
+//! Builds the cell's root filesystem inside its new mount namespace (runs in the cell's
+//! pid 1, before privileges are dropped).
+//!
+//! Sources are opened and cloned as detached mount trees by the supervisor *before* the
+//! cell exists, so the staging tmpfs (mounted over `/tmp` of the cell's private mount
+//! namespace) cannot hide an input that lives under the host's `/tmp`. Every clone is restricted (read-only, nosuid, nodev)
+//! with `mount_setattr(AT_RECURSIVE)`, which, unlike a bind remount, also covers submounts.
+
+use crate::launcher::Stage;
+use crate::sys;
+use airlock_contract::{CellPlan, MountPlan, NetworkPlan};
+use std::fs::{self, File};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Where the new root is assembled before `pivot_root`.
+const STAGING: &str = "/tmp";
+const DEVICE_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// Host `/etc` entries a cell may see: the loader cache, `alternatives` symlinks many
+/// `/usr/bin` commands point through, CA certificates and the time zone. Nothing else.
+const HOST_ETC_ENTRIES: &[&str] = &["ld.so.cache", "alternatives", "ssl/certs", "localtime"];
+/// Docker's masked `/proc` paths (files get /dev/null, directories an empty read-only tmpfs).
+const PROC_MASKED: &[&str] = &[
+    "acpi",
+    "asound",
+    "interrupts",
+    "kcore",
+    "keys",
+    "latency_stats",
+    "sched_debug",
+    "scsi",
+    "timer_list",
+    "timer_stats",
+];
+const PROC_READONLY: &[&str] = &["bus", "fs", "irq", "sys", "sysrq-trigger"];
+
+enum Source {
+    Tree { fd: OwnedFd, is_dir: bool },
+    Symlink(PathBuf),
+    Tmpfs { size_bytes: u64 },
+}
+
+/// A mount source opened by the supervisor, waiting to be placed at `target` in the cell.
+pub struct Prepared {
+    target: PathBuf,
+    source: Source,
+}
+
+fn staged(target: &Path) -> PathBuf {
+    Path::new(STAGING).join(target.strip_prefix("/").unwrap_or(target))
+}
+
+fn open_path(path: &Path, follow: bool) -> std::io::Result<File> {
+    let mut flags = libc::O_PATH | libc::O_CLOEXEC;
+    if !follow {
+        flags |= libc::O_NOFOLLOW;
+    }
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+}
+
+/// Clones the mount tree at `path` and restricts it with `attrs`.
+fn restricted_clone(path: &Path, attrs: u64, follow: bool) -> Result<Source, Stage> {
+    let file = open_path(path, follow).map_err(|e| Stage::io("rootfs.open_source", path, e))?;
+    let is_dir = file
+        .metadata()
+        .map_err(|e| Stage::io("rootfs.stat_source", path, e))?
+        .is_dir();
+    let fd =
+        sys::clone_mount_tree(file.as_fd()).map_err(|e| Stage::io("rootfs.clone_tree", path, e))?;
+    sys::set_mount_attributes(fd.as_fd(), attrs, true)
+        .map_err(|e| Stage::io("rootfs.restrict_tree", path, e))?;
+    Ok(Source::Tree { fd, is_dir })
+}
+
+fn mirror_or_clone(
+    host: &Path,
+    target: &Path,
+    attrs: u64,
+    optional: bool,
+) -> Result<Option<Prepared>, Stage> {
+    let meta = match fs::symlink_metadata(host) {
+        Ok(m) => m,
+        Err(e) if optional && e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Stage::io("rootfs.host_path", host, e)),
+    };
+    let source = if meta.file_type().is_symlink() {
+        Source::Symlink(fs::read_link(host).map_err(|e| Stage::io("rootfs.readlink", host, e))?)
+    } else {
+        restricted_clone(host, attrs, false)?
+    };
+    Ok(Some(Prepared {
+        target: target.to_path_buf(),
+        source,
+    }))
+}
+
+const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+
+/// Opens and clones every source of the plan. Runs in the supervisor, before `clone`: as
+/// the invoking user it can reach inputs under private directories (a root-owned 0700
+/// temp dir, say) that the cell's unprivileged identity could not traverse, and the
+/// detached trees it creates can be attached in the cell's mount namespace.
+pub fn prepare_sources(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
+    let mut prepared = Vec::new();
+    for mount in &plan.mounts {
+        match mount {
+            MountPlan::HostSystem { path, optional } => {
+                prepared.extend(mirror_or_clone(path, path, RO, *optional)?);
+            }
+            MountPlan::ReadonlyInput { source, target } => {
+                // Inputs may be scripts the payload runs (`/input/convert.sh`), so they keep
+                // exec; they stay read-only, nosuid and nodev.
+                prepared.push(Prepared {
+                    target: target.clone(),
+                    source: restricted_clone(source, RO, true)?,
+                });
+            }
+            MountPlan::WritableTmpfs { target, size_bytes } => {
+                prepared.push(Prepared {
+                    target: target.clone(),
+                    source: Source::Tmpfs {
+                        size_bytes: *size_bytes,
+                    },
+                });
+            }
+        }
+    }
+    for entry in HOST_ETC_ENTRIES {
+        let host = Path::new("/etc").join(entry);
+        prepared.extend(mirror_or_clone(
+            &host,
+            &host,
+            RO | sys::MOUNT_ATTR_NOEXEC,
+            true,
+        )?);
+    }
+    for node in DEVICE_NODES {
+        let host = Path::new("/dev").join(node);
+        // Device nodes must not be nodev, and read-only would not stop writes to them
+        // anyway; nosuid+noexec is what applies.
+        let source = restricted_clone(
+            &host,
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+            false,
+        )?;
+        prepared.push(Prepared {
+            target: host,
+            source,
+        });
+    }
+    Ok(prepared)
+}
+
+fn mkdirs(path: &Path) -> Result<(), Stage> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(path)
+        .map_err(|e| Stage::io("rootfs.mkdir", path, e))
+}
+
+fn mount_tmpfs(
+    target: &Path,
+    size_bytes: u64,
+    mode: &str,
+    flags: libc::c_ulong,
+) -> Result<(), Stage> {
+    let options = std::ffi::CString::new(format!("size={size_bytes},mode={mode}")).expect("no NUL");
+    sys::mount(
+        Some(Path::new("tmpfs")),
+        target,
+        Some(c"tmpfs"),
+        flags,
+        Some(&options),
+    )
+    .map_err(|e| Stage::io("rootfs.mount_tmpfs", target, e))
+}
+
+fn place(item: Prepared) -> Result<(), Stage> {
+    let at = staged(&item.target);
+    if let Some(parent) = at.parent() {
+        mkdirs(parent)?;
+    }
+    match item.source {
+        Source::Symlink(link) => {
+            symlink(&link, &at).map_err(|e| Stage::io("rootfs.symlink", &at, e))
+        }
+        Source::Tree { fd, is_dir } => {
+            if is_dir {
+                mkdirs(&at)?;
+            } else {
+                File::create(&at).map_err(|e| Stage::io("rootfs.mountpoint", &at, e))?;
+            }
+            sys::attach_mount(fd.as_fd(), &at).map_err(|e| Stage::io("rootfs.attach", &at, e))
+        }
+        Source::Tmpfs { size_bytes } => {
+            mkdirs(&at)?;
+            // Writable paths are noexec: code the payload writes cannot be executed directly.
+            mount_tmpfs(
+                &at,
+                size_bytes,
+                "0755",
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            )
+        }
+    }
+}
+
+fn write_text(path: &Path, text: &str) -> Result<(), Stage> {
+    fs::write(path, text).map_err(|e| Stage::io("rootfs.write_etc", path, e))
+}
+
+/// The generated `/etc`: just enough for name lookups of the cell user and `localhost`.
+fn write_etc(plan: &CellPlan) -> Result<(), Stage> {
+    let etc = staged(Path::new("/etc"));
+    mkdirs(&etc)?;
+    let (uid, gid) = (plan.identity.uid, plan.identity.gid);
+    let home = plan.workdir.display();
+    write_text(&etc.join("passwd"), &format!("cell:x:{uid}:{gid}:airlock cell:{home}:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"))?;
+    write_text(
+        &etc.join("group"),
+        &format!("cell:x:{gid}:\nnogroup:x:65534:\n"),
+    )?;
+    write_text(
+        &etc.join("hosts"),
+        &format!(
+            "127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{}\n",
+            plan.hostname
+        ),
+    )?;
+    write_text(&etc.join("hostname"), &format!("{}\n", plan.hostname))?;
+    // No resolv.conf: the cell has no DNS; names are resolved by the egress proxy.
+    write_text(
+        &etc.join("nsswitch.conf"),
+        "passwd: files\ngroup: files\nshadow: files\nhosts: files\n",
+    )?;
+    Ok(())
+}
+
+fn build_dev() -> Result<(), Stage> {
+    let dev = staged(Path::new("/dev"));
+    mkdirs(&dev)?;
+    mount_tmpfs(&dev, 64 * 1024, "0755", libc::MS_NOSUID | libc::MS_NOEXEC)?;
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ] {
+        symlink(target, dev.join(name))
+            .map_err(|e| Stage::io("rootfs.dev_symlink", &dev.join(name), e))?;
+    }
+    let pts = dev.join("pts");
+    mkdirs(&pts)?;
+    sys::mount(
+        Some(Path::new("devpts")),
+        &pts,
+        Some(c"devpts"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some(c"newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .map_err(|e| Stage::io("rootfs.devpts", &pts, e))?;
+    let shm = dev.join("shm");
+    mkdirs(&shm)?;
+    mount_tmpfs(
+        &shm,
+        16 << 20,
+        "1777",
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+    )
+}
+
+fn build_proc() -> Result<(), Stage> {
+    let proc_dir = staged(Path::new("/proc"));
+    mkdirs(&proc_dir)?;
+    let hidden = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    sys::mount(
+        Some(Path::new("proc")),
+        &proc_dir,
+        Some(c"proc"),
+        hidden,
+        None,
+    )
+    .map_err(|e| Stage::io("rootfs.proc", &proc_dir, e))?;
+    let dev_null = staged(Path::new("/dev/null"));
+    for name in PROC_MASKED {
+        let path = proc_dir.join(name);
+        let Ok(meta) = fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let result = if meta.is_dir() {
+            mount_tmpfs(&path, 4096, "0555", hidden | libc::MS_RDONLY)
+        } else {
+            sys::mount(Some(&dev_null), &path, None, libc::MS_BIND, None)
+                .map_err(|e| Stage::io("rootfs.proc_mask", &path, e))
+        };
+        result?;
+    }
+    for name in PROC_READONLY {
+        let path = proc_dir.join(name);
+        if fs::symlink_metadata(&path).is_err() {
+            continue;
+        }
+        let file =
+            open_path(&path, false).map_err(|e| Stage::io("rootfs.proc_readonly", &path, e))?;
+        let tree = sys::clone_mount_tree(file.as_fd())
+            .map_err(|e| Stage::io("rootfs.proc_readonly", &path, e))?;
+        sys::set_mount_attributes(
+            tree.as_fd(),
+            sys::MOUNT_ATTR_RDONLY
+                | sys::MOUNT_ATTR_NOSUID
+                | sys::MOUNT_ATTR_NODEV
+                | sys::MOUNT_ATTR_NOEXEC,
+            true,
+        )
+        .map_err(|e| Stage::io("rootfs.proc_readonly", &path, e))?;
+        sys::attach_mount(tree.as_fd(), &path)
+            .map_err(|e| Stage::io("rootfs.proc_readonly", &path, e))?;
+    }
+    Ok(())
+}
+
+/// Assembles the root and pivots into it. On return `/` is the cell's root, the host's
+/// tree is detached and the working directory is the plan's `workdir`.
+pub fn build(plan: &CellPlan, prepared: Vec<Prepared>) -> Result<(), Stage> {
+    // Nothing we mount may propagate back to the host, and host mounts must not appear later.
+    sys::mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )
+    .map_err(|e| Stage::io("rootfs.make_private", Path::new("/"), e))?;
+    let staging = Path::new(STAGING);
+    mount_tmpfs(
+        staging,
+        plan.rootfs.size_bytes,
+        "0755",
+        libc::MS_NOSUID | libc::MS_NODEV,
+    )?;
+    // /dev first: the device nodes among `prepared` are placed on its tmpfs.
+    build_dev()?;
+    for item in prepared {
+        place(item)?;
+    }
+    write_etc(plan)?;
+    build_proc()?;
+    if matches!(plan.network, NetworkPlan::Allowlist { .. }) {
+        // Placeholder so that tools which read resolv.conf fail fast instead of timing out.
+        write_text(
+            &staged(Path::new("/etc/resolv.conf")),
+            "# names are resolved by the airlock egress proxy\n",
+        )?;
+    }
+    std::env::set_current_dir(staging)
+        .map_err(|e| Stage::io("rootfs.chdir_staging", staging, e))?;
+    sys::pivot_root_to_cwd().map_err(|e| Stage::io("rootfs.pivot_root", staging, e))?;
+    // The old root now sits on top of the new one; detaching it removes every host path.
+    sys::umount_detach(Path::new("."))
+        .map_err(|e| Stage::io("rootfs.detach_old_root", Path::new("/"), e))?;
+    std::env::set_current_dir("/")
+        .map_err(|e| Stage::io("rootfs.chdir_root", Path::new("/"), e))?;
+    if plan.rootfs.readonly {
+        let root = open_path(Path::new("/"), true)
+            .map_err(|e| Stage::io("rootfs.readonly_root", Path::new("/"), e))?;
+        sys::set_mount_attributes(
+            root.as_fd(),
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            false,
+        )
+        .map_err(|e| Stage::io("rootfs.readonly_root", Path::new("/"), e))?;
+    }
+    std::env::set_current_dir(&plan.workdir)
+        .map_err(|e| Stage::io("rootfs.chdir_workdir", &plan.workdir, e))?;
+    // Verify we really are where the plan says (no symlink detour).
+    let cwd =
+        std::env::current_dir().map_err(|e| Stage::io("rootfs.verify_cwd", &plan.workdir, e))?;
+    if cwd != plan.workdir {
+        return Err(Stage::new(
+            "rootfs.verify_cwd",
+            format!(
+                "working directory is {} instead of {}",
+                cwd.display(),
+                plan.workdir.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Writable mounts with no free blocks or inodes left (the `disk` ceiling).
+pub fn full_writable_mounts(plan: &CellPlan) -> Vec<String> {
+    plan.mounts
+        .iter()
+        .filter_map(|m| match m {
+            MountPlan::WritableTmpfs { target, .. } => Some(target),
+            _ => None,
+        })
+        .filter(|target| matches!(sys::statfs_free(target), Ok((0, _)) | Ok((_, 0))))
+        .map(|t| t.display().to_string())
+        .collect()
+}

@@ -1,0 +1,696 @@
+//! The trusted side of a run: prepares everything a cell needs, clones it, releases it,
+//! streams its output, enforces the deadline from outside, collects artifacts, destroys it
+//! and derives the result. Single-threaded and poll-driven: the cell is cloned from this
+//! process, which must not have other threads at that moment.
+
+use crate::artifacts::{self, ArtifactRequest};
+use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout};
+use crate::error::CellError;
+use crate::launcher::{self, ChildSetup, Stage};
+use crate::output::{OutputCapture, Stream};
+use crate::protocol::{self, LaunchFailure, PayloadEnded};
+use crate::report::{Ceiling, CleanupReport, ExitInfo, ResultClass, RunReport, Timings, Usage};
+use crate::{rootfs, seccomp, sys};
+use airlock_contract::{CellPlan, SeccompPlan};
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// Time between SIGTERM at the deadline and SIGKILL of the whole cell.
+pub const TERM_GRACE: Duration = Duration::from_millis(1000);
+/// Host ids of cell identities when airlock runs as root: cell uid N is host uid
+/// `HOST_ID_BASE + N`, far away from real users and never 0.
+pub const HOST_ID_BASE: u32 = 1_000_000_000;
+/// Longest we wait for the cell's pipes to close after its pid 1 is gone.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The egress proxy, started once the cell hands over its listeners.
+pub trait EgressSession {
+    /// Takes the listening sockets (HTTP proxy, SOCKS5) bound inside the cell's netns.
+    fn start(&mut self, http: OwnedFd, socks: OwnedFd) -> Result<(), String>;
+    /// Stops the proxy; returns its connection records and how many were denied.
+    fn finish(&mut self) -> (serde_json::Value, usize);
+}
+
+pub struct RunOptions<'a> {
+    pub run_id: &'a str,
+    /// When the run started (the CLI passes its own start so startup covers everything).
+    pub started: Instant,
+    pub egress: Option<&'a mut dyn EgressSession>,
+    pub artifacts: Option<ArtifactRequest>,
+    /// Forward the payload's output to our stdout/stderr as it arrives.
+    pub stream_output: bool,
+}
+
+/// Values taken from the supervisor's environment for the plan's credentials.
+pub fn credential_env(plan: &CellPlan) -> Result<Vec<(String, String)>, CellError> {
+    plan.credentials
+        .iter()
+        .map(|c| match std::env::var(&c.from_env) {
+            Ok(value) => Ok((c.env.clone(), value)),
+            Err(_) => Err(CellError::MissingCredential {
+                name: c.name.clone(),
+                from_env: c.from_env.clone(),
+            }),
+        })
+        .collect()
+}
+
+fn cell_environment(plan: &CellPlan, credentials: &[(String, String)]) -> Vec<CString> {
+    plan.env
+        .iter()
+        .map(|v| (v.name.as_str(), v.value.as_str()))
+        .chain(credentials.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+        .filter_map(|(n, v)| CString::new(format!("{n}={v}")).ok())
+        .collect()
+}
+
+fn seccomp_program(plan: &CellPlan) -> Result<Vec<libc::sock_filter>, CellError> {
+    let policy = match &plan.seccomp {
+        SeccompPlan::Default => seccomp::default_policy(),
+        SeccompPlan::DockerJson { path } => {
+            let json = std::fs::read_to_string(path)
+                .map_err(|e| CellError::io(format!("seccomp profile {}", path.display()), e))?;
+            seccomp::policy_from_docker_json(&json)?
+        }
+    };
+    Ok(seccomp::compile(&policy)?)
+}
+
+fn launch_error(stage: Stage) -> CellError {
+    if stage.unavailable {
+        CellError::Unavailable {
+            control: "kernel",
+            reason: format!("{}: {}", stage.name, stage.message),
+        }
+    } else {
+        CellError::Launch {
+            stage: stage.name,
+            message: stage.message,
+        }
+    }
+}
+
+/// Writes the user namespace maps of the child: the cell identity maps to one host id,
+/// which is never root.
+fn write_id_maps(pid: libc::pid_t, plan: &CellPlan) -> Result<(), CellError> {
+    let (host_uid, host_gid) = if sys::geteuid() == 0 {
+        (
+            HOST_ID_BASE + plan.identity.uid,
+            HOST_ID_BASE + plan.identity.gid,
+        )
+    } else {
+        (sys::geteuid(), sys::getegid())
+    };
+    let write = |file: &str, text: String| {
+        std::fs::write(format!("/proc/{pid}/{file}"), text)
+            .map_err(|e| CellError::io(format!("writing {file} of the cell"), e))
+    };
+    write("setgroups", "deny".into())?;
+    write("uid_map", format!("{} {host_uid} 1\n", plan.identity.uid))?;
+    write("gid_map", format!("{} {host_gid} 1\n", plan.identity.gid))
+}
+
+struct Pipes {
+    stdout_read: OwnedFd,
+    stdout_write: OwnedFd,
+    stderr_read: OwnedFd,
+    stderr_write: OwnedFd,
+    notify_read: OwnedFd,
+    notify_write: OwnedFd,
+    sync_parent: OwnedFd,
+    sync_child: OwnedFd,
+    stdin: OwnedFd,
+}
+
+fn open_pipes() -> Result<Pipes, CellError> {
+    let pipe = || sys::pipe_cloexec().map_err(|e| CellError::io("pipe", e));
+    let (stdout_read, stdout_write) = pipe()?;
+    let (stderr_read, stderr_write) = pipe()?;
+    let (notify_read, notify_write) = pipe()?;
+    let (sync_parent, sync_child) =
+        sys::seqpacket_pair().map_err(|e| CellError::io("socketpair", e))?;
+    // A terminal on stdin would give the cell a handle to the caller's tty; only pipes and
+    // files are passed through.
+    let stdin = if sys::isatty(0) {
+        File::open("/dev/null")
+            .map_err(|e| CellError::io("/dev/null", e))?
+            .into()
+    } else {
+        std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| CellError::io("stdin", e))?
+    };
+    Ok(Pipes {
+        stdout_read,
+        stdout_write,
+        stderr_read,
+        stderr_write,
+        notify_read,
+        notify_write,
+        sync_parent,
+        sync_child,
+        stdin,
+    })
+}
+
+const CELL_NAMESPACES: libc::c_ulong = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS) as libc::c_ulong;
+
+/// What happened while the cell ran.
+#[derive(Default)]
+struct Observed {
+    exec_done_at: Option<Instant>,
+    exec_error: Option<String>,
+    launch_failure: Option<LaunchFailure>,
+    ended: Option<PayloadEnded>,
+    deadline_fired: bool,
+    pid1_status: Option<i32>,
+    rusage: Option<libc::rusage>,
+    egress_error: Option<String>,
+    artifacts: serde_json::Value,
+}
+
+/// Runs `plan` in a fresh cell. Never panics on cell failures: every outcome, including
+/// airlock's own errors, becomes a [`RunReport`].
+pub fn run_cell(plan: &CellPlan, mut options: RunOptions<'_>) -> RunReport {
+    match start_and_supervise(plan, &mut options) {
+        Ok(report) => report,
+        Err(err) => {
+            let mut report = RunReport::refused(
+                options.run_id,
+                ResultClass::from_error_class(err.class()),
+                err.to_string(),
+            );
+            report.timings.wall_ms = ms_since(options.started);
+            report
+        }
+    }
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+fn start_and_supervise(
+    plan: &CellPlan,
+    options: &mut RunOptions<'_>,
+) -> Result<RunReport, CellError> {
+    let threads = sys::thread_count().map_err(|e| CellError::io("/proc/self/stat", e))?;
+    if threads != 1 {
+        return Err(CellError::NotSingleThreaded(threads));
+    }
+    let layout = CgroupLayout::detect()?;
+    if crate::landlock_policy::kernel_abi() < crate::landlock_policy::REQUIRED_ABI as i64 {
+        return Err(CellError::Unavailable {
+            control: "landlock",
+            reason: format!(
+                "kernel offers Landlock ABI {}, the cell needs ABI {} (Linux 6.12)",
+                crate::landlock_policy::kernel_abi(),
+                crate::landlock_policy::REQUIRED_ABI as i64
+            ),
+        });
+    }
+    let program = seccomp_program(plan)?;
+    let credentials = credential_env(plan)?;
+    let env = cell_environment(plan, &credentials);
+    let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
+    let cgroup = CellCgroup::create(&layout, &cgroup_name(options.run_id), &plan.limits)?;
+    let result = clone_and_supervise(plan, options, &cgroup, mounts, &program, &env);
+    // Whatever happened, nothing of the cell may outlive this function.
+    let teardown_started = Instant::now();
+    let _ = cgroup.kill_all();
+    let emptied = cgroup.wait_empty(Duration::from_secs(5));
+    let usage_counters = cgroup.usage();
+    let mut leftovers: Vec<String> = Vec::new();
+    if !emptied {
+        leftovers.extend(cgroup.pids().iter().map(|p| format!("process {p}")));
+    }
+    leftovers.extend(
+        cgroup
+            .destroy()
+            .into_iter()
+            .map(|d| format!("cgroup {}", d.display())),
+    );
+    let (observed, output) = result?;
+    let egress = match options.egress.as_mut() {
+        Some(session) => Some(session.finish()),
+        None => None,
+    };
+    let mut report = classify(plan, options, observed, output, usage_counters, egress);
+    report.cgroup_version = Some(layout.version());
+    report.cleanup = CleanupReport {
+        ok: leftovers.is_empty(),
+        leftovers,
+    };
+    report.timings.teardown_ms = ms_since(teardown_started);
+    report.timings.wall_ms = ms_since(options.started);
+    Ok(report)
+}
+
+fn clone_and_supervise(
+    plan: &CellPlan,
+    options: &mut RunOptions<'_>,
+    cgroup: &CellCgroup,
+    mounts: Vec<rootfs::Prepared>,
+    program: &[libc::sock_filter],
+    env: &[CString],
+) -> Result<(Observed, OutputCapture), CellError> {
+    let pipes = open_pipes()?;
+    if sys::geteuid() == 0 {
+        // Supplementary groups survive into the user namespace and cannot be dropped there.
+        sys::clear_supplementary_groups().map_err(|e| CellError::io("setgroups", e))?;
+    }
+    let has_artifacts = options.artifacts.is_some() && !plan.output_allowlist.is_empty();
+    let (pid, pidfd) = match sys::clone_cell(CELL_NAMESPACES) {
+        Ok(sys::CloneOutcome::Child) => {
+            drop(pipes.stdout_read);
+            drop(pipes.stderr_read);
+            drop(pipes.notify_read);
+            drop(pipes.sync_parent);
+            launcher::run(ChildSetup {
+                plan,
+                env,
+                seccomp_program: program,
+                sync: pipes.sync_child,
+                exec_notify: pipes.notify_write,
+                stdin: pipes.stdin,
+                stdout: pipes.stdout_write,
+                stderr: pipes.stderr_write,
+                has_artifacts,
+                mounts,
+            })
+        }
+        Ok(sys::CloneOutcome::Parent { pid, pidfd }) => (pid, pidfd),
+        Err(e) => return Err(CellError::Unavailable {
+            control: "namespaces",
+            reason: format!(
+                "clone of a cell with user, mount, pid, net, ipc and uts namespaces failed: {e}"
+            ),
+        }),
+    };
+    drop(mounts);
+    let Pipes {
+        stdout_read,
+        stderr_read,
+        notify_read,
+        sync_parent,
+        stdout_write,
+        stderr_write,
+        notify_write,
+        sync_child,
+        stdin,
+    } = pipes;
+    // The cell's ends must close here, or the pipes would never report EOF.
+    drop((stdout_write, stderr_write, notify_write, sync_child, stdin));
+    let released = write_id_maps(pid, plan)
+        .and_then(|_| cgroup.add_process(pid))
+        .and_then(|_| {
+            sys::send_with_fds(sync_parent.as_fd(), &[protocol::GO], &[])
+                .map_err(|e| CellError::io("releasing the cell", e))
+        });
+    if let Err(err) = released {
+        let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+        let _ = sys::wait_child(pid, false);
+        return Err(err);
+    }
+    let released_at = Instant::now();
+    let mut supervision = Supervision {
+        plan,
+        pid,
+        pidfd,
+        sync: sync_parent,
+        notify: Some(notify_read),
+        stdout: Some(stdout_read),
+        stderr: Some(stderr_read),
+        output: OutputCapture::new(plan.limits.output_bytes),
+        observed: Observed::default(),
+        deadline: released_at + Duration::from_millis(plan.limits.wall_time_ms),
+        term_sent_at: None,
+        stream_output: options.stream_output,
+        cgroup,
+    };
+    supervision.run(options)?;
+    Ok((supervision.observed, supervision.output))
+}
+
+struct Supervision<'a> {
+    plan: &'a CellPlan,
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    sync: OwnedFd,
+    notify: Option<OwnedFd>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+    output: OutputCapture,
+    observed: Observed,
+    deadline: Instant,
+    term_sent_at: Option<Instant>,
+    stream_output: bool,
+    cgroup: &'a CellCgroup,
+}
+
+fn raw(fd: &Option<OwnedFd>) -> i32 {
+    fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+}
+
+impl Supervision<'_> {
+    fn run(&mut self, options: &mut RunOptions<'_>) -> Result<(), CellError> {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let timeout = self.next_timeout();
+            let mut fds = [
+                libc::pollfd {
+                    fd: raw(&self.stdout),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: raw(&self.stderr),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: raw(&self.notify),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.sync.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.pidfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            sys::poll(&mut fds, timeout).map_err(|e| CellError::io("poll", e))?;
+            let ready =
+                |i: usize| fds[i].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0;
+            if ready(0) {
+                self.pump(Stream::Stdout, &mut buf);
+            }
+            if ready(1) {
+                self.pump(Stream::Stderr, &mut buf);
+            }
+            if ready(2) {
+                self.read_exec_notification(options.started);
+            }
+            if ready(3) {
+                self.read_message(options)?;
+            }
+            if ready(4) {
+                // pid 1 is gone, and with it every process of the pid namespace.
+                if let Ok(Some(reaped)) = sys::wait_child(self.pid, false) {
+                    self.observed.pid1_status = Some(reaped.status);
+                    self.observed.rusage = Some(reaped.usage);
+                }
+                self.drain(&mut buf);
+                return Ok(());
+            }
+            self.enforce_deadline();
+        }
+    }
+
+    fn next_timeout(&self) -> i32 {
+        let now = Instant::now();
+        let next = match self.term_sent_at {
+            None => self.deadline,
+            Some(sent) => sent + TERM_GRACE,
+        };
+        next.saturating_duration_since(now)
+            .as_millis()
+            .min(i32::MAX as u128) as i32
+    }
+
+    fn enforce_deadline(&mut self) {
+        let now = Instant::now();
+        match self.term_sent_at {
+            None if now >= self.deadline => {
+                self.observed.deadline_fired = true;
+                self.term_sent_at = Some(now);
+                // pid 1 ignores SIGTERM from outside its namespace; the payload and its
+                // children get the chance to finish cleanly.
+                self.cgroup.signal_all(libc::SIGTERM);
+            }
+            Some(sent) if now >= sent + TERM_GRACE => {
+                // Killing pid 1 kills the whole pid namespace; the cgroup kill catches
+                // anything in between.
+                let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+                let _ = self.cgroup.kill_all();
+                self.term_sent_at = Some(now + Duration::from_secs(3600));
+            }
+            _ => {}
+        }
+    }
+
+    /// Reads one chunk of a stream; closes it at EOF.
+    fn pump(&mut self, stream: Stream, buf: &mut [u8]) -> bool {
+        let slot = match stream {
+            Stream::Stdout => &mut self.stdout,
+            Stream::Stderr => &mut self.stderr,
+        };
+        let Some(fd) = slot.as_ref() else {
+            return false;
+        };
+        match sys::read(fd.as_fd(), buf) {
+            Ok(0) | Err(_) => {
+                *slot = None;
+                false
+            }
+            Ok(n) => {
+                let is_stdout = matches!(stream, Stream::Stdout);
+                let forward = self.output.accept(stream, &buf[..n]);
+                if self.stream_output && !forward.is_empty() {
+                    let _ = if is_stdout {
+                        std::io::stdout()
+                            .write_all(forward)
+                            .and_then(|_| std::io::stdout().flush())
+                    } else {
+                        std::io::stderr().write_all(forward)
+                    };
+                }
+                true
+            }
+        }
+    }
+
+    /// After pid 1 exited: read what is left in the pipes, bounded in time.
+    fn drain(&mut self, buf: &mut [u8]) {
+        let until = Instant::now() + DRAIN_TIMEOUT;
+        while self.stdout.is_some() || self.stderr.is_some() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let mut fds = [
+                libc::pollfd {
+                    fd: raw(&self.stdout),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: raw(&self.stderr),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            if sys::poll(&mut fds, left.as_millis() as i32).unwrap_or(0) == 0 {
+                continue;
+            }
+            if fds[0].revents != 0 {
+                self.pump(Stream::Stdout, buf);
+            }
+            if fds[1].revents != 0 {
+                self.pump(Stream::Stderr, buf);
+            }
+        }
+        if self.notify.is_some() {
+            self.read_exec_notification(Instant::now());
+        }
+    }
+
+    fn read_exec_notification(&mut self, started: Instant) {
+        let Some(fd) = self.notify.take() else { return };
+        let mut text = [0u8; 512];
+        match sys::read(fd.as_fd(), &mut text) {
+            // EOF: the payload's exec closed the last write end.
+            Ok(0) => {
+                if self.observed.launch_failure.is_none()
+                    && self.observed.ended.as_ref().is_none_or(|_| true)
+                {
+                    self.observed.exec_done_at = Some(Instant::now());
+                }
+                let _ = started;
+            }
+            Ok(n) => {
+                self.observed.exec_error = Some(String::from_utf8_lossy(&text[..n]).into_owned())
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn read_message(&mut self, options: &mut RunOptions<'_>) -> Result<(), CellError> {
+        let mut buf = vec![0u8; 64 * 1024];
+        let (n, mut fds) = match sys::recv_with_fds(self.sync.as_fd(), &mut buf, 2) {
+            Ok(r) => r,
+            Err(_) => return Ok(()),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let body = &buf[1..n];
+        match buf[0] {
+            protocol::FAILED => {
+                self.observed.launch_failure = serde_json::from_slice(body).ok();
+            }
+            protocol::LISTENERS if fds.len() == 2 => {
+                let socks = fds.pop().expect("two fds");
+                let http = fds.pop().expect("two fds");
+                let started = match options.egress.as_mut() {
+                    Some(session) => session.start(http, socks),
+                    None => Err("the plan allows egress but no proxy was configured".to_string()),
+                };
+                if let Err(err) = started {
+                    // Fail closed: no proxy means the cell must not run at all.
+                    self.observed.egress_error = Some(err);
+                    let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+                }
+            }
+            protocol::ENDED => {
+                self.observed.ended = serde_json::from_slice(body).ok();
+                if let Some(request) = options
+                    .artifacts
+                    .as_ref()
+                    .filter(|_| !self.plan.output_allowlist.is_empty())
+                {
+                    self.observed.artifacts = artifacts::collect(self.pid, self.plan, request);
+                    let _ = sys::send_with_fds(self.sync.as_fd(), &[protocol::COLLECTED], &[]);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Picks the one class of the run from what was observed. Order matters: a run that hit
+/// the deadline is a wall-time run even if it also filled its disk.
+fn classify(
+    plan: &CellPlan,
+    options: &RunOptions<'_>,
+    observed: Observed,
+    output: OutputCapture,
+    counters: crate::cgroup::CgroupUsage,
+    egress: Option<(serde_json::Value, usize)>,
+) -> RunReport {
+    let usage = Usage::from_parts(observed.rusage.as_ref(), counters);
+    let startup_ms = observed
+        .exec_done_at
+        .map_or(0.0, |t| (t - options.started).as_secs_f64() * 1000.0);
+    let (egress_records, egress_denials) = egress.unwrap_or((serde_json::Value::Null, 0));
+    let wait_status = observed.ended.as_ref().map(|e| e.wait_status);
+    let exit = match wait_status {
+        Some(s) if libc::WIFEXITED(s) => ExitInfo {
+            code: Some(libc::WEXITSTATUS(s)),
+            signal: None,
+        },
+        Some(s) if libc::WIFSIGNALED(s) => ExitInfo {
+            code: None,
+            signal: Some(libc::WTERMSIG(s)),
+        },
+        _ => ExitInfo::default(),
+    };
+    let payload_code = exit
+        .code
+        .unwrap_or_else(|| exit.signal.map_or(137, |s| 128 + s));
+    let mut error = None;
+    let (status, limit, exit_code) = if let Some(failure) = &observed.launch_failure {
+        error = Some(format!(
+            "cell setup failed at {}: {}",
+            failure.stage, failure.message
+        ));
+        let class = if failure.unavailable {
+            ResultClass::SandboxUnavailable
+        } else {
+            ResultClass::RuntimeFault
+        };
+        (class, None, 125)
+    } else if let Some(err) = &observed.egress_error {
+        error = Some(format!("egress proxy could not start: {err}"));
+        (ResultClass::RuntimeFault, None, 125)
+    } else if observed.deadline_fired {
+        (ResultClass::CapacityExceeded, Some(Ceiling::WallTime), 124)
+    } else if usage.oom_kills > 0 {
+        (ResultClass::CapacityExceeded, Some(Ceiling::Memory), 137)
+    } else if let Some(text) = &observed.exec_error {
+        error = Some(text.clone());
+        let code = text
+            .split_whitespace()
+            .next()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(126);
+        (ResultClass::TaskError, None, code)
+    } else if exit.signal == Some(libc::SIGSYS) {
+        // Only a foreign-architecture or x32 system call is killed by the filter.
+        error = Some("the payload was killed by seccomp for a system call of a foreign ABI".into());
+        (ResultClass::SuspectedEscape, None, payload_code)
+    } else if wait_status.is_none() {
+        error = Some("the cell ended without reporting the payload's status".into());
+        (ResultClass::RuntimeFault, None, 125)
+    } else if usage.pids_limit_hits > 0 {
+        (ResultClass::CapacityExceeded, Some(Ceiling::Pids), 137)
+    } else if payload_code != 0
+        && !observed
+            .ended
+            .as_ref()
+            .is_none_or(|e| e.full_mounts.is_empty())
+    {
+        (
+            ResultClass::CapacityExceeded,
+            Some(Ceiling::Disk),
+            payload_code,
+        )
+    } else if output.truncated {
+        (
+            ResultClass::CapacityExceeded,
+            Some(Ceiling::OutputBytes),
+            payload_code,
+        )
+    } else if payload_code != 0 && egress_denials > 0 {
+        (ResultClass::PolicyDenied, None, payload_code)
+    } else if payload_code == 0 {
+        (ResultClass::Ok, None, 0)
+    } else {
+        (ResultClass::TaskError, None, payload_code)
+    };
+    let _ = plan;
+    RunReport {
+        run_id: options.run_id.to_string(),
+        status,
+        exit,
+        limit_fired: limit,
+        error,
+        exit_code,
+        timings: Timings {
+            startup_ms,
+            wall_ms: 0.0,
+            teardown_ms: 0.0,
+        },
+        usage,
+        output: Some(output),
+        cgroup_version: None,
+        egress: egress_records,
+        artifacts: observed.artifacts,
+        cleanup: CleanupReport::default(),
+    }
+}

@@ -1,0 +1,663 @@
+//! Thin wrappers over the Linux system calls the cell needs. This is the only module of
+//! airlock with `unsafe` code; every block states the precondition it relies on.
+//!
+//! Wrappers return `io::Result` with the raw errno; callers add context.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+fn cstring(path: &Path) -> io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn check_long(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Result of [`clone_cell`] as seen by each side.
+pub enum CloneOutcome {
+    Parent { pid: libc::pid_t, pidfd: OwnedFd },
+    Child,
+}
+
+/// `clone(2)` with fork semantics (no shared memory, child runs on a copy of our stack)
+/// plus `flags` (namespaces) and a pidfd for the parent.
+///
+/// The caller must be single-threaded: the child is a copy of this one thread, and any
+/// lock held by another thread (malloc, stdio) would stay locked forever in the child.
+pub fn clone_cell(namespace_flags: libc::c_ulong) -> io::Result<CloneOutcome> {
+    let mut pidfd: libc::c_int = -1;
+    let flags =
+        namespace_flags | libc::CLONE_PIDFD as libc::c_ulong | libc::SIGCHLD as libc::c_ulong;
+    // SAFETY: raw clone with a null stack pointer duplicates the calling thread like fork();
+    // `pidfd` is a valid out-pointer for CLONE_PIDFD (x86_64 argument order: flags, stack,
+    // parent_tid, child_tid, tls). The caller guarantees the process is single-threaded
+    // (checked by `assert_single_threaded` on the run path).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            std::ptr::null_mut::<libc::c_void>(),
+            &mut pidfd as *mut libc::c_int,
+            std::ptr::null_mut::<libc::c_void>(),
+            0usize,
+        )
+    };
+    let pid = check_long(ret)?;
+    if pid == 0 {
+        Ok(CloneOutcome::Child)
+    } else {
+        // SAFETY: the kernel stored a fresh pidfd that nothing else owns.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+        Ok(CloneOutcome::Parent {
+            pid: pid as libc::pid_t,
+            pidfd,
+        })
+    }
+}
+
+/// Plain fork for the payload inside the cell (pid 1 stays behind as the reaper).
+pub fn fork_process() -> io::Result<libc::pid_t> {
+    // SAFETY: the cell's pid 1 is single-threaded (it is a clone of the single-threaded
+    // supervisor), so the child inherits no lock held by another thread.
+    check(unsafe { libc::fork() })
+}
+
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: unshare takes only an integer.
+    check(unsafe { libc::unshare(flags) }).map(drop)
+}
+
+pub fn mount(
+    source: Option<&Path>,
+    target: &Path,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> io::Result<()> {
+    let source = source.map(cstring).transpose()?;
+    let target = cstring(target)?;
+    // SAFETY: every pointer is either null or a NUL-terminated string that outlives the call.
+    check(unsafe {
+        libc::mount(
+            source.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            target.as_ptr(),
+            fstype.map_or(std::ptr::null(), |s| s.as_ptr()),
+            flags,
+            data.map_or(std::ptr::null(), |s| s.as_ptr().cast()),
+        )
+    })
+    .map(drop)
+}
+
+pub fn umount_detach(target: &Path) -> io::Result<()> {
+    let target = cstring(target)?;
+    // SAFETY: `target` is a valid NUL-terminated string.
+    check(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
+}
+
+pub const OPEN_TREE_CLONE: libc::c_uint = 1;
+pub const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+pub const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+/// `open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)` of an already opened path: a detached copy
+/// of the mount tree at `fd`, which can be restricted and then attached elsewhere.
+pub fn clone_mount_tree(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let empty = c"";
+    // SAFETY: `fd` is a live descriptor and `empty` a valid empty C string (AT_EMPTY_PATH).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            fd.as_raw_fd(),
+            empty.as_ptr(),
+            OPEN_TREE_CLONE
+                | OPEN_TREE_CLOEXEC
+                | AT_RECURSIVE
+                | libc::AT_EMPTY_PATH as libc::c_uint,
+        )
+    };
+    let fd = check_long(ret)? as RawFd;
+    // SAFETY: open_tree returned a new descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// `mount_setattr` on the mount at `fd` (and, with `recursive`, every mount below it):
+/// unlike `MS_REMOUNT|MS_BIND` this reaches submounts too.
+pub fn set_mount_attributes(fd: BorrowedFd<'_>, attr_set: u64, recursive: bool) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= AT_RECURSIVE;
+    }
+    // SAFETY: `attr` is a properly laid out `struct mount_attr` whose size we pass; `fd` is
+    // live and the path is the empty string (AT_EMPTY_PATH).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            size_of::<MountAttr>(),
+        )
+    };
+    check_long(ret).map(drop)
+}
+
+/// Attaches the detached mount `tree` on top of `target`.
+pub fn attach_mount(tree: BorrowedFd<'_>, target: &Path) -> io::Result<()> {
+    let target = cstring(target)?;
+    // SAFETY: `tree` is a live mount fd, both strings are valid for the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    check_long(ret).map(drop)
+}
+
+/// `pivot_root(".", ".")`: the current directory becomes `/` and the old root is stacked
+/// on top of it, ready to be detached with `umount2(".", MNT_DETACH)`.
+pub fn pivot_root_to_cwd() -> io::Result<()> {
+    // SAFETY: both arguments are valid C strings.
+    let ret = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
+    check_long(ret).map(drop)
+}
+
+pub fn sethostname(name: &str) -> io::Result<()> {
+    // SAFETY: pointer and length describe `name`'s bytes.
+    check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket() takes integers only.
+    let fd =
+        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` was just created and is owned here.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads a `struct ifreq`, which `req` is.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) }).map(drop)
+}
+
+pub fn setsid() -> io::Result<()> {
+    // SAFETY: no arguments.
+    check(unsafe { libc::setsid() }).map(drop)
+}
+
+pub fn set_rlimit(resource: libc::__rlimit_resource_t, value: u64) -> io::Result<()> {
+    let limit = libc::rlimit {
+        rlim_cur: value,
+        rlim_max: value,
+    };
+    // SAFETY: `limit` is a valid rlimit struct.
+    check(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
+}
+
+pub fn set_ids(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::setresgid(gid, gid, gid) })?;
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::setresuid(uid, uid, uid) }).map(drop)
+}
+
+/// Drops every supplementary group of the calling process (must happen before the user
+/// namespace exists: inside it `setgroups` is denied).
+pub fn clear_supplementary_groups() -> io::Result<()> {
+    // SAFETY: a zero-length list with a null pointer is the documented way to clear.
+    check(unsafe { libc::setgroups(0, std::ptr::null()) }).map(drop)
+}
+
+pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
+    // SAFETY: the prctl options used by airlock take integer arguments only.
+    check(unsafe {
+        libc::prctl(
+            option,
+            arg2,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    })
+}
+
+pub fn prctl3(
+    option: libc::c_int,
+    arg2: libc::c_ulong,
+    arg3: libc::c_ulong,
+) -> io::Result<libc::c_int> {
+    // SAFETY: integer arguments only (PR_CAP_AMBIENT).
+    check(unsafe { libc::prctl(option, arg2, arg3, 0 as libc::c_ulong, 0 as libc::c_ulong) })
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Empties the effective, permitted and inheritable capability sets.
+pub fn clear_capability_sets() -> io::Result<()> {
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData::default(); 2];
+    // SAFETY: version 3 capset reads one header and two data structs, which we pass.
+    let ret =
+        unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) };
+    check_long(ret).map(drop)
+}
+
+/// Installs a classic BPF program as a seccomp filter (requires no_new_privs).
+pub fn install_seccomp_filter(program: &[libc::sock_filter]) -> io::Result<()> {
+    let prog = libc::sock_fprog {
+        len: program.len() as libc::c_ushort,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `prog` points at `program`, which lives for the duration of the call; the
+    // kernel copies the filter.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    check_long(ret).map(drop)
+}
+
+/// Marks every descriptor from 3 up close-on-exec, so only 0, 1 and 2 reach the payload
+/// while the launcher can still report an exec failure.
+pub fn cloexec_from_3() -> io::Result<()> {
+    // SAFETY: integer arguments only.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    check_long(ret).map(drop)
+}
+
+pub fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
+    // SAFETY: dup2 on integers; an invalid `from` only yields EBADF.
+    check(unsafe { libc::dup2(from, to) }).map(drop)
+}
+
+/// `execve`; only returns on failure.
+pub fn execve(path: &CStr, argv: &[CString], env: &[CString]) -> io::Error {
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    env_ptrs.push(std::ptr::null());
+    // SAFETY: both arrays are NULL-terminated and point at strings that outlive the call.
+    unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and skips atexit handlers, which must not run in a
+    // forked copy of the supervisor.
+    unsafe { libc::_exit(code) }
+}
+
+/// Raw wait status plus resource usage of one reaped child.
+pub struct Reaped {
+    pub pid: libc::pid_t,
+    pub status: libc::c_int,
+    pub usage: libc::rusage,
+}
+
+/// `wait4(pid, ..)`, retrying on EINTR. `pid = -1` waits for any child.
+pub fn wait_child(pid: libc::pid_t, nohang: bool) -> io::Result<Option<Reaped>> {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data.
+    let mut usage: libc::rusage = unsafe { zeroed() };
+    let options = if nohang { libc::WNOHANG } else { 0 } | libc::__WALL;
+    loop {
+        // SAFETY: `status` and `usage` are valid out-pointers.
+        let ret = unsafe { libc::wait4(pid, &mut status, options, &mut usage) };
+        if ret < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if ret == 0 {
+            return Ok(None);
+        }
+        return Ok(Some(Reaped {
+            pid: ret,
+            status,
+            usage,
+        }));
+    }
+}
+
+pub fn kill(pid: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::kill(pid, signal) }).map(drop)
+}
+
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: `pidfd` is live; null siginfo and zero flags are valid.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<u8>(),
+            0,
+        )
+    };
+    check_long(ret).map(drop)
+}
+
+pub fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 returned two fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    check(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: socketpair returned two fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for `buf.len()` writable bytes.
+    let ret = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for `buf.len()` readable bytes.
+    let ret = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+/// `poll(2)` on `fds`; returns the number of ready entries (0 on timeout). EINTR counts as
+/// a timeout so callers re-check their clocks.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs.
+    let ret = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if ret < 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(err);
+    }
+    Ok(ret as usize)
+}
+
+/// Sends `data` plus the descriptors `fds` (SCM_RIGHTS) as one message.
+pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let fd_bytes = std::mem::size_of_val(fds);
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
+    let mut control = vec![0u8; space.max(1)];
+    // SAFETY: msghdr is plain old data; zero is a valid initial value.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points at `space` bytes, enough for one cmsg header carrying
+        // `fds.len()` descriptors, so the first header and its data are in bounds.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(cmsg),
+                fd_bytes,
+            );
+        }
+    }
+    // SAFETY: `msg` references `iov` and `control`, both alive for the call.
+    let ret = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Receives one message and up to `max_fds` descriptors (marked close-on-exec).
+pub fn recv_with_fds(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    max_fds: usize,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let fd_bytes = max_fds * size_of::<RawFd>();
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: msghdr is plain old data; zero is a valid initial value.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: `msg` references `iov` (over `buf`) and `control`, both alive for the call.
+    let ret = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut received = Vec::new();
+    // SAFETY: walking the control buffer the kernel filled, with the libc CMSG macros,
+    // which never step outside `msg_controllen`; each SCM_RIGHTS payload holds whole fds
+    // that now belong to this process.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data_len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let count = data_len / size_of::<RawFd>();
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                for i in 0..count {
+                    received.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok((ret as usize, received))
+}
+
+/// Number of threads of the calling process, from `/proc/self/stat`.
+pub fn thread_count() -> io::Result<usize> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Field 20 (num_threads); fields after the parenthesised command name are plain.
+    let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    after_comm
+        .split_whitespace()
+        .nth(17)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "cannot parse /proc/self/stat"))
+}
+
+pub fn geteuid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+pub fn getegid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::getegid() }
+}
+
+pub fn isatty(fd: RawFd) -> bool {
+    // SAFETY: integer argument; an invalid fd just returns 0.
+    unsafe { libc::isatty(fd) == 1 }
+}
+
+/// Free blocks and inodes of the filesystem at `path`.
+pub fn statfs_free(path: &Path) -> io::Result<(u64, u64)> {
+    let path = cstring(path)?;
+    // SAFETY: statfs is plain old data.
+    let mut buf: libc::statfs = unsafe { zeroed() };
+    // SAFETY: `path` is a valid C string and `buf` a valid out-pointer.
+    check(unsafe { libc::statfs(path.as_ptr(), &mut buf) })?;
+    Ok((buf.f_bavail, buf.f_ffree))
+}
+
+/// The Landlock ABI version the kernel offers (0 when Landlock is absent or disabled).
+pub fn landlock_abi_version() -> i64 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a null attribute pointer, size 0 and the VERSION flag the call only
+    // returns a number.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    ret.max(0)
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+const RESOLVE_NO_XDEV: u64 = 0x01;
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+const RESOLVE_IN_ROOT: u64 = 0x10;
+
+/// Opens `path` relative to `dir` with `openat2`, refusing every symlink and magic link
+/// on the way. `in_root` treats `dir` as `/` (absolute paths and `..` cannot leave it);
+/// otherwise the path must stay beneath `dir` and on its mount.
+pub fn open_no_symlinks(
+    dir: BorrowedFd<'_>,
+    path: &Path,
+    flags: libc::c_int,
+    in_root: bool,
+) -> io::Result<OwnedFd> {
+    let path = cstring(path)?;
+    let resolve = RESOLVE_NO_SYMLINKS
+        | RESOLVE_NO_MAGICLINKS
+        | if in_root {
+            RESOLVE_IN_ROOT
+        } else {
+            RESOLVE_BENEATH | RESOLVE_NO_XDEV
+        };
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+        mode: 0,
+        resolve,
+    };
+    // SAFETY: `how` is a valid `struct open_how` whose size we pass; `path` is a valid C
+    // string and `dir` a live descriptor.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const OpenHow,
+            size_of::<OpenHow>(),
+        )
+    };
+    let fd = check_long(ret)? as RawFd;
+    // SAFETY: openat2 returned a new descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}

@@ -400,7 +400,9 @@ pub fn find_leftovers(layout: &CgroupLayout) -> Vec<LeftoverCgroup> {
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if entry.path().is_dir() && !supervisor_alive(&name) {
+            // d_type from the directory listing: no stat per control file.
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if is_dir && !supervisor_alive(&name) {
                 let processes = fs::read_to_string(entry.path().join("cgroup.procs"))
                     .map(|s| s.lines().count())
                     .unwrap_or(0);

@@ -2,8 +2,9 @@
 //! payload. It runs as pid 1 of the new pid namespace, in fresh user, mount, net, ipc and
 //! uts namespaces, and becomes the cell's reaper once the payload is started.
 //!
-//! Order (DESIGN.md §3): wait for the supervisor -> identity -> cgroup namespace -> rootfs
-//! and pivot_root -> hostname, `lo` -> egress listeners -> setsid -> stdio -> rlimits ->
+//! Order (DESIGN.md §3): network namespace, `lo` and hostname (overlapping with the
+//! supervisor's id-map writes) -> wait for the supervisor -> identity -> cgroup namespace -> rootfs
+//! and pivot_root -> egress listeners -> setsid -> stdio -> rlimits ->
 //! capabilities and securebits -> no_new_privs -> Landlock -> close-on-exec for fds >= 3 ->
 //! seccomp (last) -> fork the payload, which only resolves and execs.
 
@@ -105,6 +106,11 @@ fn prepare(setup: &mut ChildSetup<'_>) -> Result<(), Stage> {
     // If the supervisor dies from here on, so does the cell.
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
         .map_err(|e| Stage::errno("pdeathsig", e))?;
+    // Work that needs no id map, done while the supervisor writes the maps: the child
+    // already holds every capability of its new user namespace.
+    sys::unshare(libc::CLONE_NEWNET).map_err(|e| Stage::errno("net_namespace", e))?;
+    sys::loopback_up().map_err(|e| Stage::errno("loopback", e))?;
+    sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
     // The supervisor may already be gone (the death signal only covers later deaths):
     // waiting for its go-ahead settles it - EOF means it died.
     let mut go = [0u8; 1];
@@ -116,8 +122,6 @@ fn prepare(setup: &mut ChildSetup<'_>) -> Result<(), Stage> {
     // The supervisor has placed us in the cell cgroup; make it our cgroup root.
     sys::unshare(libc::CLONE_NEWCGROUP).map_err(|e| Stage::errno("cgroup_namespace", e))?;
     rootfs::build(plan, std::mem::take(&mut setup.mounts))?;
-    sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
-    sys::loopback_up().map_err(|e| Stage::errno("loopback", e))?;
     if let NetworkPlan::Allowlist { .. } = plan.network {
         pass_egress_listeners(&setup.sync)?;
     }

@@ -950,21 +950,31 @@ fn emit_syscall_policy(e: &mut Emitter, policy: &SyscallPolicy) {
     e.ret(policy.otherwise);
 }
 
-/// Binary search over sorted syscall numbers; the accumulator holds the number.
-fn emit_dispatch(e: &mut Emitter, entries: &[(u32, usize)], not_found: usize) {
-    if entries.len() <= 4 {
-        for (nr, label) in entries {
-            e.branch_if(BPF_JMP_JEQ_K, *nr, *label);
+/// Where a run of consecutive syscall numbers goes.
+#[derive(Clone, Copy, PartialEq)]
+enum RangeTarget {
+    Return(SeccompAction),
+    /// A syscall with argument rules, emitted as its own block.
+    Block(usize),
+}
+
+/// Binary search over ranges `[start, next start)`; the accumulator holds the number.
+/// Consecutive numbers with the same simple action share one range, which keeps the
+/// program small (fast to JIT at every cell start, fast to run at every syscall).
+fn emit_ranges(e: &mut Emitter, ranges: &[(u32, RangeTarget)]) {
+    if let [(_, target)] = ranges {
+        match *target {
+            RangeTarget::Return(action) => e.ret(action),
+            RangeTarget::Block(label) => e.insns.push(Insn::JumpTo(label)),
         }
-        e.insns.push(Insn::JumpTo(not_found));
         return;
     }
-    let mid = entries.len() / 2;
+    let mid = ranges.len() / 2;
     let upper = e.label();
-    e.branch_if(BPF_JMP_JGE_K, entries[mid].0, upper);
-    emit_dispatch(e, &entries[..mid], not_found);
+    e.branch_if(BPF_JMP_JGE_K, ranges[mid].0, upper);
+    emit_ranges(e, &ranges[..mid]);
     e.insns.push(Insn::Label(upper));
-    emit_dispatch(e, &entries[mid..], not_found);
+    emit_ranges(e, &ranges[mid..]);
 }
 
 /// Compiles `policy` into a seccomp BPF program for x86_64.
@@ -974,7 +984,6 @@ pub fn compile(policy: &SeccompPolicy) -> Result<Vec<libc::sock_filter>, Seccomp
         next_label: 0,
     };
     let kill = e.label();
-    let unknown = e.label();
     // Foreign architectures (e.g. int 0x80 i386 calls) and the x32 ABI reuse syscall
     // numbers with other meanings: an allowlist keyed on x86_64 numbers would be bypassed.
     e.stmt(BPF_LD_W_ABS, OFFSET_ARCH);
@@ -982,26 +991,287 @@ pub fn compile(policy: &SeccompPolicy) -> Result<Vec<libc::sock_filter>, Seccomp
     e.stmt(BPF_LD_W_ABS, OFFSET_NR);
     e.branch_if(BPF_JMP_JGE_K, X32_SYSCALL_BIT, kill);
 
-    // Every number the kernel knows gets an explicit entry, so numbers it does not know
-    // fall through to ENOSYS.
-    let mut entries = Vec::with_capacity(X86_64_SYSCALLS.len());
-    let mut bodies = Vec::new();
-    for (_, nr) in X86_64_SYSCALLS {
-        let label = e.label();
-        entries.push((*nr, label));
-        bodies.push((label, policy.syscalls.get(nr)));
-    }
-    emit_dispatch(&mut e, &entries, unknown);
-    for (label, body) in bodies {
-        e.insns.push(Insn::Label(label));
-        match body {
-            Some(p) => emit_syscall_policy(&mut e, p),
-            None => e.ret(policy.default_action),
+    // Numbers the kernel does not know get ENOSYS (so libc feature probes fall back);
+    // known but unlisted ones get the policy's default.
+    let unknown = RangeTarget::Return(SeccompAction::Errno(ENOSYS));
+    let mut ranges: Vec<(u32, RangeTarget)> = Vec::new();
+    let mut blocks = Vec::new();
+    let push = |ranges: &mut Vec<(u32, RangeTarget)>, nr: u32, target: RangeTarget| {
+        if ranges.last().is_none_or(|(_, t)| *t != target) {
+            ranges.push((nr, target));
         }
+    };
+    let mut expected = 0u32;
+    for (_, nr) in X86_64_SYSCALLS {
+        if *nr > expected {
+            push(&mut ranges, expected, unknown);
+        }
+        let target = match policy.syscalls.get(nr) {
+            None => RangeTarget::Return(policy.default_action),
+            Some(p) if p.rules.is_empty() => RangeTarget::Return(p.otherwise),
+            Some(p) => {
+                let label = e.label();
+                blocks.push((label, p));
+                RangeTarget::Block(label)
+            }
+        };
+        push(&mut ranges, *nr, target);
+        expected = nr + 1;
     }
-    e.insns.push(Insn::Label(unknown));
-    e.ret(SeccompAction::Errno(ENOSYS));
+    push(&mut ranges, expected, unknown);
+    emit_ranges(&mut e, &ranges);
+    for (label, body) in blocks {
+        e.insns.push(Insn::Label(label));
+        emit_syscall_policy(&mut e, body);
+    }
     e.insns.push(Insn::Label(kill));
     e.ret(SeccompAction::KillProcess);
     e.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A classic BPF interpreter for the instructions the compiler emits, so the tests
+    /// check what the kernel would do with the program, not how it is laid out.
+    fn run(program: &[libc::sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+        let mut data = Vec::new();
+        data.extend_from_slice(&nr.to_le_bytes());
+        data.extend_from_slice(&arch.to_le_bytes());
+        data.extend_from_slice(&0u64.to_le_bytes());
+        for a in args {
+            data.extend_from_slice(&a.to_le_bytes());
+        }
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let insn = program[pc];
+            pc += 1;
+            match insn.code {
+                BPF_LD_W_ABS => {
+                    let k = insn.k as usize;
+                    acc = u32::from_le_bytes(data[k..k + 4].try_into().unwrap());
+                }
+                BPF_ALU_AND_K => acc &= insn.k,
+                BPF_RET_K => return insn.k,
+                BPF_JMP_JA => pc += insn.k as usize,
+                BPF_JMP_JEQ_K | BPF_JMP_JGT_K | BPF_JMP_JGE_K => {
+                    let taken = match insn.code {
+                        BPF_JMP_JEQ_K => acc == insn.k,
+                        BPF_JMP_JGT_K => acc > insn.k,
+                        _ => acc >= insn.k,
+                    };
+                    pc += if taken { insn.jt } else { insn.jf } as usize;
+                }
+                other => panic!("unexpected opcode {other:#x}"),
+            }
+        }
+    }
+
+    fn nr(name: &str) -> u32 {
+        syscall_number(name).unwrap()
+    }
+
+    const ALLOW: u32 = SECCOMP_RET_ALLOW;
+    const DENY: u32 = SECCOMP_RET_ERRNO | libc::EPERM as u32;
+    const NOSYS: u32 = SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+    const KILL: u32 = SECCOMP_RET_KILL_PROCESS;
+
+    fn default_program() -> Vec<libc::sock_filter> {
+        compile(&default_policy()).unwrap()
+    }
+
+    fn call(name: &str, args: [u64; 6]) -> u32 {
+        run(&default_program(), AUDIT_ARCH_X86_64, nr(name), args)
+    }
+
+    #[test]
+    fn program_is_small() {
+        let len = default_program().len();
+        assert!(len < 400, "default filter has {len} instructions");
+    }
+
+    #[test]
+    fn everyday_calls_are_allowed() {
+        for name in [
+            "read",
+            "write",
+            "openat",
+            "mmap",
+            "execve",
+            "exit_group",
+            "wait4",
+            "fork",
+            "landlock_restrict_self",
+        ] {
+            assert_eq!(call(name, [0; 6]), ALLOW, "{name}");
+        }
+    }
+
+    #[test]
+    fn escape_primitives_are_denied() {
+        for name in [
+            "unshare",
+            "setns",
+            "mount",
+            "keyctl",
+            "bpf",
+            "ptrace",
+            "io_uring_setup",
+            "userfaultfd",
+            "perf_event_open",
+            "open_by_handle_at",
+            "kexec_load",
+            "init_module",
+        ] {
+            assert_eq!(call(name, [0; 6]), DENY, "{name}");
+        }
+        assert_eq!(call("clone3", [0; 6]), NOSYS);
+    }
+
+    #[test]
+    fn unknown_numbers_get_enosys_and_foreign_abis_are_killed() {
+        let program = default_program();
+        assert_eq!(run(&program, AUDIT_ARCH_X86_64, 1000, [0; 6]), NOSYS);
+        assert_eq!(
+            run(&program, AUDIT_ARCH_X86_64, 400, [0; 6]),
+            NOSYS,
+            "gap in the table"
+        );
+        assert_eq!(
+            run(
+                &program,
+                AUDIT_ARCH_X86_64,
+                X32_SYSCALL_BIT | nr("read"),
+                [0; 6]
+            ),
+            KILL
+        );
+        const AUDIT_ARCH_I386: u32 = 0x4000_0003;
+        assert_eq!(run(&program, AUDIT_ARCH_I386, 3, [0; 6]), KILL);
+    }
+
+    #[test]
+    fn clone_with_namespace_flags_is_denied() {
+        assert_eq!(call("clone", [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(
+            call("clone", [0x3d0f00, 0, 0, 0, 0, 0]),
+            ALLOW,
+            "pthread_create flags"
+        );
+        for flag in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWPID,
+        ] {
+            assert_eq!(
+                call("clone", [flag as u64 | libc::SIGCHLD as u64, 0, 0, 0, 0, 0]),
+                DENY
+            );
+        }
+    }
+
+    #[test]
+    fn tiocsti_is_denied_even_with_high_bits_set() {
+        assert_eq!(call("ioctl", [1, TIOCSTI, 0, 0, 0, 0]), DENY);
+        assert_eq!(call("ioctl", [1, TIOCSTI | 1 << 32, 0, 0, 0, 0]), DENY);
+        assert_eq!(call("ioctl", [1, TIOCLINUX, 0, 0, 0, 0]), DENY);
+        assert_eq!(call("ioctl", [1, libc::TCGETS, 0, 0, 0, 0]), ALLOW);
+    }
+
+    #[test]
+    fn only_unix_inet_and_route_netlink_sockets() {
+        let eaf = SECCOMP_RET_ERRNO | libc::EAFNOSUPPORT as u32;
+        assert_eq!(call("socket", [AF_INET, 1, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(call("socket", [AF_INET6, 2, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(call("socket", [AF_UNIX, 1, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(call("socket", [AF_NETLINK, 3, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(
+            call("socket", [AF_NETLINK, 3, 9, 0, 0, 0]),
+            eaf,
+            "audit netlink"
+        );
+        for family in [
+            libc::AF_VSOCK,
+            libc::AF_ALG,
+            libc::AF_PACKET,
+            libc::AF_BLUETOOTH,
+        ] {
+            assert_eq!(
+                call("socket", [family as u64, 1, 0, 0, 0, 0]),
+                eaf,
+                "family {family}"
+            );
+        }
+    }
+
+    #[test]
+    fn personality_only_known_domains() {
+        assert_eq!(call("personality", [0, 0, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(call("personality", [0xffff_ffff, 0, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(
+            call("personality", [0x0040000, 0, 0, 0, 0, 0]),
+            DENY,
+            "ADDR_NO_RANDOMIZE"
+        );
+    }
+
+    #[test]
+    fn docker_profiles_get_the_hardening_and_64_bit_comparisons() {
+        let json = r#"{
+            "defaultAction": "SCMP_ACT_ERRNO",
+            "syscalls": [
+                {"names": ["read", "write", "exit_group", "unshare", "clone", "ptrace"], "action": "SCMP_ACT_ALLOW"},
+                {"names": ["lseek"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 2, "value": 4294967296, "op": "SCMP_CMP_GT"}]},
+                {"names": ["dup"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": 10, "op": "SCMP_CMP_LE"}]},
+                {"names": ["close"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": 3, "op": "SCMP_CMP_NE"}]},
+                {"names": ["mount"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_SYS_ADMIN"]}}
+            ]
+        }"#;
+        let program = compile(&policy_from_docker_json(json).unwrap()).unwrap();
+        let x = |name: &str, args: [u64; 6]| run(&program, AUDIT_ARCH_X86_64, nr(name), args);
+        assert_eq!(x("read", [0; 6]), ALLOW);
+        assert_eq!(x("openat", [0; 6]), DENY, "not in the profile");
+        assert_eq!(
+            x("unshare", [0; 6]),
+            DENY,
+            "hardening overrides the profile"
+        );
+        assert_eq!(x("ptrace", [0; 6]), DENY, "hardening overrides the profile");
+        assert_eq!(
+            x("clone", [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]),
+            DENY
+        );
+        assert_eq!(x("mount", [0; 6]), DENY, "cap-gated rule skipped");
+        assert_eq!(
+            x("lseek", [0, 0, 1 << 32, 0, 0, 0]),
+            DENY,
+            "equal is not greater"
+        );
+        assert_eq!(x("lseek", [0, 0, (1 << 32) + 1, 0, 0, 0]), ALLOW);
+        assert_eq!(x("lseek", [0, 0, 5, 0, 0, 0]), DENY);
+        assert_eq!(x("lseek", [0, 0, 2 << 32, 0, 0, 0]), ALLOW);
+        assert_eq!(x("dup", [10, 0, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(x("dup", [11, 0, 0, 0, 0, 0]), DENY);
+        assert_eq!(
+            x("dup", [1 << 32, 0, 0, 0, 0, 0]),
+            DENY,
+            "high word makes it larger"
+        );
+        assert_eq!(x("close", [3, 0, 0, 0, 0, 0]), DENY);
+        assert_eq!(x("close", [4, 0, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(
+            x("close", [3 | 1 << 32, 0, 0, 0, 0, 0]),
+            ALLOW,
+            "differs in the high word"
+        );
+    }
+
+    #[test]
+    fn bad_profiles_are_rejected() {
+        assert!(policy_from_docker_json("{").is_err());
+        assert!(policy_from_docker_json(r#"{"defaultAction": "SCMP_ACT_NOPE"}"#).is_err());
+        assert!(policy_from_docker_json(r#"{"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 9, "value": 1, "op": "SCMP_CMP_EQ"}]}]}"#).is_err());
+    }
 }

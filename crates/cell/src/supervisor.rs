@@ -157,10 +157,12 @@ fn open_pipes() -> Result<Pipes, CellError> {
     })
 }
 
+/// Namespaces created by `clone`. The network namespace, the most expensive to create,
+/// is unshared by the child itself while the supervisor writes its id maps and cgroup
+/// membership, so the two costs overlap.
 const CELL_NAMESPACES: libc::c_ulong = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
-    | libc::CLONE_NEWNET
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS) as libc::c_ulong;
 
@@ -226,7 +228,11 @@ fn start_and_supervise(
     let result = clone_and_supervise(plan, options, &cgroup, mounts, &program, &env);
     // Whatever happened, nothing of the cell may outlive this function.
     let teardown_started = Instant::now();
-    let _ = cgroup.kill_all();
+    // Usually pid 1's exit already emptied the cgroup; freezing (v1) is costly, so only
+    // kill when something is left.
+    if !cgroup.pids().is_empty() {
+        let _ = cgroup.kill_all();
+    }
     let emptied = cgroup.wait_empty(Duration::from_secs(5));
     let usage_counters = cgroup.usage();
     let mut leftovers: Vec<String> = Vec::new();
@@ -289,12 +295,14 @@ fn clone_and_supervise(
             })
         }
         Ok(sys::CloneOutcome::Parent { pid, pidfd }) => (pid, pidfd),
-        Err(e) => return Err(CellError::Unavailable {
-            control: "namespaces",
-            reason: format!(
+        Err(e) => {
+            return Err(CellError::Unavailable {
+                control: "namespaces",
+                reason: format!(
                 "clone of a cell with user, mount, pid, net, ipc and uts namespaces failed: {e}"
             ),
-        }),
+            })
+        }
     };
     drop(mounts);
     let Pipes {

@@ -1,6 +1,10 @@
 //! The `airlock` command line: run a command in a cell, check the host, and (later
 //! issues) query the audit store.
 
+mod audit;
+mod config;
+mod egress_session;
+mod record;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -23,6 +27,27 @@ struct Cli {
 enum Command {
     /// Run a command in a fresh cell under an execution contract.
     Run(run::RunArgs),
+    /// Query the run records of the audit store.
+    Runs {
+        #[command(flatten)]
+        store: audit::StoreArgs,
+        #[command(subcommand)]
+        command: audit::RunsCommand,
+    },
+    /// Verify or export the tamper-evident audit trail.
+    Audit {
+        #[command(flatten)]
+        store: audit::StoreArgs,
+        #[command(subcommand)]
+        command: audit::AuditCommand,
+    },
+    /// Figures by workload class: runs, completion, startup latency, denials, timeouts.
+    Stats {
+        #[command(flatten)]
+        store: audit::StoreArgs,
+        #[arg(long)]
+        json: bool,
+    },
     /// Check that this host can enforce every control of a cell.
     Doctor {
         /// Print the checks as JSON.
@@ -36,6 +61,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run::run(args, started),
+        Command::Runs { store, command } => audit::runs(store, command),
+        Command::Audit { store, command } => audit::audit(store, command),
+        Command::Stats { store, json } => audit::stats(store, json),
         Command::Doctor { json } => doctor(json),
     }
 }

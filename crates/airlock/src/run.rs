@@ -1,13 +1,20 @@
-//! `airlock run`: contract -> plan -> cell -> result.
+//! `airlock run`: contract -> plan -> audit record -> cell -> result.
 
+use crate::config::OperatorConfig;
+use crate::egress_session::ProxySession;
+use crate::record::{self, InputHasher};
 use airlock_cell::artifacts::ArtifactRequest;
 use airlock_cell::report::{ResultClass, RunReport};
-use airlock_cell::RunOptions;
+use airlock_cell::{EgressSession, RunOptions};
 use airlock_contract::{
     compile, default_contract, load_contract_file, CellPlan, CompileInput, ContractError,
+    NetworkPlan,
 };
+use airlock_store::{RunStart, Store};
 use clap::Args;
-use serde_json::json;
+use serde_json::{json, Value};
+use std::io::{Read, Seek, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -18,6 +25,15 @@ pub struct RunArgs {
     /// no network, read-only root, 16 MiB /tmp, no credentials, conservative limits.
     #[arg(long, short = 'c')]
     contract: Option<PathBuf>,
+    /// Operator configuration (TOML): egress resolvers, host map, exempt CIDRs, store.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Directory of the audit store (default /var/lib/airlock as root, else the XDG state dir).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Workload class recorded with the run (for the per-class figures of `airlock stats`).
+    #[arg(long, default_value = "default")]
+    workload_class: String,
     /// Write the JSON result record to this file.
     #[arg(long)]
     result: Option<PathBuf>,
@@ -53,26 +69,89 @@ fn load_plan(args: &RunArgs) -> Result<CellPlan, ContractError> {
     )
 }
 
-fn new_run_id() -> String {
-    uuid::Uuid::now_v7().to_string()
+/// Our stdin when it is not a terminal, spooled to an unlinked temp file so that it can
+/// be hashed for the audit record and still be read by the payload from the start.
+fn spool_stdin(hasher: &mut InputHasher) -> anyhow::Result<Option<OwnedFd>> {
+    use std::io::IsTerminal;
+    if std::io::stdin().is_terminal() {
+        return Ok(None);
+    }
+    let mut spool = tempfile::tempfile()?;
+    let mut bytes = Vec::new();
+    std::io::stdin().lock().read_to_end(&mut bytes)?;
+    hasher.add_part("stdin", &bytes);
+    spool.write_all(&bytes)?;
+    spool.rewind()?;
+    Ok(Some(spool.into()))
+}
+
+/// A run refused before any cell existed: report it (stderr, result file) and exit 125.
+fn refuse(
+    args: &RunArgs,
+    run_id: &str,
+    status: ResultClass,
+    error: String,
+    plan: Option<&CellPlan>,
+) -> ExitCode {
+    eprintln!("airlock: {}: {error}", status.as_str());
+    let report = RunReport::refused(run_id, status, error);
+    write_result(args, &result_record(&report, plan));
+    ExitCode::from(125)
 }
 
 pub fn run(args: RunArgs, started: Instant) -> ExitCode {
-    let run_id = new_run_id();
+    let config = match OperatorConfig::load(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(err) => {
+            return refuse(
+                &args,
+                "",
+                ResultClass::RuntimeFault,
+                format!("{err:#}"),
+                None,
+            )
+        }
+    };
     let plan = match load_plan(&args) {
         Ok(plan) => plan,
         Err(err) => {
-            eprintln!("airlock: contract: {err}");
             let status = match err.class() {
                 "sandbox_unavailable" => ResultClass::SandboxUnavailable,
                 "runtime_fault" => ResultClass::RuntimeFault,
                 _ => ResultClass::PolicyDenied,
             };
-            let report = RunReport::refused(&run_id, status, err.to_string());
-            write_result(&args, &report, None);
-            return ExitCode::from(125);
+            return refuse(&args, "", status, format!("contract: {err}"), None);
         }
     };
+    let credentials = match airlock_cell::credential_env(&plan) {
+        Ok(c) => c,
+        Err(err) => {
+            return refuse(
+                &args,
+                "",
+                ResultClass::from_error_class(err.class()),
+                err.to_string(),
+                Some(&plan),
+            )
+        }
+    };
+
+    // Fail closed: no audit record, no run.
+    let store = match Store::open(&config.state_dir(args.state_dir.as_deref())) {
+        Ok(store) => store,
+        Err(err) => {
+            return refuse(
+                &args,
+                "",
+                ResultClass::RuntimeFault,
+                format!("audit store: {err}"),
+                Some(&plan),
+            )
+        }
+    };
+    if let Err(err) = store.reap_aborted() {
+        eprintln!("airlock: warning: marking runs of dead supervisors as aborted failed: {err}");
+    }
     if let Ok(layout) = airlock_cell::cgroup::CgroupLayout::detect() {
         // Cells of supervisors that died must not keep running or holding resources.
         for left in airlock_cell::cgroup::reap_leftovers(&layout) {
@@ -82,33 +161,89 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             );
         }
     }
+    let mut hasher = InputHasher::new(&args.command);
+    let stdin = match spool_stdin(&mut hasher)
+        .and_then(|s| hasher.add_plan_inputs(&plan).map(|_| s).map_err(Into::into))
+    {
+        Ok(stdin) => stdin,
+        Err(err) => {
+            return refuse(
+                &args,
+                "",
+                ResultClass::RuntimeFault,
+                format!("reading inputs: {err:#}"),
+                Some(&plan),
+            )
+        }
+    };
+    let start = RunStart {
+        argv: args.command.clone(),
+        input_sha256: hasher.finish(),
+        contract_sha256: plan.contract_sha256.clone(),
+        workload_class: args.workload_class.clone(),
+        plan_json: serde_json::to_value(&plan).unwrap_or_default(),
+    };
+    let handle = match store.begin_run(start, record::secrets_of(&plan, &credentials)) {
+        Ok(handle) => handle,
+        Err(err) => {
+            return refuse(
+                &args,
+                "",
+                ResultClass::RuntimeFault,
+                format!("audit store: {err}"),
+                Some(&plan),
+            )
+        }
+    };
+    let run_id = handle.run_id();
+
+    let mut proxy = match &plan.network {
+        NetworkPlan::Allowlist { destinations } => {
+            Some(ProxySession::new(config.egress.clone(), destinations))
+        }
+        NetworkPlan::Deny => None,
+    };
     let artifacts = args.output_dir.as_ref().map(|dir| ArtifactRequest {
         output_dir: dir.clone(),
         max_file_bytes: args.max_artifact_bytes,
-        max_total_bytes: plan.limits.output_bytes.max(args.max_artifact_bytes),
+        max_total_bytes: args.max_artifact_bytes.saturating_mul(16),
     });
     let report = airlock_cell::run_cell(
         &plan,
         RunOptions {
             run_id: &run_id,
             started,
-            egress: None,
+            egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
             artifacts,
             stream_output: true,
+            stdin,
         },
     );
     if let Some(error) = &report.error {
         eprintln!("airlock: {}: {error}", report.status.as_str());
     }
-    write_result(&args, &report, Some(&plan));
+    let result = result_record(&report, Some(&plan));
+    write_result(&args, &result);
+    // The plan is already in the run's begin record; the stored result leaves it out.
+    let stored_result = serde_json::to_value(&report).unwrap_or_default();
+    if let Err(err) = record::finish(&store, &handle, &report, &stored_result) {
+        eprintln!(
+            "airlock: audit store: the run finished but its record could not be completed: {err}"
+        );
+        return ExitCode::from(125);
+    }
     ExitCode::from(report.exit_code.clamp(0, 255) as u8)
 }
 
-fn write_result(args: &RunArgs, report: &RunReport, plan: Option<&CellPlan>) {
-    let Some(path) = &args.result else { return };
+fn result_record(report: &RunReport, plan: Option<&CellPlan>) -> Value {
     let mut record = serde_json::to_value(report).unwrap_or_default();
     record["plan"] = json!(plan);
-    let text = serde_json::to_string_pretty(&record).unwrap_or_default();
+    record
+}
+
+fn write_result(args: &RunArgs, record: &Value) {
+    let Some(path) = &args.result else { return };
+    let text = serde_json::to_string_pretty(record).unwrap_or_default();
     if let Err(err) = std::fs::write(path, text + "\n") {
         eprintln!("airlock: cannot write result {}: {err}", path.display());
     }

@@ -42,6 +42,9 @@ pub struct RunOptions<'a> {
     pub artifacts: Option<ArtifactRequest>,
     /// Forward the payload's output to our stdout/stderr as it arrives.
     pub stream_output: bool,
+    /// The payload's stdin. `None`: our stdin when it is a pipe or file, /dev/null when
+    /// it is a terminal.
+    pub stdin: Option<OwnedFd>,
 }
 
 /// Values taken from the supervisor's environment for the plan's credentials.
@@ -125,7 +128,7 @@ struct Pipes {
     stdin: OwnedFd,
 }
 
-fn open_pipes() -> Result<Pipes, CellError> {
+fn open_pipes(stdin: Option<OwnedFd>) -> Result<Pipes, CellError> {
     let pipe = || sys::pipe_cloexec().map_err(|e| CellError::io("pipe", e));
     let (stdout_read, stdout_write) = pipe()?;
     let (stderr_read, stderr_write) = pipe()?;
@@ -134,7 +137,9 @@ fn open_pipes() -> Result<Pipes, CellError> {
         sys::seqpacket_pair().map_err(|e| CellError::io("socketpair", e))?;
     // A terminal on stdin would give the cell a handle to the caller's tty; only pipes and
     // files are passed through.
-    let stdin = if sys::isatty(0) {
+    let stdin = if let Some(fd) = stdin {
+        fd
+    } else if sys::isatty(0) {
         File::open("/dev/null")
             .map_err(|e| CellError::io("/dev/null", e))?
             .into()
@@ -269,7 +274,7 @@ fn clone_and_supervise(
     program: &[libc::sock_filter],
     env: &[CString],
 ) -> Result<(Observed, OutputCapture), CellError> {
-    let pipes = open_pipes()?;
+    let pipes = open_pipes(options.stdin.take())?;
     if sys::geteuid() == 0 {
         // Supplementary groups survive into the user namespace and cannot be dropped there.
         sys::clear_supplementary_groups().map_err(|e| CellError::io("setgroups", e))?;

@@ -1,0 +1,298 @@
+//! Queries over the audit store: `runs list|show|prune`, `audit verify|export`, `stats`.
+
+use crate::config::OperatorConfig;
+use airlock_store::{RunFilter, Store};
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[derive(Args)]
+pub struct StoreArgs {
+    /// Directory of the audit store.
+    #[arg(long, global = true)]
+    state_dir: Option<PathBuf>,
+    /// Operator configuration (for `[store] state_dir`).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    fn open(&self) -> anyhow::Result<Store> {
+        let config = OperatorConfig::load(self.config.as_deref())?;
+        let dir = config.state_dir(self.state_dir.as_deref());
+        let store = Store::open(&dir)
+            .with_context(|| format!("opening the audit store in {}", dir.display()))?;
+        store.reap_aborted()?;
+        Ok(store)
+    }
+}
+
+#[derive(Subcommand)]
+pub enum RunsCommand {
+    /// List runs, newest first.
+    List {
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long = "class")]
+        workload_class: Option<String>,
+        /// Only runs started within this age (e.g. 30m, 12h, 7d).
+        #[arg(long)]
+        since: Option<String>,
+        /// Only runs started before this age.
+        #[arg(long)]
+        until: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one run with its events.
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete finished runs older than an age (e.g. 30d); the audit chain stays verifiable.
+    Prune {
+        #[arg(long)]
+        older_than: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum AuditCommand {
+    /// Check the hash chain; names the first edited, deleted or reordered record.
+    Verify,
+    /// Export every audit entry and run as JSON lines (for a SIEM).
+    Export {
+        #[arg(long, default_value = "jsonl")]
+        format: String,
+        /// Write to this file instead of stdout.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+}
+
+/// Parses ages like `90s`, `30m`, `12h`, `30d`.
+pub fn parse_age(text: &str) -> anyhow::Result<Duration> {
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = number
+        .parse()
+        .with_context(|| format!("age {text:?}: expected a number followed by s, m, h or d"))?;
+    let seconds = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86400,
+        _ => bail!("age {text:?}: unit must be s, m, h or d"),
+    };
+    Ok(Duration::from_secs(seconds))
+}
+
+fn unix_ms_ago(age: Duration) -> i64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    now.saturating_sub(age).as_millis() as i64
+}
+
+fn fail(err: anyhow::Error) -> ExitCode {
+    eprintln!("airlock: {err:#}");
+    ExitCode::from(1)
+}
+
+pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
+    let result = (|| -> anyhow::Result<ExitCode> {
+        let store = store_args.open()?;
+        match command {
+            RunsCommand::List {
+                status,
+                workload_class,
+                since,
+                until,
+                limit,
+                json,
+            } => {
+                let filter = RunFilter {
+                    status,
+                    workload_class,
+                    since: since
+                        .as_deref()
+                        .map(parse_age)
+                        .transpose()?
+                        .map(unix_ms_ago),
+                    until: until
+                        .as_deref()
+                        .map(parse_age)
+                        .transpose()?
+                        .map(unix_ms_ago),
+                    limit: Some(limit),
+                };
+                let runs = store.list_runs(&filter)?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&runs)?);
+                } else {
+                    println!(
+                        "{:<36}  {:<17}  {:<10}  {:>5}  {:>9}  command",
+                        "run id", "status", "class", "exit", "wall ms"
+                    );
+                    for r in runs {
+                        let exit = r
+                            .exit_code
+                            .map(|c| c.to_string())
+                            .or(r.exit_signal.map(|s| format!("sig{s}")))
+                            .unwrap_or("-".into());
+                        println!(
+                            "{:<36}  {:<17}  {:<10}  {:>5}  {:>9.1}  {}",
+                            r.run_id,
+                            r.status,
+                            r.workload_class,
+                            exit,
+                            r.wall_ms.unwrap_or(0.0),
+                            r.argv.join(" ")
+                        );
+                    }
+                }
+            }
+            RunsCommand::Show { id, json } => {
+                let Some(detail) = store.show_run(&id)? else {
+                    bail!("no run {id}")
+                };
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&detail)?);
+                } else {
+                    let r = &detail.run;
+                    println!("run        {}", r.run_id);
+                    println!(
+                        "status     {}{}",
+                        r.status,
+                        r.limit_fired
+                            .as_ref()
+                            .map(|l| format!(" ({l})"))
+                            .unwrap_or_default()
+                    );
+                    println!("command    {}", r.argv.join(" "));
+                    println!("class      {}", r.workload_class);
+                    println!(
+                        "exit       code {:?} signal {:?}",
+                        r.exit_code, r.exit_signal
+                    );
+                    println!(
+                        "timings    startup {:.2} ms, wall {:.2} ms",
+                        r.startup_ms.unwrap_or(0.0),
+                        r.wall_ms.unwrap_or(0.0)
+                    );
+                    println!("input      sha256 {}", r.input_sha256);
+                    println!("contract   sha256 {}", r.contract_sha256);
+                    println!("usage      {}", r.usage);
+                    println!(
+                        "cleanup    ok={:?} leftovers={}",
+                        r.cleanup_ok, r.cleanup_leftovers
+                    );
+                    println!(
+                        "stdout     {:?} ... {:?}",
+                        r.stdout_head.as_deref().unwrap_or(""),
+                        r.stdout_tail.as_deref().unwrap_or("")
+                    );
+                    println!(
+                        "stderr     {:?} ... {:?}",
+                        r.stderr_head.as_deref().unwrap_or(""),
+                        r.stderr_tail.as_deref().unwrap_or("")
+                    );
+                    println!("events");
+                    for e in &detail.events {
+                        println!("  #{:<6} {:<18} {}", e.seq, e.kind, e.body);
+                    }
+                }
+            }
+            RunsCommand::Prune { older_than } => {
+                let removed = store.prune(parse_age(&older_than)?)?;
+                println!("pruned {removed} run(s) older than {older_than}");
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })();
+    result.unwrap_or_else(fail)
+}
+
+pub fn audit(store_args: StoreArgs, command: AuditCommand) -> ExitCode {
+    let result = (|| -> anyhow::Result<ExitCode> {
+        let store = store_args.open()?;
+        match command {
+            AuditCommand::Verify => match store.verify() {
+                Ok(report) => {
+                    println!(
+                        "audit chain intact: {} entries, {} runs, head #{} {}",
+                        report.entries, report.runs, report.head_seq, report.head_hash
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(err) => {
+                    eprintln!("airlock: audit verify FAILED: {err}");
+                    Ok(ExitCode::from(2))
+                }
+            },
+            AuditCommand::Export { format, output } => {
+                if format != "jsonl" {
+                    bail!("export format {format:?} is not supported (use jsonl)");
+                }
+                let count = match output {
+                    Some(path) => {
+                        let file = std::fs::File::create(&path)
+                            .with_context(|| format!("creating {}", path.display()))?;
+                        let mut writer = std::io::BufWriter::new(file);
+                        let n = store.export_jsonl(&mut writer)?;
+                        writer.flush()?;
+                        n
+                    }
+                    None => store.export_jsonl(std::io::stdout().lock())?,
+                };
+                eprintln!("exported {count} line(s)");
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    })();
+    result.unwrap_or_else(fail)
+}
+
+pub fn stats(store_args: StoreArgs, json: bool) -> ExitCode {
+    let result = (|| -> anyhow::Result<ExitCode> {
+        let store = store_args.open()?;
+        let stats = store.stats()?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&stats)?);
+            return Ok(ExitCode::SUCCESS);
+        }
+        println!(
+            "{:<14} {:>6} {:>10} {:>12} {:>12} {:>9} {:>9}  denials",
+            "class", "runs", "completion", "startup p50", "startup p99", "timeouts", "cleanup!"
+        );
+        for (class, s) in stats {
+            let pct = s
+                .completion_rate
+                .map(|r| format!("{:.1}%", r * 100.0))
+                .unwrap_or("-".into());
+            let ms = |v: Option<f64>| v.map(|v| format!("{v:.2} ms")).unwrap_or("-".into());
+            let denials: Vec<String> = s.denials.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!(
+                "{:<14} {:>6} {:>10} {:>12} {:>12} {:>9} {:>9}  {}",
+                class,
+                s.runs,
+                pct,
+                ms(s.startup_ms_p50),
+                ms(s.startup_ms_p99),
+                s.timeouts,
+                s.cleanup_failures,
+                denials.join(", ")
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })();
+    result.unwrap_or_else(fail)
+}

@@ -1,0 +1,64 @@
+//! Connects the cell runtime's egress hook to the proxy of `airlock-egress`.
+
+use airlock_cell::EgressSession;
+use airlock_egress::{
+    start_proxy, ConnectionRecord, Decision, DestinationRule, EgressConfig, ProxyHandle,
+};
+use std::os::fd::OwnedFd;
+
+pub struct ProxySession {
+    config: EgressConfig,
+    rules: Vec<DestinationRule>,
+    handle: Option<ProxyHandle>,
+    pub records: Vec<ConnectionRecord>,
+}
+
+impl ProxySession {
+    pub fn new(
+        config: EgressConfig,
+        destinations: &[airlock_contract::DestinationRule],
+    ) -> ProxySession {
+        let rules = destinations
+            .iter()
+            .map(|d| DestinationRule {
+                host_pattern: d.host_pattern.clone(),
+                ports: d.ports.clone(),
+            })
+            .collect();
+        ProxySession {
+            config,
+            rules,
+            handle: None,
+            records: Vec::new(),
+        }
+    }
+}
+
+impl EgressSession for ProxySession {
+    fn start(&mut self, http: OwnedFd, socks: OwnedFd) -> Result<(), String> {
+        let handle = start_proxy(
+            self.config.clone(),
+            self.rules.clone(),
+            std::net::TcpListener::from(http),
+            Some(std::net::TcpListener::from(socks)),
+        )
+        .map_err(|e| e.to_string())?;
+        self.handle = Some(handle);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> (serde_json::Value, usize) {
+        if let Some(handle) = self.handle.take() {
+            self.records = handle.shutdown();
+        }
+        let denied = self
+            .records
+            .iter()
+            .filter(|r| r.decision == Decision::Denied)
+            .count();
+        (
+            serde_json::to_value(&self.records).unwrap_or_default(),
+            denied,
+        )
+    }
+}

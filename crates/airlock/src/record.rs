@@ -1,0 +1,164 @@
+//! What `airlock run` writes to the audit store: the input hash, the run record at start
+//! and at the end, and one event per decision (egress, ceilings, artifacts, cleanup).
+
+use airlock_cell::report::RunReport;
+use airlock_contract::{CellPlan, MountPlan};
+use airlock_store::{kinds, RunEnd, RunHandle, Store};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::Path;
+
+/// sha256 over the command, stdin and the read-only inputs, each length-prefixed so that
+/// moving bytes between parts changes the hash.
+pub struct InputHasher(Sha256);
+
+impl InputHasher {
+    pub fn new(argv: &[String]) -> InputHasher {
+        let mut hasher = Sha256::new();
+        let argv_json = serde_json::to_vec(argv).unwrap_or_default();
+        hasher.update((argv_json.len() as u64).to_le_bytes());
+        hasher.update(&argv_json);
+        InputHasher(hasher)
+    }
+
+    pub fn add_part(&mut self, label: &str, bytes: &[u8]) {
+        self.0.update((label.len() as u64).to_le_bytes());
+        self.0.update(label.as_bytes());
+        self.0.update((bytes.len() as u64).to_le_bytes());
+        self.0.update(bytes);
+    }
+
+    /// Hashes a read-only input: a file's content, or for a directory every file below it
+    /// (path and content), in sorted order.
+    pub fn add_input(&mut self, target: &Path, source: &Path) -> std::io::Result<()> {
+        let meta = std::fs::metadata(source)?;
+        if meta.is_dir() {
+            let mut entries: Vec<_> = std::fs::read_dir(source)?
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            entries.sort();
+            for entry in entries {
+                let name = entry.file_name().map(|n| n.to_owned()).unwrap_or_default();
+                self.add_input(&target.join(name), &entry)?;
+            }
+        } else if meta.is_file() {
+            let mut file_hash = Sha256::new();
+            let mut file = std::fs::File::open(source)?;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = file.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                file_hash.update(&buf[..n]);
+            }
+            self.add_part(&target.display().to_string(), &file_hash.finalize());
+        }
+        Ok(())
+    }
+
+    pub fn add_plan_inputs(&mut self, plan: &CellPlan) -> std::io::Result<()> {
+        for mount in &plan.mounts {
+            if let MountPlan::ReadonlyInput { source, target } = mount {
+                self.add_input(target, source)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn finish(self) -> String {
+        hex::encode(self.0.finalize())
+    }
+}
+
+/// Values that must never reach the store: credentials and secret env values.
+pub fn secrets_of(plan: &CellPlan, credentials: &[(String, String)]) -> Vec<String> {
+    plan.env
+        .iter()
+        .filter(|v| v.secret)
+        .map(|v| v.value.clone())
+        .chain(credentials.iter().map(|(_, value)| value.clone()))
+        .filter(|v| !v.is_empty())
+        .collect()
+}
+
+fn limit_name(report: &RunReport) -> Option<String> {
+    report
+        .limit_fired
+        .and_then(|l| serde_json::to_value(l).ok())
+        .and_then(|v| v.as_str().map(str::to_owned))
+}
+
+/// Appends the run's decisions as events, then finishes the record.
+pub fn finish(
+    store: &Store,
+    handle: &RunHandle,
+    report: &RunReport,
+    result: &Value,
+) -> airlock_store::Result<()> {
+    if let Some(records) = report.egress.as_array() {
+        for record in records {
+            let mut body = record.clone();
+            if let Some(reason) = record.get("reason").cloned() {
+                body["reason_code"] = reason;
+            }
+            store.append_event(handle, kinds::EGRESS_DECISION, body)?;
+        }
+    }
+    if let Some(limit) = limit_name(report) {
+        store.append_event(
+            handle,
+            kinds::LIMIT_FIRED,
+            json!({ "limit": limit, "status": report.status.as_str() }),
+        )?;
+    }
+    if let Some(kept) = report.artifacts.get("kept").and_then(Value::as_array) {
+        for artifact in kept {
+            store.append_event(handle, kinds::ARTIFACT_KEPT, artifact.clone())?;
+        }
+    }
+    if let Some(rejected) = report.artifacts.get("rejected").and_then(Value::as_array) {
+        for artifact in rejected {
+            let mut body = artifact.clone();
+            body["decision"] = json!("rejected");
+            body["reason_code"] = artifact.get("reason").cloned().unwrap_or(Value::Null);
+            store.append_event(handle, kinds::ARTIFACT_REJECTED, body)?;
+        }
+    }
+    if let Some(error) = &report.error {
+        store.append_event(
+            handle,
+            kinds::POLICY_DECISION,
+            json!({ "status": report.status.as_str(), "error": error }),
+        )?;
+    }
+    store.append_event(
+        handle,
+        kinds::CLEANUP,
+        json!({ "ok": report.cleanup.ok, "leftovers": report.cleanup.leftovers }),
+    )?;
+    let output = report.output.as_ref();
+    let text =
+        |f: fn(&airlock_cell::output::OutputCapture) -> String| output.map(f).unwrap_or_default();
+    store.finish_run(
+        handle,
+        RunEnd {
+            status: report.status.as_str().to_string(),
+            exit_code: report.exit.code,
+            exit_signal: report.exit.signal,
+            limit_fired: limit_name(report),
+            usage: serde_json::to_value(report.usage).unwrap_or_default(),
+            startup_ms: report.timings.startup_ms,
+            wall_ms: report.timings.wall_ms,
+            stdout_head: text(|o| o.stdout.head_text()),
+            stdout_tail: text(|o| o.stdout.tail_text()),
+            stderr_head: text(|o| o.stderr.head_text()),
+            stderr_tail: text(|o| o.stderr.tail_text()),
+            cleanup_ok: report.cleanup.ok,
+            cleanup_leftovers: json!(report.cleanup.leftovers),
+            result_json: result.clone(),
+        },
+    )
+}

@@ -183,19 +183,21 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         workload_class: args.workload_class.clone(),
         plan_json: serde_json::to_value(&plan).unwrap_or_default(),
     };
-    let handle = match store.begin_run(start, record::secrets_of(&plan, &credentials)) {
-        Ok(handle) => handle,
+    let secrets = record::secrets_of(&plan, &credentials);
+    // Written while the cell sets itself up; it must succeed before the cell is released.
+    let mut handle = None;
+    let mut audit_error = None;
+    let mut begin_record = || match store.begin_run(start.clone(), secrets.clone()) {
+        Ok(h) => {
+            let id = h.run_id();
+            handle = Some(h);
+            Ok(id)
+        }
         Err(err) => {
-            return refuse(
-                &args,
-                "",
-                ResultClass::RuntimeFault,
-                format!("audit store: {err}"),
-                Some(&plan),
-            )
+            audit_error = Some(format!("audit store: {err}"));
+            Err(format!("audit store: {err}"))
         }
     };
-    let run_id = handle.run_id();
 
     let mut proxy = match &plan.network {
         NetworkPlan::Allowlist { destinations } => {
@@ -211,7 +213,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     let report = airlock_cell::run_cell(
         &plan,
         RunOptions {
-            run_id: &run_id,
+            before_release: Some(&mut begin_record),
             started,
             egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
             artifacts,
@@ -222,6 +224,24 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     if let Some(error) = &report.error {
         eprintln!("airlock: {}: {error}", report.status.as_str());
     }
+    if audit_error.is_some() {
+        // No record could be written, so nothing ran.
+        write_result(&args, &result_record(&report, Some(&plan)));
+        return ExitCode::from(125);
+    }
+    // A run that failed before its cell existed is recorded now, so that it is not lost.
+    let handle = match handle {
+        Some(h) => h,
+        None => match store.begin_run(start, secrets) {
+            Ok(h) => h,
+            Err(err) => {
+                eprintln!("airlock: audit store: {err}");
+                return ExitCode::from(125);
+            }
+        },
+    };
+    let mut report = report;
+    report.run_id = handle.run_id();
     let result = result_record(&report, Some(&plan));
     write_result(&args, &result);
     // The plan is already in the run's begin record; the stored result leaves it out.

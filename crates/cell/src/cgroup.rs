@@ -379,9 +379,13 @@ pub struct LeftoverCgroup {
     pub processes: usize,
 }
 
-/// Names cell cgroups `<supervisor pid>-<run id>` so leftovers can be recognised.
-pub fn cgroup_name(run_id: &str) -> String {
-    format!("{}-{}", std::process::id(), run_id)
+/// Names cell cgroups `<supervisor pid>-<nanoseconds>` so leftovers of a dead supervisor
+/// can be recognised (and the name exists before the run id does).
+pub fn cgroup_name() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}-{nanos}", std::process::id())
 }
 
 fn supervisor_alive(name: &str) -> bool {

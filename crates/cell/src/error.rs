@@ -32,6 +32,9 @@ pub enum CellError {
     NotSingleThreaded(usize),
     #[error("egress proxy: {0}")]
     Egress(String),
+    /// The caller's last check before release (the audit record) failed.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl CellError {
@@ -43,7 +46,8 @@ impl CellError {
             | CellError::Launch { .. }
             | CellError::Io { .. }
             | CellError::NotSingleThreaded(_)
-            | CellError::Egress(_) => "runtime_fault",
+            | CellError::Egress(_)
+            | CellError::Refused(_) => "runtime_fault",
         }
     }
 

@@ -34,8 +34,13 @@ pub trait EgressSession {
     fn finish(&mut self) -> (serde_json::Value, usize);
 }
 
+/// Called once the cell exists but before it is released. The CLI writes the audit
+/// record here, overlapping the write with the cell's own setup; an error refuses the run
+/// (the cell is killed before the payload could start).
+pub type BeforeRelease<'a> = &'a mut dyn FnMut() -> Result<String, String>;
+
 pub struct RunOptions<'a> {
-    pub run_id: &'a str,
+    pub before_release: Option<BeforeRelease<'a>>,
     /// When the run started (the CLI passes its own start so startup covers everything).
     pub started: Instant,
     pub egress: Option<&'a mut dyn EgressSession>,
@@ -183,6 +188,7 @@ struct Observed {
     rusage: Option<libc::rusage>,
     egress_error: Option<String>,
     artifacts: serde_json::Value,
+    run_id: String,
 }
 
 /// Runs `plan` in a fresh cell. Never panics on cell failures: every outcome, including
@@ -192,7 +198,7 @@ pub fn run_cell(plan: &CellPlan, mut options: RunOptions<'_>) -> RunReport {
         Ok(report) => report,
         Err(err) => {
             let mut report = RunReport::refused(
-                options.run_id,
+                "",
                 ResultClass::from_error_class(err.class()),
                 err.to_string(),
             );
@@ -229,7 +235,7 @@ fn start_and_supervise(
     let credentials = credential_env(plan)?;
     let env = cell_environment(plan, &credentials);
     let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
-    let cgroup = CellCgroup::create(&layout, &cgroup_name(options.run_id), &plan.limits)?;
+    let cgroup = CellCgroup::create(&layout, &cgroup_name(), &plan.limits)?;
     let result = clone_and_supervise(plan, options, &cgroup, mounts, &program, &env);
     // Whatever happened, nothing of the cell may outlive this function.
     let teardown_started = Instant::now();
@@ -310,6 +316,17 @@ fn clone_and_supervise(
         }
     };
     drop(mounts);
+    let mut run_id = String::new();
+    if let Some(hook) = options.before_release.as_mut() {
+        match hook() {
+            Ok(id) => run_id = id,
+            Err(err) => {
+                let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+                let _ = sys::wait_child(pid, false);
+                return Err(CellError::Refused(err));
+            }
+        }
+    }
     let Pipes {
         stdout_read,
         stderr_read,
@@ -350,6 +367,7 @@ fn clone_and_supervise(
         stream_output: options.stream_output,
         cgroup,
     };
+    supervision.observed.run_id = run_id;
     supervision.run(options)?;
     Ok((supervision.observed, supervision.output))
 }
@@ -688,7 +706,7 @@ fn classify(
     };
     let _ = plan;
     RunReport {
-        run_id: options.run_id.to_string(),
+        run_id: observed.run_id.clone(),
         status,
         exit,
         limit_fired: limit,

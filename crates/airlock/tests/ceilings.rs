@@ -1,0 +1,675 @@
+//! Resource ceilings, end to end: every limit of the contract fires, is classified from
+//! real signals, and nothing of the cell survives the run (DESIGN.md sections 3 and 4).
+//!
+//! The tests run one at a time (a process-wide lock): several of them measure wall time
+//! or peak memory, which a fork bomb or a busy loop next door would distort on a small
+//! host.
+
+mod common;
+
+use common::CellRun;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Host uid of the default cell identity (10001) when airlock runs as root.
+const CELL_HOST_UID: u32 = 1_000_010_001;
+
+/// A string no other process on the host carries in its command line, usable as a
+/// `sleep` argument (`sleep 300.<digits>`).
+fn marker_digits() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "{}{:09}{}",
+        std::process::id(),
+        nanos,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Processes (other than this one) whose command line contains `needle`.
+fn processes_with(needle: &str) -> Vec<String> {
+    let me = std::process::id().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) || name == me {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmdline.contains(needle) {
+            let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+            let state = status
+                .lines()
+                .find(|l| l.starts_with("State:"))
+                .unwrap_or("State: ?")
+                .to_string();
+            found.push(format!("pid {name} ({state}): {cmdline}"));
+        }
+    }
+    found
+}
+
+fn proc_status(pid: &str) -> Option<(u32, u32, String)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .map(str::to_string)
+    };
+    Some((
+        field("Uid:")?.parse().ok()?,
+        field("PPid:")?.parse().ok()?,
+        field("Name:")?,
+    ))
+}
+
+/// Processes running as a cell identity (host uid >= 1e9, or the default cell's uid)
+/// that do not hang below a live airlock supervisor (a root process named `airlock`).
+fn orphaned_cell_processes() -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Some((uid, mut ppid, _)) = proc_status(&pid) else {
+            continue;
+        };
+        if uid < 1_000_000_000 && uid != CELL_HOST_UID {
+            continue;
+        }
+        let mut supervised = false;
+        for _ in 0..64 {
+            match proc_status(&ppid.to_string()) {
+                Some((0, _, name)) if name == "airlock" => {
+                    supervised = true;
+                    break;
+                }
+                Some((_, next, _)) if ppid > 1 => ppid = next,
+                _ => break,
+            }
+        }
+        if !supervised {
+            let cmdline = std::fs::read(entry.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .unwrap_or_default();
+            found.push(format!("pid {pid} uid {uid}: {cmdline}"));
+        }
+    }
+    found
+}
+
+/// Cgroup directories of one run, in any hierarchy (`<supervisor pid>-<run id>`).
+fn cgroup_dirs_of(run: &CellRun) -> Vec<PathBuf> {
+    let run_id = run.result["run_id"].as_str().unwrap_or("");
+    assert!(!run_id.is_empty(), "no run id\n{}", run.describe());
+    let suffix = format!("-{run_id}");
+    let mut found = Vec::new();
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        let parent = hierarchy.path().join("airlock");
+        let Ok(cells) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for cell in cells.flatten() {
+            if cell.file_name().to_string_lossy().ends_with(&suffix) {
+                found.push(cell.path());
+            }
+        }
+    }
+    found
+}
+
+/// Everything the run left behind on the host: marker processes and cgroup dirs.
+fn assert_nothing_left(run: &CellRun, marker: &str) {
+    let procs = processes_with(marker);
+    assert!(
+        procs.is_empty(),
+        "processes of the cell survived the run: {procs:#?}\n{}",
+        run.describe()
+    );
+    let dirs = cgroup_dirs_of(run);
+    assert!(
+        dirs.is_empty(),
+        "cgroup dirs of the run are left: {dirs:?}\n{}",
+        run.describe()
+    );
+    assert_eq!(
+        run.result["cleanup"]["ok"],
+        true,
+        "cleanup not ok\n{}",
+        run.describe()
+    );
+}
+
+fn timed(contract: &str, argv: &[&str]) -> (CellRun, Duration) {
+    let started = Instant::now();
+    let run = common::run(Some(contract), argv);
+    (run, started.elapsed())
+}
+
+fn usage_f64(run: &CellRun, field: &str) -> f64 {
+    run.result["usage"][field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("usage.{field} missing\n{}", run.describe()))
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. memory
+
+#[test]
+fn memory_ceiling_kills_a_500_mb_allocation() {
+    require_cells!();
+    let _serial = serial();
+    let run = common::run(
+        Some("resources:\n  memory_mb: 128\n"),
+        &[
+            "python3",
+            "-c",
+            "b = bytearray(500 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('allocated', len(b))",
+        ],
+    );
+    assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
+    assert_eq!(run.limit_fired(), Some("memory"), "{}", run.describe());
+    assert_eq!(run.code(), 137, "{}", run.describe());
+    assert_eq!(run.result["exit_code"], 137, "{}", run.describe());
+    assert!(
+        usage_f64(&run, "oom_kills") >= 1.0,
+        "no oom kill counted\n{}",
+        run.describe()
+    );
+    assert!(
+        !run.stdout().contains("allocated"),
+        "the allocation succeeded\n{}",
+        run.describe()
+    );
+    let peak = usage_f64(&run, "memory_peak_bytes");
+    assert!(
+        peak <= 129.0 * 1024.0 * 1024.0,
+        "memory peak {peak} above the 128 MiB ceiling\n{}",
+        run.describe()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. pids
+
+#[test]
+fn fork_bomb_is_contained_by_the_process_limit() {
+    require_cells!();
+    let _serial = serial();
+    let marker = format!("forkbomb{}", marker_digits());
+    // dash forks without exec, so every bomb process carries the marker in its cmdline.
+    let script = format!("bomb(){{ bomb|bomb& }}; bomb; sleep 1; : {marker}");
+    let (run, elapsed) = timed(
+        "resources:\n  process_limit: 64\n  wall_time_seconds: 5\n",
+        &["/bin/sh", "-c", &script],
+    );
+    println!(
+        "fork bomb: {:?}, pids_peak {}, pids_limit_hits {}",
+        elapsed, run.result["usage"]["pids_peak"], run.result["usage"]["pids_limit_hits"]
+    );
+    assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
+    assert_eq!(run.limit_fired(), Some("pids"), "{}", run.describe());
+    assert_eq!(run.code(), 137, "{}", run.describe());
+    assert!(
+        usage_f64(&run, "pids_limit_hits") > 0.0,
+        "no pids limit hit counted\n{}",
+        run.describe()
+    );
+    assert!(
+        usage_f64(&run, "pids_peak") <= 64.0,
+        "pids peak above the limit\n{}",
+        run.describe()
+    );
+    // The host is healthy: it can still start processes...
+    let probe = Command::new("/bin/sh")
+        .args(["-c", "echo alive"])
+        .output()
+        .expect("the host cannot spawn a process after the fork bomb");
+    assert_eq!(String::from_utf8_lossy(&probe.stdout), "alive\n");
+    // ... and nothing of the bomb is left.
+    assert_nothing_left(&run, &marker);
+    let orphans = orphaned_cell_processes();
+    assert!(
+        orphans.is_empty(),
+        "cell processes without a live supervisor after the fork bomb: {orphans:#?}\n{}",
+        run.describe()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. wall time: busy, SIGTERM-ignoring, daemonised
+
+const TWO_SECONDS: &str = "resources:\n  wall_time_seconds: 2\n";
+/// Deadline (2 s) + grace (1 s) + slack.
+const DEADLINE_BOUND: Duration = Duration::from_secs(5);
+
+fn assert_killed_at_deadline(run: &CellRun, elapsed: Duration, marker: &str) {
+    println!("{marker}: airlock run took {elapsed:?}");
+    assert!(
+        elapsed < DEADLINE_BOUND,
+        "the run took {elapsed:?}, more than deadline + grace + slack ({DEADLINE_BOUND:?})\n{}",
+        run.describe()
+    );
+    assert!(
+        elapsed >= Duration::from_millis(1900),
+        "the run ended before its deadline ({elapsed:?})\n{}",
+        run.describe()
+    );
+    assert_eq!(run.code(), 124, "{}", run.describe());
+    assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
+    assert_eq!(run.limit_fired(), Some("wall_time"), "{}", run.describe());
+    assert_nothing_left(run, marker);
+}
+
+#[test]
+fn busy_loop_dies_at_the_deadline() {
+    require_cells!();
+    let _serial = serial();
+    let marker = format!("busy{}", marker_digits());
+    let script = format!("while :; do :; done; : {marker}");
+    let (run, elapsed) = timed(TWO_SECONDS, &["/bin/sh", "-c", &script]);
+    assert_killed_at_deadline(&run, elapsed, &marker);
+}
+
+#[test]
+fn sigterm_ignoring_process_dies_at_the_deadline() {
+    require_cells!();
+    let _serial = serial();
+    let marker = format!("noterm{}", marker_digits());
+    let script = format!("trap '' TERM; while :; do :; done; : {marker}");
+    let (run, elapsed) = timed(TWO_SECONDS, &["/bin/sh", "-c", &script]);
+    assert_killed_at_deadline(&run, elapsed, &marker);
+}
+
+#[test]
+fn double_forked_setsid_daemon_dies_with_the_cell() {
+    require_cells!();
+    let _serial = serial();
+    let digits = marker_digits();
+    let marker = format!("sleep 300.{digits}");
+    // setsid + background + exiting parent: the daemon is reparented and in its own
+    // session; only its marker (the sleep argument) identifies it.
+    let script = format!("setsid sh -c '{marker} &'; sleep 60");
+    let (run, elapsed) = timed(TWO_SECONDS, &["/bin/sh", "-c", &script]);
+    assert_killed_at_deadline(&run, elapsed, &format!("300.{digits}"));
+}
+
+#[test]
+fn sigterm_ignoring_daemon_dies_at_the_deadline() {
+    require_cells!();
+    let _serial = serial();
+    let digits = marker_digits();
+    let script = format!(
+        "setsid sh -c 'trap \"\" TERM; while :; do sleep 0.1; done; : 300.{digits}' & sleep 60"
+    );
+    let (run, elapsed) = timed(TWO_SECONDS, &["/bin/sh", "-c", &script]);
+    assert_killed_at_deadline(&run, elapsed, &format!("300.{digits}"));
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. stopped processes
+
+#[test]
+fn stopped_process_does_not_survive_a_normal_exit() {
+    require_cells!();
+    let _serial = serial();
+    let digits = marker_digits();
+    // The child stops itself; the payload exits 0 right after, leaving it behind.
+    let script = format!("sh -c 'kill -STOP $$; sleep 300.{digits}' & sleep 0.3; exit 0");
+    let (run, elapsed) = timed("{}\n", &["/bin/sh", "-c", &script]);
+    println!("stopped child, normal exit: {elapsed:?}");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.status(), "ok", "{}", run.describe());
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "the run waited for the stopped child ({elapsed:?})\n{}",
+        run.describe()
+    );
+    assert_nothing_left(&run, &format!("300.{digits}"));
+}
+
+#[test]
+fn stopped_process_does_not_survive_the_deadline() {
+    require_cells!();
+    let _serial = serial();
+    let digits = marker_digits();
+    let script = format!("sh -c 'kill -STOP $$; sleep 300.{digits}' & sleep 60");
+    let (run, elapsed) = timed(TWO_SECONDS, &["/bin/sh", "-c", &script]);
+    assert_killed_at_deadline(&run, elapsed, &format!("300.{digits}"));
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. output flood
+
+/// Runs airlock under `/usr/bin/time -v` (or polls its VmHWM) and returns the run and the
+/// supervisor's peak RSS in KiB.
+fn run_measuring_rss(dir: &Path, contract: &str, argv: &[&str]) -> (CellRun, u64, &'static str) {
+    let contract_path = dir.join("contract.yaml");
+    std::fs::write(&contract_path, contract).unwrap();
+    let result_path = dir.join("result.json");
+    let time_log = dir.join("time.txt");
+    let gnu_time = Path::new("/usr/bin/time").exists();
+    let mut cmd = if gnu_time {
+        let mut c = Command::new("/usr/bin/time");
+        c.arg("-v")
+            .arg("-o")
+            .arg(&time_log)
+            .arg(common::airlock_bin());
+        c
+    } else {
+        Command::new(common::airlock_bin())
+    };
+    cmd.current_dir(dir)
+        .arg("run")
+        .arg("--result")
+        .arg(&result_path)
+        .arg("--contract")
+        .arg(&contract_path)
+        .arg("--")
+        .args(argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn airlock");
+    let mut polled_kib = 0u64;
+    if !gnu_time {
+        let status_path = format!("/proc/{}/status", child.id());
+        while child.try_wait().unwrap().is_none() {
+            if let Ok(status) = std::fs::read_to_string(&status_path) {
+                if let Some(kib) = status
+                    .lines()
+                    .find(|l| l.starts_with("VmHWM:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|v| v.parse::<u64>().ok())
+                {
+                    polled_kib = polled_kib.max(kib);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let output = child.wait_with_output().unwrap();
+    let result = std::fs::read_to_string(&result_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let run = CellRun { output, result };
+    if gnu_time {
+        let log = std::fs::read_to_string(&time_log).unwrap_or_default();
+        let kib = log
+            .lines()
+            .find(|l| l.contains("Maximum resident set size"))
+            .and_then(|l| l.rsplit(':').next())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no maxrss in /usr/bin/time output: {log}"));
+        (run, kib, "/usr/bin/time -v")
+    } else {
+        (run, polled_kib, "polled VmHWM")
+    }
+}
+
+#[test]
+fn one_gib_output_flood_is_truncated_with_bounded_supervisor_memory() {
+    require_cells!();
+    let _serial = serial();
+    const GIB: u64 = 1 << 30;
+    const LIMIT: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let (run, rss_kib, how) = run_measuring_rss(
+        dir.path(),
+        &format!("resources:\n  output_bytes: {LIMIT}\n"),
+        &["head", "-c", &GIB.to_string(), "/dev/zero"],
+    );
+    let elapsed = started.elapsed();
+    println!(
+        "1 GiB flood: supervisor peak RSS {rss_kib} KiB ({:.1} MiB, {how}), {elapsed:?}",
+        rss_kib as f64 / 1024.0
+    );
+    let output = &run.result["output"];
+    assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
+    assert_eq!(
+        run.limit_fired(),
+        Some("output_bytes"),
+        "{}",
+        run.describe()
+    );
+    assert_eq!(output["truncated"], true, "{}", run.describe());
+    assert_eq!(output["limit_bytes"], LIMIT, "{}", run.describe());
+    assert_eq!(output["stdout"]["bytes_seen"], GIB, "{}", run.describe());
+    assert_eq!(output["forwarded_bytes"], LIMIT, "{}", run.describe());
+    let kept = output["stdout"]["head"].as_str().unwrap_or("").len()
+        + output["stdout"]["tail"].as_str().unwrap_or("").len();
+    assert!(
+        kept as u64 <= LIMIT,
+        "head + tail keep {kept} bytes, more than the limit\n{}",
+        run.describe()
+    );
+    assert!(
+        rss_kib > 0 && rss_kib < 64 * 1024,
+        "supervisor peak RSS {rss_kib} KiB is not below 64 MiB\n{}",
+        run.describe()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. disk
+
+#[test]
+fn full_writable_path_is_a_disk_ceiling() {
+    require_cells!();
+    let _serial = serial();
+    let run = common::run(
+        Some("filesystem:\n  writable_paths:\n    - { path: /tmp, size_mb: 1 }\n"),
+        &["dd", "if=/dev/zero", "of=/tmp/fill", "bs=64k", "count=100"],
+    );
+    assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
+    assert_eq!(run.limit_fired(), Some("disk"), "{}", run.describe());
+    assert_ne!(run.code(), 0, "{}", run.describe());
+    assert!(
+        run.stderr().contains("No space left on device"),
+        "dd did not hit ENOSPC\n{}",
+        run.describe()
+    );
+}
+
+#[test]
+fn a_write_that_fits_is_not_a_disk_ceiling() {
+    require_cells!();
+    let _serial = serial();
+    let run = common::run(
+        Some("filesystem:\n  writable_paths:\n    - { path: /tmp, size_mb: 1 }\n"),
+        &["dd", "if=/dev/zero", "of=/tmp/fill", "bs=64k", "count=4"],
+    );
+    assert_eq!(run.status(), "ok", "{}", run.describe());
+    assert_eq!(run.limit_fired(), None, "{}", run.describe());
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. cpu quota
+
+#[test]
+fn cpu_quota_holds_a_busy_loop_to_its_share() {
+    require_cells!();
+    let _serial = serial();
+    let (run, elapsed) = timed(
+        "resources:\n  cpu_millis: 100\n",
+        &["timeout", "2", "sh", "-c", "while :; do :; done"],
+    );
+    let cpu_ms = usage_f64(&run, "cpu_user_ms") + usage_f64(&run, "cpu_system_ms");
+    println!(
+        "cpu quota 10%: {cpu_ms:.0} ms of cpu in a {elapsed:?} run ({:.1}% of 2000 ms)",
+        cpu_ms / 20.0
+    );
+    assert!(
+        matches!(run.status(), "ok" | "task_error"),
+        "{}",
+        run.describe()
+    );
+    // timeout(1) ran its 2 s and killed the loop.
+    assert_eq!(run.code(), 124, "{}", run.describe());
+    assert!(
+        elapsed >= Duration::from_millis(1900),
+        "the loop did not run for 2 s ({elapsed:?})\n{}",
+        run.describe()
+    );
+    assert!(
+        cpu_ms > 20.0,
+        "no cpu time counted at all ({cpu_ms} ms): usage is not measured\n{}",
+        run.describe()
+    );
+    assert!(
+        cpu_ms <= 500.0,
+        "the loop used {cpu_ms} ms of cpu in 2 s under a 10% quota (expected <= 25% = 500 ms)\n{}",
+        run.describe()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. usage and timings
+
+#[test]
+fn usage_and_timings_are_present_and_plausible() {
+    require_cells!();
+    let _serial = serial();
+    let run = common::sh("i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo done");
+    assert_eq!(run.status(), "ok", "{}", run.describe());
+    let t = &run.result["timings"];
+    let startup = t["startup_ms"].as_f64().expect("startup_ms");
+    let wall = t["wall_ms"].as_f64().expect("wall_ms");
+    println!("timings: startup {startup:.1} ms, wall {wall:.1} ms");
+    assert!(startup > 0.0, "startup_ms {startup}\n{}", run.describe());
+    assert!(wall >= startup, "wall_ms < startup_ms\n{}", run.describe());
+    assert!(wall < 60_000.0, "wall_ms {wall}\n{}", run.describe());
+    assert!(
+        usage_f64(&run, "memory_peak_bytes") > 0.0,
+        "{}",
+        run.describe()
+    );
+    assert!(usage_f64(&run, "pids_peak") >= 1.0, "{}", run.describe());
+    assert_eq!(usage_f64(&run, "oom_kills"), 0.0, "{}", run.describe());
+    assert_eq!(
+        usage_f64(&run, "pids_limit_hits"),
+        0.0,
+        "{}",
+        run.describe()
+    );
+    let cpu = usage_f64(&run, "cpu_user_ms") + usage_f64(&run, "cpu_system_ms");
+    assert!(
+        cpu > 0.0 && cpu <= wall * 2.0 + 10.0,
+        "cpu {cpu} ms implausible for a {wall} ms run\n{}",
+        run.describe()
+    );
+}
+
+/// A payload killed at the deadline burned about two seconds of cpu; the record must
+/// say so (accounting that only sees processes reaped before the kill reports ~0).
+#[test]
+fn usage_counts_the_cpu_of_a_payload_killed_at_the_deadline() {
+    require_cells!();
+    let _serial = serial();
+    for attempt in 0..3 {
+        let (run, elapsed) = timed(
+            TWO_SECONDS,
+            &["/bin/sh", "-c", "trap '' TERM; while :; do :; done"],
+        );
+        let cpu = usage_f64(&run, "cpu_user_ms") + usage_f64(&run, "cpu_system_ms");
+        println!("attempt {attempt}: {cpu:.0} ms cpu in {elapsed:?}");
+        assert_eq!(run.limit_fired(), Some("wall_time"), "{}", run.describe());
+        assert!(
+            cpu >= 1000.0,
+            "a busy loop ran ~2 s but usage reports {cpu} ms of cpu\n{}",
+            run.describe()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. exit codes
+
+#[test]
+fn payload_exit_code_is_passed_through() {
+    require_cells!();
+    let _serial = serial();
+    let run = common::sh("exit 3");
+    assert_eq!(run.code(), 3, "{}", run.describe());
+    assert_eq!(run.status(), "task_error", "{}", run.describe());
+    assert_eq!(run.result["exit"]["code"], 3, "{}", run.describe());
+    assert_eq!(run.result["exit_code"], 3, "{}", run.describe());
+    assert_eq!(run.limit_fired(), None, "{}", run.describe());
+}
+
+#[test]
+fn command_not_found_is_127() {
+    require_cells!();
+    let _serial = serial();
+    for argv in [
+        &["airlock-no-such-command-xyz"][..],
+        &["/no/such/dir/command"][..],
+    ] {
+        let run = common::run(None, argv);
+        assert_eq!(run.code(), 127, "{argv:?}\n{}", run.describe());
+        assert_eq!(run.result["exit_code"], 127, "{}", run.describe());
+        assert_eq!(run.status(), "task_error", "{}", run.describe());
+    }
+}
+
+#[test]
+fn non_executable_file_is_126() {
+    require_cells!();
+    let _serial = serial();
+    // A regular, non-executable file visible in the cell (host /usr is mounted).
+    let candidates = [
+        "/usr/lib/os-release",
+        "/usr/share/common-licenses/GPL-3",
+        "/usr/share/dict/words",
+    ];
+    let file = candidates
+        .iter()
+        .find(|p| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 == 0)
+        })
+        .expect("no non-executable regular file under /usr");
+    let run = common::run(None, &[file]);
+    assert_eq!(run.code(), 126, "{}", run.describe());
+    assert_eq!(run.result["exit_code"], 126, "{}", run.describe());
+    assert_eq!(run.status(), "task_error", "{}", run.describe());
+    // A directory cannot be executed either.
+    let run = common::run(None, &["/usr/share"]);
+    assert_eq!(run.code(), 126, "{}", run.describe());
+}
+
+#[test]
+fn no_orphaned_cell_process_outlives_these_tests() {
+    require_cells!();
+    let _serial = serial();
+    // Under the lock no cell of this binary is alive; cells of concurrently running test
+    // binaries still hang below their live supervisor and are not counted.
+    let left = orphaned_cell_processes();
+    assert!(
+        left.is_empty(),
+        "cell processes without a live supervisor: {left:#?}"
+    );
+}

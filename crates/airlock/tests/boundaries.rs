@@ -1,0 +1,1251 @@
+//! Boundary tests: each one runs the real `airlock` binary and has the payload try to cross
+//! one boundary of the cell. An attempt that succeeds fails the test.
+mod common;
+
+use common::CellRun;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A value nobody else will produce: pid, time and a counter.
+fn random_token() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "{:x}{:x}{}",
+        std::process::id(),
+        nanos,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Repository root (the workspace), for the example contracts.
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `python3 -c script` in a default cell.
+fn py(script: &str) -> CellRun {
+    common::run(None, &["/usr/bin/python3", "-c", script])
+}
+
+fn read_result(path: &Path) -> Value {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// A `airlock run` command with a result file in `dir`, not yet started.
+fn airlock_cmd(dir: &Path, result_path: &Path, argv: &[&str]) -> Command {
+    let mut cmd = Command::new(common::airlock_bin());
+    cmd.current_dir(dir)
+        .arg("run")
+        .arg("--result")
+        .arg(result_path)
+        .arg("--")
+        .args(argv)
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Lines of the form `name: verdict` printed by the probe scripts below.
+fn verdicts(run: &CellRun) -> Vec<(String, String)> {
+    run.stdout()
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .map(|(a, b)| (a.trim().to_owned(), b.trim().to_owned()))
+        .collect()
+}
+
+/// Asserts each probe in `names` printed a line `name: blocked...`.
+fn assert_blocked(run: &CellRun, names: &[&str]) {
+    if std::env::var_os("AIRLOCK_TEST_VERBOSE").is_some() {
+        eprintln!("{}", run.stdout());
+    }
+    let v = verdicts(run);
+    for name in names {
+        let verdict = v
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("probe `{name}` printed nothing\n{}", run.describe()));
+        assert!(
+            verdict.starts_with("blocked"),
+            "boundary crossed: `{name}` -> `{verdict}`\n{}",
+            run.describe()
+        );
+    }
+}
+
+// 1 ---------------------------------------------------------------------------------------
+
+#[test]
+fn host_shadow_file_is_unreadable() {
+    require_cells!();
+    let host_shadow = std::fs::read_to_string("/etc/shadow").unwrap_or_default();
+    let first = host_shadow.lines().next().unwrap_or("").to_owned();
+
+    let run = common::sh(
+        "cat /etc/shadow; echo \"cat: exit $?\"; \
+         cat /etc/gshadow; echo \"gcat: exit $?\"; \
+         python3 -c '\n\
+try:\n    open(\"/etc/shadow\").read(); print(\"py: READ\")\n\
+except (PermissionError, FileNotFoundError) as e: print(\"py: blocked\", type(e).__name__)\n'",
+    );
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    let v = verdicts(&run);
+    let cat = v.iter().find(|(n, _)| n == "cat").map(|(_, v)| v.clone());
+    assert!(
+        cat.as_deref().is_some_and(|c| c != "exit 0"),
+        "cat /etc/shadow must fail\n{d}"
+    );
+    assert_blocked(&run, &["py"]);
+    if !first.is_empty() {
+        let everything = format!("{}{}", run.stdout(), run.stderr());
+        assert!(!everything.contains(&first), "host shadow leaked\n{d}");
+        // The user name with its hash field (root:<hash>) must never appear either.
+        let mut fields = first.split(':');
+        let user = fields.next().unwrap_or("");
+        let hash = fields.next().unwrap_or("");
+        if hash.len() > 2 {
+            assert!(!everything.contains(hash), "host password hash leaked\n{d}");
+        }
+        assert!(
+            !run.stdout().contains(&format!("{user}:{hash}:")),
+            "host shadow entry leaked\n{d}"
+        );
+    }
+}
+
+// 2 ---------------------------------------------------------------------------------------
+
+struct Marker(Vec<PathBuf>);
+impl Drop for Marker {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+#[test]
+fn host_marker_files_are_invisible() {
+    require_cells!();
+    let token = random_token();
+    let name = format!("airlock-marker-{token}");
+    // The content is never written literally in the script: the probes search for a
+    // bracket pattern that matches it.
+    let content = format!("MARKER-{token}-CONTENT");
+    let pattern = format!("MARKER-{token}-CONTEN[T]");
+    let paths = vec![
+        PathBuf::from(format!("/var/tmp/{name}")),
+        PathBuf::from(format!("/root/{name}")),
+        PathBuf::from(format!("/tmp/{name}")),
+    ];
+    let _cleanup = Marker(paths.clone());
+    for p in &paths {
+        std::fs::write(p, format!("{content}\n")).unwrap();
+    }
+
+    let script = format!(
+        r#"
+for p in /var/tmp/{name} /root/{name} /tmp/{name} /proc/1/root/var/tmp/{name} /proc/1/root/root/{name} /proc/self/root/var/tmp/{name}; do
+  cat "$p" 2>/dev/null && echo "FOUND-cat $p"
+done
+for d in /proc/[0-9]*; do
+  cat "$d/root/var/tmp/{name}" "$d/root/root/{name}" "$d/root/tmp/{name}" "$d/cwd/{name}" 2>/dev/null && echo "FOUND-proc $d"
+done
+find / -name '{name}*' 2>/dev/null | sed 's/^/FOUND-find /'
+find /proc/1/root/ -xdev -name '{name}*' 2>/dev/null | sed 's/^/FOUND-find1 /'
+grep -rsl --devices=skip --exclude-dir=proc --exclude-dir=usr --exclude-dir=sys '{pattern}' / 2>/dev/null | sed 's/^/FOUND-grep /'
+grep -rsl --devices=skip '{pattern}' /proc/1/root/tmp /proc/1/root/var /proc/1/root/root 2>/dev/null | sed 's/^/FOUND-grep1 /'
+echo probes-done
+"#
+    );
+    let run = common::sh(&script);
+    let d = run.describe();
+    assert!(run.stdout().contains("probes-done"), "{d}");
+    assert!(
+        !run.stdout().contains(&content) && !run.stderr().contains(&content),
+        "host marker content leaked\n{d}"
+    );
+    assert!(!run.stdout().contains("FOUND-"), "host marker visible\n{d}");
+    assert_eq!(run.code(), 0, "{d}");
+    // The host's /tmp marker is untouched and the cell's /tmp is not the host's.
+    assert_eq!(
+        std::fs::read_to_string(&paths[2]).unwrap(),
+        format!("{content}\n")
+    );
+}
+
+// 3 ---------------------------------------------------------------------------------------
+
+#[test]
+fn writes_outside_writable_paths_fail() {
+    require_cells!();
+    let token = random_token();
+    let host_hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let script = format!(
+        r#"
+t() {{ if sh -c "$2" 2>/dev/null; then echo "$1: WROTE"; else echo "$1: blocked"; fi; }}
+t root 'touch /x-{token}'
+t usr 'touch /usr/x-{token}'
+t usr-bin 'cp /bin/sh /usr/bin/x-{token}'
+t bin 'touch /bin/x-{token}'
+t lib 'touch /lib/x-{token}'
+t etc 'touch /etc/x-{token}'
+t etc-passwd 'echo evil::0:0::/:/bin/sh >> /etc/passwd'
+t etc-hosts 'echo 1.2.3.4 evil >> /etc/hosts'
+t dev 'touch /dev/x-{token}'
+t dev-null-replace 'rm -f /dev/null'
+t proc 'touch /proc/x-{token}'
+t proc-hostname 'echo evil > /proc/sys/kernel/hostname'
+t proc-core-pattern 'echo "|/tmp/evil" > /proc/sys/kernel/core_pattern'
+t proc-sysrq 'echo h > /proc/sysrq-trigger'
+t proc-self-mem-usr 'printf x | dd of=/proc/1/mem bs=1 seek=4096 conv=notrunc'
+t sys 'mkdir -p /sys/x-{token}'
+t mkdir-root 'mkdir /newdir-{token}'
+t chmod-root 'chmod 777 /'
+t mkdir-usr-local 'mkdir /usr/local/x-{token}'
+if echo hi > /tmp/x-{token} && [ "$(cat /tmp/x-{token})" = hi ]; then echo "tmp: writable"; else echo "tmp: FAILED"; fi
+if echo hi > /dev/shm/x-{token}; then echo "shm: writable"; else echo "shm: blocked"; fi
+hostname
+"#
+    );
+    let run = common::sh(&script);
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert_blocked(
+        &run,
+        &[
+            "root",
+            "usr",
+            "usr-bin",
+            "bin",
+            "lib",
+            "etc",
+            "etc-passwd",
+            "etc-hosts",
+            "dev",
+            "dev-null-replace",
+            "proc",
+            "proc-hostname",
+            "proc-core-pattern",
+            "proc-sysrq",
+            "proc-self-mem-usr",
+            "sys",
+            "mkdir-root",
+            "chmod-root",
+            "mkdir-usr-local",
+        ],
+    );
+    assert!(
+        run.stdout().contains("tmp: writable"),
+        "/tmp is the contract's writable path and must accept writes\n{d}"
+    );
+    // Nothing reached the host.
+    for p in [
+        format!("/usr/x-{token}"),
+        format!("/usr/bin/x-{token}"),
+        format!("/usr/local/x-{token}"),
+        format!("/bin/x-{token}"),
+        format!("/x-{token}"),
+        format!("/tmp/x-{token}"),
+        format!("/dev/shm/x-{token}"),
+    ] {
+        assert!(!Path::new(&p).exists(), "{p} appeared on the host\n{d}");
+    }
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+        host_hostname,
+        "host hostname changed\n{d}"
+    );
+    assert!(
+        run.stdout().lines().any(|l| l == "airlock"),
+        "cell hostname\n{d}"
+    );
+}
+
+// 4 ---------------------------------------------------------------------------------------
+
+#[test]
+fn network_is_denied() {
+    require_cells!();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let nameserver = std::fs::read_to_string("/etc/resolv.conf")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("nameserver ").map(|s| s.trim().to_owned()))
+        .filter(|s| s.parse::<std::net::Ipv4Addr>().is_ok())
+        .unwrap_or_else(|| "8.8.4.4".to_owned());
+
+    let script = format!(
+        r#"
+import socket, subprocess
+def probe(name, fn):
+    try:
+        r = fn()
+        print(f"{{name}}: CONNECTED {{r}}")
+    except Exception as e:
+        print(f"{{name}}: blocked {{type(e).__name__}} {{e}}")
+def tcp(host, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(3)
+    s.connect((host, port))
+    s.sendall(b"hello from the cell\n")
+    return s.getsockname()
+def udp(host, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(2)
+    return s.sendto(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03com\x00\x00\x01\x00\x01", (host, port))
+def tcp6(host, port):
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    s.settimeout(3)
+    s.connect((host, port))
+    return s.getsockname()
+probe("host-listener", lambda: tcp("127.0.0.1", {port}))
+probe("host-listener-6", lambda: tcp6("::1", {port}))
+probe("metadata", lambda: tcp("169.254.169.254", 80))
+probe("public-tcp", lambda: tcp("1.1.1.1", 443))
+probe("dns-test", lambda: socket.getaddrinfo("example.test", 80))
+probe("dns-com", lambda: socket.getaddrinfo("example.com", 443))
+probe("udp-google", lambda: udp("8.8.8.8", 53))
+probe("udp-nameserver", lambda: udp("{nameserver}", 53))
+r = subprocess.run(["getent", "hosts", "example.com"], capture_output=True)
+print("getent:", "blocked" if r.returncode != 0 else "RESOLVED " + r.stdout.decode())
+r = subprocess.run(["bash", "-c", "echo hi > /dev/tcp/127.0.0.1/{port}"], capture_output=True)
+print("bash-dev-tcp:", "blocked" if r.returncode != 0 else "CONNECTED")
+with open("/proc/net/dev") as f:
+    names = [l.split(":")[0].strip() for l in f.readlines()[2:]]
+print("ifaces:", ",".join(names))
+r = subprocess.run(["ip", "-o", "link"], capture_output=True)
+print("iplink:", ",".join(l.split(":")[1].strip() for l in r.stdout.decode().splitlines()) or "none", r.returncode)
+"#
+    );
+    let run = py(&script);
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert_blocked(
+        &run,
+        &[
+            "host-listener",
+            "host-listener-6",
+            "metadata",
+            "public-tcp",
+            "dns-test",
+            "dns-com",
+            "udp-google",
+            "udp-nameserver",
+            "getent",
+            "bash-dev-tcp",
+        ],
+    );
+    let v = verdicts(&run);
+    let ifaces = v
+        .iter()
+        .find(|(n, _)| n == "ifaces")
+        .map(|(_, v)| v.clone());
+    assert_eq!(ifaces.as_deref(), Some("lo"), "only lo in the cell\n{d}");
+    if let Some((_, iplink)) = v.iter().find(|(n, _)| n == "iplink") {
+        if !iplink.starts_with("none") {
+            assert!(iplink.starts_with("lo "), "only lo in `ip link`\n{d}");
+        }
+    }
+    // The host listener never saw a connection.
+    let deadline = Instant::now() + Duration::from_millis(300);
+    loop {
+        match listener.accept() {
+            Ok((_, peer)) => panic!("the cell reached the host listener from {peer}\n{d}"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("accept: {e}"),
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// 5 ---------------------------------------------------------------------------------------
+
+#[test]
+fn host_processes_are_invisible() {
+    require_cells!();
+    let me = std::process::id();
+    let script = format!(
+        r#"
+echo "pids: $(ls /proc | grep -E '^[0-9]+$' | tr '\n' ' ')"
+if kill -0 {me} 2>/dev/null; then echo "kill-0: SIGNALLED"; else echo "kill-0: blocked"; fi
+if kill -0 1 2>/dev/null; then echo "kill-0-1: ok"; else echo "kill-0-1: no"; fi
+if [ -e /proc/{me} ]; then echo "proc-entry: VISIBLE"; else echo "proc-entry: blocked"; fi
+ps -e -o pid=,comm= | sed 's/^/ps /'
+"#
+    );
+    let run = common::sh(&script);
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert_blocked(&run, &["kill-0", "proc-entry"]);
+    let v = verdicts(&run);
+    let pids: Vec<u32> = v
+        .iter()
+        .find(|(n, _)| n == "pids")
+        .map(|(_, p)| {
+            p.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(!pids.is_empty(), "{d}");
+    assert!(
+        pids.len() <= 10,
+        "the cell sees more processes than its own: {pids:?}\n{d}"
+    );
+    assert!(!pids.contains(&me), "{d}");
+    assert!(
+        pids.iter().all(|&p| p < 100),
+        "pids of a fresh pid namespace are small: {pids:?}\n{d}"
+    );
+    let stdout = run.stdout();
+    let ps: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("ps "))
+        .collect();
+    assert!(ps.len() <= 8, "ps shows {ps:?}\n{d}");
+    for comm in ["cargo", "systemd", "init", "boundaries", "sshd"] {
+        assert!(
+            !ps.iter().any(|l| l.split_whitespace().nth(1) == Some(comm)),
+            "host process {comm} visible\n{d}"
+        );
+    }
+}
+
+// 6 ---------------------------------------------------------------------------------------
+
+fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')))
+        .map(str::trim)
+}
+
+#[test]
+fn privileges_are_dropped_inside_and_outside() {
+    require_cells!();
+    let run = common::sh("cat /proc/self/status; echo \"idu: $(id -u) $(id -g) $(id -G)\"");
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    let out = run.stdout();
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(
+            status_field(&out, cap),
+            Some("0000000000000000"),
+            "{cap}\n{d}"
+        );
+    }
+    assert_eq!(status_field(&out, "NoNewPrivs"), Some("1"), "{d}");
+    assert_eq!(status_field(&out, "Seccomp"), Some("2"), "{d}");
+    let uids: Vec<&str> = status_field(&out, "Uid")
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(uids, ["10001"; 4], "{d}");
+    let gids: Vec<&str> = status_field(&out, "Gid")
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(gids, ["10001"; 4], "{d}");
+    assert!(out.contains("idu: 10001 10001 10001\n"), "{d}");
+
+    // From the host: every process of a running cell has a non-root host uid.
+    let token = random_token();
+    let sleep_arg = format!(
+        "3.{}",
+        token
+            .bytes()
+            .map(|b| b % 10)
+            .map(|b| (b'0' + b) as char)
+            .collect::<String>()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let result_path = dir.path().join("r.json");
+    let mut child = airlock_cmd(dir.path(), &result_path, &["/bin/sleep", &sleep_arg])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut payload = None;
+    while payload.is_none() && Instant::now() < deadline {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            if args.len() >= 2 && args[0].ends_with(b"sleep") && args[1] == sleep_arg.as_bytes() {
+                payload = Some(pid);
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let payload = payload.expect("the cell's sleep process was not found on the host");
+    let pidns = std::fs::read_link(format!("/proc/{payload}/ns/pid")).unwrap();
+    let mut cell_procs = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+            .ok()
+            .as_ref()
+            != Some(&pidns)
+        {
+            continue;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let comm = status_field(&status, "Name").unwrap_or("?").to_owned();
+        let uid = status_field(&status, "Uid").unwrap_or("").to_owned();
+        let gid = status_field(&status, "Gid").unwrap_or("").to_owned();
+        let capeff = status_field(&status, "CapEff").unwrap_or("").to_owned();
+        cell_procs.push((pid, comm, uid, gid, capeff));
+    }
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    assert!(!cell_procs.is_empty());
+    for (pid, comm, uid, gid, capeff) in &cell_procs {
+        assert!(
+            !uid.is_empty() && uid.split_whitespace().all(|u| u != "0"),
+            "cell process {pid} ({comm}) runs as host uid {uid}; all: {cell_procs:?}\n{output:?}"
+        );
+        assert!(
+            gid.split_whitespace().all(|g| g != "0"),
+            "cell process {pid} ({comm}) runs as host gid {gid}; all: {cell_procs:?}"
+        );
+        assert_eq!(
+            capeff, "0000000000000000",
+            "cell process {pid} ({comm}) holds capabilities; all: {cell_procs:?}"
+        );
+    }
+}
+
+// 7 ---------------------------------------------------------------------------------------
+
+#[test]
+fn dangerous_syscalls_are_blocked() {
+    require_cells!();
+    let script = r#"
+import ctypes, ctypes.util, os, socket, subprocess, fcntl, termios, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sc(name, nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    e = ctypes.get_errno()
+    print(f"{name}: " + (f"blocked errno={e} {os.strerror(e)}" if r == -1 else f"ALLOWED ret={r}"))
+def cmd(name, argv):
+    r = subprocess.run(argv, capture_output=True)
+    print(f"{name}: " + (f"blocked exit={r.returncode} {r.stderr.decode().strip()[:80]}" if r.returncode != 0 else "ALLOWED " + r.stdout.decode()[:80]))
+def call(name, fn):
+    try:
+        r = fn()
+        print(f"{name}: ALLOWED {r}")
+    except OSError as e:
+        print(f"{name}: blocked {type(e).__name__} errno={e.errno}")
+
+# namespaces
+r = libc.unshare(0x10000000); e = ctypes.get_errno()
+print("unshare-user: " + (f"blocked errno={e}" if r == -1 else "ALLOWED"))
+r = libc.unshare(0x00020000); e = ctypes.get_errno()
+print("unshare-mount: " + (f"blocked errno={e}" if r == -1 else "ALLOWED"))
+r = libc.unshare(0x40000000); e = ctypes.get_errno()
+print("unshare-net: " + (f"blocked errno={e}" if r == -1 else "ALLOWED"))
+cmd("unshare-U-cmd", ["unshare", "-U", "-r", "id"])
+cmd("unshare-m-cmd", ["unshare", "-m", "true"])
+# clone(CLONE_NEWUSER|SIGCHLD) through the raw syscall: a child would return 0
+sc("clone-newuser", 56, 0x10000000 | 17, 0, 0, 0, 0)
+fd = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+sc("setns", 308, fd, 0)
+# mount
+os.makedirs("/tmp/m", exist_ok=True)
+cmd("mount-cmd", ["mount", "-t", "tmpfs", "none", "/tmp/m"])
+r = libc.mount(b"none", b"/tmp/m", b"tmpfs", 0, None); e = ctypes.get_errno()
+print("mount-libc: " + (f"blocked errno={e}" if r == -1 else "ALLOWED"))
+sc("umount2", 166, ctypes.c_char_p(b"/usr"), 2)
+sc("pivot_root", 155, ctypes.c_char_p(b"/tmp"), ctypes.c_char_p(b"/tmp/m"))
+sc("chroot", 161, ctypes.c_char_p(b"/tmp"))
+sc("open_tree", 428, -100, ctypes.c_char_p(b"/usr"), 1)
+sc("fsopen", 430, ctypes.c_char_p(b"tmpfs"), 0)
+# kernel attack surface
+sc("keyctl", 250, 0, -3, 1)
+sc("add_key", 248, ctypes.c_char_p(b"user"), ctypes.c_char_p(b"k"), ctypes.c_char_p(b"v"), 1, -3)
+params = ctypes.create_string_buffer(120)
+sc("io_uring_setup", 425, 8, params)
+attr = ctypes.create_string_buffer(128)
+ctypes.memmove(attr, (ctypes.c_uint32 * 4)(1, 4, 4, 1), 16)
+sc("bpf", 321, 0, attr, 128)
+pattr = ctypes.create_string_buffer(128)
+ctypes.memmove(pattr, (ctypes.c_uint32 * 2)(1, 128), 8)
+sc("perf_event_open", 298, pattr, 0, -1, -1, 0)
+sc("userfaultfd", 323, 0)
+sc("kexec_load", 246, 0, 0, 0, 0)
+sc("init_module", 175, 0, 0, ctypes.c_char_p(b""))
+sc("reboot", 169, 0xfee1dead, 0x28121969, 0x4321fedc, 0)
+sc("swapon", 167, ctypes.c_char_p(b"/tmp/x"), 0)
+sc("acct", 163, ctypes.c_char_p(b"/tmp/acct"))
+sc("settimeofday", 164, 0, 0)
+sc("sethostname", 170, ctypes.c_char_p(b"evil"), 4)
+sc("iopl", 172, 3)
+sc("ioperm", 173, 0, 1024, 1)
+sc("open_by_handle_at", 304, 3, 0, 0)
+# ptrace
+sc("ptrace-traceme", 101, 0, 0, 0, 0)
+victim = subprocess.Popen(["sleep", "5"])
+time.sleep(0.1)
+sc("ptrace-attach", 101, 16, victim.pid, 0, 0)
+sc("ptrace-seize", 101, 0x4206, victim.pid, 0, 0)
+local = ctypes.create_string_buffer(8)
+iov_l = (ctypes.c_void_p * 2)(ctypes.cast(local, ctypes.c_void_p), 8)
+iov_r = (ctypes.c_void_p * 2)(0x400000, 8)
+sc("process_vm_readv", 310, victim.pid, iov_l, 1, iov_r, 1, 0)
+call("proc-pid-mem", lambda: open(f"/proc/{victim.pid}/mem", "rb").read(1))
+victim.kill()
+# terminal injection on a fresh pty
+master, slave = os.openpty()
+call("tiocsti-fcntl", lambda: fcntl.ioctl(slave, termios.TIOCSTI, b"x"))
+ch = ctypes.c_char(b"x")
+r = libc.ioctl(slave, ctypes.c_ulong(termios.TIOCSTI), ctypes.byref(ch)); e = ctypes.get_errno()
+print("tiocsti-libc: " + (f"blocked errno={e}" if r == -1 else "ALLOWED"))
+# the kernel truncates the ioctl request to 32 bits: high bits must not slip past the filter
+r = libc.ioctl(slave, ctypes.c_ulong((1 << 32) | termios.TIOCSTI), ctypes.byref(ch)); e = ctypes.get_errno()
+print("tiocsti-highbits: " + (f"blocked errno={e}" if r == -1 else "ALLOWED"))
+call("tiocsti-stdin", lambda: fcntl.ioctl(0, termios.TIOCSTI, b"x"))
+# identity
+r = libc.setuid(0); e = ctypes.get_errno()
+print("setuid0: " + (f"blocked errno={e}" if r == -1 else "ALLOWED"))
+r = libc.setgid(0); e = ctypes.get_errno()
+print("setgid0: " + (f"blocked errno={e}" if r == -1 else "ALLOWED"))
+sc("setresuid0", 117, 0, 0, 0)
+sc("setgroups0", 116, 1, (ctypes.c_uint * 1)(0))
+# socket families
+call("af-vsock", lambda: socket.socket(40, socket.SOCK_STREAM))
+call("af-alg", lambda: socket.socket(38, socket.SOCK_SEQPACKET))
+call("af-packet", lambda: socket.socket(17, socket.SOCK_RAW, 0x0300))
+call("af-packet-dgram", lambda: socket.socket(17, socket.SOCK_DGRAM, 0x0300))
+call("raw-inet", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, 1))
+print("done: yes")
+"#;
+    let run = py(script);
+    let d = run.describe();
+    assert!(run.stdout().contains("done: yes"), "{d}");
+    assert_eq!(run.code(), 0, "{d}");
+    assert_eq!(run.status(), "ok", "{d}");
+    assert_blocked(
+        &run,
+        &[
+            "unshare-user",
+            "unshare-mount",
+            "unshare-net",
+            "unshare-U-cmd",
+            "unshare-m-cmd",
+            "clone-newuser",
+            "setns",
+            "mount-cmd",
+            "mount-libc",
+            "umount2",
+            "pivot_root",
+            "chroot",
+            "open_tree",
+            "fsopen",
+            "keyctl",
+            "add_key",
+            "io_uring_setup",
+            "bpf",
+            "perf_event_open",
+            "userfaultfd",
+            "kexec_load",
+            "init_module",
+            "reboot",
+            "swapon",
+            "acct",
+            "settimeofday",
+            "sethostname",
+            "iopl",
+            "ioperm",
+            "open_by_handle_at",
+            "ptrace-traceme",
+            "ptrace-attach",
+            "ptrace-seize",
+            "process_vm_readv",
+            "proc-pid-mem",
+            "tiocsti-fcntl",
+            "tiocsti-libc",
+            "tiocsti-highbits",
+            "tiocsti-stdin",
+            "setuid0",
+            "setgid0",
+            "setresuid0",
+            "setgroups0",
+            "af-vsock",
+            "af-alg",
+            "af-packet",
+            "af-packet-dgram",
+            "raw-inet",
+        ],
+    );
+    // TIOCSTI on a real pty is refused by the filter itself (EPERM), not by the tty layer.
+    for name in ["tiocsti-fcntl", "tiocsti-libc", "tiocsti-highbits"] {
+        let v = verdicts(&run);
+        let verdict = &v.iter().find(|(n, _)| n == name).unwrap().1;
+        assert!(
+            verdict.contains("errno=1"),
+            "{name} must fail with EPERM: {verdict}\n{d}"
+        );
+    }
+}
+
+#[test]
+fn foreign_abi_syscall_kills_the_cell_as_suspected_escape() {
+    require_cells!();
+    // x32: the x32 bit on getpid.
+    let run = py("import ctypes\nctypes.CDLL(None).syscall(0x40000000 | 39)\nprint('survived')");
+    let d = run.describe();
+    assert!(!run.stdout().contains("survived"), "{d}");
+    assert_eq!(run.status(), "suspected_escape", "{d}");
+    assert_eq!(run.result["exit"]["signal"].as_i64(), Some(31), "{d}");
+    assert_eq!(run.code(), 128 + 31, "{d}");
+
+    // i386: int 0x80 (getpid = 20 in the i386 table) from a tiny mmap'd code page.
+    let run = py(r#"
+import ctypes, mmap
+code = bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3])  # mov eax,20; int 0x80; ret
+buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(code)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+ctypes.CFUNCTYPE(ctypes.c_int)(addr)()
+print('survived')
+"#);
+    let d = run.describe();
+    assert!(!run.stdout().contains("survived"), "{d}");
+    assert_eq!(run.status(), "suspected_escape", "{d}");
+    assert_eq!(run.result["exit"]["signal"].as_i64(), Some(31), "{d}");
+}
+
+// 8 ---------------------------------------------------------------------------------------
+
+#[test]
+fn host_file_descriptors_do_not_leak_into_the_cell() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret-fd-file");
+    std::fs::write(&secret, "fd-secret-content\n").unwrap();
+    let result_path = dir.path().join("r.json");
+    let probe = "import os\nfor fd in sorted(os.listdir('/proc/self/fd'), key=int):\n    try: t = os.readlink(f'/proc/self/fd/{fd}')\n    except OSError as e: t = str(e)\n    print(f'fd {fd} -> {t}')\nfor fd in (3, 7, 8, 9):\n    try: print('read', fd, os.read(fd, 100))\n    except OSError: pass\n";
+    // Open fds 7, 8 and 9 without CLOEXEC in the shell that execs airlock.
+    let script = format!(
+        "exec 7<'{}' 8>>'{}' 9<>/dev/null; exec '{}' run --result '{}' -- /usr/bin/python3 -c \"$PROBE\"",
+        secret.display(),
+        dir.path().join("append").display(),
+        common::airlock_bin().display(),
+        result_path.display()
+    );
+    let output = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(&script)
+        .env("PROBE", probe)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let run = CellRun {
+        output,
+        result: read_result(&result_path),
+    };
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    let fds: Vec<(u32, String)> = run
+        .stdout()
+        .lines()
+        .filter_map(|l| l.strip_prefix("fd "))
+        .filter_map(|l| l.split_once(" -> "))
+        .map(|(a, b)| (a.parse().unwrap(), b.to_owned()))
+        .collect();
+    let numbers: BTreeSet<u32> = fds.iter().map(|(n, _)| *n).collect();
+    // 0, 1, 2 and the directory fd listdir itself opens.
+    assert!(
+        numbers.is_subset(&BTreeSet::from([0, 1, 2, 3])),
+        "extra fds in the cell: {fds:?}\n{d}"
+    );
+    for (n, target) in &fds {
+        if *n == 3 {
+            assert!(
+                target.contains("/proc/"),
+                "fd 3 is not listdir's: {target}\n{d}"
+            );
+        }
+        assert!(!target.contains("secret-fd-file"), "{d}");
+        assert!(!target.contains("append"), "{d}");
+    }
+    assert!(!run.stdout().contains("fd-secret-content"), "{d}");
+    assert!(!run.stdout().contains("read "), "{d}");
+}
+
+// 9 ---------------------------------------------------------------------------------------
+
+#[test]
+fn host_environment_does_not_leak() {
+    require_cells!();
+    let secret = format!("s3cr3t-{}", random_token());
+    let dir = tempfile::tempdir().unwrap();
+
+    // `env` as the payload itself: its environment is exactly the plan's.
+    let result_path = dir.path().join("r1.json");
+    let output = airlock_cmd(dir.path(), &result_path, &["/usr/bin/env"])
+        .env("AIRLOCK_TEST_SECRET", &secret)
+        .env("HTTP_PROXY", "http://host-proxy.test:1")
+        .env("LD_PRELOAD", "/tmp/evil.so")
+        .output()
+        .unwrap();
+    let run = CellRun {
+        output,
+        result: read_result(&result_path),
+    };
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert!(!run.stdout().contains(&secret), "host secret leaked\n{d}");
+    let seen: BTreeSet<String> = run.stdout().lines().map(str::to_owned).collect();
+    let planned: BTreeSet<String> = run.result["plan"]["env"]
+        .as_array()
+        .expect("plan.env")
+        .iter()
+        .map(|e| {
+            format!(
+                "{}={}",
+                e["name"].as_str().unwrap(),
+                e["value"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(seen, planned, "cell env must be exactly the plan's\n{d}");
+    let names: BTreeSet<&str> = seen.iter().filter_map(|l| l.split('=').next()).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["HOME", "LANG", "PATH", "TMPDIR"]),
+        "{d}"
+    );
+
+    // Nor anywhere a process in the cell can read.
+    let result_path = dir.path().join("r2.json");
+    let output = airlock_cmd(
+        dir.path(),
+        &result_path,
+        &[
+            "/bin/sh",
+            "-c",
+            "for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done; cat /proc/1/cmdline; echo; echo end",
+        ],
+    )
+    .env("AIRLOCK_TEST_SECRET", &secret)
+    .output()
+    .unwrap();
+    let run = CellRun {
+        output,
+        result: read_result(&result_path),
+    };
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert!(run.stdout().contains("end"), "{d}");
+    assert!(!run.stdout().contains(&secret), "host secret leaked\n{d}");
+    assert!(!run.stdout().contains("AIRLOCK_TEST_SECRET"), "{d}");
+}
+
+// 10 --------------------------------------------------------------------------------------
+
+#[test]
+fn nothing_survives_between_runs() {
+    require_cells!();
+    let token = random_token();
+    let first = common::sh(&format!(
+        "echo residue > /tmp/residue-{token} && echo residue > /dev/shm/residue-{token} && \
+         mkdir -p /tmp/dir-{token} && echo ok"
+    ));
+    assert_eq!(first.code(), 0, "{}", first.describe());
+    assert!(first.stdout().contains("ok"), "{}", first.describe());
+
+    let second = common::sh(&format!(
+        "ls -a /tmp /dev/shm; \
+         for p in /tmp/residue-{token} /dev/shm/residue-{token} /tmp/dir-{token}; do \
+           if [ -e $p ]; then echo \"residue: FOUND $p\"; fi; done; echo checked"
+    ));
+    let d = second.describe();
+    assert_eq!(second.code(), 0, "{d}");
+    assert!(second.stdout().contains("checked"), "{d}");
+    assert!(!second.stdout().contains(&token), "residue visible\n{d}");
+    // And none on the host either.
+    for p in [
+        format!("/tmp/residue-{token}"),
+        format!("/dev/shm/residue-{token}"),
+    ] {
+        assert!(!Path::new(&p).exists(), "{p} reached the host");
+    }
+}
+
+// 11 --------------------------------------------------------------------------------------
+
+#[test]
+fn no_controlling_terminal_even_when_airlock_has_one() {
+    require_cells!();
+    let mut master: libc::c_int = -1;
+    let mut slave: libc::c_int = -1;
+    // SAFETY: openpty writes two fds into the provided ints; the other arguments may be null.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    let dir = tempfile::tempdir().unwrap();
+    let result_path = dir.path().join("r.json");
+    let probe = r#"
+import os, fcntl, termios, subprocess
+r = subprocess.run(["tty"], capture_output=True)
+print("tty-cmd:", r.stdout.decode().strip(), r.returncode)
+try:
+    os.open("/dev/tty", os.O_RDWR); print("devtty: OPENED")
+except OSError as e:
+    print("devtty: blocked", e.errno)
+try:
+    fcntl.ioctl(0, termios.TIOCSTI, b"x"); print("tiocsti-0: ALLOWED")
+except OSError as e:
+    print("tiocsti-0: blocked", e.errno)
+print("isatty:", os.isatty(0), os.isatty(1), os.isatty(2))
+print("sid:", os.getsid(0), "pgrp:", os.getpgrp(), "pid:", os.getpid())
+"#;
+    let mut cmd = airlock_cmd(dir.path(), &result_path, &["/usr/bin/python3", "-c", probe]);
+    // SAFETY: dup2 is async-signal-safe and the raw fd stays open in the parent until the
+    // child has been spawned.
+    let stdin = unsafe {
+        use std::os::fd::FromRawFd;
+        Stdio::from_raw_fd(libc::dup(slave))
+    };
+    cmd.stdin(stdin);
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only async-signal-safe calls (setsid, ioctl) between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let output = cmd.output().unwrap();
+    // SAFETY: closing fds we opened and no longer use.
+    unsafe {
+        libc::close(slave);
+    }
+    // Anything the cell injected into the terminal would be readable on the master.
+    // SAFETY: fcntl on our own fd.
+    unsafe {
+        libc::fcntl(master, libc::F_SETFL, libc::O_NONBLOCK);
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: reading into a local buffer of the given length.
+    let injected = unsafe { libc::read(master, buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: closing our own fd.
+    unsafe {
+        libc::close(master);
+    }
+    let run = CellRun {
+        output,
+        result: read_result(&result_path),
+    };
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert!(
+        run.stdout().contains("tty-cmd: not a tty 1"),
+        "`tty` must say not a tty\n{d}"
+    );
+    assert_blocked(&run, &["devtty", "tiocsti-0"]);
+    assert!(
+        injected <= 0,
+        "terminal received {:?}\n{d}",
+        String::from_utf8_lossy(&buf[..injected.max(0) as usize])
+    );
+}
+
+// 12 --------------------------------------------------------------------------------------
+
+/// Probes of a read-only input file at /in/data.txt and directory at /indir.
+const READONLY_PROBES: &str = r#"
+[ -e /in/data.txt ] && cat /in/data.txt; [ -e /indir ] && cat /indir/file.txt
+t() { if sh -c "$2" 2>/dev/null; then echo "$1: WROTE"; else echo "$1: blocked"; fi; }
+if [ -e /in/data.txt ]; then
+t append 'echo more >> /in/data.txt'
+t truncate 'echo new > /in/data.txt'
+t rm 'rm -f /in/data.txt'
+t mv 'mv /in/data.txt /in/moved'
+t chmod 'chmod 777 /in/data.txt'
+t exec-input '/in/data.txt'
+python3 -c '
+try:
+    open("/in/data.txt", "a").write("x"); print("py-append: WROTE")
+except OSError as e: print("py-append: blocked", e.errno)
+'
+fi
+if [ -e /indir ]; then
+t touch-dir 'touch /indir/new'
+t dir-file 'echo x >> /indir/file.txt'
+t dir-rm 'rm -f /indir/file.txt'
+t dir-mkdir 'mkdir /indir/sub'
+t dir-exec '/indir/run.sh'
+fi
+"#;
+
+fn readonly_fixture(dir: &Path) -> PathBuf {
+    let input = dir.join("data.txt");
+    std::fs::write(&input, "original input\n").unwrap();
+    std::fs::create_dir(dir.join("indir")).unwrap();
+    std::fs::write(dir.join("indir/file.txt"), "in a dir\n").unwrap();
+    std::fs::write(dir.join("indir/run.sh"), "#!/bin/sh\necho ran\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        dir.join("indir/run.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    input
+}
+
+fn assert_fixture_unchanged(dir: &Path, d: &str) {
+    assert_eq!(
+        std::fs::read_to_string(dir.join("data.txt")).unwrap(),
+        "original input\n",
+        "host input changed\n{d}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("indir/file.txt")).unwrap(),
+        "in a dir\n",
+        "host input changed\n{d}"
+    );
+    let names: BTreeSet<_> = std::fs::read_dir(dir.join("indir"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["file.txt".to_owned(), "run.sh".to_owned()]),
+        "{d}"
+    );
+}
+
+#[test]
+fn readonly_input_directory_is_readable_but_not_writable() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    readonly_fixture(dir.path());
+    let contract = "filesystem:\n  readonly_inputs:\n    - indir/\n";
+    let run = common::run_in(
+        dir.path(),
+        Some(contract),
+        &[],
+        &["/bin/sh", "-c", READONLY_PROBES],
+    );
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert!(run.stdout().starts_with("in a dir\n"), "{d}");
+    assert_blocked(
+        &run,
+        &["touch-dir", "dir-file", "dir-rm", "dir-mkdir", "dir-exec"],
+    );
+    assert_fixture_unchanged(dir.path(), &d);
+}
+
+#[test]
+fn readonly_input_file_is_readable_but_not_writable() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let input = readonly_fixture(dir.path());
+    let contract = format!(
+        "filesystem:\n  readonly_inputs:\n    - source: {}\n      target: /in/data.txt\n    - indir/\n",
+        input.display()
+    );
+    let run = common::run_in(
+        dir.path(),
+        Some(&contract),
+        &[],
+        &["/bin/sh", "-c", READONLY_PROBES],
+    );
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert!(
+        run.stdout().starts_with("original input\nin a dir\n"),
+        "{d}"
+    );
+    assert_blocked(
+        &run,
+        &[
+            "append",
+            "truncate",
+            "rm",
+            "mv",
+            "chmod",
+            "exec-input",
+            "py-append",
+            "touch-dir",
+            "dir-file",
+            "dir-rm",
+            "dir-mkdir",
+            "dir-exec",
+        ],
+    );
+    assert_fixture_unchanged(dir.path(), &d);
+}
+
+#[test]
+fn document_tools_example_converts_the_report() {
+    require_cells!();
+    let root = repo_root();
+    let contract = root.join("examples/contracts/document-tools.yaml");
+    let out = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let result_path = dir.path().join("r.json");
+    let output = Command::new(common::airlock_bin())
+        .current_dir(dir.path())
+        .arg("run")
+        .arg("--contract")
+        .arg(&contract)
+        .arg("--output-dir")
+        .arg(out.path())
+        .arg("--result")
+        .arg(&result_path)
+        .args(["--", "sh", "/input/convert.sh"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let run = CellRun {
+        output,
+        result: read_result(&result_path),
+    };
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert_eq!(run.status(), "ok", "{d}");
+    assert!(run.stdout().contains("wrote /output/report.pdf"), "{d}");
+    let pdf = std::fs::read_to_string(out.path().join("report.pdf"))
+        .unwrap_or_else(|e| panic!("artifact report.pdf: {e}\n{d}"));
+    assert!(pdf.starts_with("%PDF-airlock-example"), "{pdf}\n{d}");
+    // Only the allowlisted artifact leaves the cell.
+    let names: Vec<_> = std::fs::read_dir(out.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(names, ["report.pdf"], "{d}");
+
+    // Inputs are mounted noexec: the script cannot be executed directly.
+    let result_path = dir.path().join("r2.json");
+    let output = Command::new(common::airlock_bin())
+        .current_dir(dir.path())
+        .arg("run")
+        .arg("--contract")
+        .arg(&contract)
+        .arg("--result")
+        .arg(&result_path)
+        .args(["--", "/input/convert.sh"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let run = CellRun {
+        output,
+        result: read_result(&result_path),
+    };
+    let d = run.describe();
+    assert_ne!(run.code(), 0, "an input must not be executable\n{d}");
+    assert!(!run.stdout().contains("wrote"), "{d}");
+}
+
+// 13 --------------------------------------------------------------------------------------
+
+#[test]
+fn seed_contract_is_refused_as_sandbox_unavailable() {
+    require_cells!();
+    let contract = repo_root().join("examples/contracts/seed-004.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let result_path = dir.path().join("r.json");
+    let output = Command::new(common::airlock_bin())
+        .current_dir(dir.path())
+        .arg("run")
+        .arg("--contract")
+        .arg(&contract)
+        .arg("--result")
+        .arg(&result_path)
+        .args(["--", "/bin/echo", "PAYLOAD-RAN"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let run = CellRun {
+        output,
+        result: read_result(&result_path),
+    };
+    let d = run.describe();
+    assert_eq!(run.code(), 125, "{d}");
+    assert_eq!(run.status(), "sandbox_unavailable", "{d}");
+    assert!(!run.stdout().contains("PAYLOAD-RAN"), "{d}");
+    let error = run.result["error"].as_str().unwrap_or("");
+    assert!(error.contains("image"), "error must name `image`\n{d}");
+    assert!(run.stderr().contains("image"), "{d}");
+}
+
+// 14 --------------------------------------------------------------------------------------
+
+#[test]
+fn doctor_reports_every_control() {
+    require_cells!();
+    let output = Command::new(common::airlock_bin())
+        .arg("doctor")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let msg = format!(
+        "exit {:?}\nstdout: {stdout}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(output.status.code(), Some(0), "{msg}");
+    for control in ["landlock", "seccomp", "cgroups"] {
+        let lines: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.split_whitespace().nth(1) == Some(control))
+            .collect();
+        assert_eq!(lines.len(), 1, "one line for {control}\n{msg}");
+        assert!(lines[0].starts_with("ok"), "{control} not ok\n{msg}");
+    }
+    for ns in ["user", "mount", "pid", "net", "ipc", "uts", "cgroup"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("ok") && l.contains(&format!("namespace.{ns} "))),
+            "namespace.{ns}\n{msg}"
+        );
+    }
+}

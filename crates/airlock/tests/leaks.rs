@@ -1,0 +1,294 @@
+//! Leaks: a thousand runs of every kind (normal and non-zero exits, memory kills,
+//! processes left behind, deadline kills) leave no cgroup, process, mount or file
+//! descriptor behind.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+const RUNS: usize = 1000;
+const WORKERS: usize = 2;
+
+/// What one run does and how it must be classified.
+struct Kind {
+    name: &'static str,
+    contract: &'static str,
+    argv: &'static [&'static str],
+    status: &'static str,
+    code: i32,
+}
+
+const NORMAL: Kind = Kind {
+    name: "normal",
+    contract: "{}\n",
+    argv: &["/bin/true"],
+    status: "ok",
+    code: 0,
+};
+const FAILING: Kind = Kind {
+    name: "non-zero exit",
+    contract: "{}\n",
+    argv: &["/bin/sh", "-c", "echo failing >&2; exit 7"],
+    status: "task_error",
+    code: 7,
+};
+const MEMORY: Kind = Kind {
+    name: "memory kill",
+    contract: "resources:\n  memory_mb: 32\n",
+    argv: &[
+        "python3",
+        "-c",
+        "b = bytearray(200 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1",
+    ],
+    status: "capacity_exceeded",
+    code: 137,
+};
+const LEFT_BEHIND: Kind = Kind {
+    name: "background process left behind",
+    contract: "{}\n",
+    argv: &["/bin/sh", "-c", "setsid sleep 300 & sleep 60 & exit 0"],
+    status: "ok",
+    code: 0,
+};
+const TIMEOUT: Kind = Kind {
+    name: "timeout",
+    contract: "resources:\n  wall_time_seconds: 1\n",
+    argv: &[
+        "/bin/sh",
+        "-c",
+        "trap '' TERM; sleep 30 & while :; do sleep 0.05; done",
+    ],
+    status: "capacity_exceeded",
+    code: 124,
+};
+
+fn kind_of(i: usize) -> &'static Kind {
+    match i % 50 {
+        7 => &TIMEOUT, // 20 of 1000
+        17 | 42 => &MEMORY,
+        27 => &LEFT_BEHIND,
+        n if n % 5 == 3 => &FAILING,
+        _ => &NORMAL,
+    }
+}
+
+fn count_lines(path: &str) -> usize {
+    std::fs::read_to_string(path).unwrap().lines().count()
+}
+
+fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn proc_status(pid: &str) -> Option<(u32, u32, String)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .map(str::to_string)
+    };
+    Some((
+        field("Uid:")?.parse().ok()?,
+        field("PPid:")?.parse().ok()?,
+        field("Name:")?,
+    ))
+}
+
+/// Live airlock supervisors: root processes named `airlock`.
+fn is_live_supervisor(pid: u32) -> bool {
+    matches!(proc_status(&pid.to_string()), Some((0, _, name)) if name == "airlock")
+}
+
+/// Processes with a cell's host uid (>= 1e9) not hanging below a live supervisor (ours
+/// have all exited when this is called; live ones belong to concurrent test binaries).
+fn leftover_processes() -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Some((uid, mut ppid, _)) = proc_status(&pid) else {
+            continue;
+        };
+        if uid < 1_000_000_000 {
+            continue;
+        }
+        let mut supervised = false;
+        for _ in 0..64 {
+            if ppid <= 1 {
+                break;
+            }
+            if is_live_supervisor(ppid) {
+                supervised = true;
+                break;
+            }
+            match proc_status(&ppid.to_string()) {
+                Some((_, next, _)) => ppid = next,
+                None => break,
+            }
+        }
+        if !supervised {
+            let cmdline = std::fs::read(entry.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .unwrap_or_default();
+            found.push(format!("pid {pid} uid {uid}: {cmdline}"));
+        }
+    }
+    found
+}
+
+/// Cell cgroup dirs (`<supervisor pid>-<run id>`) under every hierarchy's `airlock/`:
+/// those whose supervisor is not a live airlock, and all of them.
+fn cell_cgroups() -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut all = Vec::new();
+    let mut found = Vec::new();
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return (found, all);
+    };
+    for hierarchy in hierarchies.flatten() {
+        let Ok(cells) = std::fs::read_dir(hierarchy.path().join("airlock")) else {
+            continue;
+        };
+        for cell in cells.flatten() {
+            if !cell.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let name = cell.file_name().to_string_lossy().into_owned();
+            let owner = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
+            if !owner.is_some_and(is_live_supervisor) {
+                found.push(cell.path());
+            }
+            all.push(cell.path());
+        }
+    }
+    (found, all)
+}
+
+#[test]
+fn a_thousand_mixed_runs_leave_nothing_behind() {
+    require_cells!();
+    let dirs: Vec<_> = (0..WORKERS).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (cgroups_before, _) = cell_cgroups();
+    let procs_before = leftover_processes();
+    let mounts_before = count_lines("/proc/self/mountinfo");
+    let fds_before = fd_count();
+    println!(
+        "before: {} mounts, {} fds, {} stale cgroups, {} stray cell processes",
+        mounts_before,
+        fds_before,
+        cgroups_before.len(),
+        procs_before.len()
+    );
+
+    let next = AtomicUsize::new(0);
+    let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let counts: Mutex<std::collections::BTreeMap<&str, usize>> = Mutex::default();
+    let run_ids: Mutex<Vec<String>> = Mutex::default();
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for dir in &dirs {
+            let (next, failures, counts, run_ids) = (&next, &failures, &counts, &run_ids);
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= RUNS {
+                    break;
+                }
+                let kind = kind_of(i);
+                let run = common::run_in(dir.path(), Some(kind.contract), &[], kind.argv);
+                *counts.lock().unwrap().entry(kind.name).or_default() += 1;
+                if let Some(id) = run.result["run_id"].as_str() {
+                    run_ids.lock().unwrap().push(id.to_string());
+                }
+                let cleanup_ok = run.result["cleanup"]["ok"] == true;
+                if run.status() != kind.status || run.code() != kind.code || !cleanup_ok {
+                    failures.lock().unwrap().push(format!(
+                        "run {i} ({}): expected {} / exit {}, got {} / exit {}, cleanup ok {cleanup_ok}\n{}",
+                        kind.name,
+                        kind.status,
+                        kind.code,
+                        run.status(),
+                        run.code(),
+                        run.describe()
+                    ));
+                }
+                if (i + 1) % 250 == 0 {
+                    println!("{} runs, {:?}", i + 1, started.elapsed());
+                }
+                // Keep the temp dirs small: result and contract files are per run.
+                for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            });
+        }
+    });
+    let elapsed = started.elapsed();
+
+    // Every supervisor we started has exited (Command::output waited for each), so a
+    // cgroup of one of our run ids is a leak even if its pid was reused meanwhile.
+    let (cgroups_after, all_cgroups) = cell_cgroups();
+    let procs_after = leftover_processes();
+    let mounts_after = count_lines("/proc/self/mountinfo");
+    let fds_after = fd_count();
+    let run_ids = run_ids.into_inner().unwrap();
+    let our_cgroups: Vec<_> = all_cgroups
+        .iter()
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            run_ids.iter().any(|id| name.ends_with(id.as_str()))
+        })
+        .collect();
+    println!(
+        "{RUNS} runs in {elapsed:?} ({:.1} runs/s), {:?}",
+        RUNS as f64 / elapsed.as_secs_f64(),
+        counts.lock().unwrap()
+    );
+    println!(
+        "after: {mounts_after} mounts (before {mounts_before}), {fds_after} fds (before {fds_before}), \
+         {} stale cgroups (before {}; {} of these runs), {} stray cell processes (before {})",
+        cgroups_after.len(),
+        cgroups_before.len(),
+        our_cgroups.len(),
+        procs_after.len(),
+        procs_before.len()
+    );
+
+    let failures = failures.into_inner().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {RUNS} runs misbehaved; first ones:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(3)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    );
+    assert_eq!(run_ids.len(), RUNS, "some runs wrote no result record");
+    assert!(
+        cgroups_after.is_empty(),
+        "cgroup dirs without a live supervisor: {cgroups_after:#?}"
+    );
+    assert!(
+        our_cgroups.is_empty(),
+        "cgroup dirs of these runs are left: {our_cgroups:#?}"
+    );
+    assert!(
+        procs_after.is_empty(),
+        "cell processes without a live supervisor: {procs_after:#?}"
+    );
+    assert_eq!(
+        mounts_after, mounts_before,
+        "mount count of the test process changed"
+    );
+    assert_eq!(
+        fds_after, fds_before,
+        "fd count of the test process changed"
+    );
+}

@@ -80,9 +80,38 @@ fn segment_matches(pattern: &[u8], text: &[u8]) -> bool {
                 || (!text.is_empty() && segment_matches(pattern, &text[1..]))
         }
         (Some(b'?'), Some(_)) => segment_matches(&pattern[1..], &text[1..]),
+        (Some(b'['), Some(c)) => match class_matches(&pattern[1..], *c) {
+            Some((true, rest)) => segment_matches(rest, &text[1..]),
+            Some((false, _)) => false,
+            // An unclosed `[` is a literal.
+            None => *c == b'[' && segment_matches(&pattern[1..], &text[1..]),
+        },
         (Some(p), Some(t)) if p == t => segment_matches(&pattern[1..], &text[1..]),
         _ => false,
     }
+}
+
+/// Matches `c` against a class body (`abc]`, `a-z]`, `!x]`); returns whether it matched
+/// and the pattern after the closing `]`, or `None` when there is no `]`.
+fn class_matches(body: &[u8], c: u8) -> Option<(bool, &[u8])> {
+    let (negated, body) = match body.first() {
+        Some(b'!') | Some(b'^') => (true, &body[1..]),
+        _ => (false, body),
+    };
+    let close = body.iter().skip(1).position(|b| *b == b']')? + 1;
+    let (set, rest) = (&body[..close], &body[close + 1..]);
+    let mut found = false;
+    let mut i = 0;
+    while i < set.len() {
+        if i + 2 < set.len() && set[i + 1] == b'-' {
+            found |= (set[i]..=set[i + 2]).contains(&c);
+            i += 3;
+        } else {
+            found |= set[i] == c;
+            i += 1;
+        }
+    }
+    Some((found != negated, rest))
 }
 
 struct Collector<'a> {
@@ -287,5 +316,9 @@ mod tests {
         assert!(!glob_matches("/output/*.pdf", "/output/a.pdf.txt"));
         assert!(glob_matches("/output/r?port.pdf", "/output/report.pdf"));
         assert!(!glob_matches("/output/report.pdf", "/tmp/report.pdf"));
+        assert!(glob_matches("/output/r[0-9].txt", "/output/r7.txt"));
+        assert!(!glob_matches("/output/r[0-9].txt", "/output/rx.txt"));
+        assert!(glob_matches("/output/r[!0-9].txt", "/output/rx.txt"));
+        assert!(glob_matches("/output/[ab]*", "/output/beta"));
     }
 }

@@ -74,6 +74,12 @@ pub fn restrict(plan: &CellPlan) -> Result<(), Stage> {
         let Ok(fd) = PathFd::new(Path::new(&path)) else {
             continue;
         };
+        // A rule on a file (an input file, a device node) may only carry file rights.
+        let access = if Path::new(&path).is_dir() {
+            access
+        } else {
+            access & AccessFs::from_file(abi)
+        };
         created = created
             .add_rule(PathBeneath::new(fd, access))
             .map_err(|e| Stage::new("landlock.add_rule", format!("{path}: {e}")))?;

@@ -75,9 +75,10 @@ pub enum MountPlan {
     /// host path is a symlink (merged-/usr), skipped when `optional` and absent.
     HostSystem { path: PathBuf, optional: bool },
     /// A read-only input: host `source` (absolute, as resolved against the contract's
-    /// directory) bind-mounted read-only, nosuid, nodev, noexec at `target`.
+    /// directory) bind-mounted read-only, nosuid, nodev at `target` (executable: an input
+    /// may be the script the payload runs).
     ReadonlyInput { source: PathBuf, target: PathBuf },
-    /// A writable, size-capped tmpfs (nosuid, nodev) at `target`.
+    /// A writable, size-capped tmpfs (nosuid, nodev, noexec) at `target`.
     WritableTmpfs { target: PathBuf, size_bytes: u64 },
 }
 

@@ -1,6 +1,7 @@
 //! Connects the cell runtime's egress hook to the proxy of `airlock-egress`.
 
-use airlock_cell::EgressSession;
+use airlock_cell::{EgressSession, EgressSummary};
+use airlock_egress::address::{classify, AddressClass};
 use airlock_egress::{
     start_proxy, ConnectionRecord, Decision, DestinationRule, EgressConfig, ProxyHandle,
 };
@@ -47,18 +48,36 @@ impl EgressSession for ProxySession {
         Ok(())
     }
 
-    fn finish(&mut self) -> (serde_json::Value, usize) {
+    fn finish(&mut self) -> EgressSummary {
         if let Some(handle) = self.handle.take() {
             self.records = handle.shutdown();
         }
-        let denied = self
+        let denied: Vec<&ConnectionRecord> = self
             .records
             .iter()
             .filter(|r| r.decision == Decision::Denied)
-            .count();
-        (
-            serde_json::to_value(&self.records).unwrap_or_default(),
-            denied,
-        )
+            .collect();
+        EgressSummary {
+            records: serde_json::to_value(&self.records).unwrap_or_default(),
+            denials: denied.len(),
+            metadata_probes: denied.iter().filter(|r| targets_metadata(r)).count(),
+        }
     }
+}
+
+/// Whether a refused attempt aimed at a cloud metadata endpoint, by resolved address or by
+/// an IP literal in the request.
+fn targets_metadata(record: &ConnectionRecord) -> bool {
+    let literal = record
+        .host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok();
+    record
+        .address
+        .map(|a| a.ip())
+        .into_iter()
+        .chain(literal)
+        .any(|ip| classify(ip) == Some(AddressClass::Metadata))
 }

@@ -99,6 +99,45 @@ fn refuse(
     ExitCode::from(125)
 }
 
+/// Records a run refused before its cell existed (bad contract, missing credential, ...)
+/// so that refusals are audited too, then reports it.
+fn refuse_recorded(
+    store: &Store,
+    args: &RunArgs,
+    status: ResultClass,
+    error: String,
+    plan: Option<&CellPlan>,
+) -> ExitCode {
+    let start = RunStart {
+        argv: args.command.clone(),
+        input_sha256: InputHasher::new(&args.command).finish(),
+        contract_sha256: plan.map(|p| p.contract_sha256.clone()).unwrap_or_default(),
+        workload_class: args.workload_class.clone(),
+        plan_json: json!(plan),
+    };
+    let recorded = store.begin_run(start, Vec::new()).and_then(|handle| {
+        let mut report = RunReport::refused(&handle.run_id(), status, error.clone());
+        report.cleanup.ok = true;
+        record::finish(
+            store,
+            &handle,
+            &report,
+            &serde_json::to_value(&report).unwrap_or_default(),
+        )?;
+        Ok(handle.run_id())
+    });
+    match recorded {
+        Ok(run_id) => refuse(args, &run_id, status, error, plan),
+        Err(err) => refuse(
+            args,
+            "",
+            status,
+            format!("{error}; recording the refusal failed: {err}"),
+            plan,
+        ),
+    }
+}
+
 pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     let config = match OperatorConfig::load(args.config.as_deref()) {
         Ok(c) => c,
@@ -112,30 +151,6 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             )
         }
     };
-    let plan = match load_plan(&args) {
-        Ok(plan) => plan,
-        Err(err) => {
-            let status = match err.class() {
-                "sandbox_unavailable" => ResultClass::SandboxUnavailable,
-                "runtime_fault" => ResultClass::RuntimeFault,
-                _ => ResultClass::PolicyDenied,
-            };
-            return refuse(&args, "", status, format!("contract: {err}"), None);
-        }
-    };
-    let credentials = match airlock_cell::credential_env(&plan) {
-        Ok(c) => c,
-        Err(err) => {
-            return refuse(
-                &args,
-                "",
-                ResultClass::from_error_class(err.class()),
-                err.to_string(),
-                Some(&plan),
-            )
-        }
-    };
-
     // Fail closed: no audit record, no run.
     let store = match Store::open(&config.state_dir(args.state_dir.as_deref())) {
         Ok(store) => store,
@@ -145,13 +160,31 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
                 "",
                 ResultClass::RuntimeFault,
                 format!("audit store: {err}"),
-                Some(&plan),
+                None,
             )
         }
     };
     if let Err(err) = store.reap_aborted() {
         eprintln!("airlock: warning: marking runs of dead supervisors as aborted failed: {err}");
     }
+    let plan = match load_plan(&args) {
+        Ok(plan) => plan,
+        Err(err) => {
+            let status = match err.class() {
+                "sandbox_unavailable" => ResultClass::SandboxUnavailable,
+                "runtime_fault" => ResultClass::RuntimeFault,
+                _ => ResultClass::PolicyDenied,
+            };
+            return refuse_recorded(&store, &args, status, format!("contract: {err}"), None);
+        }
+    };
+    let credentials = match airlock_cell::credential_env(&plan) {
+        Ok(c) => c,
+        Err(err) => {
+            let status = ResultClass::from_error_class(err.class());
+            return refuse_recorded(&store, &args, status, err.to_string(), Some(&plan));
+        }
+    };
     if let Ok(layout) = airlock_cell::cgroup::CgroupLayout::detect() {
         // Cells of supervisors that died must not keep running or holding resources.
         for left in airlock_cell::cgroup::reap_leftovers(&layout) {
@@ -167,9 +200,9 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     {
         Ok(stdin) => stdin,
         Err(err) => {
-            return refuse(
+            return refuse_recorded(
+                &store,
                 &args,
-                "",
                 ResultClass::RuntimeFault,
                 format!("reading inputs: {err:#}"),
                 Some(&plan),

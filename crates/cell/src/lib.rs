@@ -21,5 +21,6 @@ mod syscalls;
 
 pub use error::CellError;
 pub use supervisor::{
-    credential_env, run_cell, EgressSession, RunOptions, HOST_ID_BASE, TERM_GRACE,
+    credential_env, run_cell, BeforeRelease, EgressSession, EgressSummary, RunOptions,
+    HOST_ID_BASE, TERM_GRACE,
 };

@@ -30,8 +30,18 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 pub trait EgressSession {
     /// Takes the listening sockets (HTTP proxy, SOCKS5) bound inside the cell's netns.
     fn start(&mut self, http: OwnedFd, socks: OwnedFd) -> Result<(), String>;
-    /// Stops the proxy; returns its connection records and how many were denied.
-    fn finish(&mut self) -> (serde_json::Value, usize);
+    /// Stops the proxy and summarises what it saw.
+    fn finish(&mut self) -> EgressSummary;
+}
+
+/// What the egress proxy reports for the result.
+#[derive(Debug, Default)]
+pub struct EgressSummary {
+    /// One record per connection attempt.
+    pub records: serde_json::Value,
+    pub denials: usize,
+    /// Attempts to reach a cloud metadata endpoint: behaviour aimed at the boundary.
+    pub metadata_probes: usize,
 }
 
 /// Called once the cell exists but before it is released. The CLI writes the audit
@@ -622,13 +632,13 @@ fn classify(
     observed: Observed,
     output: OutputCapture,
     counters: crate::cgroup::CgroupUsage,
-    egress: Option<(serde_json::Value, usize)>,
+    egress: Option<EgressSummary>,
 ) -> RunReport {
     let usage = Usage::from_parts(observed.rusage.as_ref(), counters);
     let startup_ms = observed
         .exec_done_at
         .map_or(0.0, |t| (t - options.started).as_secs_f64() * 1000.0);
-    let (egress_records, egress_denials) = egress.unwrap_or((serde_json::Value::Null, 0));
+    let egress = egress.unwrap_or_default();
     let wait_status = observed.ended.as_ref().map(|e| e.wait_status);
     let exit = match wait_status {
         Some(s) if libc::WIFEXITED(s) => ExitInfo {
@@ -659,6 +669,12 @@ fn classify(
     } else if let Some(err) = &observed.egress_error {
         error = Some(format!("egress proxy could not start: {err}"));
         (ResultClass::RuntimeFault, None, 125)
+    } else if egress.metadata_probes > 0 {
+        error = Some(format!(
+            "{} connection attempt(s) to a cloud metadata endpoint",
+            egress.metadata_probes
+        ));
+        (ResultClass::SuspectedEscape, None, payload_code)
     } else if observed.deadline_fired {
         (ResultClass::CapacityExceeded, Some(Ceiling::WallTime), 124)
     } else if usage.oom_kills > 0 {
@@ -697,7 +713,7 @@ fn classify(
             Some(Ceiling::OutputBytes),
             payload_code,
         )
-    } else if payload_code != 0 && egress_denials > 0 {
+    } else if payload_code != 0 && egress.denials > 0 {
         (ResultClass::PolicyDenied, None, payload_code)
     } else if payload_code == 0 {
         (ResultClass::Ok, None, 0)
@@ -720,7 +736,7 @@ fn classify(
         usage,
         output: Some(output),
         cgroup_version: None,
-        egress: egress_records,
+        egress: egress.records,
         artifacts: observed.artifacts,
         cleanup: CleanupReport::default(),
     }

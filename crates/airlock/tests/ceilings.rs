@@ -8,6 +8,7 @@
 mod common;
 
 use common::CellRun;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
@@ -119,24 +120,52 @@ fn orphaned_cell_processes() -> Vec<String> {
     found
 }
 
-/// Cgroup directories of one run, in any hierarchy (`<supervisor pid>-<run id>`).
-fn cgroup_dirs_of(run: &CellRun) -> Vec<PathBuf> {
-    let run_id = run.result["run_id"].as_str().unwrap_or("");
-    assert!(!run_id.is_empty(), "no run id\n{}", run.describe());
-    let suffix = format!("-{run_id}");
-    let mut found = Vec::new();
+/// Every cell cgroup directory under `/sys/fs/cgroup/*/airlock/`.
+fn cell_cgroup_dirs() -> HashSet<PathBuf> {
+    let mut found = HashSet::new();
     for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        let parent = hierarchy.path().join("airlock");
-        let Ok(cells) = std::fs::read_dir(&parent) else {
+        let Ok(cells) = std::fs::read_dir(hierarchy.path().join("airlock")) else {
             continue;
         };
         for cell in cells.flatten() {
-            if cell.file_name().to_string_lossy().ends_with(&suffix) {
-                found.push(cell.path());
+            if cell.file_type().is_ok_and(|t| t.is_dir()) {
+                found.insert(cell.path());
             }
         }
     }
     found
+}
+
+/// Cell cgroups that existed before the current run started ([`timed`] records them;
+/// the tests are serialised, so there is one current run).
+static CGROUPS_BEFORE: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+
+fn is_live_supervisor(pid: &str) -> bool {
+    matches!(proc_status(pid), Some((0, _, name)) if name == "airlock")
+}
+
+/// Cgroup directories the run left: named after its run id, or (names are
+/// `<supervisor pid>-<something>`) created since the run started and not owned by a live
+/// airlock supervisor (ours has exited; concurrent test binaries' have not).
+fn cgroup_dirs_of(run: &CellRun) -> Vec<PathBuf> {
+    let run_id = run.result["run_id"].as_str().unwrap_or("");
+    assert!(!run_id.is_empty(), "no run id\n{}", run.describe());
+    let before = CGROUPS_BEFORE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .expect("the run was not started with timed()");
+    let mut left: Vec<PathBuf> = cell_cgroup_dirs()
+        .into_iter()
+        .filter(|dir| {
+            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            let owner = name.split('-').next().unwrap_or("");
+            name.ends_with(&format!("-{run_id}"))
+                || (!before.contains(dir) && !is_live_supervisor(owner))
+        })
+        .collect();
+    left.sort();
+    left
 }
 
 /// Everything the run left behind on the host: marker processes and cgroup dirs.
@@ -162,6 +191,7 @@ fn assert_nothing_left(run: &CellRun, marker: &str) {
 }
 
 fn timed(contract: &str, argv: &[&str]) -> (CellRun, Duration) {
+    *CGROUPS_BEFORE.lock().unwrap_or_else(|p| p.into_inner()) = Some(cell_cgroup_dirs());
     let started = Instant::now();
     let run = common::run(Some(contract), argv);
     (run, started.elapsed())
@@ -589,7 +619,7 @@ fn usage_and_timings_are_present_and_plausible() {
 fn usage_counts_the_cpu_of_a_payload_killed_at_the_deadline() {
     require_cells!();
     let _serial = serial();
-    for attempt in 0..3 {
+    for attempt in 0..5 {
         let (run, elapsed) = timed(
             TWO_SECONDS,
             &["/bin/sh", "-c", "trap '' TERM; while :; do :; done"],

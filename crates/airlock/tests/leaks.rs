@@ -229,8 +229,9 @@ fn a_thousand_mixed_runs_leave_nothing_behind() {
     });
     let elapsed = started.elapsed();
 
-    // Every supervisor we started has exited (Command::output waited for each), so a
-    // cgroup of one of our run ids is a leak even if its pid was reused meanwhile.
+    // Every supervisor we started has exited (Command::output waited for each): any cell
+    // cgroup not owned by a live supervisor is a leak, and so is one carrying one of our
+    // run ids even if its supervisor pid was reused meanwhile.
     let (cgroups_after, all_cgroups) = cell_cgroups();
     let procs_after = leftover_processes();
     let mounts_after = count_lines("/proc/self/mountinfo");

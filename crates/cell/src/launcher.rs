@@ -46,19 +46,17 @@ impl Stage {
 pub struct ChildSetup<'a> {
     pub plan: &'a CellPlan,
     pub env: &'a [CString],
-    pub seccomp_program: &'a [libc::sock_filter],
     pub sync: OwnedFd,
     pub exec_notify: OwnedFd,
     pub stdin: OwnedFd,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
     pub has_artifacts: bool,
-    pub mounts: Vec<rootfs::Prepared>,
 }
 
 /// Entry point of the cloned child. Never returns.
-pub fn run(mut setup: ChildSetup<'_>) -> ! {
-    match prepare(&mut setup) {
+pub fn run(setup: ChildSetup<'_>) -> ! {
+    match prepare(&setup) {
         Ok(()) => {}
         Err(stage) => {
             let failure = LaunchFailure {
@@ -101,7 +99,7 @@ fn send(sync: &OwnedFd, kind: u8, body: &[u8]) {
     let _ = sys::send_with_fds(sync.as_fd(), &message, &[]);
 }
 
-fn prepare(setup: &mut ChildSetup<'_>) -> Result<(), Stage> {
+fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
     let plan = setup.plan;
     // If the supervisor dies from here on, so does the cell.
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
@@ -113,11 +111,16 @@ fn prepare(setup: &mut ChildSetup<'_>) -> Result<(), Stage> {
     sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
     // The supervisor may already be gone (the death signal only covers later deaths):
     // waiting for its go-ahead settles it - EOF means it died.
-    let mut go = [0u8; 1];
-    match sys::read(setup.sync.as_fd(), &mut go) {
-        Ok(1) if go[0] == protocol::GO => {}
-        _ => sys::exit_now(125),
-    }
+    let mut message = vec![0u8; 256 * 1024];
+    let (program, mounts) =
+        match sys::recv_with_fds(setup.sync.as_fd(), &mut message, protocol::MAX_RELEASE_FDS) {
+            Ok((n, fds)) if n > 0 => match protocol::decode_release(&message[..n], fds) {
+                Some((program, wire, fds)) => (program, rootfs::from_wire(wire, fds)?),
+                None => return Err(Stage::new("release", "malformed release message".into())),
+            },
+            _ => sys::exit_now(125),
+        };
+    drop(message);
     sys::set_ids(plan.identity.uid, plan.identity.gid).map_err(|e| Stage::errno("identity", e))?;
     // Changing ids clears the parent-death signal: set it again, then make sure the
     // supervisor did not die in between (its end of the socket would have hung up).
@@ -133,7 +136,7 @@ fn prepare(setup: &mut ChildSetup<'_>) -> Result<(), Stage> {
     }
     // The supervisor has placed us in the cell cgroup; make it our cgroup root.
     sys::unshare(libc::CLONE_NEWCGROUP).map_err(|e| Stage::errno("cgroup_namespace", e))?;
-    rootfs::build(plan, std::mem::take(&mut setup.mounts))?;
+    rootfs::build(plan, mounts)?;
     if let NetworkPlan::Allowlist { .. } = plan.network {
         pass_egress_listeners(&setup.sync)?;
     }
@@ -147,7 +150,7 @@ fn prepare(setup: &mut ChildSetup<'_>) -> Result<(), Stage> {
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| Stage::errno("no_new_privs", e))?;
     landlock_policy::restrict(plan)?;
     sys::cloexec_from_3().map_err(|e| Stage::errno("close_fds", e))?;
-    sys::install_seccomp_filter(setup.seccomp_program).map_err(|e| Stage::errno("seccomp", e))?;
+    sys::install_seccomp_filter(&program).map_err(|e| Stage::errno("seccomp", e))?;
     Ok(())
 }
 

@@ -1,10 +1,56 @@
 //! Messages on the SOCK_SEQPACKET pair between the supervisor and the cell's pid 1.
 //! One message per packet; the first byte is the kind.
 
+use crate::rootfs::{self, Prepared, PreparedWire};
 use serde::{Deserialize, Serialize};
+use std::os::fd::OwnedFd;
 
-/// Supervisor -> cell: user namespace maps written, cgroup joined; go on.
+/// `[GO][program length: u32 LE][program: 8 bytes per instruction][mounts: JSON]`
+pub fn encode_release(
+    program: &[libc::sock_filter],
+    mounts: Vec<Prepared>,
+) -> (Vec<u8>, Vec<OwnedFd>) {
+    let (wire, fds) = rootfs::to_wire(mounts);
+    let mut message = vec![GO];
+    message.extend_from_slice(&(program.len() as u32).to_le_bytes());
+    for insn in program {
+        message.extend_from_slice(&insn.code.to_le_bytes());
+        message.extend_from_slice(&[insn.jt, insn.jf]);
+        message.extend_from_slice(&insn.k.to_le_bytes());
+    }
+    message.extend_from_slice(&serde_json::to_vec(&wire).unwrap_or_default());
+    (message, fds)
+}
+
+/// The inverse of [`encode_release`]; `None` for a malformed message.
+pub fn decode_release(
+    message: &[u8],
+    fds: Vec<OwnedFd>,
+) -> Option<(Vec<libc::sock_filter>, Vec<PreparedWire>, Vec<OwnedFd>)> {
+    let (&kind, rest) = message.split_first()?;
+    if kind != GO || rest.len() < 4 {
+        return None;
+    }
+    let count = u32::from_le_bytes(rest[..4].try_into().ok()?) as usize;
+    let program_bytes = rest.get(4..4 + count * 8)?;
+    let program = program_bytes
+        .chunks_exact(8)
+        .map(|c| libc::sock_filter {
+            code: u16::from_le_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect();
+    let wire = serde_json::from_slice(&rest[4 + count * 8..]).ok()?;
+    Some((program, wire, fds))
+}
+
+/// Supervisor -> cell: user namespace maps written, cgroup joined; go on. The message
+/// carries the seccomp program and the mount plan, the mount trees as SCM_RIGHTS.
 pub const GO: u8 = b'G';
+/// Most descriptors one release message may carry.
+pub const MAX_RELEASE_FDS: usize = 250;
 /// Supervisor -> cell: artifacts collected; pid 1 may exit.
 pub const COLLECTED: u8 = b'D';
 /// Cell -> supervisor: a setup step failed (body: [`LaunchFailure`] as JSON).

@@ -46,6 +46,58 @@ pub struct Prepared {
     source: Source,
 }
 
+/// How a [`Prepared`] travels to the cell: everything but the descriptor, which goes
+/// alongside as SCM_RIGHTS (in the order of the `tree` entries).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub enum PreparedWire {
+    Tree { target: PathBuf, is_dir: bool },
+    Symlink { target: PathBuf, link: PathBuf },
+    Tmpfs { target: PathBuf, size_bytes: u64 },
+}
+
+pub fn to_wire(prepared: Vec<Prepared>) -> (Vec<PreparedWire>, Vec<OwnedFd>) {
+    let mut fds = Vec::new();
+    let wire = prepared
+        .into_iter()
+        .map(|Prepared { target, source }| match source {
+            Source::Tree { fd, is_dir } => {
+                fds.push(fd);
+                PreparedWire::Tree { target, is_dir }
+            }
+            Source::Symlink(link) => PreparedWire::Symlink { target, link },
+            Source::Tmpfs { size_bytes } => PreparedWire::Tmpfs { target, size_bytes },
+        })
+        .collect();
+    (wire, fds)
+}
+
+pub fn from_wire(wire: Vec<PreparedWire>, fds: Vec<OwnedFd>) -> Result<Vec<Prepared>, Stage> {
+    let mut fds = fds.into_iter();
+    wire.into_iter()
+        .map(|item| {
+            Ok(match item {
+                PreparedWire::Tree { target, is_dir } => {
+                    let fd = fds.next().ok_or_else(|| {
+                        Stage::new("release", "fewer mount fds than mounts".into())
+                    })?;
+                    Prepared {
+                        target,
+                        source: Source::Tree { fd, is_dir },
+                    }
+                }
+                PreparedWire::Symlink { target, link } => Prepared {
+                    target,
+                    source: Source::Symlink(link),
+                },
+                PreparedWire::Tmpfs { target, size_bytes } => Prepared {
+                    target,
+                    source: Source::Tmpfs { size_bytes },
+                },
+            })
+        })
+        .collect()
+}
+
 fn staged(target: &Path) -> PathBuf {
     Path::new(STAGING).join(target.strip_prefix("/").unwrap_or(target))
 }

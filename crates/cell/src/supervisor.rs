@@ -241,12 +241,24 @@ fn start_and_supervise(
             ),
         });
     }
-    let program = seccomp_program(plan)?;
     let credentials = credential_env(plan)?;
     let env = cell_environment(plan, &credentials);
-    let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
-    let cgroup = CellCgroup::create(&layout, &cgroup_name(), &plan.limits)?;
-    let result = clone_and_supervise(plan, options, &cgroup, mounts, &program, &env);
+    // The cell is cloned first: while it creates its network namespace (the costliest
+    // step of a cell start), the supervisor prepares what the release message carries.
+    let cell = spawn_cell(plan, &env, options)?;
+    let prepared = seccomp_program(plan).and_then(|program| {
+        let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
+        let cgroup = CellCgroup::create(&layout, &cgroup_name(), &plan.limits)?;
+        Ok((program, mounts, cgroup))
+    });
+    let (program, mounts, cgroup) = match prepared {
+        Ok(prepared) => prepared,
+        Err(err) => {
+            cell.kill();
+            return Err(err);
+        }
+    };
+    let result = release_and_supervise(plan, options, cell, &cgroup, mounts, &program);
     // Whatever happened, nothing of the cell may outlive this function.
     let teardown_started = Instant::now();
     // Usually pid 1's exit already emptied the cgroup; freezing (v1) is costly, so only
@@ -282,102 +294,134 @@ fn start_and_supervise(
     Ok(report)
 }
 
-fn clone_and_supervise(
+/// A cloned cell waiting for its release message, with the supervisor's ends of its pipes.
+struct SpawnedCell {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    notify: OwnedFd,
+    sync: OwnedFd,
+}
+
+impl SpawnedCell {
+    /// Kills a cell that will not be released and reaps it.
+    fn kill(self) {
+        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+        let _ = sys::wait_child(self.pid, false);
+    }
+}
+
+fn spawn_cell(
     plan: &CellPlan,
-    options: &mut RunOptions<'_>,
-    cgroup: &CellCgroup,
-    mounts: Vec<rootfs::Prepared>,
-    program: &[libc::sock_filter],
     env: &[CString],
-) -> Result<(Observed, OutputCapture), CellError> {
+    options: &mut RunOptions<'_>,
+) -> Result<SpawnedCell, CellError> {
     let pipes = open_pipes(options.stdin.take())?;
     if sys::geteuid() == 0 {
         // Supplementary groups survive into the user namespace and cannot be dropped there.
         sys::clear_supplementary_groups().map_err(|e| CellError::io("setgroups", e))?;
     }
     let has_artifacts = options.artifacts.is_some() && !plan.output_allowlist.is_empty();
-    let (pid, pidfd) = match sys::clone_cell(CELL_NAMESPACES) {
-        Ok(sys::CloneOutcome::Child) => {
-            drop(pipes.stdout_read);
-            drop(pipes.stderr_read);
-            drop(pipes.notify_read);
-            drop(pipes.sync_parent);
-            launcher::run(ChildSetup {
-                plan,
-                env,
-                seccomp_program: program,
-                sync: pipes.sync_child,
-                exec_notify: pipes.notify_write,
-                stdin: pipes.stdin,
-                stdout: pipes.stdout_write,
-                stderr: pipes.stderr_write,
-                has_artifacts,
-                mounts,
-            })
-        }
-        Ok(sys::CloneOutcome::Parent { pid, pidfd }) => (pid, pidfd),
-        Err(e) => {
-            return Err(CellError::Unavailable {
-                control: "namespaces",
-                reason: format!(
-                "clone of a cell with user, mount, pid, net, ipc and uts namespaces failed: {e}"
-            ),
-            })
-        }
-    };
-    drop(mounts);
-    let mut run_id = String::new();
-    if let Some(hook) = options.before_release.as_mut() {
-        match hook() {
-            Ok(id) => run_id = id,
-            Err(err) => {
-                let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-                let _ = sys::wait_child(pid, false);
-                return Err(CellError::Refused(err));
-            }
-        }
-    }
     let Pipes {
         stdout_read,
-        stderr_read,
-        notify_read,
-        sync_parent,
         stdout_write,
+        stderr_read,
         stderr_write,
+        notify_read,
         notify_write,
+        sync_parent,
         sync_child,
         stdin,
     } = pipes;
-    // The cell's ends must close here, or the pipes would never report EOF.
-    drop((stdout_write, stderr_write, notify_write, sync_child, stdin));
-    let released = write_id_maps(pid, plan)
-        .and_then(|_| cgroup.add_process(pid))
+    match sys::clone_cell(CELL_NAMESPACES) {
+        Ok(sys::CloneOutcome::Child) => {
+            drop((stdout_read, stderr_read, notify_read, sync_parent));
+            launcher::run(ChildSetup {
+                plan,
+                env,
+                sync: sync_child,
+                exec_notify: notify_write,
+                stdin,
+                stdout: stdout_write,
+                stderr: stderr_write,
+                has_artifacts,
+            })
+        }
+        // The cell's ends close here, or the pipes would never report EOF.
+        Ok(sys::CloneOutcome::Parent { pid, pidfd }) => Ok(SpawnedCell {
+            pid,
+            pidfd,
+            stdout: stdout_read,
+            stderr: stderr_read,
+            notify: notify_read,
+            sync: sync_parent,
+        }),
+        Err(e) => Err(CellError::Unavailable {
+            control: "namespaces",
+            reason: format!(
+                "clone of a cell with user, mount, pid, ipc and uts namespaces failed: {e}"
+            ),
+        }),
+    }
+}
+
+fn release_and_supervise(
+    plan: &CellPlan,
+    options: &mut RunOptions<'_>,
+    cell: SpawnedCell,
+    cgroup: &CellCgroup,
+    mounts: Vec<rootfs::Prepared>,
+    program: &[libc::sock_filter],
+) -> Result<(Observed, OutputCapture), CellError> {
+    let mut run_id = String::new();
+    let mut released = Ok(());
+    if let Some(hook) = options.before_release.as_mut() {
+        match hook() {
+            Ok(id) => run_id = id,
+            Err(err) => released = Err(CellError::Refused(err)),
+        }
+    }
+    let released = released
+        .and_then(|_| write_id_maps(cell.pid, plan))
+        .and_then(|_| cgroup.add_process(cell.pid))
         .and_then(|_| {
-            sys::send_with_fds(sync_parent.as_fd(), &[protocol::GO], &[])
+            let (message, fds) = protocol::encode_release(program, mounts);
+            let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            sys::send_with_fds(cell.sync.as_fd(), &message, &raw)
                 .map_err(|e| CellError::io("releasing the cell", e))
         });
     if let Err(err) = released {
-        let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-        let _ = sys::wait_child(pid, false);
+        cell.kill();
         return Err(err);
     }
     let released_at = Instant::now();
+    let SpawnedCell {
+        pid,
+        pidfd,
+        stdout,
+        stderr,
+        notify,
+        sync,
+    } = cell;
     let mut supervision = Supervision {
         plan,
         pid,
         pidfd,
-        sync: sync_parent,
-        notify: Some(notify_read),
-        stdout: Some(stdout_read),
-        stderr: Some(stderr_read),
+        sync,
+        notify: Some(notify),
+        stdout: Some(stdout),
+        stderr: Some(stderr),
         output: OutputCapture::new(plan.limits.output_bytes),
-        observed: Observed::default(),
+        observed: Observed {
+            run_id,
+            ..Observed::default()
+        },
         deadline: released_at + Duration::from_millis(plan.limits.wall_time_ms),
         term_sent_at: None,
         stream_output: options.stream_output,
         cgroup,
     };
-    supervision.observed.run_id = run_id;
     supervision.run(options)?;
     Ok((supervision.observed, supervision.output))
 }

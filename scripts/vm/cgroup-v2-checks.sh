@@ -1,0 +1,140 @@
+#!/bin/sh
+# Checks airlock's cells on a pure cgroup v2 host. Runs INSIDE the VM of run-in-vm.sh
+# (busybox sh, static payload `vmprobe` from scripts/vm/payloads in /usr/local/bin):
+#
+#   scripts/vm/run-in-vm.sh scripts/vm/cgroup-v2-checks.sh
+#
+# Exits 0 when every check passed, 1 otherwise; prints each result JSON it judged.
+set -u
+AIRLOCK=${AIRLOCK_BIN:-airlock}
+CG=/sys/fs/cgroup
+failures=0
+passes=0
+
+pass() { passes=$((passes + 1)); echo "PASS: $*"; }
+fail() { failures=$((failures + 1)); echo "FAIL: $*"; }
+
+# field FILE KEY VALUE: the (pretty-printed) result JSON has "KEY": VALUE.
+field() { grep -q "^  \"$2\": $3,\{0,1\}\$" "$1"; }
+
+work=$(mktemp -d /tmp/checks.XXXXXX)
+cd "$work" || exit 1
+
+# run NAME CONTRACT_YAML ARGV...: runs a cell with the contract, saves the exit code in
+# $rc and the result in $work/NAME.json, and prints both.
+run() {
+  name=$1 contract=$2
+  shift 2
+  printf '%s' "$contract" >"$name.yaml"
+  "$AIRLOCK" run --contract "$name.yaml" --result "$name.json" -- "$@" >"$name.out" 2>&1
+  rc=$?
+  echo "--- $name: airlock run -- $* => exit $rc"
+  sed 's/^/    /' "$name.out"
+  # The plan is long and says nothing about the outcome: print the rest.
+  sed '/^  "plan": {/,/^  },/d' "$name.json" 2>/dev/null | sed 's/^/    /'
+}
+
+# expect NAME EXIT STATUS LIMIT: judge the last run.
+expect() {
+  name=$1 want_rc=$2 want_status=$3 want_limit=$4
+  ok=1
+  [ "$rc" = "$want_rc" ] || { ok=0; echo "    exit $rc, want $want_rc"; }
+  field "$name.json" status "\"$want_status\"" || { ok=0; echo "    status is not $want_status"; }
+  field "$name.json" limit_fired "$want_limit" || { ok=0; echo "    limit_fired is not $want_limit"; }
+  field "$name.json" cgroup_version '"v2"' || { ok=0; echo "    cgroup_version is not v2"; }
+  field "$name.json" exit_code "$want_rc" || { ok=0; echo "    exit_code in the result is not $want_rc"; }
+  if [ $ok = 1 ]; then pass "$name: exit $want_rc, $want_status, limit_fired $want_limit"; else fail "$name"; fi
+}
+
+echo "=== host: $(uname -r), $(grep ' /sys/fs/cgroup ' /proc/mounts)"
+controllers=$(cat $CG/cgroup.controllers 2>/dev/null)
+echo "cgroup.controllers: $controllers"
+missing=
+for c in memory pids cpu; do
+  case " $controllers " in *" $c "*) ;; *) missing="$missing $c" ;; esac
+done
+if [ -z "$missing" ] && ! grep -q ' cgroup ' /proc/mounts; then
+  pass "pure cgroup v2 with memory, pids and cpu"
+else
+  fail "not a pure cgroup v2 host (missing:$missing; v1 mounts: $(grep -c ' cgroup ' /proc/mounts))"
+fi
+
+echo "=== airlock doctor"
+"$AIRLOCK" doctor >doctor.out 2>&1
+doctor_rc=$?
+cat doctor.out
+if [ $doctor_rc = 0 ] && grep -Eq '^ok +cgroups +v2 ' doctor.out; then
+  pass "doctor: every check ok, cgroups v2"
+else
+  fail "doctor (exit $doctor_rc) does not report ok cgroups v2"
+fi
+
+echo "=== plain run"
+run true 'resources:
+  wall_time_seconds: 30
+' /bin/true
+expect true 0 ok null
+
+echo "=== memory ceiling: 32 MiB, the payload touches 100 MiB"
+run memory 'resources:
+  memory_mb: 32
+  wall_time_seconds: 60
+' /usr/local/bin/vmprobe alloc 100
+expect memory 137 capacity_exceeded '"memory"'
+grep -Eq '"oom_kills": [1-9]' memory.json && pass "memory: oom_kills counted from memory.events" ||
+  fail "memory: no oom_kills in usage"
+
+echo "=== process ceiling: 8 processes, the payload forks 64"
+run pids 'resources:
+  process_limit: 8
+  wall_time_seconds: 60
+' /usr/local/bin/vmprobe forks 64
+expect pids 137 capacity_exceeded '"pids"'
+
+echo "=== cpu quota and wall time: 250 millicores, a busy loop, 4 s deadline"
+run_bg_contract='resources:
+  cpu_millis: 250
+  memory_mb: 48
+  process_limit: 12
+  wall_time_seconds: 4
+'
+# Read the live cell's cgroup while it spins, then judge the deadline.
+(sleep 2.5
+  for d in $CG/airlock/*/; do
+    [ -d "$d" ] || continue
+    echo "cell cgroup $d"
+    for f in memory.max memory.swap.max memory.oom.group pids.max cpu.max cgroup.procs; do
+      printf '  %s: %s\n' "$f" "$(tr '\n' ' ' <"$d$f")"
+    done
+    printf '  cpu.stat: %s\n' "$(tr '\n' ' ' <"${d}cpu.stat")"
+  done >live.txt 2>&1) &
+run walltime "$run_bg_contract" /usr/local/bin/vmprobe spin
+wait
+cat live.txt
+expect walltime 124 capacity_exceeded '"wall_time"'
+if grep -q '^  memory.max: 50331648 $' live.txt &&
+  grep -q '^  memory.swap.max: 0 $' live.txt &&
+  grep -q '^  memory.oom.group: 1 $' live.txt &&
+  grep -q '^  pids.max: 12 $' live.txt &&
+  grep -q '^  cpu.max: 25000 100000 $' live.txt &&
+  grep -Eq '^  cgroup.procs: [0-9]' live.txt; then
+  pass "live cell cgroup has the contract's limits"
+else
+  fail "live cell cgroup limits (see above)"
+fi
+if grep -Eq 'nr_throttled [1-9]' live.txt; then
+  pass "cpu.max throttled the busy loop"
+else
+  fail "cpu.max did not throttle the busy loop"
+fi
+
+echo "=== cleanup"
+left=$(find $CG/airlock -mindepth 1 -type d 2>/dev/null)
+if [ -z "$left" ]; then
+  pass "no cell cgroup left under $CG/airlock"
+else
+  fail "cell cgroups left behind: $left"
+fi
+
+echo "=== cgroup v2 checks: $passes passed, $failures failed"
+[ $failures = 0 ]

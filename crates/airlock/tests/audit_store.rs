@@ -297,9 +297,7 @@ fn killed_supervisor_marks_the_run_aborted_and_takes_the_cell_along() {
     }
     // Clean up whatever is left (only the processes this test started), then judge.
     for pid in &left {
-        unsafe {
-            libc::kill(*pid, libc::SIGKILL);
-        }
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
     }
     assert!(
         left.is_empty(),

@@ -279,10 +279,7 @@ fn start_and_supervise(
             .map(|d| format!("cgroup {}", d.display())),
     );
     let (observed, output) = result?;
-    let egress = match options.egress.as_mut() {
-        Some(session) => Some(session.finish()),
-        None => None,
-    };
+    let egress = options.egress.as_mut().map(|session| session.finish());
     let mut report = classify(plan, options, observed, output, usage_counters, egress);
     report.cgroup_version = Some(layout.version());
     report.cleanup = CleanupReport {

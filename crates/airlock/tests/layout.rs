@@ -1,0 +1,122 @@
+//! House rules that are cheap to check mechanically: all `unsafe` code lives in
+//! `crates/cell/src/sys.rs`, and crates depend on each other only in the documented
+//! direction (contract <- cell, egress <- airlock; store stands alone).
+
+use std::path::{Path, PathBuf};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|n| n != "target") {
+                rust_files(&path, out);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn unsafe_code_lives_only_in_the_sys_module() {
+    let root = workspace_root();
+    let allowed = root.join("crates/cell/src/sys.rs");
+    // This file names the keywords it looks for.
+    let this_file = root.join("crates/airlock/tests/layout.rs");
+    let mut files = Vec::new();
+    rust_files(&root.join("crates"), &mut files);
+    let mut offenders = Vec::new();
+    for file in files.iter().filter(|f| **f != allowed && **f != this_file) {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if ["unsafe {", "unsafe fn", "unsafe impl", "unsafe extern"]
+                .iter()
+                .any(|k| code.contains(k))
+            {
+                offenders.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "unsafe outside crates/cell/src/sys.rs:\n{}",
+        offenders.join("\n")
+    );
+    assert!(
+        files.len() > 20,
+        "the scan found too few files to be meaningful"
+    );
+}
+
+#[test]
+fn every_unsafe_block_in_sys_has_a_safety_comment() {
+    let text = std::fs::read_to_string(workspace_root().join("crates/cell/src/sys.rs")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    for (n, line) in lines.iter().enumerate() {
+        if line.split("//").next().unwrap_or("").contains("unsafe {") {
+            let preceding = lines[..n]
+                .iter()
+                .rev()
+                .take(8)
+                .any(|l| l.trim_start().starts_with("// SAFETY:"));
+            assert!(
+                preceding,
+                "sys.rs:{}: unsafe block without a `// SAFETY:` comment above it",
+                n + 1
+            );
+        }
+    }
+}
+
+fn airlock_dependencies(krate: &str) -> Vec<String> {
+    let manifest = std::fs::read_to_string(
+        workspace_root()
+            .join("crates")
+            .join(krate)
+            .join("Cargo.toml"),
+    )
+    .unwrap();
+    let table: toml::Table = toml::from_str(&manifest).unwrap();
+    table
+        .get("dependencies")
+        .and_then(|d| d.as_table())
+        .map(|d| {
+            d.keys()
+                .filter(|k| k.starts_with("airlock-"))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn crates_depend_in_the_documented_direction() {
+    assert_eq!(
+        airlock_dependencies("contract"),
+        Vec::<String>::new(),
+        "contract depends on nothing of ours"
+    );
+    assert_eq!(
+        airlock_dependencies("store"),
+        Vec::<String>::new(),
+        "store depends on nothing of ours"
+    );
+    assert_eq!(
+        airlock_dependencies("cell"),
+        vec!["airlock-contract".to_string()]
+    );
+    for dep in airlock_dependencies("egress") {
+        assert_eq!(
+            dep, "airlock-contract",
+            "egress may only depend on the contract"
+        );
+    }
+}

@@ -485,7 +485,7 @@ impl Supervision<'_> {
                 self.pump(Stream::Stderr, &mut buf);
             }
             if ready(2) {
-                self.read_exec_notification(options.started);
+                self.read_exec_notification();
             }
             if ready(3) {
                 self.read_message(options)?;
@@ -597,23 +597,18 @@ impl Supervision<'_> {
             }
         }
         if self.notify.is_some() {
-            self.read_exec_notification(Instant::now());
+            self.read_exec_notification();
         }
     }
 
-    fn read_exec_notification(&mut self, started: Instant) {
+    /// EOF on the notification pipe means the payload's exec closed its last write end
+    /// (or the cell died before exec: then a launch failure explains the run and the time
+    /// is not reported). Data means exec failed and says why.
+    fn read_exec_notification(&mut self) {
         let Some(fd) = self.notify.take() else { return };
         let mut text = [0u8; 512];
         match sys::read(fd.as_fd(), &mut text) {
-            // EOF: the payload's exec closed the last write end.
-            Ok(0) => {
-                if self.observed.launch_failure.is_none()
-                    && self.observed.ended.as_ref().is_none_or(|_| true)
-                {
-                    self.observed.exec_done_at = Some(Instant::now());
-                }
-                let _ = started;
-            }
+            Ok(0) => self.observed.exec_done_at = Some(Instant::now()),
             Ok(n) => {
                 self.observed.exec_error = Some(String::from_utf8_lossy(&text[..n]).into_owned())
             }
@@ -678,6 +673,7 @@ fn classify(
     let usage = Usage::from_parts(observed.rusage.as_ref(), counters);
     let startup_ms = observed
         .exec_done_at
+        .filter(|_| observed.launch_failure.is_none() && observed.exec_error.is_none())
         .map_or(0.0, |t| (t - options.started).as_secs_f64() * 1000.0);
     let egress = egress.unwrap_or_default();
     let wait_status = observed.ended.as_ref().map(|e| e.wait_status);

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# airlock's benchmark: cell start-up against baselines measured in the same hyperfine run,
+# egress proxy overhead, and supervisor memory. Prints medians and ratios; raw hyperfine
+# JSON goes to target/bench/. Run as root on an otherwise idle machine.
+#
+#   scripts/bench.sh            # start-up + egress + memory
+#   RUNS=1000 scripts/bench.sh  # more samples
+#   DOCKER=1 scripts/bench.sh   # also docker run with the seed's hardened flags
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-500}
+OUT=target/bench
+mkdir -p "$OUT"
+command -v hyperfine >/dev/null && command -v bwrap >/dev/null || {
+  apt-get update -qq && apt-get install -y -qq hyperfine bubblewrap >/dev/null
+}
+cargo build --release -q -p airlock
+AIRLOCK=$PWD/target/release/airlock
+STATE=$(mktemp -d)
+trap 'rm -rf "$STATE"' EXIT
+
+echo "== host"
+uname -r; nproc; grep -E 'cgroup2? ' /proc/mounts | awk '{print $2, $3, $4}' | head -3
+$AIRLOCK doctor | grep -E 'cgroups|landlock|seccomp'
+
+BWRAP_SAME_ROOT=(bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --symlink usr/bin /bin
+  --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/sbin /sbin --dev /dev --proc /proc
+  --tmpfs /tmp --cap-drop ALL /bin/true)
+cmds=(
+  "$AIRLOCK run --state-dir $STATE -- /bin/true"
+  "bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc /bin/true"
+  "${BWRAP_SAME_ROOT[*]}"
+  "/bin/true"
+)
+if [ "${DOCKER:-0}" = 1 ]; then
+  scripts/bench-docker-image.sh >/dev/null
+  cmds+=("docker run --rm --user 1000:1000 --cap-drop=ALL --security-opt no-new-privileges --read-only --tmpfs /tmp:size=16m --memory=128m --pids-limit=64 --network=none airlock-bench:busybox /bin/true")
+fi
+
+echo "== cell start-up: $RUNS runs each, one hyperfine run"
+hyperfine -N -w 30 -r "$RUNS" --export-json "$OUT/startup.json" "${cmds[@]}" >/dev/null
+python3 - "$OUT/startup.json" <<'PY'
+import json, sys
+results = json.load(open(sys.argv[1]))["results"]
+airlock = results[0]["median"]
+for r in results:
+    print(f"{r['median']*1000:8.2f} ms median  {r['mean']*1000:7.2f} mean  {r['max']*1000:7.2f} max  "
+          f"x{r['median']/airlock:5.2f} of airlock  {r['command'][:90]}")
+PY
+
+echo "== in-run timings (airlock's own result record, median of 200)"
+for i in $(seq 1 200); do $AIRLOCK run --state-dir "$STATE" --result "$OUT/r.json" -- /bin/true; python3 -c "
+import json; t=json.load(open('$OUT/r.json'))['timings']; print(t['startup_ms'], t['wall_ms'], t['teardown_ms'])"; done > "$OUT/timings.txt"
+python3 - "$OUT/timings.txt" <<'PY'
+import statistics, sys
+rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
+for i, name in enumerate(["startup_ms (start to exec)", "wall_ms (start to cell gone)", "teardown_ms"]):
+    print(f"{name:32} median {statistics.median(r[i] for r in rows):.2f}")
+PY
+
+echo "== supervisor memory"
+/usr/bin/time -f "airlock run -- /bin/true: max RSS %M KiB" "$AIRLOCK" run --state-dir "$STATE" -- /bin/true
+/usr/bin/time -f "airlock run -- 1 GiB of stdout: max RSS %M KiB" "$AIRLOCK" run --state-dir "$STATE" -- head -c 1073741824 /dev/zero >/dev/null || true
+
+echo "== egress proxy (loopback)"
+cargo run -q --release -p airlock-egress --example egress_bench

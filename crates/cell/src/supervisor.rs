@@ -677,7 +677,10 @@ fn classify(
         .map_or(0.0, |t| (t - options.started).as_secs_f64() * 1000.0);
     let egress = egress.unwrap_or_default();
     let wait_status = observed.ended.as_ref().map(|e| e.wait_status);
-    let exit = match wait_status {
+    // When the whole cell was killed (deadline, or a v2 group OOM kill), pid 1 could not
+    // report the payload's status; the signal that killed pid 1 took the payload too.
+    let pid1_killed = observed.pid1_status.filter(|s| libc::WIFSIGNALED(*s));
+    let exit = match wait_status.or(pid1_killed) {
         Some(s) if libc::WIFEXITED(s) => ExitInfo {
             code: Some(libc::WEXITSTATUS(s)),
             signal: None,

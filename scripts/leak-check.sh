@@ -3,7 +3,9 @@
 # that nothing is left behind: no cell cgroup without a live supervisor under
 # /sys/fs/cgroup/*/airlock/, no process with a cell host uid (>= 1000000000) outside a
 # live cell, the same mount count (host mount namespace) and the same fd count of this
-# script. Exits 1 on any leak or misclassified run.
+# script. Exits 1 on any leak or misclassified run. Cgroups are checked after every
+# pair of runs (the next run would reap a dead supervisor's cgroup), processes every
+# 20 runs and at the end.
 #
 #   scripts/leak-check.sh [N]        # as root
 set -u -o pipefail
@@ -91,23 +93,30 @@ stale_cgroups() {
     done
 }
 
-# Processes with a cell host uid that no live supervisor is an ancestor of.
+# Processes with a cell host uid that no live supervisor is an ancestor of (one ps).
 stray_processes() {
-    local status uid ppid pid hops ok
-    for status in /proc/[0-9]*/status; do
-        uid=$(awk '/^Uid:/{print $2}' "$status" 2>/dev/null) || continue
-        [ -n "$uid" ] && [ "$uid" -ge 1000000000 ] || continue
-        pid=${status#/proc/}
-        pid=${pid%/status}
-        ppid=$(awk '/^PPid:/{print $2}' "$status" 2>/dev/null)
-        ok=
-        for hops in $(seq 64); do
-            [ -n "$ppid" ] && [ "$ppid" -gt 1 ] || break
-            if live_supervisor "$ppid"; then ok=1; break; fi
-            ppid=$(awk '/^PPid:/{print $2}' "/proc/$ppid/status" 2>/dev/null)
-        done
-        [ -n "$ok" ] || echo "pid $pid uid $uid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)"
-    done
+    ps -eo uid=,pid=,ppid=,comm= | awk '
+        { uid[$2] = $1; ppid[$2] = $3; comm[$2] = $4 }
+        END {
+            for (p in uid) {
+                if (uid[p] < 1000000000) continue
+                q = ppid[p]; ok = 0
+                for (hops = 0; hops < 64 && q > 1; hops++) {
+                    if (uid[q] == 0 && comm[q] == "airlock") { ok = 1; break }
+                    q = ppid[q]
+                }
+                if (!ok) print "pid " p " uid " uid[p] " (" comm[p] ")"
+            }
+        }'
+}
+
+# The next `airlock run` reaps cgroups of dead supervisors, which would hide a leak of
+# an earlier run: look after every pair of runs and remember what was seen.
+watch_leaks() {
+    stale_cgroups >>"$WORK/seen-cgroups"
+    if [ $(($1 % 20)) -eq 0 ]; then
+        stray_processes >>"$WORK/seen-processes"
+    fi
 }
 
 mounts() { wc -l </proc/$$/mountinfo; }
@@ -115,6 +124,8 @@ fds() { ls /proc/$$/fd | wc -l; }
 
 cgroups_before=$(stale_cgroups | wc -l)
 procs_before=$(stray_processes | wc -l)
+: >"$WORK/seen-cgroups"
+: >"$WORK/seen-processes"
 mounts_before=$(mounts)
 fds_before=$(fds)
 echo "leak-check: $N runs of $BIN, 2 at a time"
@@ -129,6 +140,7 @@ while [ "$i" -lt "$N" ]; do
     fi
     wait
     i=$((i + 2))
+    watch_leaks "$i"
     if [ $((i % 500)) -eq 0 ] || [ "$i" -ge "$N" ]; then
         done_runs=$((i < N ? i : N))
         printf '%6d runs  %6.1f s  %d bad\n' "$done_runs" \
@@ -137,8 +149,8 @@ while [ "$i" -lt "$N" ]; do
 done
 seconds=$(echo "$(date +%s.%N) - $start" | bc)
 
-stale=$(stale_cgroups)
-stray=$(stray_processes)
+stale=$( (stale_cgroups; cat "$WORK/seen-cgroups") | sort -u)
+stray=$( (stray_processes; cat "$WORK/seen-processes") | sort -u)
 cgroups_after=$(grep -c . <<<"$stale")
 procs_after=$(grep -c . <<<"$stray")
 mounts_after=$(mounts)

@@ -190,10 +190,12 @@ fn a_thousand_mixed_runs_leave_nothing_behind() {
     let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let counts: Mutex<std::collections::BTreeMap<&str, usize>> = Mutex::default();
     let run_ids: Mutex<Vec<String>> = Mutex::default();
+    let seen_stale: Mutex<std::collections::BTreeSet<PathBuf>> = Mutex::default();
     let started = Instant::now();
     std::thread::scope(|scope| {
         for dir in &dirs {
-            let (next, failures, counts, run_ids) = (&next, &failures, &counts, &run_ids);
+            let (next, failures, counts, run_ids, seen_stale) =
+                (&next, &failures, &counts, &run_ids, &seen_stale);
             scope.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= RUNS {
@@ -204,6 +206,12 @@ fn a_thousand_mixed_runs_leave_nothing_behind() {
                 *counts.lock().unwrap().entry(kind.name).or_default() += 1;
                 if let Some(id) = run.result["run_id"].as_str() {
                     run_ids.lock().unwrap().push(id.to_string());
+                }
+                // The next run reaps cgroups of dead supervisors, which would hide this
+                // run's leak: look right away (the other worker's supervisor is alive).
+                let (stale, _) = cell_cgroups();
+                if !stale.is_empty() {
+                    seen_stale.lock().unwrap().extend(stale);
                 }
                 let cleanup_ok = run.result["cleanup"]["ok"] == true;
                 if run.status() != kind.status || run.code() != kind.code || !cleanup_ok {
@@ -232,7 +240,10 @@ fn a_thousand_mixed_runs_leave_nothing_behind() {
     // Every supervisor we started has exited (Command::output waited for each): any cell
     // cgroup not owned by a live supervisor is a leak, and so is one carrying one of our
     // run ids even if its supervisor pid was reused meanwhile.
-    let (cgroups_after, all_cgroups) = cell_cgroups();
+    let (mut cgroups_after, all_cgroups) = cell_cgroups();
+    cgroups_after.extend(seen_stale.into_inner().unwrap());
+    cgroups_after.sort();
+    cgroups_after.dedup();
     let procs_after = leftover_processes();
     let mounts_after = count_lines("/proc/self/mountinfo");
     let fds_after = fd_count();

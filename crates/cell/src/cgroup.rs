@@ -262,14 +262,39 @@ impl CellCgroup {
     pub fn kill_all(&self) -> Result<(), CellError> {
         match &self.layout {
             CgroupLayout::V2 { .. } => write_file(&self.dirs[0].join("cgroup.kill"), "1"),
-            CgroupLayout::V1 { .. } => {
-                // Freeze first so nothing can fork between reading the list and killing.
-                let freezer = self.dirs[3].join("freezer.state");
-                write_file(&freezer, "FROZEN")?;
-                self.signal_all(libc::SIGKILL);
-                write_file(&freezer, "THAWED")
+            CgroupLayout::V1 { .. } => self.frozen(|| self.signal_all(libc::SIGKILL)),
+        }
+    }
+
+    /// Kills every process of the cell except `survivor` (its pid 1, which then reaps).
+    pub fn kill_all_except(&self, survivor: libc::pid_t) -> Result<(), CellError> {
+        self.frozen(|| {
+            for pid in self.pids().into_iter().filter(|p| *p != survivor) {
+                let _ = crate::sys::kill(pid, libc::SIGKILL);
+            }
+        })
+    }
+
+    /// Runs `f` with the cgroup frozen, so nothing can fork between listing and killing.
+    /// Killed processes die when thawed (v1) or at once (v2: SIGKILL reaches frozen tasks).
+    fn frozen(&self, f: impl FnOnce()) -> Result<(), CellError> {
+        let (file, freeze, thaw) = match &self.layout {
+            CgroupLayout::V2 { .. } => (self.dirs[0].join("cgroup.freeze"), "1", "0"),
+            CgroupLayout::V1 { .. } => (self.dirs[3].join("freezer.state"), "FROZEN", "THAWED"),
+        };
+        write_file(&file, freeze)?;
+        if let CgroupLayout::V2 { .. } = &self.layout {
+            // v2 freezing completes asynchronously; cgroup.events says when.
+            let events = self.dirs[0].join("cgroup.events");
+            let until = Instant::now() + Duration::from_millis(100);
+            while Instant::now() < until
+                && !fs::read_to_string(&events).is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
+            {
+                std::thread::sleep(Duration::from_micros(200));
             }
         }
+        f();
+        write_file(&file, thaw)
     }
 
     /// Waits until no process is left in the cgroup, killing stragglers.

@@ -20,6 +20,21 @@ use std::time::{Duration, Instant};
 
 /// Time between SIGTERM at the deadline and SIGKILL of the whole cell.
 pub const TERM_GRACE: Duration = Duration::from_millis(1000);
+/// After the payload and its descendants are killed, how long the cell's pid 1 gets to
+/// reap them and report (so the payload's status and CPU time are known) before it is
+/// killed too.
+const REAPER_GRACE: Duration = Duration::from_millis(300);
+
+/// Where the deadline enforcement stands.
+#[derive(Debug, Clone, Copy)]
+enum Deadline {
+    Pending(Instant),
+    /// SIGTERM sent at the deadline; SIGKILL when the grace period ends.
+    Terminating(Instant),
+    /// Everything but pid 1 killed; pid 1 itself is killed at this instant.
+    Reaping(Instant),
+    Done,
+}
 /// Host ids of cell identities when airlock runs as root: cell uid N is host uid
 /// `HOST_ID_BASE + N`, far away from real users and never 0.
 pub const HOST_ID_BASE: u32 = 1_000_000_000;
@@ -414,8 +429,7 @@ fn release_and_supervise(
             run_id,
             ..Observed::default()
         },
-        deadline: released_at + Duration::from_millis(plan.limits.wall_time_ms),
-        term_sent_at: None,
+        deadline: Deadline::Pending(released_at + Duration::from_millis(plan.limits.wall_time_ms)),
         stream_output: options.stream_output,
         cgroup,
     };
@@ -433,8 +447,7 @@ struct Supervision<'a> {
     stderr: Option<OwnedFd>,
     output: OutputCapture,
     observed: Observed,
-    deadline: Instant,
-    term_sent_at: Option<Instant>,
+    deadline: Deadline,
     stream_output: bool,
     cgroup: &'a CellCgroup,
 }
@@ -504,35 +517,42 @@ impl Supervision<'_> {
     }
 
     fn next_timeout(&self) -> i32 {
-        let now = Instant::now();
-        let next = match self.term_sent_at {
-            None => self.deadline,
-            Some(sent) => sent + TERM_GRACE,
+        let next = match self.deadline {
+            Deadline::Pending(at) => at,
+            Deadline::Terminating(sent) => sent + TERM_GRACE,
+            Deadline::Reaping(at) => at,
+            Deadline::Done => return -1,
         };
-        next.saturating_duration_since(now)
+        next.saturating_duration_since(Instant::now())
             .as_millis()
             .min(i32::MAX as u128) as i32
     }
 
     fn enforce_deadline(&mut self) {
         let now = Instant::now();
-        match self.term_sent_at {
-            None if now >= self.deadline => {
+        self.deadline = match self.deadline {
+            Deadline::Pending(at) if now >= at => {
                 self.observed.deadline_fired = true;
-                self.term_sent_at = Some(now);
                 // pid 1 ignores SIGTERM from outside its namespace; the payload and its
                 // children get the chance to finish cleanly.
                 self.cgroup.signal_all(libc::SIGTERM);
+                Deadline::Terminating(now)
             }
-            Some(sent) if now >= sent + TERM_GRACE => {
+            Deadline::Terminating(sent) if now >= sent + TERM_GRACE => {
+                // Kill everything but pid 1, which reaps the payload (so its status and
+                // CPU time are accounted) and reports before it goes too.
+                let _ = self.cgroup.kill_all_except(self.pid);
+                Deadline::Reaping(now + REAPER_GRACE)
+            }
+            Deadline::Reaping(at) if now >= at => {
                 // Killing pid 1 kills the whole pid namespace; the cgroup kill catches
                 // anything in between.
                 let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
                 let _ = self.cgroup.kill_all();
-                self.term_sent_at = Some(now + Duration::from_secs(3600));
+                Deadline::Done
             }
-            _ => {}
-        }
+            unchanged => unchanged,
+        };
     }
 
     /// Reads one chunk of a stream; closes it at EOF.

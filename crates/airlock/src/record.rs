@@ -91,54 +91,64 @@ fn limit_name(report: &RunReport) -> Option<String> {
         .and_then(|v| v.as_str().map(str::to_owned))
 }
 
-/// Appends the run's decisions as events, then finishes the record.
+/// The run's decisions as events: egress, ceilings, artifacts, errors, cleanup.
+fn events_of(report: &RunReport) -> Vec<(String, Value)> {
+    let mut events = Vec::new();
+    let mut push = |kind: &str, body: Value| events.push((kind.to_string(), body));
+    for record in report.egress.as_array().into_iter().flatten() {
+        let mut body = record.clone();
+        if let Some(reason) = record.get("reason").cloned() {
+            body["reason_code"] = reason;
+        }
+        push(kinds::EGRESS_DECISION, body);
+    }
+    if let Some(limit) = limit_name(report) {
+        push(
+            kinds::LIMIT_FIRED,
+            json!({ "limit": limit, "status": report.status.as_str() }),
+        );
+    }
+    for artifact in report
+        .artifacts
+        .get("kept")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        push(kinds::ARTIFACT_KEPT, artifact.clone());
+    }
+    for artifact in report
+        .artifacts
+        .get("rejected")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let mut body = artifact.clone();
+        body["decision"] = json!("rejected");
+        body["reason_code"] = artifact.get("reason").cloned().unwrap_or(Value::Null);
+        push(kinds::ARTIFACT_REJECTED, body);
+    }
+    if let Some(error) = &report.error {
+        push(
+            kinds::POLICY_DECISION,
+            json!({ "status": report.status.as_str(), "error": error }),
+        );
+    }
+    push(
+        kinds::CLEANUP,
+        json!({ "ok": report.cleanup.ok, "leftovers": report.cleanup.leftovers }),
+    );
+    events
+}
+
+/// Finishes the run record together with its events, in one transaction.
 pub fn finish(
     store: &Store,
     handle: &RunHandle,
     report: &RunReport,
     result: &Value,
 ) -> airlock_store::Result<()> {
-    if let Some(records) = report.egress.as_array() {
-        for record in records {
-            let mut body = record.clone();
-            if let Some(reason) = record.get("reason").cloned() {
-                body["reason_code"] = reason;
-            }
-            store.append_event(handle, kinds::EGRESS_DECISION, body)?;
-        }
-    }
-    if let Some(limit) = limit_name(report) {
-        store.append_event(
-            handle,
-            kinds::LIMIT_FIRED,
-            json!({ "limit": limit, "status": report.status.as_str() }),
-        )?;
-    }
-    if let Some(kept) = report.artifacts.get("kept").and_then(Value::as_array) {
-        for artifact in kept {
-            store.append_event(handle, kinds::ARTIFACT_KEPT, artifact.clone())?;
-        }
-    }
-    if let Some(rejected) = report.artifacts.get("rejected").and_then(Value::as_array) {
-        for artifact in rejected {
-            let mut body = artifact.clone();
-            body["decision"] = json!("rejected");
-            body["reason_code"] = artifact.get("reason").cloned().unwrap_or(Value::Null);
-            store.append_event(handle, kinds::ARTIFACT_REJECTED, body)?;
-        }
-    }
-    if let Some(error) = &report.error {
-        store.append_event(
-            handle,
-            kinds::POLICY_DECISION,
-            json!({ "status": report.status.as_str(), "error": error }),
-        )?;
-    }
-    store.append_event(
-        handle,
-        kinds::CLEANUP,
-        json!({ "ok": report.cleanup.ok, "leftovers": report.cleanup.leftovers }),
-    )?;
     let output = report.output.as_ref();
     let text =
         |f: fn(&airlock_cell::output::OutputCapture) -> String| output.map(f).unwrap_or_default();
@@ -159,6 +169,7 @@ pub fn finish(
             cleanup_ok: report.cleanup.ok,
             cleanup_leftovers: json!(report.cleanup.leftovers),
             result_json: result.clone(),
+            events: events_of(report),
         },
     )
 }

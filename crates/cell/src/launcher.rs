@@ -111,7 +111,7 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
     sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
     // The supervisor may already be gone (the death signal only covers later deaths):
     // waiting for its go-ahead settles it - EOF means it died.
-    let mut message = vec![0u8; 256 * 1024];
+    let mut message = vec![0u8; 64 * 1024];
     let (program, mounts) =
         match sys::recv_with_fds(setup.sync.as_fd(), &mut message, protocol::MAX_RELEASE_FDS) {
             Ok((n, fds)) if n > 0 => match protocol::decode_release(&message[..n], fds) {

@@ -637,7 +637,8 @@ impl Supervision<'_> {
     }
 
     fn read_message(&mut self, options: &mut RunOptions<'_>) -> Result<(), CellError> {
-        let mut buf = vec![0u8; 64 * 1024];
+        // Cell messages are small JSON documents (a launch failure, the payload's end).
+        let mut buf = vec![0u8; 16 * 1024];
         let (n, mut fds) = match sys::recv_with_fds(self.sync.as_fd(), &mut buf, 2) {
             Ok(r) => r,
             Err(_) => return Ok(()),

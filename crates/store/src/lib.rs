@@ -87,6 +87,15 @@ pub const FINISH_STATUSES: &[&str] = &[
 pub const STATUS_RUNNING: &str = "running";
 pub const STATUS_ABORTED: &str = "aborted";
 
+fn check_event_kind(kind: &str) -> Result<()> {
+    if !valid_kind(kind) || kinds::RESERVED.contains(&kind) {
+        return Err(StoreError::InvalidInput(format!(
+            "event kind {kind:?} is reserved or not of the form [a-z0-9._-]{{1,64}}"
+        )));
+    }
+    Ok(())
+}
+
 /// The state directory: `/var/lib/airlock` for root, else
 /// `$XDG_STATE_HOME/airlock` (default `~/.local/state/airlock`).
 pub fn default_state_dir() -> PathBuf {
@@ -133,6 +142,10 @@ pub struct RunEnd {
     pub cleanup_ok: bool,
     pub cleanup_leftovers: Value,
     pub result_json: Value,
+    /// Events `(kind, body)` appended just before the finish entry, in the same
+    /// transaction (one commit per run end instead of one per event).
+    #[serde(default)]
+    pub events: Vec<(String, Value)>,
 }
 
 /// One run as stored. Field names are also the keys of the `run.begin`/`run.finish`
@@ -638,11 +651,7 @@ impl Store {
     /// Append an event (policy/egress decision, ceiling fired, artifact kept/rejected,
     /// cleanup, ...) to a run. The body is redacted with the run's secrets.
     pub fn append_event(&self, h: &RunHandle, kind: &str, body: Value) -> Result<()> {
-        if !valid_kind(kind) || kinds::RESERVED.contains(&kind) {
-            return Err(StoreError::InvalidInput(format!(
-                "event kind {kind:?} is reserved or not of the form [a-z0-9._-]{{1,64}}"
-            )));
-        }
+        check_event_kind(kind)?;
         let body = h.redactor.value(body);
         let at = now_ms();
         self.write_tx(|c| {
@@ -661,6 +670,14 @@ impl Store {
     /// Record the end of a run. Fails if the run is not `running` any more (finished
     /// twice, or reaped as `aborted`).
     pub fn finish_run(&self, h: &RunHandle, end: RunEnd) -> Result<()> {
+        for (kind, _) in &end.events {
+            check_event_kind(kind)?;
+        }
+        let events: Vec<(String, Value)> = end
+            .events
+            .iter()
+            .map(|(kind, body)| (kind.clone(), h.redactor.value(body.clone())))
+            .collect();
         if !FINISH_STATUSES.contains(&end.status.as_str()) {
             return Err(StoreError::InvalidInput(format!(
                 "unknown status {:?}; expected one of {}",
@@ -703,6 +720,9 @@ impl Store {
                         status: other.to_string(),
                     })
                 }
+            }
+            for (kind, event) in &events {
+                append_entry(c, Some(&h.run_id), kind, finished_at, event)?;
             }
             append_entry(c, Some(&h.run_id), kinds::RUN_FINISH, finished_at, &body)?;
             c.prepare_cached(

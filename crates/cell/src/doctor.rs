@@ -116,15 +116,8 @@ pub fn run_checks() -> Vec<Check> {
         }
         Err(e) => checks.push(check("cgroups", Err(e.to_string()))),
     }
-    checks.push(check(
-        "mount_api",
-        if std::path::Path::new("/proc/self/mountinfo").exists() && sys::landlock_abi_version() >= 0
-        {
-            Ok("open_tree/move_mount/mount_setattr (Linux 5.12+) assumed by kernel version".into())
-        } else {
-            Err("no /proc/self/mountinfo".into())
-        },
-    ));
+    checks.push(check("mount_api", mount_api()));
+    checks.push(check("cgroups.migration_speed", Ok(migration_hint())));
     checks.push(check(
         "identity",
         Ok(if sys::geteuid() == 0 {
@@ -139,5 +132,79 @@ pub fn run_checks() -> Vec<Check> {
             )
         }),
     ));
+    checks.push(check("cell.end_to_end", end_to_end()));
     checks
+}
+
+/// Moving a process into a cgroup takes a global lock whose first writer waits for an RCU
+/// grace period (~15 ms here) unless a cgroup2 mount has `favordynmods`. Not a control,
+/// only speed: reported, never failed.
+fn migration_hint() -> String {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let cgroup2: Vec<&str> = mounts
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("cgroup2"))
+        .collect();
+    match cgroup2.iter().find(|l| l.contains("favordynmods")) {
+        Some(_) => "a cgroup2 mount has favordynmods: cheap cgroup joins".into(),
+        None => match cgroup2.first().and_then(|l| l.split_whitespace().nth(1)) {
+            Some(at) => {
+                format!("slow first cgroup join; for speed: mount -o remount,favordynmods {at}")
+            }
+            None => "no cgroup2 mount: cgroup joins may wait for an RCU grace period".into(),
+        },
+    }
+}
+
+/// Clones `/usr` as a detached, read-only tree: the new mount API calls every cell start
+/// relies on (open_tree, mount_setattr; move_mount follows in the cell).
+fn mount_api() -> Result<String, String> {
+    use std::os::fd::AsFd;
+    let usr = std::fs::File::open("/usr").map_err(|e| format!("/usr: {e}"))?;
+    let tree = sys::clone_mount_tree(usr.as_fd()).map_err(|e| format!("open_tree(/usr): {e}"))?;
+    sys::set_mount_attributes(
+        tree.as_fd(),
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID,
+        true,
+    )
+    .map_err(|e| format!("mount_setattr: {e}"))?;
+    Ok("open_tree + mount_setattr on a detached clone of /usr".into())
+}
+
+/// Runs `/bin/true` in a cell with the default contract: every control at once.
+fn end_to_end() -> Result<String, String> {
+    let contract = airlock_contract::default_contract();
+    let argv = ["/bin/true".to_string()];
+    let plan = airlock_contract::compile(
+        &contract,
+        &airlock_contract::CompileInput {
+            base_dir: std::path::Path::new("/"),
+            argv: &argv,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let report = crate::run_cell(
+        &plan,
+        crate::RunOptions {
+            before_release: None,
+            started: std::time::Instant::now(),
+            egress: None,
+            artifacts: None,
+            stream_output: false,
+            stdin: None,
+        },
+    );
+    match report.status {
+        crate::report::ResultClass::Ok if report.cleanup.ok => Ok(format!(
+            "/bin/true ran in a full cell (started in {:.2} ms, gone after {:.2} ms, cgroup {})",
+            report.timings.startup_ms,
+            report.timings.wall_ms,
+            report.cgroup_version.unwrap_or("?")
+        )),
+        status => Err(format!(
+            "{}: {}",
+            status.as_str(),
+            report.error.unwrap_or_default()
+        )),
+    }
 }

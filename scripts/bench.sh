@@ -15,7 +15,7 @@ command -v hyperfine >/dev/null && command -v bwrap >/dev/null || {
   apt-get update -qq && apt-get install -y -qq hyperfine bubblewrap >/dev/null
 }
 cargo build --release -q -p airlock
-AIRLOCK=$PWD/target/release/airlock
+AIRLOCK=$PWD/target/x86_64-unknown-linux-gnu/release/airlock
 STATE=$(mktemp -d)
 trap 'rm -rf "$STATE"' EXIT
 

@@ -20,7 +20,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 cargo build --release -q -p airlock || exit 2
-BIN=$PWD/target/release/airlock
+BIN=$PWD/target/x86_64-unknown-linux-gnu/release/airlock
 WORK=$(mktemp -d /tmp/airlock-leak-check.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 

@@ -8,7 +8,7 @@
 #   scripts/vm/run-in-vm.sh --check                        # prerequisites only
 #
 # The guest boots from an initramfs holding static busybox (at /bin), the airlock binary
-# ($AIRLOCK_BIN, default target/debug/airlock, at /usr/local/bin/airlock), the shared
+# ($AIRLOCK_BIN, default target/x86_64-unknown-linux-gnu/debug/airlock, at /usr/local/bin/airlock), the shared
 # libraries it links and scripts/vm/payloads built static (at /usr/local/bin). A cell sees
 # exactly those as its host /usr, /bin, /lib*. The work tree is shared read-only over 9p
 # at the same path (a copy of scripts/vm is in the initramfs in case 9p fails) and the
@@ -29,7 +29,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 CACHE="${AIRLOCK_VM_CACHE:-/var/cache/airlock-vm}"
 KERNEL="$CACHE/kernel"
-AIRLOCK_BIN="${AIRLOCK_BIN:-$REPO/target/debug/airlock}"
+AIRLOCK_BIN="${AIRLOCK_BIN:-$REPO/target/x86_64-unknown-linux-gnu/debug/airlock}"
 TIMEOUT="${AIRLOCK_VM_TIMEOUT:-300}"
 MEM="${AIRLOCK_VM_MEM:-1024}"
 CPUS="${AIRLOCK_VM_CPUS:-2}"
@@ -81,7 +81,8 @@ done
 
 # --- airlock and the libraries it links, at the paths ldd names ---
 cp "$AIRLOCK_BIN" "$root/usr/local/bin/airlock"
-ldd "$AIRLOCK_BIN" | grep -o '/[^ ]*' | while read -r lib; do
+# (none for the static-pie build; ldd then fails, which is fine)
+{ ldd "$AIRLOCK_BIN" 2>/dev/null || true; } | { grep -o '/[^ ]*' || true; } | while read -r lib; do
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
 done

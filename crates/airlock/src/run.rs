@@ -138,6 +138,30 @@ fn refuse_recorded(
     }
 }
 
+/// Opens the audit store and marks runs of dead supervisors as aborted.
+fn open_store(config: &OperatorConfig, args: &RunArgs) -> Result<Store, String> {
+    let store = Store::open(&config.state_dir(args.state_dir.as_deref()))
+        .map_err(|err| format!("audit store: {err}"))?;
+    if let Err(err) = store.reap_aborted() {
+        eprintln!("airlock: warning: marking runs of dead supervisors as aborted failed: {err}");
+    }
+    Ok(store)
+}
+
+/// A run refused before its cell was cloned, recorded when the store can be opened.
+fn refuse_early(
+    config: &OperatorConfig,
+    args: &RunArgs,
+    status: ResultClass,
+    error: String,
+    plan: Option<&CellPlan>,
+) -> ExitCode {
+    match open_store(config, args) {
+        Ok(store) => refuse_recorded(&store, args, status, error, plan),
+        Err(store_error) => refuse(args, "", status, format!("{error}; {store_error}"), plan),
+    }
+}
+
 pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     let config = match OperatorConfig::load(args.config.as_deref()) {
         Ok(c) => c,
@@ -151,22 +175,6 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             )
         }
     };
-    // Fail closed: no audit record, no run.
-    let store = match Store::open(&config.state_dir(args.state_dir.as_deref())) {
-        Ok(store) => store,
-        Err(err) => {
-            return refuse(
-                &args,
-                "",
-                ResultClass::RuntimeFault,
-                format!("audit store: {err}"),
-                None,
-            )
-        }
-    };
-    if let Err(err) = store.reap_aborted() {
-        eprintln!("airlock: warning: marking runs of dead supervisors as aborted failed: {err}");
-    }
     let plan = match load_plan(&args) {
         Ok(plan) => plan,
         Err(err) => {
@@ -175,14 +183,14 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
                 "runtime_fault" => ResultClass::RuntimeFault,
                 _ => ResultClass::PolicyDenied,
             };
-            return refuse_recorded(&store, &args, status, format!("contract: {err}"), None);
+            return refuse_early(&config, &args, status, format!("contract: {err}"), None);
         }
     };
     let credentials = match airlock_cell::credential_env(&plan) {
         Ok(c) => c,
         Err(err) => {
             let status = ResultClass::from_error_class(err.class());
-            return refuse_recorded(&store, &args, status, err.to_string(), Some(&plan));
+            return refuse_early(&config, &args, status, err.to_string(), Some(&plan));
         }
     };
     if let Ok(layout) = airlock_cell::cgroup::CgroupLayout::detect() {
@@ -200,13 +208,14 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     {
         Ok(stdin) => stdin,
         Err(err) => {
-            return refuse_recorded(
-                &store,
+            let error = format!("reading inputs: {err:#}");
+            return refuse_early(
+                &config,
                 &args,
                 ResultClass::RuntimeFault,
-                format!("reading inputs: {err:#}"),
+                error,
                 Some(&plan),
-            )
+            );
         }
     };
     let start = RunStart {
@@ -217,20 +226,25 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         plan_json: serde_json::to_value(&plan).unwrap_or_default(),
     };
     let secrets = record::secrets_of(&plan, &credentials);
-    // Written while the cell sets itself up; it must succeed before the cell is released.
+    // Fail closed: no audit record, no run. The store is opened and the record written
+    // while the freshly cloned cell builds its network namespace; the cell is only
+    // released once the record exists.
+    let mut store = None;
     let mut handle = None;
     let mut audit_error = None;
-    let mut begin_record = || match store.begin_run(start.clone(), secrets.clone()) {
-        Ok(h) => {
-            let id = h.run_id();
-            handle = Some(h);
-            Ok(id)
-        }
-        Err(err) => {
-            audit_error = Some(format!("audit store: {err}"));
-            Err(format!("audit store: {err}"))
-        }
+    let mut begin_record = || -> Result<String, String> {
+        let opened = open_store(&config, &args)?;
+        let begun = opened
+            .begin_run(start.clone(), secrets.clone())
+            .map_err(|err| format!("audit store: {err}"));
+        store = Some(opened);
+        let h = begun?;
+        let id = h.run_id();
+        handle = Some(h);
+        Ok(id)
     };
+    let mut record_before_release =
+        || begin_record().inspect_err(|err: &String| audit_error = Some(err.clone()));
 
     let mut proxy = match &plan.network {
         NetworkPlan::Allowlist { destinations } => {
@@ -246,7 +260,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     let report = airlock_cell::run_cell(
         &plan,
         RunOptions {
-            before_release: Some(&mut begin_record),
+            before_release: Some(&mut record_before_release),
             started,
             egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
             artifacts,
@@ -262,16 +276,20 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         write_result(&args, &result_record(&report, Some(&plan)));
         return ExitCode::from(125);
     }
-    // A run that failed before its cell existed is recorded now, so that it is not lost.
-    let handle = match handle {
-        Some(h) => h,
-        None => match store.begin_run(start, secrets) {
-            Ok(h) => h,
-            Err(err) => {
-                eprintln!("airlock: audit store: {err}");
-                return ExitCode::from(125);
-            }
-        },
+    // A run that failed before its cell was released is recorded now, so it is not lost.
+    let store = match store.map_or_else(|| open_store(&config, &args), Ok) {
+        Ok(store) => store,
+        Err(err) => {
+            eprintln!("airlock: {err}");
+            return ExitCode::from(125);
+        }
+    };
+    let handle = match handle.map_or_else(|| store.begin_run(start, secrets), Ok) {
+        Ok(h) => h,
+        Err(err) => {
+            eprintln!("airlock: audit store: {err}");
+            return ExitCode::from(125);
+        }
     };
     let mut report = report;
     report.run_id = handle.run_id();

@@ -60,8 +60,17 @@ pub struct ExitInfo {
 
 #[derive(Debug, Default, Clone, Copy, Serialize)]
 pub struct Timings {
+    /// Milestones of the start, each in ms from the start of `run`: the cell was cloned,
+    /// its seccomp program, mount trees and cgroup were ready, the audit record was
+    /// written, the cell was released.
+    pub spawned_ms: f64,
+    pub prepared_ms: f64,
+    pub recorded_ms: f64,
+    pub released_ms: f64,
     /// From the start of `run` to the payload's successful exec.
     pub startup_ms: f64,
+    /// From the start of `run` until pid 1 of the cell was gone.
+    pub ended_ms: f64,
     /// From the start of `run` until the cell was gone.
     pub wall_ms: f64,
     /// Time spent destroying the cell after the payload ended.

@@ -62,7 +62,7 @@ pub struct EgressSummary {
 /// Called once the cell exists but before it is released. The CLI writes the audit
 /// record here, overlapping the write with the cell's own setup; an error refuses the run
 /// (the cell is killed before the payload could start).
-pub type BeforeRelease<'a> = &'a mut dyn FnMut() -> Result<String, String>;
+pub type BeforeRelease<'a> = &'a mut (dyn FnMut() -> Result<String, String> + Send);
 
 pub struct RunOptions<'a> {
     pub before_release: Option<BeforeRelease<'a>>,
@@ -214,6 +214,8 @@ struct Observed {
     egress_error: Option<String>,
     artifacts: serde_json::Value,
     run_id: String,
+    released_ms: f64,
+    ended_at: Option<Instant>,
 }
 
 /// Runs `plan` in a fresh cell. Never panics on cell failures: every outcome, including
@@ -261,19 +263,48 @@ fn start_and_supervise(
     // The cell is cloned first: while it creates its network namespace (the costliest
     // step of a cell start), the supervisor prepares what the release message carries.
     let cell = spawn_cell(plan, &env, options)?;
-    let prepared = seccomp_program(plan).and_then(|program| {
-        let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
-        let cgroup = CellCgroup::create(&layout, &cgroup_name(), &plan.limits)?;
-        Ok((program, mounts, cgroup))
+    let spawned_ms = ms_since(options.started);
+    // Three things now overlap: the cell builds its network namespace, the caller's
+    // hook writes the audit record (on a helper thread; the clone is done, so threads are
+    // fine from here on), and this thread compiles the filter, clones the mount trees and
+    // creates the cgroup.
+    let started = options.started;
+    let (recorded, prepared, recorded_ms, prepared_ms) = std::thread::scope(|scope| {
+        let hook = options.before_release.as_mut().map(|hook| {
+            scope.spawn(move || {
+                let result = hook();
+                (result, ms_since(started))
+            })
+        });
+        let prepared = seccomp_program(plan).and_then(|program| {
+            let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
+            let cgroup = CellCgroup::create(&layout, &cgroup_name(), &plan.limits)?;
+            Ok((program, mounts, cgroup))
+        });
+        let prepared_ms = ms_since(started);
+        let (recorded, recorded_ms) = match hook.map(|h| h.join()) {
+            None => (Ok(String::new()), 0.0),
+            Some(Ok(outcome)) => outcome,
+            Some(Err(_)) => (Err("the audit hook panicked".to_string()), 0.0),
+        };
+        (recorded, prepared, recorded_ms, prepared_ms)
     });
-    let (program, mounts, cgroup) = match prepared {
-        Ok(prepared) => prepared,
-        Err(err) => {
+    let (program, mounts, cgroup) = match (recorded.as_ref(), prepared) {
+        (Ok(_), Ok(prepared)) => prepared,
+        (Err(err), prepared) => {
+            cell.kill();
+            if let Ok((_, _, cgroup)) = prepared {
+                cgroup.destroy();
+            }
+            return Err(CellError::Refused(err.clone()));
+        }
+        (Ok(_), Err(err)) => {
             cell.kill();
             return Err(err);
         }
     };
-    let result = release_and_supervise(plan, options, cell, &cgroup, mounts, &program);
+    let run_id = recorded.unwrap_or_default();
+    let result = release_and_supervise(plan, options, cell, &cgroup, mounts, &program, run_id);
     // Whatever happened, nothing of the cell may outlive this function.
     let teardown_started = Instant::now();
     // Usually pid 1's exit already emptied the cgroup; freezing (v1) is costly, so only
@@ -301,6 +332,9 @@ fn start_and_supervise(
         ok: leftovers.is_empty(),
         leftovers,
     };
+    report.timings.spawned_ms = spawned_ms;
+    report.timings.recorded_ms = recorded_ms;
+    report.timings.prepared_ms = prepared_ms;
     report.timings.teardown_ms = ms_since(teardown_started);
     report.timings.wall_ms = ms_since(options.started);
     Ok(report)
@@ -385,17 +419,9 @@ fn release_and_supervise(
     cgroup: &CellCgroup,
     mounts: Vec<rootfs::Prepared>,
     program: &[libc::sock_filter],
+    run_id: String,
 ) -> Result<(Observed, OutputCapture), CellError> {
-    let mut run_id = String::new();
-    let mut released = Ok(());
-    if let Some(hook) = options.before_release.as_mut() {
-        match hook() {
-            Ok(id) => run_id = id,
-            Err(err) => released = Err(CellError::Refused(err)),
-        }
-    }
-    let released = released
-        .and_then(|_| write_id_maps(cell.pid, plan))
+    let released = write_id_maps(cell.pid, plan)
         .and_then(|_| cgroup.add_process(cell.pid))
         .and_then(|_| {
             let (message, fds) = protocol::encode_release(program, mounts);
@@ -408,6 +434,7 @@ fn release_and_supervise(
         return Err(err);
     }
     let released_at = Instant::now();
+    let released_ms = (released_at - options.started).as_secs_f64() * 1000.0;
     let SpawnedCell {
         pid,
         pidfd,
@@ -427,6 +454,7 @@ fn release_and_supervise(
         output: OutputCapture::new(plan.limits.output_bytes),
         observed: Observed {
             run_id,
+            released_ms,
             ..Observed::default()
         },
         deadline: Deadline::Pending(released_at + Duration::from_millis(plan.limits.wall_time_ms)),
@@ -505,6 +533,7 @@ impl Supervision<'_> {
             }
             if ready(4) {
                 // pid 1 is gone, and with it every process of the pid namespace.
+                self.observed.ended_at = Some(Instant::now());
                 if let Ok(Some(reaped)) = sys::wait_child(self.pid, false) {
                     self.observed.pid1_status = Some(reaped.status);
                     self.observed.rusage = Some(reaped.usage);
@@ -790,9 +819,12 @@ fn classify(
         error,
         exit_code,
         timings: Timings {
+            released_ms: observed.released_ms,
             startup_ms,
-            wall_ms: 0.0,
-            teardown_ms: 0.0,
+            ended_ms: observed
+                .ended_at
+                .map_or(0.0, |t| (t - options.started).as_secs_f64() * 1000.0),
+            ..Timings::default()
         },
         usage,
         output: Some(output),

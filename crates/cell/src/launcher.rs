@@ -3,7 +3,9 @@
 //! uts namespaces, and becomes the cell's reaper once the payload is started.
 //!
 //! Order (DESIGN.md §3): network namespace, `lo` and hostname (overlapping with the
-//! supervisor's id-map writes) -> wait for the supervisor -> identity -> cgroup namespace -> rootfs
+//! supervisor's id-map writes) -> wait for the maps -> identity -> the root's own parts
+//! (tmpfs, /dev, /etc, /proc, writable paths; overlapping with the audit record) -> wait
+//! for the release (seccomp program + mount trees) -> cgroup namespace -> rootfs
 //! and pivot_root -> egress listeners -> setsid -> stdio -> rlimits ->
 //! capabilities and securebits -> no_new_privs -> Landlock -> close-on-exec for fds >= 3 ->
 //! seccomp (last) -> fork the payload, which only resolves and execs.
@@ -111,16 +113,7 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
     sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
     // The supervisor may already be gone (the death signal only covers later deaths):
     // waiting for its go-ahead settles it - EOF means it died.
-    let mut message = vec![0u8; 64 * 1024];
-    let (program, mounts) =
-        match sys::recv_with_fds(setup.sync.as_fd(), &mut message, protocol::MAX_RELEASE_FDS) {
-            Ok((n, fds)) if n > 0 => match protocol::decode_release(&message[..n], fds) {
-                Some((program, wire, fds)) => (program, rootfs::from_wire(wire, fds)?),
-                None => return Err(Stage::new("release", "malformed release message".into())),
-            },
-            _ => sys::exit_now(125),
-        };
-    drop(message);
+    wait_for(setup, protocol::MAPPED)?;
     sys::set_ids(plan.identity.uid, plan.identity.gid).map_err(|e| Stage::errno("identity", e))?;
     // Changing ids clears the parent-death signal: set it again, then make sure the
     // supervisor did not die in between (its end of the socket would have hung up).
@@ -134,9 +127,22 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
     if sys::poll(&mut sync_state, 0).is_ok_and(|_| sync_state[0].revents & libc::POLLHUP != 0) {
         sys::exit_now(125);
     }
+    // Built while the supervisor writes the audit record; nothing of the payload runs
+    // before the release below.
+    rootfs::build_skeleton(plan)?;
+    let mut message = vec![0u8; 64 * 1024];
+    let (program, mounts) =
+        match sys::recv_with_fds(setup.sync.as_fd(), &mut message, protocol::MAX_RELEASE_FDS) {
+            Ok((n, fds)) if n > 0 => match protocol::decode_release(&message[..n], fds) {
+                Some((program, wire, fds)) => (program, rootfs::from_wire(wire, fds)?),
+                None => return Err(Stage::new("release", "malformed release message".into())),
+            },
+            _ => sys::exit_now(125),
+        };
+    drop(message);
     // The supervisor has placed us in the cell cgroup; make it our cgroup root.
     sys::unshare(libc::CLONE_NEWCGROUP).map_err(|e| Stage::errno("cgroup_namespace", e))?;
-    rootfs::build(plan, mounts)?;
+    rootfs::finish(plan, mounts)?;
     if let NetworkPlan::Allowlist { .. } = plan.network {
         pass_egress_listeners(&setup.sync)?;
     }
@@ -152,6 +158,22 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
     sys::cloexec_from_3().map_err(|e| Stage::errno("close_fds", e))?;
     sys::install_seccomp_filter(&program).map_err(|e| Stage::errno("seccomp", e))?;
     Ok(())
+}
+
+/// Blocks until the supervisor sends `kind`; its death (EOF) ends the cell quietly.
+fn wait_for(setup: &ChildSetup<'_>, kind: u8) -> Result<(), Stage> {
+    let mut message = [0u8; 1];
+    match sys::read(setup.sync.as_fd(), &mut message) {
+        Ok(1) if message[0] == kind => Ok(()),
+        Ok(0) | Err(_) => sys::exit_now(125),
+        Ok(_) => Err(Stage::new(
+            "sync",
+            format!(
+                "expected message {:?}, got {:?}",
+                kind as char, message[0] as char
+            ),
+        )),
+    }
 }
 
 fn pass_egress_listeners(sync: &OwnedFd) -> Result<(), Stage> {

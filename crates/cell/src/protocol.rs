@@ -46,7 +46,10 @@ pub fn decode_release(
     Some((program, wire, fds))
 }
 
-/// Supervisor -> cell: user namespace maps written, cgroup joined; go on. The message
+/// Supervisor -> cell: the user namespace maps are written; the cell may build the parts
+/// of its root it creates itself.
+pub const MAPPED: u8 = b'M';
+/// Supervisor -> cell: audit record written, cgroup joined; go on. The message
 /// carries the seccomp program and the mount plan, the mount trees as SCM_RIGHTS.
 pub const GO: u8 = b'G';
 /// Most descriptors one release message may carry.

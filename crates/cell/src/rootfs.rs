@@ -37,7 +37,6 @@ const PROC_READONLY: &[&str] = &["bus", "fs", "irq", "sys", "sysrq-trigger"];
 enum Source {
     Tree { fd: OwnedFd, is_dir: bool },
     Symlink(PathBuf),
-    Tmpfs { size_bytes: u64 },
 }
 
 /// A mount source opened by the supervisor, waiting to be placed at `target` in the cell.
@@ -52,7 +51,6 @@ pub struct Prepared {
 pub enum PreparedWire {
     Tree { target: PathBuf, is_dir: bool },
     Symlink { target: PathBuf, link: PathBuf },
-    Tmpfs { target: PathBuf, size_bytes: u64 },
 }
 
 pub fn to_wire(prepared: Vec<Prepared>) -> (Vec<PreparedWire>, Vec<OwnedFd>) {
@@ -65,7 +63,6 @@ pub fn to_wire(prepared: Vec<Prepared>) -> (Vec<PreparedWire>, Vec<OwnedFd>) {
                 PreparedWire::Tree { target, is_dir }
             }
             Source::Symlink(link) => PreparedWire::Symlink { target, link },
-            Source::Tmpfs { size_bytes } => PreparedWire::Tmpfs { target, size_bytes },
         })
         .collect();
     (wire, fds)
@@ -88,10 +85,6 @@ pub fn from_wire(wire: Vec<PreparedWire>, fds: Vec<OwnedFd>) -> Result<Vec<Prepa
                 PreparedWire::Symlink { target, link } => Prepared {
                     target,
                     source: Source::Symlink(link),
-                },
-                PreparedWire::Tmpfs { target, size_bytes } => Prepared {
-                    target,
-                    source: Source::Tmpfs { size_bytes },
                 },
             })
         })
@@ -151,10 +144,10 @@ fn mirror_or_clone(
 
 const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 
-/// Opens and clones every source of the plan. Runs in the supervisor, before `clone`: as
-/// the invoking user it can reach inputs under private directories (a root-owned 0700
-/// temp dir, say) that the cell's unprivileged identity could not traverse, and the
-/// detached trees it creates can be attached in the cell's mount namespace.
+/// Opens and clones every host source of the plan. Runs in the supervisor: as the
+/// invoking user it can reach inputs under private directories (a root-owned 0700 temp
+/// dir, say) that the cell's unprivileged identity could not traverse, and the detached
+/// trees it creates can be attached in the cell's mount namespace.
 pub fn prepare_sources(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
     let mut prepared = Vec::new();
     for mount in &plan.mounts {
@@ -170,14 +163,8 @@ pub fn prepare_sources(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
                     source: restricted_clone(source, RO, true)?,
                 });
             }
-            MountPlan::WritableTmpfs { target, size_bytes } => {
-                prepared.push(Prepared {
-                    target: target.clone(),
-                    source: Source::Tmpfs {
-                        size_bytes: *size_bytes,
-                    },
-                });
-            }
+            // Writable paths are fresh tmpfs mounts the cell makes itself.
+            MountPlan::WritableTmpfs { .. } => {}
         }
     }
     for entry in HOST_ETC_ENTRIES {
@@ -259,16 +246,6 @@ fn place(item: Prepared) -> Result<(), Stage> {
             }
             sys::attach_mount(fd.as_fd(), &at).map_err(|e| Stage::io("rootfs.attach", &at, e))
         }
-        Source::Tmpfs { size_bytes } => {
-            mkdirs(&at)?;
-            // Writable paths are noexec: code the payload writes cannot be executed directly.
-            mount_tmpfs(
-                &at,
-                size_bytes,
-                "0755",
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            )
-        }
     }
 }
 
@@ -337,18 +314,25 @@ fn build_dev() -> Result<(), Stage> {
     )
 }
 
-fn build_proc() -> Result<(), Stage> {
+const PROC_FLAGS: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+
+fn mount_proc() -> Result<(), Stage> {
     let proc_dir = staged(Path::new("/proc"));
     mkdirs(&proc_dir)?;
-    let hidden = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     sys::mount(
         Some(Path::new("proc")),
         &proc_dir,
         Some(c"proc"),
-        hidden,
+        PROC_FLAGS,
         None,
     )
-    .map_err(|e| Stage::io("rootfs.proc", &proc_dir, e))?;
+    .map_err(|e| Stage::io("rootfs.proc", &proc_dir, e))
+}
+
+/// Docker's masked and read-only `/proc` paths (needs `/dev/null` in place).
+fn restrict_proc() -> Result<(), Stage> {
+    let proc_dir = staged(Path::new("/proc"));
+    let hidden = PROC_FLAGS;
     let dev_null = staged(Path::new("/dev/null"));
     let empty_dir = tmpfs_options(4096, "0555");
     let masks = PROC_MASKED_DIRS
@@ -399,9 +383,10 @@ fn build_proc() -> Result<(), Stage> {
     Ok(())
 }
 
-/// Assembles the root and pivots into it. On return `/` is the cell's root, the host's
-/// tree is detached and the working directory is the plan's `workdir`.
-pub fn build(plan: &CellPlan, prepared: Vec<Prepared>) -> Result<(), Stage> {
+/// First half, run as soon as the id maps exist (while the supervisor still writes the
+/// audit record): everything the cell creates itself - the staging tmpfs, `/dev` without
+/// its nodes, the generated `/etc`, a fresh `/proc` and the writable tmpfs mounts.
+pub fn build_skeleton(plan: &CellPlan) -> Result<(), Stage> {
     // Nothing we mount may propagate back to the host, and host mounts must not appear later.
     sys::mount(
         None,
@@ -418,13 +403,8 @@ pub fn build(plan: &CellPlan, prepared: Vec<Prepared>) -> Result<(), Stage> {
         "0755",
         libc::MS_NOSUID | libc::MS_NODEV,
     )?;
-    // /dev first: the device nodes among `prepared` are placed on its tmpfs.
     build_dev()?;
-    for item in prepared {
-        place(item)?;
-    }
     write_etc(plan)?;
-    build_proc()?;
     if matches!(plan.network, NetworkPlan::Allowlist { .. }) {
         // Placeholder so that tools which read resolv.conf fail fast instead of timing out.
         write_text(
@@ -432,6 +412,33 @@ pub fn build(plan: &CellPlan, prepared: Vec<Prepared>) -> Result<(), Stage> {
             "# names are resolved by the airlock egress proxy\n",
         )?;
     }
+    mount_proc()?;
+    for mount in &plan.mounts {
+        if let MountPlan::WritableTmpfs { target, size_bytes } = mount {
+            let at = staged(target);
+            mkdirs(&at)?;
+            // Writable paths are noexec: code the payload writes cannot be executed directly.
+            mount_tmpfs(
+                &at,
+                *size_bytes,
+                "0755",
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Second half, after release: attaches the supervisor's mount trees (system dirs,
+/// inputs, `/etc` entries, device nodes), masks `/proc`, pivots into the new root and
+/// detaches the host's. On return `/` is the cell's root and the working directory is
+/// the plan's `workdir`.
+pub fn finish(plan: &CellPlan, prepared: Vec<Prepared>) -> Result<(), Stage> {
+    let staging = Path::new(STAGING);
+    for item in prepared {
+        place(item)?;
+    }
+    restrict_proc()?;
     std::env::set_current_dir(staging)
         .map_err(|e| Stage::io("rootfs.chdir_staging", staging, e))?;
     sys::pivot_root_to_cwd().map_err(|e| Stage::io("rootfs.pivot_root", staging, e))?;

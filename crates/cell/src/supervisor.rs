@@ -263,6 +263,14 @@ fn start_and_supervise(
     // The cell is cloned first: while it creates its network namespace (the costliest
     // step of a cell start), the supervisor prepares what the release message carries.
     let cell = spawn_cell(plan, &env, options)?;
+    let mapped = write_id_maps(cell.pid, plan).and_then(|_| {
+        sys::send_with_fds(cell.sync.as_fd(), &[protocol::MAPPED], &[])
+            .map_err(|e| CellError::io("signalling the cell", e))
+    });
+    if let Err(err) = mapped {
+        cell.kill();
+        return Err(err);
+    }
     let spawned_ms = ms_since(options.started);
     // Three things now overlap: the cell builds its network namespace, the caller's
     // hook writes the audit record (on a helper thread; the clone is done, so threads are
@@ -421,18 +429,16 @@ fn release_and_supervise(
     program: &[libc::sock_filter],
     run_id: String,
 ) -> Result<(Observed, OutputCapture), CellError> {
-    let released = write_id_maps(cell.pid, plan)
-        .and_then(|_| cgroup.add_process(cell.pid))
-        .and_then(|_| {
-            let (message, fds) = protocol::encode_release(program, mounts);
-            let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-            sys::send_with_fds(cell.sync.as_fd(), &message, &raw)
-                .map_err(|e| CellError::io("releasing the cell", e))
-        });
-    if let Err(err) = released {
+    if let Err(err) = cgroup.add_process(cell.pid) {
         cell.kill();
         return Err(err);
     }
+    let (message, fds) = protocol::encode_release(program, mounts);
+    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    // A failed send means the cell already ended (its setup failed, and it said why on
+    // the socket): the supervision loop below reads that and reports it.
+    let _ = sys::send_with_fds(cell.sync.as_fd(), &message, &raw);
+    drop(fds);
     let released_at = Instant::now();
     let released_ms = (released_at - options.started).as_secs_f64() * 1000.0;
     let SpawnedCell {

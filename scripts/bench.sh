@@ -48,14 +48,16 @@ for r in results:
           f"x{r['median']/airlock:5.2f} of airlock  {r['command'][:90]}")
 PY
 
-echo "== in-run timings (airlock's own result record, median of 200)"
-for i in $(seq 1 200); do $AIRLOCK run --state-dir "$STATE" --result "$OUT/r.json" -- /bin/true; python3 -c "
-import json; t=json.load(open('$OUT/r.json'))['timings']; print(t['startup_ms'], t['wall_ms'], t['teardown_ms'])"; done > "$OUT/timings.txt"
-python3 - "$OUT/timings.txt" <<'PY'
-import statistics, sys
-rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
-for i, name in enumerate(["startup_ms (start to exec)", "wall_ms (start to cell gone)", "teardown_ms"]):
-    print(f"{name:32} median {statistics.median(r[i] for r in rows):.2f}")
+echo "== in-run milestones (airlock's own result record, median of 200 runs, ms since process start)"
+for i in $(seq 1 200); do
+  $AIRLOCK run --state-dir "$STATE" --result "$OUT/r.json" -- /bin/true
+  python3 -c "import json; print(json.dumps(json.load(open('$OUT/r.json'))['timings']))"
+done > "$OUT/timings.jsonl"
+python3 - "$OUT/timings.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for key in ["spawned_ms", "prepared_ms", "recorded_ms", "released_ms", "startup_ms", "ended_ms", "wall_ms", "teardown_ms"]:
+    print(f"{key:14} {statistics.median(r[key] for r in rows):6.2f}")
 PY
 
 echo "== supervisor memory"

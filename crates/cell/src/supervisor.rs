@@ -277,6 +277,7 @@ fn start_and_supervise(
     // fine from here on), and this thread compiles the filter, clones the mount trees and
     // creates the cgroup.
     let started = options.started;
+    let cell_pid = cell.pid;
     let (recorded, prepared, recorded_ms, prepared_ms) = std::thread::scope(|scope| {
         let hook = options.before_release.as_mut().map(|hook| {
             scope.spawn(move || {
@@ -287,6 +288,11 @@ fn start_and_supervise(
         let prepared = seccomp_program(plan).and_then(|program| {
             let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
             let cgroup = CellCgroup::create(&layout, &cgroup_name(), &plan.limits)?;
+            // The cell joins its cgroup now; it only runs airlock's setup until release.
+            if let Err(err) = cgroup.add_process(cell_pid) {
+                cgroup.destroy();
+                return Err(err);
+            }
             Ok((program, mounts, cgroup))
         });
         let prepared_ms = ms_since(started);
@@ -429,10 +435,6 @@ fn release_and_supervise(
     program: &[libc::sock_filter],
     run_id: String,
 ) -> Result<(Observed, OutputCapture), CellError> {
-    if let Err(err) = cgroup.add_process(cell.pid) {
-        cell.kill();
-        return Err(err);
-    }
     let (message, fds) = protocol::encode_release(program, mounts);
     let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
     // A failed send means the cell already ended (its setup failed, and it said why on

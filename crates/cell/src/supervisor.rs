@@ -488,6 +488,15 @@ struct Supervision<'a> {
     cgroup: &'a CellCgroup,
 }
 
+/// A `poll` entry waiting for input on `fd` (negative fds are ignored by poll).
+fn poll_in(fd: i32) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
 fn raw(fd: &Option<OwnedFd>) -> i32 {
     fd.as_ref().map_or(-1, |f| f.as_raw_fd())
 }
@@ -498,31 +507,11 @@ impl Supervision<'_> {
         loop {
             let timeout = self.next_timeout();
             let mut fds = [
-                libc::pollfd {
-                    fd: raw(&self.stdout),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: raw(&self.stderr),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: raw(&self.notify),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.sync.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.pidfd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
+                poll_in(raw(&self.stdout)),
+                poll_in(raw(&self.stderr)),
+                poll_in(raw(&self.notify)),
+                poll_in(self.sync.as_raw_fd()),
+                poll_in(self.pidfd.as_raw_fd()),
             ];
             sys::poll(&mut fds, timeout).map_err(|e| CellError::io("poll", e))?;
             let ready =
@@ -631,18 +620,7 @@ impl Supervision<'_> {
             if left.is_zero() {
                 break;
             }
-            let mut fds = [
-                libc::pollfd {
-                    fd: raw(&self.stdout),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: raw(&self.stderr),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
+            let mut fds = [poll_in(raw(&self.stdout)), poll_in(raw(&self.stderr))];
             if sys::poll(&mut fds, left.as_millis() as i32).unwrap_or(0) == 0 {
                 continue;
             }

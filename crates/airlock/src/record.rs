@@ -29,6 +29,30 @@ impl InputHasher {
         self.0.update(bytes);
     }
 
+    /// Hashes everything `reader` yields (copying it to `copy` on the way, if given).
+    pub fn add_stream(
+        &mut self,
+        label: &str,
+        reader: &mut impl Read,
+        mut copy: Option<&mut std::fs::File>,
+    ) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut digest = Sha256::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = reader.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            digest.update(&buf[..n]);
+            if let Some(out) = copy.as_mut() {
+                out.write_all(&buf[..n])?;
+            }
+        }
+        self.add_part(label, &digest.finalize());
+        Ok(())
+    }
+
     /// Hashes a read-only input: a file's content, or for a directory every file below it
     /// (path and content), in sorted order.
     pub fn add_input(&mut self, target: &Path, source: &Path) -> std::io::Result<()> {

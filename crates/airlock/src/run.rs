@@ -13,7 +13,8 @@ use airlock_contract::{
 use airlock_store::{RunStart, Store};
 use clap::Args;
 use serde_json::{json, Value};
-use std::io::{Read, Seek, Write};
+use std::io::Seek;
+use std::os::fd::AsFd;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -69,18 +70,35 @@ fn load_plan(args: &RunArgs) -> Result<CellPlan, ContractError> {
     )
 }
 
-/// Our stdin when it is not a terminal, spooled to an unlinked temp file so that it can
-/// be hashed for the audit record and still be read by the payload from the start.
-fn spool_stdin(hasher: &mut InputHasher) -> anyhow::Result<Option<OwnedFd>> {
+/// The payload's stdin, and its part of the input hash:
+/// - a terminal: nothing (the cell gets /dev/null);
+/// - a regular file: passed as is, hashed from its current offset through a second open
+///   file description (so the payload still reads it from where it is);
+/// - a character device such as /dev/null: passed as is, not read;
+/// - a pipe or socket: copied to an unlinked temp file while it is hashed (a fixed-size
+///   buffer: memory stays bounded), which the payload then reads from the start.
+fn prepare_stdin(hasher: &mut InputHasher) -> anyhow::Result<Option<OwnedFd>> {
     use std::io::IsTerminal;
-    if std::io::stdin().is_terminal() {
+    use std::os::unix::fs::FileTypeExt;
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Ok(None);
+    }
+    let mut ours = std::fs::File::from(stdin.as_fd().try_clone_to_owned()?);
+    let kind = ours.metadata()?.file_type();
+    if kind.is_char_device() || kind.is_block_device() {
+        hasher.add_part("stdin", b"<device>");
+        return Ok(None);
+    }
+    if kind.is_file() {
+        let offset = ours.stream_position()?;
+        let mut copy = std::fs::File::open("/proc/self/fd/0")?;
+        copy.seek(std::io::SeekFrom::Start(offset))?;
+        hasher.add_stream("stdin", &mut copy, None)?;
         return Ok(None);
     }
     let mut spool = tempfile::tempfile()?;
-    let mut bytes = Vec::new();
-    std::io::stdin().lock().read_to_end(&mut bytes)?;
-    hasher.add_part("stdin", &bytes);
-    spool.write_all(&bytes)?;
+    hasher.add_stream("stdin", &mut ours, Some(&mut spool))?;
     spool.rewind()?;
     Ok(Some(spool.into()))
 }
@@ -203,7 +221,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         }
     }
     let mut hasher = InputHasher::new(&args.command);
-    let stdin = match spool_stdin(&mut hasher)
+    let stdin = match prepare_stdin(&mut hasher)
         .and_then(|s| hasher.add_plan_inputs(&plan).map(|_| s).map_err(Into::into))
     {
         Ok(stdin) => stdin,

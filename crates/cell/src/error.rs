@@ -30,8 +30,6 @@ pub enum CellError {
         "the supervisor has {0} threads; a cell may only be cloned from a single-threaded process"
     )]
     NotSingleThreaded(usize),
-    #[error("egress proxy: {0}")]
-    Egress(String),
     /// The caller's last check before release (the audit record) failed.
     #[error("{0}")]
     Refused(String),
@@ -46,7 +44,6 @@ impl CellError {
             | CellError::Launch { .. }
             | CellError::Io { .. }
             | CellError::NotSingleThreaded(_)
-            | CellError::Egress(_)
             | CellError::Refused(_) => "runtime_fault",
         }
     }

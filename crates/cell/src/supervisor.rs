@@ -1,7 +1,8 @@
 //! The trusted side of a run: prepares everything a cell needs, clones it, releases it,
 //! streams its output, enforces the deadline from outside, collects artifacts, destroys it
-//! and derives the result. Single-threaded and poll-driven: the cell is cloned from this
-//! process, which must not have other threads at that moment.
+//! and derives the result. Poll-driven. The process must be single-threaded when the
+//! cell is cloned (checked); after that a scoped helper thread writes the audit record
+//! and the egress proxy runs on its own thread.
 
 use crate::artifacts::{self, ArtifactRequest};
 use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout};
@@ -35,6 +36,7 @@ enum Deadline {
     Reaping(Instant),
     Done,
 }
+
 /// Host ids of cell identities when airlock runs as root: cell uid N is host uid
 /// `HOST_ID_BASE + N`, far away from real users and never 0.
 pub const HOST_ID_BASE: u32 = 1_000_000_000;

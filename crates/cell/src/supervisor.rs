@@ -342,7 +342,7 @@ fn start_and_supervise(
     );
     let (observed, output) = result?;
     let egress = options.egress.as_mut().map(|session| session.finish());
-    let mut report = classify(plan, options, observed, output, usage_counters, egress);
+    let mut report = classify(options, observed, output, usage_counters, egress);
     report.cgroup_version = Some(layout.version());
     report.cleanup = CleanupReport {
         ok: leftovers.is_empty(),
@@ -701,7 +701,6 @@ impl Supervision<'_> {
 /// Picks the one class of the run from what was observed. Order matters: a run that hit
 /// the deadline is a wall-time run even if it also filled its disk.
 fn classify(
-    plan: &CellPlan,
     options: &RunOptions<'_>,
     observed: Observed,
     output: OutputCapture,
@@ -798,7 +797,6 @@ fn classify(
     } else {
         (ResultClass::TaskError, None, payload_code)
     };
-    let _ = plan;
     RunReport {
         run_id: observed.run_id.clone(),
         status,

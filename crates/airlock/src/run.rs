@@ -288,6 +288,16 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     );
     if let Some(error) = &report.error {
         eprintln!("airlock: {}: {error}", report.status.as_str());
+    } else if let Some(limit) = report.limit_fired {
+        let limit = serde_json::to_value(limit)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        eprintln!(
+            "airlock: {}: the {limit} ceiling fired (exit {})",
+            report.status.as_str(),
+            report.exit_code
+        );
     }
     if audit_error.is_some() {
         // No record could be written, so nothing ran.

@@ -404,20 +404,39 @@ pub struct LeftoverCgroup {
     pub processes: usize,
 }
 
-/// Names cell cgroups `<supervisor pid>-<nanoseconds>` so leftovers of a dead supervisor
-/// can be recognised (and the name exists before the run id does).
+/// Names cell cgroups `<supervisor pid>-<its start time>-<nanoseconds>`: a leftover is
+/// recognised by its supervisor being gone, and the start time tells a live supervisor
+/// from an unrelated process that reused its pid.
 pub fn cgroup_name() -> String {
+    let pid = std::process::id();
+    let started = process_start_time(pid).unwrap_or(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    format!("{}-{nanos}", std::process::id())
+    format!("{pid}-{started}-{nanos}")
+}
+
+/// Field 22 of `/proc/<pid>/stat` (start time in clock ticks since boot).
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name are plain; starttime is the 20th of them.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
 }
 
 fn supervisor_alive(name: &str) -> bool {
-    let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+    let mut parts = name.split('-');
+    let (Some(pid), Some(started)) = (parts.next(), parts.next()) else {
         return false;
     };
-    fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "airlock")
+    match (pid.parse::<u32>(), started.parse::<u64>()) {
+        (Ok(pid), Ok(started)) => process_start_time(pid) == Some(started),
+        _ => false,
+    }
 }
 
 /// Finds cell cgroups whose supervisor is gone.
@@ -491,4 +510,26 @@ fn order_like_layout(layout: &CgroupLayout, dirs: Vec<PathBuf>) -> Vec<PathBuf> 
         }
     }
     ordered
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cgroup_name, supervisor_alive};
+
+    #[test]
+    fn names_identify_a_live_supervisor_by_pid_and_start_time() {
+        let name = cgroup_name();
+        assert!(
+            supervisor_alive(&name),
+            "our own cgroup name must count as alive: {name}"
+        );
+        let pid = std::process::id();
+        assert!(
+            !supervisor_alive(&format!("{pid}-1-0")),
+            "a reused pid has another start time"
+        );
+        assert!(!supervisor_alive("4194304000-1-0"), "no such pid");
+        assert!(!supervisor_alive("not-a-cell"));
+        assert!(!supervisor_alive("12345"));
+    }
 }

@@ -92,9 +92,9 @@ for src in "$REPO"/scripts/vm/payloads/*.c; do
   gcc -static -O2 -o "$root/usr/local/bin/$(basename "$src" .c)" "$src"
 done
 
-# --- a copy of scripts/vm (hidden by the 9p mount when that works) ---
-mkdir -p "$root$REPO/scripts"
-cp -r "$REPO/scripts/vm" "$root$REPO/scripts/vm"
+# --- a copy of scripts/vm, used at the work tree's path when 9p fails ---
+mkdir -p "$root/vm/fallback/scripts"
+cp -r "$REPO/scripts/vm" "$root/vm/fallback/scripts/vm"
 
 cp "$KERNEL"/modules/*.ko "$KERNEL/modules/order" "$root/vm/modules/"
 printf 'root:x:0:0:root:/root:/bin/sh\n' >"$root/etc/passwd"
@@ -151,8 +151,14 @@ hostname airlock-vm
 ip link set lo up 2>/dev/null
 repo=$(cat /vm/repo)
 for m in $(cat /vm/modules/order); do insmod /vm/modules/$m.ko 2>/dev/null; done
-if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose work "$repo" 2>/dev/null; then
+# The share is mounted at a fixed place first and then bound at the host's path, which
+# may lie under a directory mounted above (a checkout in /tmp, say).
+mkdir -p /vm/work "$repo"
+if mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose work /vm/work 2>/dev/null; then
+  mount -o bind /vm/work "$repo"
+else
   echo "AIRLOCK-VM: 9p share unavailable; only scripts/vm is present under $repo" >&2
+  mount -o bind /vm/fallback "$repo"
 fi
 sh /vm/cmd </dev/null
 echo "AIRLOCK-VM-EXIT=$?"

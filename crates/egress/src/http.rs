@@ -9,7 +9,7 @@ use crate::destination::{parse_host, ParsedHost};
 use crate::proxy::{
     canonical_host, decide_and_connect_or_shutdown, or_shutdown, Attempt, ConnectionSlot,
 };
-use crate::tunnel::{pump, BodyFraming, ChunkedScanner, Traffic, UpMode};
+use crate::tunnel::{pump, relay_tunnel, BodyFraming, ChunkedScanner, Traffic, UpMode};
 use crate::{reason, Decision, SharedState};
 
 const MAX_HEAD: usize = 64 * 1024;
@@ -164,7 +164,7 @@ async fn connect_tunnel(
     port: u16,
     leftover: Vec<u8>,
 ) {
-    let mut opened = match decide_and_connect_or_shutdown(shared, host, port).await {
+    let opened = match decide_and_connect_or_shutdown(shared, host, port).await {
         Ok(o) => o,
         Err(refusal) => {
             attempt.address = refusal.address;
@@ -182,25 +182,7 @@ async fn connect_tunnel(
         attempt.finish(shared, Decision::Allowed, None, 0, 0);
         return;
     }
-    let traffic = Traffic::default();
-    let expect = canonical_host(host);
-    let cut = pump(
-        shared,
-        &mut client,
-        &mut opened.stream,
-        leftover,
-        std::mem::take(&mut opened.upstream_prefix),
-        UpMode::Tunnel {
-            expect_sni: Some(&expect),
-        },
-        &traffic,
-    )
-    .await;
-    let decision = match cut {
-        Some(reason::SNI_MISMATCH) | Some(reason::BAD_REQUEST) => Decision::Denied,
-        _ => Decision::Allowed,
-    };
-    attempt.finish(shared, decision, cut, traffic.up(), traffic.down());
+    relay_tunnel(shared, &mut client, opened, leftover, host, attempt).await;
 }
 
 enum HeadRead {

@@ -5,11 +5,9 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::proxy::{
-    canonical_host, decide_and_connect_or_shutdown, or_shutdown, Attempt, ConnectionSlot,
-};
-use crate::tunnel::{pump, Traffic, UpMode};
-use crate::{reason, Decision, SharedState};
+use crate::proxy::{decide_and_connect_or_shutdown, or_shutdown, Attempt, ConnectionSlot};
+use crate::tunnel::relay_tunnel;
+use crate::{reason, SharedState};
 
 const REPLY_SUCCEEDED: u8 = 0x00;
 const REPLY_GENERAL_FAILURE: u8 = 0x01;
@@ -90,7 +88,7 @@ pub async fn handle(
         attempt.deny(&shared, reason::LIMIT);
         return;
     }
-    let mut opened = match decide_and_connect_or_shutdown(&shared, &host, port).await {
+    let opened = match decide_and_connect_or_shutdown(&shared, &host, port).await {
         Ok(o) => o,
         Err(refusal) => {
             attempt.address = refusal.address;
@@ -101,25 +99,7 @@ pub async fn handle(
     };
     attempt.address = opened.address;
     reply(&mut client, REPLY_SUCCEEDED).await;
-    let traffic = Traffic::default();
-    let expect = canonical_host(&host);
-    let cut = pump(
-        &shared,
-        &mut client,
-        &mut opened.stream,
-        Vec::new(),
-        std::mem::take(&mut opened.upstream_prefix),
-        UpMode::Tunnel {
-            expect_sni: Some(&expect),
-        },
-        &traffic,
-    )
-    .await;
-    let decision = match cut {
-        Some(reason::SNI_MISMATCH) | Some(reason::BAD_REQUEST) => Decision::Denied,
-        _ => Decision::Allowed,
-    };
-    attempt.finish(&shared, decision, cut, traffic.up(), traffic.down());
+    relay_tunnel(&shared, &mut client, opened, Vec::new(), &host, attempt).await;
 }
 
 /// Method negotiation and the request. `Ok(None)`: the client went away before saying

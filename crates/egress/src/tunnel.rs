@@ -12,9 +12,10 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use crate::destination::same_host;
-use crate::proxy::{shutdown_requested, Shared};
+use crate::proxy::{canonical_host, shutdown_requested, Attempt, Opened, Shared};
 use crate::reason;
 use crate::sni::{self, Inspection};
+use crate::Decision;
 
 /// Per-direction copy buffer: starts small (most connections move little data) and doubles
 /// whenever a read fills it, up to `MAX_BUF`. Large buffers keep the syscall count per
@@ -54,6 +55,37 @@ pub enum UpMode<'a> {
 enum DirEnd {
     Closed,
     Deny(&'static str),
+}
+
+/// Relays an opened CONNECT or SOCKS5 tunnel (with `client_prefix`, bytes the client sent
+/// early), checks a TLS ClientHello's SNI against `host`, and records how it ended.
+pub async fn relay_tunnel(
+    shared: &Shared,
+    client: &mut TcpStream,
+    mut opened: Opened,
+    client_prefix: Vec<u8>,
+    host: &str,
+    attempt: Attempt,
+) {
+    let traffic = Traffic::default();
+    let expect = canonical_host(host);
+    let cut = pump(
+        shared,
+        client,
+        &mut opened.stream,
+        client_prefix,
+        std::mem::take(&mut opened.upstream_prefix),
+        UpMode::Tunnel {
+            expect_sni: Some(&expect),
+        },
+        &traffic,
+    )
+    .await;
+    let decision = match cut {
+        Some(reason::SNI_MISMATCH) | Some(reason::BAD_REQUEST) => Decision::Denied,
+        _ => Decision::Allowed,
+    };
+    attempt.finish(shared, decision, cut, traffic.up(), traffic.down());
 }
 
 /// Pump until both directions are closed (tunnel) or the response ended (HTTP).

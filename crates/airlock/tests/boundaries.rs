@@ -3,7 +3,6 @@
 mod common;
 
 use common::CellRun;
-use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -33,13 +32,6 @@ fn repo_root() -> PathBuf {
 /// `python3 -c script` in a default cell.
 fn py(script: &str) -> CellRun {
     common::run(None, &["/usr/bin/python3", "-c", script])
-}
-
-fn read_result(path: &Path) -> Value {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null)
 }
 
 /// A `airlock run` command with a result file in `dir`, not yet started.
@@ -778,10 +770,7 @@ fn host_file_descriptors_do_not_leak_into_the_cell() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    let run = CellRun {
-        output,
-        result: read_result(&result_path),
-    };
+    let run = CellRun::collect(output, &result_path);
     let d = run.describe();
     assert_eq!(run.code(), 0, "{d}");
     let fds: Vec<(u32, String)> = run
@@ -827,10 +816,7 @@ fn host_environment_does_not_leak() {
         .env("LD_PRELOAD", "/tmp/evil.so")
         .output()
         .unwrap();
-    let run = CellRun {
-        output,
-        result: read_result(&result_path),
-    };
+    let run = CellRun::collect(output, &result_path);
     let d = run.describe();
     assert_eq!(run.code(), 0, "{d}");
     assert!(!run.stdout().contains(&secret), "host secret leaked\n{d}");
@@ -869,10 +855,7 @@ fn host_environment_does_not_leak() {
     .env("AIRLOCK_TEST_SECRET", &secret)
     .output()
     .unwrap();
-    let run = CellRun {
-        output,
-        result: read_result(&result_path),
-    };
+    let run = CellRun::collect(output, &result_path);
     let d = run.describe();
     assert_eq!(run.code(), 0, "{d}");
     assert!(run.stdout().contains("end"), "{d}");
@@ -969,14 +952,12 @@ print("isatty:", os.isatty(0), os.isatty(1), os.isatty(2))
         .output()
         .unwrap();
     let report = String::from_utf8_lossy(&driver.stdout).into_owned();
-    let run = CellRun {
-        output: std::process::Output {
-            status: driver.status,
-            stdout: std::fs::read(&out).unwrap_or_default(),
-            stderr: std::fs::read(&err).unwrap_or_default(),
-        },
-        result: read_result(&result_path),
+    let output = std::process::Output {
+        status: driver.status,
+        stdout: std::fs::read(&out).unwrap_or_default(),
+        stderr: std::fs::read(&err).unwrap_or_default(),
     };
+    let run = CellRun::collect(output, &result_path);
     let d = format!(
         "{}\ndriver: {report}{}",
         run.describe(),
@@ -1123,24 +1104,9 @@ fn document_tools_example_converts_the_report() {
     let contract = root.join("examples/contracts/document-tools.yaml");
     let out = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let result_path = dir.path().join("r.json");
-    let output = Command::new(common::airlock_bin())
-        .current_dir(dir.path())
-        .arg("run")
-        .arg("--contract")
-        .arg(&contract)
-        .arg("--output-dir")
-        .arg(out.path())
-        .arg("--result")
-        .arg(&result_path)
-        .args(["--", "/input/convert.sh"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let run = CellRun {
-        output,
-        result: read_result(&result_path),
-    };
+    let (contract, out_dir) = (contract.to_string_lossy(), out.path().to_string_lossy());
+    let extra = ["--contract", &contract, "--output-dir", &out_dir];
+    let run = common::run_in(dir.path(), None, &extra, &["/input/convert.sh"]);
     let d = run.describe();
     assert_eq!(run.code(), 0, "{d}");
     assert_eq!(run.status(), "ok", "{d}");
@@ -1237,22 +1203,13 @@ fn seed_contract_is_refused_as_sandbox_unavailable() {
     require_cells!();
     let contract = repo_root().join("examples/contracts/seed-004.yaml");
     let dir = tempfile::tempdir().unwrap();
-    let result_path = dir.path().join("r.json");
-    let output = Command::new(common::airlock_bin())
-        .current_dir(dir.path())
-        .arg("run")
-        .arg("--contract")
-        .arg(&contract)
-        .arg("--result")
-        .arg(&result_path)
-        .args(["--", "/bin/echo", "PAYLOAD-RAN"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let run = CellRun {
-        output,
-        result: read_result(&result_path),
-    };
+    let contract = contract.to_string_lossy();
+    let run = common::run_in(
+        dir.path(),
+        None,
+        &["--contract", &contract],
+        &["/bin/echo", "PAYLOAD-RAN"],
+    );
     let d = run.describe();
     assert_eq!(run.code(), 125, "{d}");
     assert_eq!(run.status(), "sandbox_unavailable", "{d}");

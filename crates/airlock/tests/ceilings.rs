@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::CellRun;
+use common::{host, CellRun};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,9 +21,6 @@ fn serial() -> MutexGuard<'static, ()> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
-
-/// Host uid of the default cell identity (10001) when airlock runs as root.
-const CELL_HOST_UID: u32 = 1_000_010_001;
 
 /// A string no other process on the host carries in its command line, usable as a
 /// `sleep` argument (`sleep 300.<digits>`).
@@ -42,107 +39,9 @@ fn marker_digits() -> String {
     )
 }
 
-/// Processes (other than this one) whose command line contains `needle`.
-fn processes_with(needle: &str) -> Vec<String> {
-    let me = std::process::id().to_string();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.bytes().all(|b| b.is_ascii_digit()) || name == me {
-            continue;
-        }
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if cmdline.contains(needle) {
-            let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
-            let state = status
-                .lines()
-                .find(|l| l.starts_with("State:"))
-                .unwrap_or("State: ?")
-                .to_string();
-            found.push(format!("pid {name} ({state}): {cmdline}"));
-        }
-    }
-    found
-}
-
-fn proc_status(pid: &str) -> Option<(u32, u32, String)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .map(str::to_string)
-    };
-    Some((
-        field("Uid:")?.parse().ok()?,
-        field("PPid:")?.parse().ok()?,
-        field("Name:")?,
-    ))
-}
-
-/// Processes running as a cell identity (host uid >= 1e9, or the default cell's uid)
-/// that do not hang below a live airlock supervisor (a root process named `airlock`).
-fn orphaned_cell_processes() -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let pid = entry.file_name().to_string_lossy().into_owned();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Some((uid, mut ppid, _)) = proc_status(&pid) else {
-            continue;
-        };
-        if uid < 1_000_000_000 && uid != CELL_HOST_UID {
-            continue;
-        }
-        let mut supervised = false;
-        for _ in 0..64 {
-            match proc_status(&ppid.to_string()) {
-                Some((0, _, name)) if name == "airlock" => {
-                    supervised = true;
-                    break;
-                }
-                Some((_, next, _)) if ppid > 1 => ppid = next,
-                _ => break,
-            }
-        }
-        if !supervised {
-            let cmdline = std::fs::read(entry.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-                .unwrap_or_default();
-            found.push(format!("pid {pid} uid {uid}: {cmdline}"));
-        }
-    }
-    found
-}
-
-/// Every cell cgroup directory under `/sys/fs/cgroup/*/airlock/`.
-fn cell_cgroup_dirs() -> HashSet<PathBuf> {
-    let mut found = HashSet::new();
-    for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        let Ok(cells) = std::fs::read_dir(hierarchy.path().join("airlock")) else {
-            continue;
-        };
-        for cell in cells.flatten() {
-            if cell.file_type().is_ok_and(|t| t.is_dir()) {
-                found.insert(cell.path());
-            }
-        }
-    }
-    found
-}
-
 /// Cell cgroups that existed before the current run started ([`timed`] records them;
 /// the tests are serialised, so there is one current run).
 static CGROUPS_BEFORE: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
-
-fn is_live_supervisor(pid: &str) -> bool {
-    matches!(proc_status(pid), Some((0, _, name)) if name == "airlock")
-}
 
 /// Cgroup directories the run left: named after its run id, or (names are
 /// `<supervisor pid>-<something>`) created since the run started and not owned by a live
@@ -155,13 +54,13 @@ fn cgroup_dirs_of(run: &CellRun) -> Vec<PathBuf> {
         .unwrap_or_else(|p| p.into_inner())
         .clone()
         .expect("the run was not started with timed()");
-    let mut left: Vec<PathBuf> = cell_cgroup_dirs()
+    let mut left: Vec<PathBuf> = host::cell_cgroup_dirs()
         .into_iter()
         .filter(|dir| {
             let name = dir.file_name().unwrap().to_string_lossy().into_owned();
             let owner = name.split('-').next().unwrap_or("");
             name.ends_with(&format!("-{run_id}"))
-                || (!before.contains(dir) && !is_live_supervisor(owner))
+                || (!before.contains(dir) && !owner.parse().is_ok_and(host::is_live_supervisor))
         })
         .collect();
     left.sort();
@@ -170,7 +69,7 @@ fn cgroup_dirs_of(run: &CellRun) -> Vec<PathBuf> {
 
 /// Everything the run left behind on the host: marker processes and cgroup dirs.
 fn assert_nothing_left(run: &CellRun, marker: &str) {
-    let procs = processes_with(marker);
+    let procs = host::processes_with(marker);
     assert!(
         procs.is_empty(),
         "processes of the cell survived the run: {procs:#?}\n{}",
@@ -191,7 +90,8 @@ fn assert_nothing_left(run: &CellRun, marker: &str) {
 }
 
 fn timed(contract: &str, argv: &[&str]) -> (CellRun, Duration) {
-    *CGROUPS_BEFORE.lock().unwrap_or_else(|p| p.into_inner()) = Some(cell_cgroup_dirs());
+    *CGROUPS_BEFORE.lock().unwrap_or_else(|p| p.into_inner()) =
+        Some(host::cell_cgroup_dirs().into_iter().collect());
     let started = Instant::now();
     let run = common::run(Some(contract), argv);
     (run, started.elapsed())
@@ -279,7 +179,7 @@ fn fork_bomb_is_contained_by_the_process_limit() {
     assert_eq!(String::from_utf8_lossy(&probe.stdout), "alive\n");
     // ... and nothing of the bomb is left.
     assert_nothing_left(&run, &marker);
-    let orphans = orphaned_cell_processes();
+    let orphans = host::stray_cell_processes();
     assert!(
         orphans.is_empty(),
         "cell processes without a live supervisor after the fork bomb: {orphans:#?}\n{}",
@@ -697,7 +597,7 @@ fn no_orphaned_cell_process_outlives_these_tests() {
     let _serial = serial();
     // Under the lock no cell of this binary is alive; cells of concurrently running test
     // binaries still hang below their live supervisor and are not counted.
-    let left = orphaned_cell_processes();
+    let left = host::stray_cell_processes();
     assert!(
         left.is_empty(),
         "cell processes without a live supervisor: {left:#?}"

@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::host;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -83,91 +84,15 @@ fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-fn proc_status(pid: &str) -> Option<(u32, u32, String)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .map(str::to_string)
-    };
-    Some((
-        field("Uid:")?.parse().ok()?,
-        field("PPid:")?.parse().ok()?,
-        field("Name:")?,
-    ))
-}
-
-/// Live airlock supervisors: root processes named `airlock`.
-fn is_live_supervisor(pid: u32) -> bool {
-    matches!(proc_status(&pid.to_string()), Some((0, _, name)) if name == "airlock")
-}
-
-/// Processes with a cell's host uid (>= 1e9) not hanging below a live supervisor (ours
-/// have all exited when this is called; live ones belong to concurrent test binaries).
-fn leftover_processes() -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let pid = entry.file_name().to_string_lossy().into_owned();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Some((uid, mut ppid, _)) = proc_status(&pid) else {
-            continue;
-        };
-        if uid < 1_000_000_000 {
-            continue;
-        }
-        let mut supervised = false;
-        for _ in 0..64 {
-            if ppid <= 1 {
-                break;
-            }
-            if is_live_supervisor(ppid) {
-                supervised = true;
-                break;
-            }
-            match proc_status(&ppid.to_string()) {
-                Some((_, next, _)) => ppid = next,
-                None => break,
-            }
-        }
-        if !supervised {
-            let cmdline = std::fs::read(entry.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-                .unwrap_or_default();
-            found.push(format!("pid {pid} uid {uid}: {cmdline}"));
-        }
-    }
-    found
-}
-
-/// Cell cgroup dirs (`<supervisor pid>-<run id>`) under every hierarchy's `airlock/`:
-/// those whose supervisor is not a live airlock, and all of them.
+/// Cell cgroup dirs whose supervisor is not a live airlock, and all of them.
 fn cell_cgroups() -> (Vec<PathBuf>, Vec<PathBuf>) {
-    let mut all = Vec::new();
-    let mut found = Vec::new();
-    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
-        return (found, all);
-    };
-    for hierarchy in hierarchies.flatten() {
-        let Ok(cells) = std::fs::read_dir(hierarchy.path().join("airlock")) else {
-            continue;
-        };
-        for cell in cells.flatten() {
-            if !cell.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            let name = cell.file_name().to_string_lossy().into_owned();
-            let owner = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
-            if !owner.is_some_and(is_live_supervisor) {
-                found.push(cell.path());
-            }
-            all.push(cell.path());
-        }
-    }
-    (found, all)
+    let all = host::cell_cgroup_dirs();
+    let stale = all
+        .iter()
+        .filter(|d| !host::cgroup_owner_alive(d))
+        .cloned()
+        .collect();
+    (stale, all)
 }
 
 #[test]
@@ -175,7 +100,7 @@ fn a_thousand_mixed_runs_leave_nothing_behind() {
     require_cells!();
     let dirs: Vec<_> = (0..WORKERS).map(|_| tempfile::tempdir().unwrap()).collect();
     let (cgroups_before, _) = cell_cgroups();
-    let procs_before = leftover_processes();
+    let procs_before = host::stray_cell_processes();
     let mounts_before = count_lines("/proc/self/mountinfo");
     let fds_before = fd_count();
     println!(
@@ -244,7 +169,7 @@ fn a_thousand_mixed_runs_leave_nothing_behind() {
     cgroups_after.extend(seen_stale.into_inner().unwrap());
     cgroups_after.sort();
     cgroups_after.dedup();
-    let procs_after = leftover_processes();
+    let procs_after = host::stray_cell_processes();
     let mounts_after = count_lines("/proc/self/mountinfo");
     let fds_after = fd_count();
     let run_ids = run_ids.into_inner().unwrap();

@@ -2,6 +2,8 @@
 //! the result record it writes.
 #![allow(dead_code)]
 
+pub mod host;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -48,6 +50,15 @@ pub struct CellRun {
 }
 
 impl CellRun {
+    /// The run's output plus the result record it wrote (`Null` when it wrote none).
+    pub fn collect(output: Output, result_path: &Path) -> CellRun {
+        let result = std::fs::read_to_string(result_path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        CellRun { output, result }
+    }
+
     pub fn stdout(&self) -> String {
         String::from_utf8_lossy(&self.output.stdout).into_owned()
     }
@@ -90,12 +101,7 @@ pub fn run_in(dir: &Path, contract_yaml: Option<&str>, extra: &[&str], argv: &[&
         cmd.arg("--contract").arg(&contract);
     }
     cmd.args(extra).arg("--").args(argv).stdin(Stdio::null());
-    let output = cmd.output().expect("spawn airlock");
-    let result = std::fs::read_to_string(&result_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
-    CellRun { output, result }
+    CellRun::collect(cmd.output().expect("spawn airlock"), &result_path)
 }
 
 /// `run_in` with a fresh temporary directory.

@@ -211,15 +211,6 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             return refuse_early(&config, &args, status, err.to_string(), Some(&plan));
         }
     };
-    if let Ok(layout) = airlock_cell::cgroup::CgroupLayout::detect() {
-        // Cells of supervisors that died must not keep running or holding resources.
-        for left in airlock_cell::cgroup::reap_leftovers(&layout) {
-            eprintln!(
-                "airlock: warning: could not remove leftover cgroup {}",
-                left.display()
-            );
-        }
-    }
     let mut hasher = InputHasher::new(&args.command);
     let stdin = match prepare_stdin(&mut hasher)
         .and_then(|s| hasher.add_plan_inputs(&plan).map(|_| s).map_err(Into::into))
@@ -284,8 +275,12 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             artifacts,
             stream_output: true,
             stdin,
+            credentials: &credentials,
         },
     );
+    for stale in &report.stale_cgroups_left {
+        eprintln!("airlock: warning: could not remove the leftover cgroup {stale}");
+    }
     if let Some(error) = &report.error {
         eprintln!("airlock: {}: {error}", report.status.as_str());
     } else if let Some(limit) = report.limit_fired {

@@ -192,6 +192,7 @@ fn end_to_end() -> Result<String, String> {
             artifacts: None,
             stream_output: false,
             stdin: None,
+            credentials: &[],
         },
     );
     match report.status {

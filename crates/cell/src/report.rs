@@ -126,6 +126,9 @@ pub struct RunReport {
     pub egress: serde_json::Value,
     pub artifacts: serde_json::Value,
     pub cleanup: CleanupReport,
+    /// Cgroups of dead supervisors' cells that this run's start could not remove.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stale_cgroups_left: Vec<String>,
 }
 
 impl RunReport {
@@ -148,6 +151,7 @@ impl RunReport {
                 ok: true,
                 leftovers: Vec::new(),
             },
+            stale_cgroups_left: Vec::new(),
         }
     }
 }

@@ -77,6 +77,8 @@ pub struct RunOptions<'a> {
     /// The payload's stdin. `None`: our stdin when it is a pipe or file, /dev/null when
     /// it is a terminal.
     pub stdin: Option<OwnedFd>,
+    /// `(variable, value)` of every credential of the plan, from [`credential_env`].
+    pub credentials: &'a [(String, String)],
 }
 
 /// Values taken from the supervisor's environment for the plan's credentials.
@@ -93,13 +95,30 @@ pub fn credential_env(plan: &CellPlan) -> Result<Vec<(String, String)>, CellErro
         .collect()
 }
 
-fn cell_environment(plan: &CellPlan, credentials: &[(String, String)]) -> Vec<CString> {
-    plan.env
+/// The payload's environment: the plan's variables plus the credential values the caller
+/// resolved (see [`credential_env`]); a credential of the plan without a value refuses
+/// the run.
+fn cell_environment(
+    plan: &CellPlan,
+    credentials: &[(String, String)],
+) -> Result<Vec<CString>, CellError> {
+    if let Some(missing) = plan
+        .credentials
+        .iter()
+        .find(|c| !credentials.iter().any(|(env, _)| *env == c.env))
+    {
+        return Err(CellError::MissingCredential {
+            name: missing.name.clone(),
+            from_env: missing.from_env.clone(),
+        });
+    }
+    Ok(plan
+        .env
         .iter()
         .map(|v| (v.name.as_str(), v.value.as_str()))
         .chain(credentials.iter().map(|(n, v)| (n.as_str(), v.as_str())))
         .filter_map(|(n, v)| CString::new(format!("{n}={v}")).ok())
-        .collect()
+        .collect())
 }
 
 fn seccomp_program(plan: &CellPlan) -> Result<Vec<libc::sock_filter>, CellError> {
@@ -260,8 +279,9 @@ fn start_and_supervise(
             ),
         });
     }
-    let credentials = credential_env(plan)?;
-    let env = cell_environment(plan, &credentials);
+    let env = cell_environment(plan, options.credentials)?;
+    // Cells of supervisors that died must not keep running or holding resources.
+    let stale_cgroups_left = crate::cgroup::reap_leftovers(&layout);
     // The cell is cloned first: while it creates its network namespace (the costliest
     // step of a cell start), the supervisor prepares what the release message carries.
     let cell = spawn_cell(plan, &env, options)?;
@@ -344,6 +364,10 @@ fn start_and_supervise(
     let egress = options.egress.as_mut().map(|session| session.finish());
     let mut report = classify(options, observed, output, usage_counters, egress);
     report.cgroup_version = Some(layout.version());
+    report.stale_cgroups_left = stale_cgroups_left
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
     report.cleanup = CleanupReport {
         ok: leftovers.is_empty(),
         leftovers,
@@ -818,5 +842,6 @@ fn classify(
         egress: egress.records,
         artifacts: observed.artifacts,
         cleanup: CleanupReport::default(),
+        stale_cgroups_left: Vec::new(),
     }
 }

@@ -1405,3 +1405,152 @@ print("done: yes")
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+// Kernel controls named in the contract or applied beneath the namespaces -----------------
+
+/// Python helpers the probes below share: `sc` makes a raw syscall, `call` a Python call;
+/// each prints `name: blocked ...` or `name: ALLOWED ...`.
+const PROBE_HELPERS: &str = r#"
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def sc(name, nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    e = ctypes.get_errno()
+    print(f"{name}: " + (f"blocked errno={e}" if r == -1 else f"ALLOWED ret={r}"))
+def call(name, fn):
+    try:
+        print(f"{name}: ALLOWED {fn()}")
+    except OSError as e:
+        print(f"{name}: blocked errno={e.errno}")
+"#;
+
+#[test]
+fn a_custom_seccomp_profile_applies_but_cannot_reopen_what_the_hardening_denies() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    // Allows everything, names the escape primitives explicitly, and denies mkdir.
+    std::fs::write(
+        dir.path().join("profile.json"),
+        r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+            {"names": ["unshare", "setns", "mount", "keyctl", "ptrace", "bpf", "io_uring_setup", "clone3"], "action": "SCMP_ACT_ALLOW"},
+            {"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}
+        ]}"#,
+    )
+    .unwrap();
+    let probe = format!(
+        "{PROBE_HELPERS}
+call('mkdir-denied-by-profile', lambda: os.mkdir('/tmp/d'))
+call('write-allowed', lambda: open('/tmp/f', 'w').write('x'))
+sc('unshare-user', 272, 0x10000000)
+sc('mount', 165, 0, 0, 0, 0, 0)
+sc('keyctl', 250, 0, 0, 0, 0, 0)
+sc('ptrace-traceme', 101, 0, 0, 0, 0)
+sc('bpf', 321, 0, 0, 0)
+sc('io-uring-setup', 425, 1, 0)
+sc('clone-newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)
+"
+    );
+    let run = common::run_in(
+        dir.path(),
+        Some("seccomp_profile: profile.json\n"),
+        &[],
+        &["/usr/bin/python3", "-c", &probe],
+    );
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert!(
+        run.stdout().contains("write-allowed: ALLOWED"),
+        "the profile must not break ordinary calls\n{d}"
+    );
+    assert_blocked(
+        &run,
+        &[
+            "mkdir-denied-by-profile",
+            "unshare-user",
+            "mount",
+            "keyctl",
+            "ptrace-traceme",
+            "bpf",
+            "io-uring-setup",
+            "clone-newuser",
+        ],
+    );
+
+    // A profile that is not valid Docker seccomp JSON refuses the run: nothing weaker runs.
+    std::fs::write(dir.path().join("broken.json"), "{ not json").unwrap();
+    let run = common::run_in(
+        dir.path(),
+        Some("seccomp_profile: broken.json\n"),
+        &[],
+        &["/bin/echo", "PAYLOAD-RAN"],
+    );
+    let d = run.describe();
+    assert_eq!(run.code(), 125, "{d}");
+    assert_eq!(run.status(), "sandbox_unavailable", "{d}");
+    assert!(!run.stdout().contains("PAYLOAD-RAN"), "{d}");
+}
+
+#[test]
+fn landlock_denies_tcp_connect_even_to_the_cells_own_loopback() {
+    require_cells!();
+    // The cell's netns has a working `lo`; only Landlock stands between a payload and a
+    // server it starts itself. In deny mode no TCP connect is allowed at all.
+    let probe = format!(
+        "{PROBE_HELPERS}
+server = socket.socket(); server.bind(('127.0.0.1', 0)); server.listen(1)
+port = server.getsockname()[1]
+print('listening: yes')
+call('connect-own-loopback', lambda: socket.create_connection(('127.0.0.1', port), timeout=2))
+"
+    );
+    let run = py(&probe);
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert!(
+        run.stdout().contains("listening: yes"),
+        "binding inside the cell stays possible\n{d}"
+    );
+    assert_blocked(&run, &["connect-own-loopback"]);
+    assert!(
+        run.stdout().contains("errno=13"),
+        "expected EACCES from Landlock\n{d}"
+    );
+}
+
+#[test]
+fn host_abstract_unix_sockets_are_out_of_reach() {
+    require_cells!();
+    let name = format!("airlock-test-{}", random_token());
+    let probe = format!(
+        "{PROBE_HELPERS}
+def attempt():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2)
+    s.connect('\\0{name}')
+    return 'connected'
+call('abstract-connect', attempt)
+"
+    );
+    // The host listens on an abstract socket (python, since std has no abstract-name API
+    // on stable) until the cell has tried.
+    let mut host = Command::new("python3")
+        .args([
+            "-c",
+            &format!(
+                "import socket, sys, select\ns = socket.socket(socket.AF_UNIX); s.bind('\\0{name}'); s.listen(1)\nprint('ready', flush=True)\nr, _, _ = select.select([s], [], [], 15)\nprint('accepted' if r else 'nothing', flush=True)"
+            ),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut host_out = std::io::BufReader::new(host.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut host_out, &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let run = py(&probe);
+    let _ = host.kill();
+    let _ = host.wait();
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    assert_blocked(&run, &["abstract-connect"]);
+}

@@ -196,18 +196,14 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     let plan = match load_plan(&args) {
         Ok(plan) => plan,
         Err(err) => {
-            let status = match err.class() {
-                "sandbox_unavailable" => ResultClass::SandboxUnavailable,
-                "runtime_fault" => ResultClass::RuntimeFault,
-                _ => ResultClass::PolicyDenied,
-            };
+            let status = ResultClass::from_name(err.class()).unwrap_or(ResultClass::RuntimeFault);
             return refuse_early(&config, &args, status, format!("contract: {err}"), None);
         }
     };
     let credentials = match airlock_cell::credential_env(&plan) {
         Ok(c) => c,
         Err(err) => {
-            let status = ResultClass::from_error_class(err.class());
+            let status = err.class();
             return refuse_early(&config, &args, status, err.to_string(), Some(&plan));
         }
     };

@@ -1,3 +1,4 @@
+use crate::report::ResultClass;
 use std::path::PathBuf;
 
 /// Failures of the cell runtime. `class()` maps each to a result class of DESIGN.md §4.
@@ -36,15 +37,17 @@ pub enum CellError {
 }
 
 impl CellError {
-    pub fn class(&self) -> &'static str {
+    pub fn class(&self) -> ResultClass {
         match self {
-            CellError::Unavailable { .. } | CellError::Seccomp(_) => "sandbox_unavailable",
-            CellError::MissingCredential { .. } => "policy_denied",
+            CellError::Unavailable { .. } | CellError::Seccomp(_) => {
+                ResultClass::SandboxUnavailable
+            }
+            CellError::MissingCredential { .. } => ResultClass::PolicyDenied,
             CellError::Cgroup { .. }
             | CellError::Launch { .. }
             | CellError::Io { .. }
             | CellError::NotSingleThreaded(_)
-            | CellError::Refused(_) => "runtime_fault",
+            | CellError::Refused(_) => ResultClass::RuntimeFault,
         }
     }
 

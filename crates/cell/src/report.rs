@@ -31,12 +31,19 @@ impl ResultClass {
         }
     }
 
-    pub fn from_error_class(class: &str) -> ResultClass {
-        match class {
-            "sandbox_unavailable" => ResultClass::SandboxUnavailable,
-            "policy_denied" => ResultClass::PolicyDenied,
-            _ => ResultClass::RuntimeFault,
-        }
+    /// The class named `name` (as `as_str` spells it), e.g. from another crate's error.
+    pub fn from_name(name: &str) -> Option<ResultClass> {
+        [
+            ResultClass::Ok,
+            ResultClass::TaskError,
+            ResultClass::PolicyDenied,
+            ResultClass::CapacityExceeded,
+            ResultClass::RuntimeFault,
+            ResultClass::SandboxUnavailable,
+            ResultClass::SuspectedEscape,
+        ]
+        .into_iter()
+        .find(|class| class.as_str() == name)
     }
 }
 
@@ -153,5 +160,29 @@ impl RunReport {
             },
             stale_cgroups_left: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ResultClass;
+
+    #[test]
+    fn every_class_round_trips_through_its_name() {
+        for name in [
+            "ok",
+            "task_error",
+            "policy_denied",
+            "capacity_exceeded",
+            "runtime_fault",
+            "sandbox_unavailable",
+            "suspected_escape",
+        ] {
+            assert_eq!(
+                ResultClass::from_name(name).map(ResultClass::as_str),
+                Some(name)
+            );
+        }
+        assert_eq!(ResultClass::from_name("aborted"), None);
     }
 }

@@ -245,11 +245,7 @@ pub fn run_cell(plan: &CellPlan, mut options: RunOptions<'_>) -> RunReport {
     match start_and_supervise(plan, &mut options) {
         Ok(report) => report,
         Err(err) => {
-            let mut report = RunReport::refused(
-                "",
-                ResultClass::from_error_class(err.class()),
-                err.to_string(),
-            );
+            let mut report = RunReport::refused("", err.class(), err.to_string());
             report.timings.wall_ms = ms_since(options.started);
             report
         }

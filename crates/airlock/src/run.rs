@@ -312,10 +312,14 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     };
     let mut report = report;
     report.run_id = handle.run_id();
-    let result = result_record(&report, Some(&plan));
-    write_result(&args, &result);
-    // The plan is already in the run's begin record; the stored result leaves it out.
+    // The plan is already in the run's begin record; the stored result leaves it out, the
+    // caller's result file has it. The report is serialised once for both.
     let stored_result = serde_json::to_value(&report).unwrap_or_default();
+    if args.result.is_some() {
+        let mut result = stored_result.clone();
+        result["plan"] = json!(plan);
+        write_result(&args, &result);
+    }
     if let Err(err) = record::finish(&store, &handle, &report, &stored_result) {
         eprintln!(
             "airlock: audit store: the run finished but its record could not be completed: {err}"

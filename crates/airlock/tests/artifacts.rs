@@ -98,6 +98,12 @@ fn assert_rejected(run: &CellRun, out: &Path, cell_path: &str, reason: &str) {
     );
 }
 
+/// No file at all arrived in the output directory.
+fn assert_nothing_kept(run: &CellRun, out: &Path) {
+    let kept = files_below(out);
+    assert!(kept.is_empty(), "{kept:?}\n{}", run.describe());
+}
+
 #[test]
 fn declared_files_arrive_intact_with_their_sha256() {
     require_cells!();
@@ -195,12 +201,7 @@ fn symlink_at_a_declared_name_is_rejected() {
     assert_eq!(run.status(), "ok", "{}", run.describe());
     assert_rejected(&run, &out, "/output/report.txt", "artifact.symlink");
     assert_rejected(&run, &out, "/output/env.bin", "artifact.symlink");
-    assert!(
-        files_below(&out).is_empty(),
-        "{:?}\n{}",
-        files_below(&out),
-        run.describe()
-    );
+    assert_nothing_kept(&run, &out);
 }
 
 #[test]
@@ -216,12 +217,7 @@ fn hard_link_at_a_declared_name_is_rejected() {
     assert_eq!(run.status(), "ok", "{}", run.describe());
     assert_rejected(&run, &out, "/output/report.txt", "artifact.hardlink");
     assert_rejected(&run, &out, "/output/hidden.txt", "artifact.undeclared");
-    assert!(
-        files_below(&out).is_empty(),
-        "{:?}\n{}",
-        files_below(&out),
-        run.describe()
-    );
+    assert_nothing_kept(&run, &out);
 }
 
 #[test]
@@ -232,12 +228,7 @@ fn fifo_at_a_declared_name_is_rejected() {
     let run = run_script(dir.path(), &[], "mkfifo /output/pipe.bin");
     assert_eq!(run.status(), "ok", "{}", run.describe());
     assert_rejected(&run, &out, "/output/pipe.bin", "artifact.not_regular");
-    assert!(
-        files_below(&out).is_empty(),
-        "{:?}\n{}",
-        files_below(&out),
-        run.describe()
-    );
+    assert_nothing_kept(&run, &out);
 }
 
 #[test]

@@ -10,6 +10,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+/// The tests of this file must not overlap: one plants a leftover cgroup on purpose, which
+/// the other would count as a leak.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 const RUNS: usize = 1000;
 const WORKERS: usize = 2;
 
@@ -98,6 +108,7 @@ fn cell_cgroups() -> (Vec<PathBuf>, Vec<PathBuf>) {
 #[test]
 fn a_thousand_mixed_runs_leave_nothing_behind() {
     require_cells!();
+    let _serial = serial();
     let dirs: Vec<_> = (0..WORKERS).map(|_| tempfile::tempdir().unwrap()).collect();
     let (cgroups_before, _) = cell_cgroups();
     let procs_before = host::stray_cell_processes();
@@ -227,5 +238,64 @@ fn a_thousand_mixed_runs_leave_nothing_behind() {
     assert_eq!(
         fds_after, fds_before,
         "fd count of the test process changed"
+    );
+}
+
+#[test]
+fn a_dead_supervisors_cell_is_killed_and_its_cgroup_removed_by_the_next_run() {
+    require_cells!();
+    let _serial = serial();
+    // One run creates airlock's parent cgroups.
+    let first = common::sh("true");
+    assert_eq!(first.code(), 0, "{}", first.describe());
+    let parent = ["/sys/fs/cgroup/pids/airlock", "/sys/fs/cgroup/airlock"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_dir())
+        .expect("airlock's parent cgroup exists after a run");
+    // A leftover as a supervisor killed mid-creation leaves it: named after a pid that is
+    // not a live supervisor, present in one hierarchy only, with a process still inside.
+    let marker = format!(
+        "300.{}{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    );
+    let stale = parent.join(format!("{}-1-{}", u32::MAX - 7, std::process::id()));
+    std::fs::create_dir(&stale).unwrap();
+    let mut straggler = std::process::Command::new("sleep")
+        .arg(&marker)
+        .spawn()
+        .unwrap();
+    std::fs::write(stale.join("cgroup.procs"), straggler.id().to_string()).unwrap();
+
+    let doctor = std::process::Command::new(common::airlock_bin())
+        .arg("doctor")
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout).into_owned();
+    assert!(
+        report
+            .lines()
+            .any(|l| l.contains("cleanup.leftover_cells")
+                && l.contains(&stale.display().to_string())),
+        "doctor must report the leftover\n{report}"
+    );
+
+    let next = common::sh("true");
+    let reaped = straggler.try_wait().unwrap().is_some() || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        straggler.try_wait().unwrap().is_some()
+    };
+    let _ = straggler.kill();
+    let _ = straggler.wait();
+    assert_eq!(next.code(), 0, "{}", next.describe());
+    assert!(
+        reaped,
+        "the process in the leftover cgroup survived the next run"
+    );
+    assert!(
+        !stale.exists(),
+        "the leftover cgroup {} was not removed",
+        stale.display()
     );
 }

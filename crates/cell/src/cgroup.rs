@@ -465,51 +465,46 @@ pub fn find_leftovers(layout: &CgroupLayout) -> Vec<LeftoverCgroup> {
 }
 
 /// Kills and removes every leftover cell cgroup; returns what could not be removed.
+/// A leftover may be incomplete (its supervisor died while creating it), so every
+/// hierarchy's directory of that name is handled on its own.
 pub fn reap_leftovers(layout: &CgroupLayout) -> Vec<PathBuf> {
-    let leftovers = find_leftovers(layout);
-    let mut by_name: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
-    for l in leftovers {
-        let name = l
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        by_name.entry(name).or_default().push(l.path);
-    }
+    let names: std::collections::BTreeSet<std::ffi::OsString> = find_leftovers(layout)
+        .into_iter()
+        .filter_map(|l| l.path.file_name().map(|n| n.to_owned()))
+        .collect();
     let mut left = Vec::new();
-    for (_, dirs) in by_name {
+    for name in names {
         let cgroup = CellCgroup {
             layout: layout.clone(),
-            dirs: order_like_layout(layout, dirs),
+            dirs: layout.parents().iter().map(|p| p.join(&name)).collect(),
         };
-        if cgroup.dirs.len() == layout.parents().len() {
-            let _ = cgroup.kill_all();
-            cgroup.wait_empty(Duration::from_secs(2));
-        } else {
-            for pid in cgroup.dirs.iter().flat_map(|d| {
-                fs::read_to_string(d.join("cgroup.procs"))
-                    .unwrap_or_default()
-                    .lines()
-                    .filter_map(|l| l.parse().ok())
-                    .collect::<Vec<libc::pid_t>>()
-            }) {
+        let members = || -> Vec<libc::pid_t> {
+            cgroup
+                .dirs
+                .iter()
+                .flat_map(|d| {
+                    fs::read_to_string(d.join("cgroup.procs"))
+                        .unwrap_or_default()
+                        .lines()
+                        .filter_map(|l| l.parse().ok())
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let pids = members();
+            if pids.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            for pid in pids {
                 let _ = crate::sys::kill(pid, libc::SIGKILL);
             }
+            std::thread::sleep(Duration::from_millis(5));
         }
         left.extend(cgroup.destroy());
     }
     left
-}
-
-fn order_like_layout(layout: &CgroupLayout, dirs: Vec<PathBuf>) -> Vec<PathBuf> {
-    let parents = layout.parents();
-    let mut ordered: Vec<PathBuf> = Vec::new();
-    for parent in &parents {
-        if let Some(d) = dirs.iter().find(|d| d.parent() == Some(parent.as_path())) {
-            ordered.push(d.clone());
-        }
-    }
-    ordered
 }
 
 #[cfg(test)]

@@ -376,10 +376,6 @@ impl CellCgroup {
             let _ = fs::remove_dir(dir);
         }
     }
-
-    pub fn dirs(&self) -> &[PathBuf] {
-        &self.dirs
-    }
 }
 
 /// Creates airlock's parent cgroup; on v2 also enables the controllers for its children.

@@ -490,6 +490,7 @@ fn release_and_supervise(
         deadline: Deadline::Pending(released_at + Duration::from_millis(plan.limits.wall_time_ms)),
         stream_output: options.stream_output,
         cgroup,
+        sync_closed: false,
     };
     supervision.run(options)?;
     Ok((supervision.observed, supervision.output))
@@ -508,6 +509,9 @@ struct Supervision<'a> {
     deadline: Deadline,
     stream_output: bool,
     cgroup: &'a CellCgroup,
+    /// The cell closed its end of the sync socket (pid 1 is exiting). Polling a closed
+    /// socket returns at once, so it is left out of the poll set from then on.
+    sync_closed: bool,
 }
 
 /// A `poll` entry waiting for input on `fd` (negative fds are ignored by poll).
@@ -532,7 +536,7 @@ impl Supervision<'_> {
                 poll_in(raw(&self.stdout)),
                 poll_in(raw(&self.stderr)),
                 poll_in(raw(&self.notify)),
-                poll_in(self.sync.as_raw_fd()),
+                poll_in(if self.sync_closed { -1 } else { self.sync.as_raw_fd() }),
                 poll_in(self.pidfd.as_raw_fd()),
             ];
             sys::poll(&mut fds, timeout).map_err(|e| CellError::io("poll", e))?;
@@ -678,9 +682,21 @@ impl Supervision<'_> {
         let mut buf = vec![0u8; 16 * 1024];
         let (n, mut fds) = match sys::recv_with_fds(self.sync.as_fd(), &mut buf, 2) {
             Ok(r) => r,
-            Err(_) => return Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                ) =>
+            {
+                return Ok(())
+            }
+            Err(_) => {
+                self.sync_closed = true;
+                return Ok(());
+            }
         };
         if n == 0 {
+            self.sync_closed = true;
             return Ok(());
         }
         let body = &buf[1..n];

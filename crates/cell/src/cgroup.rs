@@ -215,14 +215,20 @@ impl CellCgroup {
                     &memory.join("memory.limit_in_bytes"),
                     &limits.memory_bytes.to_string(),
                 )?;
-                let memsw = memory.join("memory.memsw.limit_in_bytes");
-                if memsw.exists() {
-                    // memory+swap = memory: the cell cannot use swap at all.
-                    write_file(&memsw, &limits.memory_bytes.to_string())?;
+                // memory+swap = memory: the cell cannot use swap at all. Without swap
+                // accounting the file is missing; `detect` already refused hosts where
+                // that leaves swap usable.
+                match write_file(
+                    &memory.join("memory.memsw.limit_in_bytes"),
+                    &limits.memory_bytes.to_string(),
+                ) {
+                    Err(CellError::Cgroup { source, .. })
+                        if source.kind() == ErrorKind::NotFound => {}
+                    other => other?,
                 }
-                write_file(&memory.join("memory.swappiness"), "0").ok();
                 write_file(&pids.join("pids.max"), &limits.process_limit.to_string())?;
-                write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                // A new v1 cpu cgroup always starts with the kernel's fixed 100 ms period
+                // (CPU_PERIOD_US), so only the quota is written.
                 write_file(&cpu.join("cpu.cfs_quota_us"), &quota_us.to_string())?;
             }
         }

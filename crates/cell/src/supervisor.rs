@@ -276,8 +276,6 @@ fn start_and_supervise(
         });
     }
     let env = cell_environment(plan, options.credentials)?;
-    // Cells of supervisors that died must not keep running or holding resources.
-    let stale_cgroups_left = crate::cgroup::reap_leftovers(&layout);
     // The cell is cloned first: while it creates its network namespace (the costliest
     // step of a cell start), the supervisor prepares what the release message carries.
     let cell = spawn_cell(plan, &env, options)?;
@@ -296,47 +294,79 @@ fn start_and_supervise(
     // creates the cgroup.
     let started = options.started;
     let cell_pid = cell.pid;
-    let (recorded, prepared, recorded_ms, prepared_ms) = std::thread::scope(|scope| {
-        let hook = options.before_release.as_mut().map(|hook| {
-            scope.spawn(move || {
-                let result = hook();
-                (result, ms_since(started))
-            })
-        });
-        let prepared = seccomp_program(plan).and_then(|program| {
-            let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
-            let cgroup = CellCgroup::create(&layout, &cgroup_name(), &plan.limits)?;
-            // The cell joins its cgroup now; it only runs airlock's setup until release.
-            if let Err(err) = cgroup.add_process(cell_pid) {
-                cgroup.destroy();
-                return Err(err);
+    let hook = options.before_release.take();
+    std::thread::scope(|scope| {
+        // The hook's result comes back over a channel rather than through `join`, so the
+        // release does not also wait for the helper thread to exit.
+        let (recorded_channel, hook_thread) = match hook {
+            Some(hook) => {
+                let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+                let thread = scope.spawn(move || {
+                    let result = hook();
+                    let _ = sender.send((result, ms_since(started)));
+                });
+                (Some(receiver), Some(thread))
             }
-            Ok((program, mounts, cgroup))
-        });
-        let prepared_ms = ms_since(started);
-        let (recorded, recorded_ms) = match hook.map(|h| h.join()) {
-            None => (Ok(String::new()), 0.0),
-            Some(Ok(outcome)) => outcome,
-            Some(Err(_)) => (Err("the audit hook panicked".to_string()), 0.0),
+            None => (None, None),
         };
-        (recorded, prepared, recorded_ms, prepared_ms)
-    });
-    let (program, mounts, cgroup) = match (recorded.as_ref(), prepared) {
-        (Ok(_), Ok(prepared)) => prepared,
-        (Err(err), prepared) => {
-            cell.kill();
-            if let Ok((_, _, cgroup)) = prepared {
-                cgroup.destroy();
-            }
-            return Err(CellError::Refused(err.clone()));
+        let outcome = (|| {
+            let prepared = seccomp_program(plan).and_then(|program| {
+                let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
+                let cgroup = CellCgroup::create(&layout, &cgroup_name(), &plan.limits)?;
+                // The cell joins its cgroup now; it only runs airlock's setup until release.
+                if let Err(err) = cgroup.add_process(cell_pid) {
+                    cgroup.destroy();
+                    return Err(err);
+                }
+                Ok((Release { program, mounts }, cgroup))
+            });
+            let prepared_ms = ms_since(started);
+            let (recorded, recorded_ms) = match recorded_channel.map(|r| r.recv()) {
+                None => (Ok(String::new()), 0.0),
+                Some(Ok(outcome)) => outcome,
+                Some(Err(_)) => (Err("the audit hook panicked".to_string()), 0.0),
+            };
+            let (release, cgroup) = match (recorded.as_ref(), prepared) {
+                (Ok(_), Ok(prepared)) => prepared,
+                (Err(err), prepared) => {
+                    cell.kill();
+                    if let Ok((_, cgroup)) = prepared {
+                        cgroup.destroy();
+                    }
+                    return Err(CellError::Refused(err.clone()));
+                }
+                (Ok(_), Err(err)) => {
+                    cell.kill();
+                    return Err(err);
+                }
+            };
+            let run_id = recorded.unwrap_or_default();
+            let result =
+                release_and_supervise(plan, options, cell, &cgroup, release, run_id, &layout);
+            let milestones = StartMilestones {
+                spawned_ms,
+                recorded_ms,
+                prepared_ms,
+            };
+            finish_run(options, &layout, cgroup, result, milestones)
+        })();
+        // Joined here, not left to the scope: a panic of the hook was already reported
+        // as a refused run and must not become a panic of the supervisor.
+        if let Some(thread) = hook_thread {
+            let _ = thread.join();
         }
-        (Ok(_), Err(err)) => {
-            cell.kill();
-            return Err(err);
-        }
-    };
-    let run_id = recorded.unwrap_or_default();
-    let result = release_and_supervise(plan, options, cell, &cgroup, mounts, &program, run_id);
+        outcome
+    })
+}
+
+/// Tears the cell's cgroup down and turns what was observed into the report.
+fn finish_run(
+    options: &mut RunOptions<'_>,
+    layout: &CgroupLayout,
+    cgroup: CellCgroup,
+    result: Result<(Observed, OutputCapture, Vec<std::path::PathBuf>), CellError>,
+    milestones: StartMilestones,
+) -> Result<RunReport, CellError> {
     // Whatever happened, nothing of the cell may outlive this function.
     let teardown_started = Instant::now();
     // Usually pid 1's exit already emptied the cgroup; freezing (v1) is costly, so only
@@ -356,7 +386,7 @@ fn start_and_supervise(
             .into_iter()
             .map(|d| format!("cgroup {}", d.display())),
     );
-    let (observed, output) = result?;
+    let (observed, output, stale_cgroups_left) = result?;
     let egress = options.egress.as_mut().map(|session| session.finish());
     let mut report = classify(options, observed, output, usage_counters, egress);
     report.cgroup_version = Some(layout.version());
@@ -368,9 +398,9 @@ fn start_and_supervise(
         ok: leftovers.is_empty(),
         leftovers,
     };
-    report.timings.spawned_ms = spawned_ms;
-    report.timings.recorded_ms = recorded_ms;
-    report.timings.prepared_ms = prepared_ms;
+    report.timings.spawned_ms = milestones.spawned_ms;
+    report.timings.recorded_ms = milestones.recorded_ms;
+    report.timings.prepared_ms = milestones.prepared_ms;
     report.timings.teardown_ms = ms_since(teardown_started);
     report.timings.wall_ms = ms_since(options.started);
     Ok(report)
@@ -448,16 +478,31 @@ fn spawn_cell(
     }
 }
 
+/// What the release message hands the cell: its seccomp program and the mount trees.
+struct Release {
+    program: Vec<libc::sock_filter>,
+    mounts: Vec<rootfs::Prepared>,
+}
+
+/// Start milestones measured before the release, in ms since the run started.
+struct StartMilestones {
+    spawned_ms: f64,
+    recorded_ms: f64,
+    prepared_ms: f64,
+}
+
+/// Releases the cell and supervises it until its pid 1 is gone. Also returns the
+/// leftover cgroups of dead supervisors that could not be removed.
 fn release_and_supervise(
     plan: &CellPlan,
     options: &mut RunOptions<'_>,
     cell: SpawnedCell,
     cgroup: &CellCgroup,
-    mounts: Vec<rootfs::Prepared>,
-    program: &[libc::sock_filter],
+    release: Release,
     run_id: String,
-) -> Result<(Observed, OutputCapture), CellError> {
-    let (message, fds) = protocol::encode_release(program, mounts);
+    layout: &CgroupLayout,
+) -> Result<(Observed, OutputCapture, Vec<std::path::PathBuf>), CellError> {
+    let (message, fds) = protocol::encode_release(&release.program, release.mounts);
     let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
     // A failed send means the cell already ended (its setup failed, and it said why on
     // the socket): the supervision loop below reads that and reports it.
@@ -465,6 +510,9 @@ fn release_and_supervise(
     drop(fds);
     let released_at = Instant::now();
     let released_ms = (released_at - options.started).as_secs_f64() * 1000.0;
+    // Cells of supervisors that died must not keep running or holding resources. Done
+    // while the cell finishes its setup, off the start's critical path.
+    let stale_cgroups_left = crate::cgroup::reap_leftovers(layout);
     let SpawnedCell {
         pid,
         pidfd,
@@ -493,7 +541,7 @@ fn release_and_supervise(
         sync_closed: false,
     };
     supervision.run(options)?;
-    Ok((supervision.observed, supervision.output))
+    Ok((supervision.observed, supervision.output, stale_cgroups_left))
 }
 
 struct Supervision<'a> {
@@ -536,7 +584,11 @@ impl Supervision<'_> {
                 poll_in(raw(&self.stdout)),
                 poll_in(raw(&self.stderr)),
                 poll_in(raw(&self.notify)),
-                poll_in(if self.sync_closed { -1 } else { self.sync.as_raw_fd() }),
+                poll_in(if self.sync_closed {
+                    -1
+                } else {
+                    self.sync.as_raw_fd()
+                }),
                 poll_in(self.pidfd.as_raw_fd()),
             ];
             sys::poll(&mut fds, timeout).map_err(|e| CellError::io("poll", e))?;

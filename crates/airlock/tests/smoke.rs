@@ -11,3 +11,20 @@ fn default_contract_runs_a_command_and_streams_its_output() {
         .as_str()
         .is_some_and(|id| id.len() == 36));
 }
+
+#[test]
+fn payload_gets_default_signal_dispositions() {
+    require_cells!();
+    // Ignored and blocked signals survive execve: the payload must not inherit the Rust
+    // runtime's ignored SIGPIPE (`yes | head` would then report EPIPE instead of ending)
+    // or whatever the caller of airlock ignored or blocked.
+    let run = common::sh("grep -E '^Sig(Ign|Blk):' /proc/self/status; yes | head -n 1");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(
+        run.stdout(),
+        "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\ny\n",
+        "{}",
+        run.describe()
+    );
+    assert!(!run.stderr().contains("Broken pipe"), "{}", run.describe());
+}

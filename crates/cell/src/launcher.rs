@@ -8,7 +8,7 @@
 //! for the release (seccomp program + mount trees) -> cgroup namespace -> rootfs
 //! and pivot_root -> egress listeners -> setsid -> stdio -> rlimits ->
 //! capabilities and securebits -> no_new_privs -> Landlock -> close-on-exec for fds >= 3 ->
-//! seccomp (last) -> fork the payload, which only resolves and execs.
+//! seccomp (last) -> spawn the payload (a vfork-style child that only execs).
 
 use crate::protocol::{self, LaunchFailure, PayloadEnded};
 use crate::{landlock_policy, rootfs, sys};
@@ -74,12 +74,11 @@ pub fn run(setup: ChildSetup<'_>) -> ! {
             sys::exit_now(125);
         }
     }
-    let payload = match sys::fork_process() {
-        Ok(0) => exec_payload(&setup),
+    let payload = match spawn_payload(&setup) {
         Ok(pid) => pid,
         Err(err) => {
             let failure = LaunchFailure {
-                stage: "fork_payload".into(),
+                stage: "spawn_payload".into(),
                 message: err.to_string(),
                 unavailable: false,
             };
@@ -269,8 +268,10 @@ fn resolve_command(command: &str, env: &[CString]) -> Option<PathBuf> {
         })
 }
 
-/// The payload process: exec or report why not. Never returns.
-fn exec_payload(setup: &ChildSetup<'_>) -> ! {
+/// Starts the payload: resolves its command, spawns a child that only execs it and, if
+/// that failed, says why on the exec notification pipe (the supervisor reads it as the
+/// payload's launch error; the child's exit status is 126 or 127).
+fn spawn_payload(setup: &ChildSetup<'_>) -> std::io::Result<libc::pid_t> {
     let argv: Vec<CString> = setup
         .plan
         .argv
@@ -278,32 +279,36 @@ fn exec_payload(setup: &ChildSetup<'_>) -> ! {
         .map(|a| CString::new(a.as_bytes()).unwrap_or_default())
         .collect();
     let command = &setup.plan.argv[0];
-    let Some(path) = resolve_command(command, setup.env) else {
-        let _ = sys::write(
-            setup.exec_notify.as_fd(),
-            format!("127 {command}: command not found").as_bytes(),
-        );
-        sys::exit_now(127);
+    let path = resolve_command(command, setup.env);
+    let path_c = path
+        .as_ref()
+        .map(|p| CString::new(p.as_os_str().as_bytes()).unwrap_or_default());
+    sys::reset_signal_state()?;
+    let spawned = sys::spawn_exec(path_c.as_deref(), &argv, setup.env)?;
+    let problem = match (&path, spawned.exec_error) {
+        (None, _) => Some(format!("127 {command}: command not found")),
+        (Some(path), Some(err)) => {
+            let code = if err.raw_os_error() == Some(libc::ENOENT) {
+                127
+            } else {
+                126
+            };
+            Some(format!("{code} {}: {err}", path.display()))
+        }
+        (Some(_), None) => None,
     };
-    let path_c = CString::new(path.as_os_str().as_bytes()).unwrap_or_default();
-    let err = sys::execve(&path_c, &argv, setup.env);
-    let code = if err.raw_os_error() == Some(libc::ENOENT) {
-        127
-    } else {
-        126
-    };
-    let _ = sys::write(
-        setup.exec_notify.as_fd(),
-        format!("{code} {}: {err}", path.display()).as_bytes(),
-    );
-    sys::exit_now(code)
+    if let Some(problem) = problem {
+        let _ = sys::write(setup.exec_notify.as_fd(), problem.as_bytes());
+    }
+    Ok(spawned.pid)
 }
 
 /// pid 1 after the payload started: reap everything, and when the payload ends, kill what
 /// it left behind, report, wait for artifact collection and exit (which tears the pid
 /// namespace down).
 fn reap(setup: ChildSetup<'_>, payload: libc::pid_t) -> ! {
-    // Only the payload may hold the exec notification pipe, so its exec closes the last copy.
+    // The payload's copy of the exec notification pipe closed at its exec; closing ours
+    // gives the supervisor EOF, its sign that the payload runs.
     drop(setup.exec_notify);
     let wait_status = loop {
         match sys::wait_child(-1, false) {

@@ -74,10 +74,134 @@ pub fn clone_cell(namespace_flags: libc::c_ulong) -> io::Result<CloneOutcome> {
 }
 
 /// Plain fork for the payload inside the cell (pid 1 stays behind as the reaper).
-pub fn fork_process() -> io::Result<libc::pid_t> {
-    // SAFETY: the cell's pid 1 is single-threaded (it is a clone of the single-threaded
-    // supervisor), so the child inherits no lock held by another thread.
-    check(unsafe { libc::fork() })
+/// What [`spawn_exec`] started: the child's pid, and why its `execve` failed if it did
+/// (the child has then exited with 126, or 127 for ENOENT).
+pub struct SpawnedExec {
+    pub pid: libc::pid_t,
+    pub exec_error: Option<io::Error>,
+}
+
+/// Shared between [`spawn_exec`] and its child, which runs in the caller's memory.
+struct ExecRequest {
+    /// Null: nothing to exec, the child exits with 127 at once.
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    env: *const *const libc::c_char,
+    errno: std::sync::atomic::AtomicI32,
+}
+
+extern "C" fn exec_child(request: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `spawn_exec` passes a pointer to an ExecRequest that stays alive while
+    // this child runs (the parent is suspended until the child execs or exits).
+    let request = unsafe { &*(request as *const ExecRequest) };
+    if request.path.is_null() {
+        // SAFETY: _exit only ends this child; it runs no handlers in the shared memory.
+        unsafe { libc::_exit(127) }
+    }
+    // SAFETY: path, argv and env are NUL-terminated strings and NULL-terminated arrays
+    // owned by the suspended parent. The raw system call touches no libc state.
+    unsafe { libc::syscall(libc::SYS_execve, request.path, request.argv, request.env) };
+    let errno = io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EINVAL);
+    request
+        .errno
+        .store(errno, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: as above.
+    unsafe { libc::_exit(if errno == libc::ENOENT { 127 } else { 126 }) }
+}
+
+/// Starts a child that only execs `path` (or, for `None`, exits with 127), the way
+/// posix_spawn does: `CLONE_VM | CLONE_VFORK`, so no copy of the caller's memory is made
+/// and the caller resumes once the child has exec'd or exited.
+pub fn spawn_exec(
+    path: Option<&CStr>,
+    argv: &[CString],
+    env: &[CString],
+) -> io::Result<SpawnedExec> {
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    env_ptrs.push(std::ptr::null());
+    let request = ExecRequest {
+        path: path.map_or(std::ptr::null(), |p| p.as_ptr()),
+        argv: argv_ptrs.as_ptr(),
+        env: env_ptrs.as_ptr(),
+        errno: std::sync::atomic::AtomicI32::new(0),
+    };
+    // The child needs only a few frames: exec_child and the system call.
+    let mut stack = vec![0u8; 64 * 1024];
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    // SAFETY: with CLONE_VFORK this thread is suspended until the child execs or exits,
+    // so `request`, the pointer arrays and `stack` outlive every use the child makes of
+    // them; `top` is the 16-byte aligned end of `stack`. The child runs only exec_child,
+    // which makes raw system calls. No namespace flag: the seccomp filter allows it.
+    let pid = unsafe {
+        libc::clone(
+            exec_child,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &request as *const ExecRequest as *mut libc::c_void,
+        )
+    };
+    let pid = check(pid)?;
+    drop(stack);
+    let errno = request.errno.load(std::sync::atomic::Ordering::Relaxed);
+    Ok(SpawnedExec {
+        pid,
+        exec_error: (errno != 0).then(|| io::Error::from_raw_os_error(errno)),
+    })
+}
+
+/// The kernel's `struct sigaction` for rt_sigaction on x86_64 (not libc's layout).
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// Gives every signal its default action and unblocks all of them. Ignored signals and
+/// the blocked mask survive execve; the payload must not inherit the Rust runtime's
+/// ignored SIGPIPE or whatever the caller of airlock had set. Raw system calls, because
+/// libc refuses to touch the two signals it reserves (32 and 33).
+pub fn reset_signal_state() -> io::Result<()> {
+    let default_action = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    for signal in 1..=64 {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: `default_action` is a valid kernel sigaction; the old action is not
+        // requested; 8 is the size of the kernel's signal set.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                signal,
+                &default_action as *const KernelSigaction,
+                std::ptr::null_mut::<KernelSigaction>(),
+                8usize,
+            )
+        };
+        check_long(ret)?;
+    }
+    let empty: u64 = 0;
+    // SAFETY: `empty` is a valid 8-byte kernel signal set; the old mask is not requested.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &empty as *const u64,
+            std::ptr::null_mut::<u64>(),
+            8usize,
+        )
+    };
+    check_long(ret).map(drop)
 }
 
 pub fn unshare(flags: libc::c_int) -> io::Result<()> {
@@ -345,16 +469,6 @@ pub fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
 }
 
 /// `execve`; only returns on failure.
-pub fn execve(path: &CStr, argv: &[CString], env: &[CString]) -> io::Error {
-    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    argv_ptrs.push(std::ptr::null());
-    let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
-    env_ptrs.push(std::ptr::null());
-    // SAFETY: both arrays are NULL-terminated and point at strings that outlive the call.
-    unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr()) };
-    io::Error::last_os_error()
-}
-
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and skips atexit handlers, which must not run in a
     // forked copy of the supervisor.

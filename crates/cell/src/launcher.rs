@@ -8,7 +8,8 @@
 //! for the release (seccomp program + mount trees) -> cgroup namespace -> rootfs
 //! and pivot_root -> egress listeners -> setsid -> stdio -> rlimits ->
 //! capabilities and securebits -> no_new_privs -> Landlock -> close-on-exec for fds >= 3 ->
-//! seccomp (last) -> spawn the payload (a vfork-style child that only execs).
+//! seccomp (last) -> wait for START (the audit record exists; the setup above overlaps
+//! its commit) -> spawn the payload (a vfork-style child that only execs).
 
 use crate::protocol::{self, LaunchFailure, PayloadEnded};
 use crate::{landlock_policy, rootfs, sys};
@@ -58,39 +59,33 @@ pub struct ChildSetup<'a> {
 
 /// Entry point of the cloned child. Never returns.
 pub fn run(setup: ChildSetup<'_>) -> ! {
-    match prepare(&setup) {
-        Ok(()) => {}
-        Err(stage) => {
-            let failure = LaunchFailure {
-                stage: stage.name,
-                message: stage.message,
-                unavailable: stage.unavailable,
-            };
-            send(
-                &setup.sync,
-                protocol::FAILED,
-                &serde_json::to_vec(&failure).unwrap_or_default(),
-            );
-            sys::exit_now(125);
-        }
+    if let Err(stage) = prepare(&setup) {
+        fail(&setup, stage);
+    }
+    // Nothing of the payload runs before its audit record exists.
+    if let Err(stage) = wait_for(&setup, protocol::START) {
+        fail(&setup, stage);
     }
     let payload = match spawn_payload(&setup) {
         Ok(pid) => pid,
-        Err(err) => {
-            let failure = LaunchFailure {
-                stage: "spawn_payload".into(),
-                message: err.to_string(),
-                unavailable: false,
-            };
-            send(
-                &setup.sync,
-                protocol::FAILED,
-                &serde_json::to_vec(&failure).unwrap_or_default(),
-            );
-            sys::exit_now(125);
-        }
+        Err(err) => fail(&setup, Stage::errno("spawn_payload", err)),
     };
     reap(setup, payload)
+}
+
+/// Tells the supervisor which setup step failed and why, and ends the cell.
+fn fail(setup: &ChildSetup<'_>, stage: Stage) -> ! {
+    let failure = LaunchFailure {
+        stage: stage.name,
+        message: stage.message,
+        unavailable: stage.unavailable,
+    };
+    send(
+        &setup.sync,
+        protocol::FAILED,
+        &serde_json::to_vec(&failure).unwrap_or_default(),
+    );
+    sys::exit_now(125);
 }
 
 fn send(sync: &OwnedFd, kind: u8, body: &[u8]) {
@@ -129,7 +124,12 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
     // Built while the supervisor writes the audit record; nothing of the payload runs
     // before the release below.
     rootfs::build_skeleton(plan)?;
-    let mut message = vec![0u8; 64 * 1024];
+    // Sized to the message: a fixed 64 KiB buffer would fault in 16 fresh pages.
+    let length = match sys::next_message_len(setup.sync.as_fd()) {
+        Ok(n) if n > 0 => n,
+        _ => sys::exit_now(125),
+    };
+    let mut message = vec![0u8; length];
     let (program, mounts) =
         match sys::recv_with_fds(setup.sync.as_fd(), &mut message, protocol::MAX_RELEASE_FDS) {
             Ok((n, fds)) if n > 0 => match protocol::decode_release(&message[..n], fds) {

@@ -49,9 +49,12 @@ pub fn decode_release(
 /// Supervisor -> cell: the user namespace maps are written; the cell may build the parts
 /// of its root it creates itself.
 pub const MAPPED: u8 = b'M';
-/// Supervisor -> cell: audit record written, cgroup joined; go on. The message
-/// carries the seccomp program and the mount plan, the mount trees as SCM_RIGHTS.
+/// Supervisor -> cell: cgroup joined; finish the setup (root, privileges, Landlock,
+/// seccomp). The message carries the seccomp program and the mount plan, the mount trees
+/// as SCM_RIGHTS.
 pub const GO: u8 = b'G';
+/// Supervisor -> cell: the audit record exists; start the payload.
+pub const START: u8 = b'S';
 /// Most descriptors one release message may carry.
 pub const MAX_RELEASE_FDS: usize = 250;
 /// Supervisor -> cell: artifacts collected; pid 1 may exit.

@@ -42,6 +42,8 @@ enum Deadline {
 pub const HOST_ID_BASE: u32 = 1_000_000_000;
 /// Longest we wait for the cell's pipes to close after its pid 1 is gone.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bytes read from the payload's stdout or stderr at a time (a full pipe).
+const OUTPUT_CHUNK: usize = 64 * 1024;
 
 /// The egress proxy, started once the cell hands over its listeners.
 pub trait EgressSession {
@@ -321,32 +323,42 @@ fn start_and_supervise(
                 Ok((Release { program, mounts }, cgroup))
             });
             let prepared_ms = ms_since(started);
+            let (release_message, cgroup) = match prepared {
+                Ok(prepared) => prepared,
+                Err(err) => {
+                    cell.kill();
+                    return Err(err);
+                }
+            };
+            // The cell finishes its setup (root, privileges, Landlock, seccomp) while the
+            // audit record is completed; only the payload's start waits for the record.
+            let mut supervision = release_cell(plan, options, cell, &cgroup, release_message);
             let (recorded, recorded_ms) = match recorded_channel.map(|r| r.recv()) {
                 None => (Ok(String::new()), 0.0),
                 Some(Ok(outcome)) => outcome,
                 Some(Err(_)) => (Err("the audit hook panicked".to_string()), 0.0),
             };
-            let (release, cgroup) = match (recorded.as_ref(), prepared) {
-                (Ok(_), Ok(prepared)) => prepared,
-                (Err(err), prepared) => {
-                    cell.kill();
-                    if let Ok((_, cgroup)) = prepared {
-                        cgroup.destroy();
-                    }
-                    return Err(CellError::Refused(err.clone()));
-                }
-                (Ok(_), Err(err)) => {
-                    cell.kill();
-                    return Err(err);
-                }
-            };
-            let run_id = recorded.unwrap_or_default();
-            let result =
-                release_and_supervise(plan, options, cell, &cgroup, release, run_id, &layout);
             let milestones = StartMilestones {
                 spawned_ms,
                 recorded_ms,
                 prepared_ms,
+            };
+            let result = match recorded {
+                Ok(run_id) => {
+                    supervision.observed.run_id = run_id;
+                    supervision.start_payload();
+                    // Cells of supervisors that died must not keep running or holding
+                    // resources; reaped while the payload runs, off the start's path.
+                    let stale_cgroups_left = crate::cgroup::reap_leftovers(&layout);
+                    supervision
+                        .run(options)
+                        .map(|()| (supervision.observed, supervision.output, stale_cgroups_left))
+                }
+                Err(err) => {
+                    // No record, no payload: the cell never got START.
+                    supervision.kill_cell();
+                    Err(CellError::Refused(err))
+                }
             };
             finish_run(options, &layout, cgroup, result, milestones)
         })();
@@ -491,28 +503,24 @@ struct StartMilestones {
     prepared_ms: f64,
 }
 
-/// Releases the cell and supervises it until its pid 1 is gone. Also returns the
-/// leftover cgroups of dead supervisors that could not be removed.
-fn release_and_supervise(
-    plan: &CellPlan,
-    options: &mut RunOptions<'_>,
+/// Sends the release message (seccomp program and mount trees): the cell finishes its
+/// setup, then waits for [`protocol::START`] before it starts the payload. The deadline
+/// runs from here.
+fn release_cell<'a>(
+    plan: &'a CellPlan,
+    options: &RunOptions<'_>,
     cell: SpawnedCell,
-    cgroup: &CellCgroup,
+    cgroup: &'a CellCgroup,
     release: Release,
-    run_id: String,
-    layout: &CgroupLayout,
-) -> Result<(Observed, OutputCapture, Vec<std::path::PathBuf>), CellError> {
+) -> Supervision<'a> {
     let (message, fds) = protocol::encode_release(&release.program, release.mounts);
     let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
     // A failed send means the cell already ended (its setup failed, and it said why on
-    // the socket): the supervision loop below reads that and reports it.
+    // the socket): the supervision loop reads that and reports it.
     let _ = sys::send_with_fds(cell.sync.as_fd(), &message, &raw);
     drop(fds);
     let released_at = Instant::now();
     let released_ms = (released_at - options.started).as_secs_f64() * 1000.0;
-    // Cells of supervisors that died must not keep running or holding resources. Done
-    // while the cell finishes its setup, off the start's critical path.
-    let stale_cgroups_left = crate::cgroup::reap_leftovers(layout);
     let SpawnedCell {
         pid,
         pidfd,
@@ -521,7 +529,7 @@ fn release_and_supervise(
         notify,
         sync,
     } = cell;
-    let mut supervision = Supervision {
+    Supervision {
         plan,
         pid,
         pidfd,
@@ -531,7 +539,6 @@ fn release_and_supervise(
         stderr: Some(stderr),
         output: OutputCapture::new(plan.limits.output_bytes),
         observed: Observed {
-            run_id,
             released_ms,
             ..Observed::default()
         },
@@ -539,9 +546,7 @@ fn release_and_supervise(
         stream_output: options.stream_output,
         cgroup,
         sync_closed: false,
-    };
-    supervision.run(options)?;
-    Ok((supervision.observed, supervision.output, stale_cgroups_left))
+    }
 }
 
 struct Supervision<'a> {
@@ -576,8 +581,22 @@ fn raw(fd: &Option<OwnedFd>) -> i32 {
 }
 
 impl Supervision<'_> {
+    /// The audit record exists: the cell may start its payload. A failed send means the
+    /// cell already ended; the supervision loop reads why.
+    fn start_payload(&self) {
+        let _ = sys::send_with_fds(self.sync.as_fd(), &[protocol::START], &[]);
+    }
+
+    /// Kills a released cell whose payload must not start, and reaps its pid 1.
+    fn kill_cell(&self) {
+        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+        let _ = sys::wait_child(self.pid, false);
+    }
+
     fn run(&mut self, options: &mut RunOptions<'_>) -> Result<(), CellError> {
-        let mut buf = vec![0u8; 64 * 1024];
+        // The output buffer is allocated on first output: most tool calls print little,
+        // and every fresh page costs a fault.
+        let mut buf = Vec::new();
         loop {
             let timeout = self.next_timeout();
             let mut fds = [
@@ -660,7 +679,10 @@ impl Supervision<'_> {
     }
 
     /// Reads one chunk of a stream; closes it at EOF.
-    fn pump(&mut self, stream: Stream, buf: &mut [u8]) -> bool {
+    fn pump(&mut self, stream: Stream, buf: &mut Vec<u8>) -> bool {
+        if buf.is_empty() {
+            buf.resize(OUTPUT_CHUNK, 0);
+        }
         let slot = match stream {
             Stream::Stdout => &mut self.stdout,
             Stream::Stderr => &mut self.stderr,
@@ -691,7 +713,7 @@ impl Supervision<'_> {
     }
 
     /// After pid 1 exited: read what is left in the pipes, bounded in time.
-    fn drain(&mut self, buf: &mut [u8]) {
+    fn drain(&mut self, buf: &mut Vec<u8>) {
         let until = Instant::now() + DRAIN_TIMEOUT;
         while self.stdout.is_some() || self.stderr.is_some() {
             let left = until.saturating_duration_since(Instant::now());
@@ -731,7 +753,14 @@ impl Supervision<'_> {
 
     fn read_message(&mut self, options: &mut RunOptions<'_>) -> Result<(), CellError> {
         // Cell messages are small JSON documents (a launch failure, the payload's end).
-        let mut buf = vec![0u8; 16 * 1024];
+        let length = match sys::next_message_len(self.sync.as_fd()) {
+            Ok(n) => n.max(1),
+            Err(_) => {
+                self.sync_closed = true;
+                return Ok(());
+            }
+        };
+        let mut buf = vec![0u8; length];
         let (n, mut fds) = match sys::recv_with_fds(self.sync.as_fd(), &mut buf, 2) {
             Ok(r) => r,
             Err(e)

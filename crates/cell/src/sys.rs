@@ -129,9 +129,10 @@ pub fn spawn_exec(
         env: env_ptrs.as_ptr(),
         errno: std::sync::atomic::AtomicI32::new(0),
     };
-    // The child needs only a few frames: exec_child and the system call.
-    let mut stack = vec![0u8; 64 * 1024];
-    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    // The child needs only a few frames: exec_child and the system call. The stack is
+    // left uninitialised so that only the pages the child touches are ever faulted in.
+    let mut stack: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let top = (stack.as_mut_ptr() as usize + stack.capacity()) & !15;
     // SAFETY: with CLONE_VFORK this thread is suspended until the child execs or exits,
     // so `request`, the pointer arrays and `stack` outlive every use the child makes of
     // them; `top` is the 16-byte aligned end of `stack`. The child runs only exec_child,
@@ -627,6 +628,30 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Re
 }
 
 /// Receives one message and up to `max_fds` descriptors (marked close-on-exec).
+/// Length of the next message on a SOCK_SEQPACKET socket, without consuming it
+/// (blocks until there is one; 0 means the peer closed its end).
+pub fn next_message_len(sock: BorrowedFd<'_>) -> io::Result<usize> {
+    loop {
+        // SAFETY: a zero-length receive into a null buffer; MSG_TRUNC makes the kernel
+        // return the full length of the pending message and MSG_PEEK leaves it queued.
+        let ret = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_PEEK | libc::MSG_TRUNC,
+            )
+        };
+        if ret >= 0 {
+            return Ok(ret as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
 pub fn recv_with_fds(
     sock: BorrowedFd<'_>,
     buf: &mut [u8],

@@ -26,11 +26,15 @@ $AIRLOCK doctor | grep -E 'cgroups|landlock|seccomp'
 BWRAP_SAME_ROOT=(bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --symlink usr/bin /bin
   --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/sbin /sbin --dev /dev --proc /proc
   --tmpfs /tmp --cap-drop ALL /bin/true)
+# The two unshare lines are floors, not sandboxes: util-linux unshare creating the bare
+# namespaces (user, mount, pid, ipc, uts; then also net), forking and exec'ing.
 cmds=(
   "$AIRLOCK run --state-dir $STATE -- /bin/true"
   "bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc /bin/true"
   "${BWRAP_SAME_ROOT[*]}"
   "/bin/true"
+  "unshare -Umpiu -f -r /bin/true"
+  "unshare -Umpiun -f -r /bin/true"
 )
 if [ "${DOCKER:-0}" = 1 ]; then
   scripts/bench-docker-image.sh >/dev/null

@@ -28,3 +28,18 @@ fn payload_gets_default_signal_dispositions() {
     );
     assert!(!run.stderr().contains("Broken pipe"), "{}", run.describe());
 }
+
+#[test]
+fn payload_may_use_every_cpu_of_its_caller() {
+    require_cells!();
+    // airlock moves the cell's setup to one CPU; the payload must get the full set back.
+    let ours = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Cpus_allowed_list:"))
+        .unwrap()
+        .to_string();
+    let run = common::sh("grep '^Cpus_allowed_list:' /proc/self/status");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout().trim_end(), ours, "{}", run.describe());
+}

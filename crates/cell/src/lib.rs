@@ -6,6 +6,7 @@
 
 pub mod artifacts;
 pub mod cgroup;
+mod default_filter;
 pub mod doctor;
 mod error;
 mod landlock_policy;

@@ -985,6 +985,15 @@ fn emit_ranges(e: &mut Emitter, ranges: &[(u32, RangeTarget)]) {
     emit_ranges(e, &ranges[mid..]);
 }
 
+/// The default policy's program, compiled at build time (`default_filter.rs`, checked
+/// against [`compile`] by a test): a cell start does not rebuild it.
+pub fn default_program() -> Vec<libc::sock_filter> {
+    crate::default_filter::DEFAULT_FILTER
+        .iter()
+        .map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k })
+        .collect()
+}
+
 /// Compiles `policy` into a seccomp BPF program for x86_64.
 pub fn compile(policy: &SeccompPolicy) -> Result<Vec<libc::sock_filter>, SeccompProfileError> {
     let mut e = Emitter {
@@ -1281,5 +1290,38 @@ mod tests {
         assert!(policy_from_docker_json("{").is_err());
         assert!(policy_from_docker_json(r#"{"defaultAction": "SCMP_ACT_NOPE"}"#).is_err());
         assert!(policy_from_docker_json(r#"{"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 9, "value": 1, "op": "SCMP_CMP_EQ"}]}]}"#).is_err());
+    }
+
+    /// `default_filter.rs` is the compiled default policy. `AIRLOCK_BLESS=1 cargo test -p
+    /// airlock-cell default_filter` regenerates it.
+    #[test]
+    fn default_filter_is_the_compiled_default_policy() {
+        let program = compile(&default_policy()).unwrap();
+        let mut text = String::from(
+            "//! The default seccomp program: `seccomp::compile(&seccomp::default_policy())`,\n\
+             //! generated so that a cell start does not rebuild it. A test checks it against\n\
+             //! the compiler; regenerate with\n\
+             //! `AIRLOCK_BLESS=1 cargo test -p airlock-cell default_filter`.\n\n\
+             /// `(code, jt, jf, k)` of each instruction.\n\
+             pub const DEFAULT_FILTER: &[(u16, u8, u8, u32)] = &[\n",
+        );
+        for insn in &program {
+            text.push_str(&format!(
+                "    ({:#06x}, {}, {}, {:#x}),\n",
+                insn.code, insn.jt, insn.jf, insn.k
+            ));
+        }
+        text.push_str("];\n");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/default_filter.rs");
+        if std::env::var_os("AIRLOCK_BLESS").is_some_and(|v| v == "1") {
+            std::fs::write(&path, &text).unwrap();
+            return;
+        }
+        let actual = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            actual == text,
+            "src/default_filter.rs is out of date; regenerate it with \
+             `AIRLOCK_BLESS=1 cargo test -p airlock-cell default_filter`"
+        );
     }
 }

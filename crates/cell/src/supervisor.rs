@@ -125,7 +125,7 @@ fn cell_environment(
 
 fn seccomp_program(plan: &CellPlan) -> Result<Vec<libc::sock_filter>, CellError> {
     let policy = match &plan.seccomp {
-        SeccompPlan::Default => seccomp::default_policy(),
+        SeccompPlan::Default => return Ok(seccomp::default_program()),
         SeccompPlan::DockerJson { path } => {
             let json = std::fs::read_to_string(path)
                 .map_err(|e| CellError::io(format!("seccomp profile {}", path.display()), e))?;
@@ -436,6 +436,26 @@ impl SpawnedCell {
     }
 }
 
+/// Moves the cell's setup to a CPU other than the supervisor's. The cell builds its
+/// network namespace and root while the supervisor prepares the release and the audit
+/// record is written; some schedulers (this project's VM packs tasks onto one vCPU) would
+/// otherwise run the freshly cloned cell only when the supervisor blocks. Best effort: the
+/// cell restores `cpus` before it starts the payload.
+fn run_setup_elsewhere(cell: libc::pid_t, cpus: &sys::CpuSet) {
+    let here = sys::current_cpu();
+    let others: Vec<usize> = cpus
+        .cpus()
+        .into_iter()
+        .filter(|c| Some(*c) != here)
+        .collect();
+    if others.is_empty() {
+        return;
+    }
+    // Spread concurrent supervisors' cells over the other CPUs.
+    let cpu = others[cell as usize % others.len()];
+    let _ = sys::set_affinity(cell, &sys::CpuSet::only(cpu));
+}
+
 fn spawn_cell(
     plan: &CellPlan,
     env: &[CString],
@@ -447,6 +467,7 @@ fn spawn_cell(
         sys::clear_supplementary_groups().map_err(|e| CellError::io("setgroups", e))?;
     }
     let has_artifacts = options.artifacts.is_some() && !plan.output_allowlist.is_empty();
+    let payload_cpus = sys::allowed_cpus().ok();
     let Pipes {
         stdout_read,
         stdout_write,
@@ -470,17 +491,23 @@ fn spawn_cell(
                 stdout: stdout_write,
                 stderr: stderr_write,
                 has_artifacts,
+                payload_cpus,
             })
         }
         // The cell's ends close here, or the pipes would never report EOF.
-        Ok(sys::CloneOutcome::Parent { pid, pidfd }) => Ok(SpawnedCell {
-            pid,
-            pidfd,
-            stdout: stdout_read,
-            stderr: stderr_read,
-            notify: notify_read,
-            sync: sync_parent,
-        }),
+        Ok(sys::CloneOutcome::Parent { pid, pidfd }) => {
+            if let Some(cpus) = &payload_cpus {
+                run_setup_elsewhere(pid, cpus);
+            }
+            Ok(SpawnedCell {
+                pid,
+                pidfd,
+                stdout: stdout_read,
+                stderr: stderr_read,
+                notify: notify_read,
+                sync: sync_parent,
+            })
+        }
         Err(e) => Err(CellError::Unavailable {
             control: "namespaces",
             reason: format!(

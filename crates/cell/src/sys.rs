@@ -205,6 +205,51 @@ pub fn reset_signal_state() -> io::Result<()> {
     check_long(ret).map(drop)
 }
 
+/// A set of CPUs, as `sched_setaffinity` takes it.
+#[derive(Clone, Copy)]
+pub struct CpuSet(libc::cpu_set_t);
+
+impl CpuSet {
+    /// The CPUs of the set, in ascending order.
+    pub fn cpus(&self) -> Vec<usize> {
+        (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: CPU_ISSET only reads the bit of `cpu`, which is below CPU_SETSIZE.
+            .filter(|cpu| unsafe { libc::CPU_ISSET(*cpu, &self.0) })
+            .collect()
+    }
+
+    /// A set holding only `cpu` (which must be below CPU_SETSIZE).
+    pub fn only(cpu: usize) -> CpuSet {
+        // SAFETY: an all-zero cpu_set_t is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { zeroed() };
+        // SAFETY: CPU_SET writes one bit of `set`; the caller keeps `cpu` in range.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        CpuSet(set)
+    }
+}
+
+/// The CPUs this thread may run on.
+pub fn allowed_cpus() -> io::Result<CpuSet> {
+    // SAFETY: an all-zero cpu_set_t is a valid out-buffer of the size passed.
+    let mut set: libc::cpu_set_t = unsafe { zeroed() };
+    // SAFETY: `set` is a writable cpu_set_t of the size passed.
+    check(unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) })?;
+    Ok(CpuSet(set))
+}
+
+/// Restricts `pid` (0: the calling thread) to the CPUs of `set`.
+pub fn set_affinity(pid: libc::pid_t, set: &CpuSet) -> io::Result<()> {
+    // SAFETY: `set.0` is a valid cpu_set_t of the size passed.
+    check(unsafe { libc::sched_setaffinity(pid, size_of::<libc::cpu_set_t>(), &set.0) }).map(drop)
+}
+
+/// The CPU the calling thread runs on right now.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes no arguments.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
 pub fn unshare(flags: libc::c_int) -> io::Result<()> {
     // SAFETY: unshare takes only an integer.
     check(unsafe { libc::unshare(flags) }).map(drop)

@@ -55,9 +55,6 @@ pub struct ChildSetup<'a> {
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
     pub has_artifacts: bool,
-    /// The CPUs the payload may use (the supervisor's own set). The supervisor may move
-    /// the cell's setup to one CPU; the payload gets the whole set back.
-    pub payload_cpus: Option<sys::CpuSet>,
 }
 
 /// Entry point of the cloned child. Never returns.
@@ -68,11 +65,6 @@ pub fn run(setup: ChildSetup<'_>) -> ! {
     // Nothing of the payload runs before its audit record exists.
     if let Err(stage) = wait_for(&setup, protocol::START) {
         fail(&setup, stage);
-    }
-    if let Some(cpus) = &setup.payload_cpus {
-        if let Err(err) = sys::set_affinity(0, cpus) {
-            fail(&setup, Stage::errno("cpu_affinity", err));
-        }
     }
     let payload = match spawn_payload(&setup) {
         Ok(pid) => pid,

@@ -280,7 +280,9 @@ fn start_and_supervise(
     let env = cell_environment(plan, options.credentials)?;
     // The cell is cloned first: while it creates its network namespace (the costliest
     // step of a cell start), the supervisor prepares what the release message carries.
-    let cell = spawn_cell(plan, &env, options)?;
+    // The CPUs the payload may use: the supervisor's own.
+    let payload_cpus = sys::allowed_cpus().ok();
+    let cell = spawn_cell(plan, &env, options, payload_cpus.as_ref())?;
     let mapped = write_id_maps(cell.pid, plan).and_then(|_| {
         sys::send_with_fds(cell.sync.as_fd(), &[protocol::MAPPED], &[])
             .map_err(|e| CellError::io("signalling the cell", e))
@@ -346,6 +348,10 @@ fn start_and_supervise(
             let result = match recorded {
                 Ok(run_id) => {
                     supervision.observed.run_id = run_id;
+                    if let Some(cpus) = &payload_cpus {
+                        // The payload gets the caller's CPUs back (see run_setup_elsewhere).
+                        let _ = sys::set_affinity(supervision.pid, cpus);
+                    }
                     supervision.start_payload();
                     // Cells of supervisors that died must not keep running or holding
                     // resources; reaped while the payload runs, off the start's path.
@@ -440,7 +446,7 @@ impl SpawnedCell {
 /// network namespace and root while the supervisor prepares the release and the audit
 /// record is written; some schedulers (this project's VM packs tasks onto one vCPU) would
 /// otherwise run the freshly cloned cell only when the supervisor blocks. Best effort: the
-/// cell restores `cpus` before it starts the payload.
+/// supervisor gives the cell `cpus` back before it starts the payload.
 fn run_setup_elsewhere(cell: libc::pid_t, cpus: &sys::CpuSet) {
     let here = sys::current_cpu();
     let others: Vec<usize> = cpus
@@ -460,6 +466,7 @@ fn spawn_cell(
     plan: &CellPlan,
     env: &[CString],
     options: &mut RunOptions<'_>,
+    payload_cpus: Option<&sys::CpuSet>,
 ) -> Result<SpawnedCell, CellError> {
     let pipes = open_pipes(options.stdin.take())?;
     if sys::geteuid() == 0 {
@@ -467,7 +474,6 @@ fn spawn_cell(
         sys::clear_supplementary_groups().map_err(|e| CellError::io("setgroups", e))?;
     }
     let has_artifacts = options.artifacts.is_some() && !plan.output_allowlist.is_empty();
-    let payload_cpus = sys::allowed_cpus().ok();
     let Pipes {
         stdout_read,
         stdout_write,
@@ -491,12 +497,11 @@ fn spawn_cell(
                 stdout: stdout_write,
                 stderr: stderr_write,
                 has_artifacts,
-                payload_cpus,
             })
         }
         // The cell's ends close here, or the pipes would never report EOF.
         Ok(sys::CloneOutcome::Parent { pid, pidfd }) => {
-            if let Some(cpus) = &payload_cpus {
+            if let Some(cpus) = payload_cpus {
                 run_setup_elsewhere(pid, cpus);
             }
             Ok(SpawnedCell {

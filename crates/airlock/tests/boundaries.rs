@@ -1554,3 +1554,64 @@ call('abstract-connect', attempt)
     assert_eq!(run.code(), 0, "{d}");
     assert_blocked(&run, &["abstract-connect"]);
 }
+
+// 15 --------------------------------------------------------------------------------------
+
+#[test]
+fn proc_masks_and_read_only_paths_of_docker_apply() {
+    require_cells!();
+    // Docker's masked /proc files read empty (and are mount points, so no other path
+    // leads to their content); its read-only /proc paths are read-only mounts.
+    let probe = r#"
+import os
+mounts = {}
+for line in open("/proc/self/mountinfo"):
+    fields = line.split()
+    mounts[fields[4]] = fields[5].split(",")
+for name in ["interrupts", "kcore", "keys", "latency_stats", "sched_debug", "timer_list", "timer_stats"]:
+    path = "/proc/" + name
+    if not os.path.exists(path):
+        print(f"{name}: absent")
+        continue
+    with open(path, "rb") as f:
+        data = f.read(4096)
+    masked = path in mounts
+    print(f"{name}: " + ("masked" if masked and data == b"" else f"EXPOSED masked={masked} bytes={len(data)}"))
+for name in ["acpi", "asound", "scsi"]:
+    path = "/proc/" + name
+    if os.path.isdir(path):
+        print(f"{name}: " + ("masked" if os.listdir(path) == [] and path in mounts else "EXPOSED " + str(os.listdir(path)[:3])))
+for name in ["bus", "fs", "irq", "sys", "sysrq-trigger"]:
+    path = "/proc/" + name
+    if os.path.exists(path):
+        print(f"{name}: " + ("read-only" if "ro" in mounts.get(path, []) else "WRITABLE " + str(mounts.get(path))))
+"#;
+    let run = py(probe);
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    let out = run.stdout();
+    assert!(!out.contains("EXPOSED") && !out.contains("WRITABLE"), "{d}");
+    // Every path this kernel has must have been checked (so the test cannot pass by
+    // finding nothing), and /proc/interrupts and /proc/sys exist on every kernel.
+    let expected = [
+        ("interrupts", "masked"),
+        ("kcore", "masked"),
+        ("keys", "masked"),
+        ("timer_list", "masked"),
+        ("sched_debug", "masked"),
+        ("acpi", "masked"),
+        ("bus", "read-only"),
+        ("sys", "read-only"),
+        ("sysrq-trigger", "read-only"),
+    ];
+    for (name, state) in expected {
+        if Path::new("/proc").join(name).exists() {
+            let line = format!("{name}: {state}");
+            assert!(out.lines().any(|l| l == line), "missing {line:?}: {d}");
+        }
+    }
+    assert!(out.lines().any(|l| l == "interrupts: masked"), "{d}");
+    assert!(out.lines().any(|l| l == "sys: read-only"), "{d}");
+    // On the host the same file has content: the mask is what hides it.
+    assert!(!std::fs::read_to_string("/proc/interrupts").unwrap().is_empty());
+}

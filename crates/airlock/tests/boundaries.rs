@@ -1613,5 +1613,7 @@ for name in ["bus", "fs", "irq", "sys", "sysrq-trigger"]:
     assert!(out.lines().any(|l| l == "interrupts: masked"), "{d}");
     assert!(out.lines().any(|l| l == "sys: read-only"), "{d}");
     // On the host the same file has content: the mask is what hides it.
-    assert!(!std::fs::read_to_string("/proc/interrupts").unwrap().is_empty());
+    assert!(!std::fs::read_to_string("/proc/interrupts")
+        .unwrap()
+        .is_empty());
 }

@@ -107,7 +107,10 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
     sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
     // The supervisor may already be gone (the death signal only covers later deaths):
     // waiting for its go-ahead settles it - EOF means it died.
-    wait_for(setup, protocol::MAPPED)?;
+    let devices = receive_mounts(setup, protocol::MAX_RELEASE_FDS, |message| {
+        protocol::decode_mapped(message).map(|wire| ((), wire))
+    })?
+    .1;
     sys::set_ids(plan.identity.uid, plan.identity.gid).map_err(|e| Stage::errno("identity", e))?;
     // Changing ids clears the parent-death signal: set it again, then make sure the
     // supervisor did not die in between (its end of the socket would have hung up).
@@ -123,22 +126,9 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
     }
     // Built while the supervisor writes the audit record; nothing of the payload runs
     // before the release below.
-    rootfs::build_skeleton(plan)?;
-    // Sized to the message: a fixed 64 KiB buffer would fault in 16 fresh pages.
-    let length = match sys::next_message_len(setup.sync.as_fd()) {
-        Ok(n) if n > 0 => n,
-        _ => sys::exit_now(125),
-    };
-    let mut message = vec![0u8; length];
+    rootfs::build_skeleton(plan, devices)?;
     let (program, mounts) =
-        match sys::recv_with_fds(setup.sync.as_fd(), &mut message, protocol::MAX_RELEASE_FDS) {
-            Ok((n, fds)) if n > 0 => match protocol::decode_release(&message[..n], fds) {
-                Some((program, wire, fds)) => (program, rootfs::from_wire(wire, fds)?),
-                None => return Err(Stage::new("release", "malformed release message".into())),
-            },
-            _ => sys::exit_now(125),
-        };
-    drop(message);
+        receive_mounts(setup, protocol::MAX_RELEASE_FDS, protocol::decode_release)?;
     // The supervisor has placed us in the cell cgroup; make it our cgroup root.
     sys::unshare(libc::CLONE_NEWCGROUP).map_err(|e| Stage::errno("cgroup_namespace", e))?;
     rootfs::finish(plan, mounts)?;
@@ -157,6 +147,32 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
     sys::cloexec_from_3().map_err(|e| Stage::errno("close_fds", e))?;
     sys::install_seccomp_filter(&program).map_err(|e| Stage::errno("seccomp", e))?;
     Ok(())
+}
+
+/// Receives a supervisor message that carries mount trees and decodes it with `decode`
+/// (`None`: malformed). EOF, the supervisor's death, ends the cell quietly.
+fn receive_mounts<T>(
+    setup: &ChildSetup<'_>,
+    max_fds: usize,
+    decode: impl FnOnce(&[u8]) -> Option<(T, Vec<rootfs::PreparedWire>)>,
+) -> Result<(T, Vec<rootfs::Prepared>), Stage> {
+    // Sized to the message: a fixed 64 KiB buffer would fault in 16 fresh pages.
+    let length = match sys::next_message_len(setup.sync.as_fd()) {
+        Ok(n) if n > 0 => n,
+        _ => sys::exit_now(125),
+    };
+    let mut message = vec![0u8; length];
+    let (n, fds) = match sys::recv_with_fds(setup.sync.as_fd(), &mut message, max_fds) {
+        Ok((n, fds)) if n > 0 => (n, fds),
+        _ => sys::exit_now(125),
+    };
+    let Some((decoded, wire)) = decode(&message[..n]) else {
+        return Err(Stage::new(
+            "sync",
+            format!("malformed message {:?}", message[0] as char),
+        ));
+    };
+    Ok((decoded, rootfs::from_wire(wire, fds)?))
 }
 
 /// Blocks until the supervisor sends `kind`; its death (EOF) ends the cell quietly.

@@ -5,6 +5,23 @@ use crate::rootfs::{self, Prepared, PreparedWire};
 use serde::{Deserialize, Serialize};
 use std::os::fd::OwnedFd;
 
+/// `[MAPPED][device nodes: JSON]`, the device trees as SCM_RIGHTS.
+pub fn encode_mapped(devices: Vec<Prepared>) -> (Vec<u8>, Vec<OwnedFd>) {
+    let (wire, fds) = rootfs::to_wire(devices);
+    let mut message = vec![MAPPED];
+    message.extend_from_slice(&serde_json::to_vec(&wire).unwrap_or_default());
+    (message, fds)
+}
+
+/// The inverse of [`encode_mapped`]; `None` for a malformed message.
+pub fn decode_mapped(message: &[u8]) -> Option<Vec<PreparedWire>> {
+    let (&kind, rest) = message.split_first()?;
+    if kind != MAPPED {
+        return None;
+    }
+    serde_json::from_slice(rest).ok()
+}
+
 /// `[GO][program length: u32 LE][program: 8 bytes per instruction][mounts: JSON]`
 pub fn encode_release(
     program: &[libc::sock_filter],
@@ -23,10 +40,7 @@ pub fn encode_release(
 }
 
 /// The inverse of [`encode_release`]; `None` for a malformed message.
-pub fn decode_release(
-    message: &[u8],
-    fds: Vec<OwnedFd>,
-) -> Option<(Vec<libc::sock_filter>, Vec<PreparedWire>, Vec<OwnedFd>)> {
+pub fn decode_release(message: &[u8]) -> Option<(Vec<libc::sock_filter>, Vec<PreparedWire>)> {
     let (&kind, rest) = message.split_first()?;
     if kind != GO || rest.len() < 4 {
         return None;
@@ -43,11 +57,11 @@ pub fn decode_release(
         })
         .collect();
     let wire = serde_json::from_slice(&rest[4 + count * 8..]).ok()?;
-    Some((program, wire, fds))
+    Some((program, wire))
 }
 
 /// Supervisor -> cell: the user namespace maps are written; the cell may build the parts
-/// of its root it creates itself.
+/// of its root it creates itself. The message carries the device nodes.
 pub const MAPPED: u8 = b'M';
 /// Supervisor -> cell: cgroup joined; finish the setup (root, privileges, Landlock,
 /// seccomp). The message carries the seccomp program and the mount plan, the mount trees

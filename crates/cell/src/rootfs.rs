@@ -176,21 +176,29 @@ pub fn prepare_sources(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
             true,
         )?);
     }
-    for node in DEVICE_NODES {
-        let host = Path::new("/dev").join(node);
-        // Device nodes must not be nodev, and read-only would not stop writes to them
-        // anyway; nosuid+noexec is what applies.
-        let source = restricted_clone(
-            &host,
-            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
-            false,
-        )?;
-        prepared.push(Prepared {
-            target: host,
-            source,
-        });
-    }
     Ok(prepared)
+}
+
+/// The host's device nodes for the cell's `/dev`, cloned by the supervisor. They travel
+/// with the id maps, so the cell can mask `/proc` (with `/dev/null`) before the release.
+pub fn prepare_devices() -> Result<Vec<Prepared>, Stage> {
+    DEVICE_NODES
+        .iter()
+        .map(|node| {
+            let host = Path::new("/dev").join(node);
+            // Device nodes must not be nodev, and read-only would not stop writes to them
+            // anyway; nosuid+noexec is what applies.
+            let source = restricted_clone(
+                &host,
+                sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+                false,
+            )?;
+            Ok(Prepared {
+                target: host,
+                source,
+            })
+        })
+        .collect()
 }
 
 /// Creates `path` and missing parents. Tries the leaf first: parents usually exist, and
@@ -384,9 +392,10 @@ fn restrict_proc() -> Result<(), Stage> {
 }
 
 /// First half, run as soon as the id maps exist (while the supervisor still writes the
-/// audit record): everything the cell creates itself - the staging tmpfs, `/dev` without
-/// its nodes, the generated `/etc`, a fresh `/proc` and the writable tmpfs mounts.
-pub fn build_skeleton(plan: &CellPlan) -> Result<(), Stage> {
+/// audit record): everything the cell creates itself - the staging tmpfs, `/dev` with the
+/// host's device nodes (`devices`, from the supervisor), the generated `/etc`, a fresh
+/// `/proc` with Docker's masks and the writable tmpfs mounts.
+pub fn build_skeleton(plan: &CellPlan, devices: Vec<Prepared>) -> Result<(), Stage> {
     // Nothing we mount may propagate back to the host, and host mounts must not appear later.
     sys::mount(
         None,
@@ -404,6 +413,9 @@ pub fn build_skeleton(plan: &CellPlan) -> Result<(), Stage> {
         libc::MS_NOSUID | libc::MS_NODEV,
     )?;
     build_dev()?;
+    for device in devices {
+        place(device)?;
+    }
     write_etc(plan)?;
     if matches!(plan.network, NetworkPlan::Allowlist { .. }) {
         // Placeholder so that tools which read resolv.conf fail fast instead of timing out.
@@ -413,6 +425,7 @@ pub fn build_skeleton(plan: &CellPlan) -> Result<(), Stage> {
         )?;
     }
     mount_proc()?;
+    restrict_proc()?;
     for mount in &plan.mounts {
         if let MountPlan::WritableTmpfs { target, size_bytes } = mount {
             let at = staged(target);
@@ -430,15 +443,13 @@ pub fn build_skeleton(plan: &CellPlan) -> Result<(), Stage> {
 }
 
 /// Second half, after release: attaches the supervisor's mount trees (system dirs,
-/// inputs, `/etc` entries, device nodes), masks `/proc`, pivots into the new root and
-/// detaches the host's. On return `/` is the cell's root and the working directory is
+/// inputs, `/etc` entries), pivots into the new root and detaches the host's. On return `/` is the cell's root and the working directory is
 /// the plan's `workdir`.
 pub fn finish(plan: &CellPlan, prepared: Vec<Prepared>) -> Result<(), Stage> {
     let staging = Path::new(STAGING);
     for item in prepared {
         place(item)?;
     }
-    restrict_proc()?;
     std::env::set_current_dir(staging)
         .map_err(|e| Stage::io("rootfs.chdir_staging", staging, e))?;
     sys::pivot_root_to_cwd().map_err(|e| Stage::io("rootfs.pivot_root", staging, e))?;

@@ -283,10 +283,17 @@ fn start_and_supervise(
     // The CPUs the payload may use: the supervisor's own.
     let payload_cpus = sys::allowed_cpus().ok();
     let cell = spawn_cell(plan, &env, options, payload_cpus.as_ref())?;
-    let mapped = write_id_maps(cell.pid, plan).and_then(|_| {
-        sys::send_with_fds(cell.sync.as_fd(), &[protocol::MAPPED], &[])
-            .map_err(|e| CellError::io("signalling the cell", e))
-    });
+    // The device nodes go with the maps: the cell builds /dev and masks /proc with them
+    // before the release.
+    let mapped = rootfs::prepare_devices()
+        .map_err(launch_error)
+        .and_then(|devices| {
+            write_id_maps(cell.pid, plan)?;
+            let (message, fds) = protocol::encode_mapped(devices);
+            let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            sys::send_with_fds(cell.sync.as_fd(), &message, &raw)
+                .map_err(|e| CellError::io("signalling the cell", e))
+        });
     if let Err(err) = mapped {
         cell.kill();
         return Err(err);

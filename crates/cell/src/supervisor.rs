@@ -283,6 +283,10 @@ fn start_and_supervise(
     // The CPUs the payload may use: the supervisor's own.
     let payload_cpus = sys::allowed_cpus().ok();
     let cell = spawn_cell(plan, &env, options, payload_cpus.as_ref())?;
+    // A reference to the cell's mount namespace: pid 1's exit then does not unmount the
+    // cell's ~30 mounts (an RCU grace period among them) before the supervisor learns of
+    // it; that happens when this reference is dropped, off the result's path.
+    let cell_mounts = std::fs::File::open(format!("/proc/{}/ns/mnt", cell.pid)).ok();
     // The device nodes go with the maps: the cell builds /dev and masks /proc with them
     // before the release.
     let mapped = rootfs::prepare_devices()
@@ -379,6 +383,14 @@ fn start_and_supervise(
         // as a refused run and must not become a panic of the supervisor.
         if let Some(thread) = hook_thread {
             let _ = thread.join();
+        }
+        // Every process of the cell is gone; its mounts go with this last reference, on a
+        // thread of its own while the caller records the result. Should the process exit
+        // first, the kernel drops the reference then.
+        if let Some(mounts) = cell_mounts {
+            let _ = std::thread::Builder::new()
+                .name("cell-mounts".into())
+                .spawn(move || drop(mounts));
         }
         outcome
     })

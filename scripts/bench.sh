@@ -52,6 +52,10 @@ for r in results:
           f"x{r['median']/airlock:5.2f} of airlock  {r['command'][:90]}")
 PY
 
+echo "== the same commands interleaved (one of each per round; $RUNS rounds)"
+# Docker is left out here: at ~250 ms a run it would dominate the rounds.
+scripts/interleaved.py "$RUNS" "${cmds[@]:0:6}"
+
 echo "== in-run milestones (airlock's own result record, median of 200 runs, ms since process start)"
 for i in $(seq 1 200); do
   $AIRLOCK run --state-dir "$STATE" --result "$OUT/r.json" -- /bin/true

@@ -67,9 +67,9 @@ pub struct ExitInfo {
 
 #[derive(Debug, Default, Clone, Copy, Serialize)]
 pub struct Timings {
-    /// Milestones of the start, each in ms from the start of `run`: the cell was cloned,
-    /// its seccomp program, mount trees and cgroup were ready, the audit record was
-    /// written, the cell was released.
+    /// Milestones of the start, each in ms from the start of `run`: the cell was cloned
+    /// (its cgroup created before, joined after), its seccomp program and mount trees
+    /// were ready, the audit record was written, the cell was released.
     pub spawned_ms: f64,
     pub prepared_ms: f64,
     pub recorded_ms: f64,

@@ -278,11 +278,20 @@ fn start_and_supervise(
         });
     }
     let env = cell_environment(plan, options.credentials)?;
-    // The cell is cloned first: while it creates its network namespace (the costliest
+    // The cgroup and its limits exist before the cell does: after the clone only the join
+    // is left, and the cell can be released sooner.
+    let cgroup = CellCgroup::create(&layout, &cgroup_name(), &plan.limits)?;
+    // The cell is cloned next: while it creates its network namespace (the costliest
     // step of a cell start), the supervisor prepares what the release message carries.
     // The CPUs the payload may use: the supervisor's own.
     let payload_cpus = sys::allowed_cpus().ok();
-    let cell = spawn_cell(plan, &env, options, payload_cpus.as_ref())?;
+    let cell = match spawn_cell(plan, &env, options, payload_cpus.as_ref()) {
+        Ok(cell) => cell,
+        Err(err) => {
+            cgroup.destroy();
+            return Err(err);
+        }
+    };
     // A reference to the cell's mount namespace: pid 1's exit then does not unmount the
     // cell's ~30 mounts (an RCU grace period among them) before the supervisor learns of
     // it; that happens when this reference is dropped, off the result's path.
@@ -297,18 +306,19 @@ fn start_and_supervise(
             let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
             sys::send_with_fds(cell.sync.as_fd(), &message, &raw)
                 .map_err(|e| CellError::io("signalling the cell", e))
-        });
+        })
+        // The cell joins its cgroup now; it only runs airlock's setup until the release.
+        .and_then(|_| cgroup.add_process(cell.pid));
     if let Err(err) = mapped {
         cell.kill();
+        cgroup.destroy();
         return Err(err);
     }
     let spawned_ms = ms_since(options.started);
-    // Three things now overlap: the cell builds its network namespace, the caller's
-    // hook writes the audit record (on a helper thread; the clone is done, so threads are
-    // fine from here on), and this thread compiles the filter, clones the mount trees and
-    // creates the cgroup.
+    // Three things now overlap: the cell builds its network namespace and root, the
+    // caller's hook writes the audit record (on a helper thread; the clone is done, so
+    // threads are fine from here on), and this thread clones the host's mount trees.
     let started = options.started;
-    let cell_pid = cell.pid;
     let hook = options.before_release.take();
     std::thread::scope(|scope| {
         // The hook's result comes back over a channel rather than through `join`, so the
@@ -327,19 +337,14 @@ fn start_and_supervise(
         let outcome = (|| {
             let prepared = seccomp_program(plan).and_then(|program| {
                 let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
-                let cgroup = CellCgroup::create(&layout, &cgroup_name(), &plan.limits)?;
-                // The cell joins its cgroup now; it only runs airlock's setup until release.
-                if let Err(err) = cgroup.add_process(cell_pid) {
-                    cgroup.destroy();
-                    return Err(err);
-                }
-                Ok((Release { program, mounts }, cgroup))
+                Ok(Release { program, mounts })
             });
             let prepared_ms = ms_since(started);
-            let (release_message, cgroup) = match prepared {
+            let release_message = match prepared {
                 Ok(prepared) => prepared,
                 Err(err) => {
                     cell.kill();
+                    cgroup.destroy();
                     return Err(err);
                 }
             };

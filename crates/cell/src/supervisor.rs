@@ -296,28 +296,10 @@ fn start_and_supervise(
     // cell's ~30 mounts (an RCU grace period among them) before the supervisor learns of
     // it; that happens when this reference is dropped, off the result's path.
     let cell_mounts = std::fs::File::open(format!("/proc/{}/ns/mnt", cell.pid)).ok();
-    // The device nodes go with the maps: the cell builds /dev and masks /proc with them
-    // before the release.
-    let mapped = rootfs::prepare_devices()
-        .map_err(launch_error)
-        .and_then(|devices| {
-            write_id_maps(cell.pid, plan)?;
-            let (message, fds) = protocol::encode_mapped(devices);
-            let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-            sys::send_with_fds(cell.sync.as_fd(), &message, &raw)
-                .map_err(|e| CellError::io("signalling the cell", e))
-        })
-        // The cell joins its cgroup now; it only runs airlock's setup until the release.
-        .and_then(|_| cgroup.add_process(cell.pid));
-    if let Err(err) = mapped {
-        cell.kill();
-        cgroup.destroy();
-        return Err(err);
-    }
-    let spawned_ms = ms_since(options.started);
     // Three things now overlap: the cell builds its network namespace and root, the
-    // caller's hook writes the audit record (on a helper thread; the clone is done, so
-    // threads are fine from here on), and this thread clones the host's mount trees.
+    // caller's hook writes the audit record (on a helper thread, started right away; the
+    // clone is done, so threads are fine from here on), and this thread sends the id maps
+    // and device nodes, joins the cgroup and clones the host's mount trees.
     let started = options.started;
     let hook = options.before_release.take();
     std::thread::scope(|scope| {
@@ -335,6 +317,25 @@ fn start_and_supervise(
             None => (None, None),
         };
         let outcome = (|| {
+            // The device nodes go with the maps: the cell builds /dev and masks /proc with them
+            // before the release.
+            let mapped = rootfs::prepare_devices()
+                .map_err(launch_error)
+                .and_then(|devices| {
+                    write_id_maps(cell.pid, plan)?;
+                    let (message, fds) = protocol::encode_mapped(devices);
+                    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+                    sys::send_with_fds(cell.sync.as_fd(), &message, &raw)
+                        .map_err(|e| CellError::io("signalling the cell", e))
+                })
+                // The cell joins its cgroup now; it only runs airlock's setup until the release.
+                .and_then(|_| cgroup.add_process(cell.pid));
+            if let Err(err) = mapped {
+                cell.kill();
+                cgroup.destroy();
+                return Err(err);
+            }
+            let spawned_ms = ms_since(started);
             let prepared = seccomp_program(plan).and_then(|program| {
                 let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
                 Ok(Release { program, mounts })

@@ -443,8 +443,8 @@ pub fn build_skeleton(plan: &CellPlan, devices: Vec<Prepared>) -> Result<(), Sta
 }
 
 /// Second half, after release: attaches the supervisor's mount trees (system dirs,
-/// inputs, `/etc` entries), pivots into the new root and detaches the host's. On return `/` is the cell's root and the working directory is
-/// the plan's `workdir`.
+/// inputs, `/etc` entries), pivots into the new root and detaches the host's. On return
+/// `/` is the cell's root and the working directory is the plan's `workdir`.
 pub fn finish(plan: &CellPlan, prepared: Vec<Prepared>) -> Result<(), Stage> {
     let staging = Path::new(STAGING);
     for item in prepared {

@@ -412,11 +412,8 @@ fn finish_run(
 ) -> Result<RunReport, CellError> {
     // Whatever happened, nothing of the cell may outlive this function.
     let teardown_started = Instant::now();
-    // Usually pid 1's exit already emptied the cgroup; freezing (v1) is costly, so only
-    // kill when something is left.
-    if !cgroup.pids().is_empty() {
-        let _ = cgroup.kill_all();
-    }
+    // Usually pid 1's exit already emptied the cgroup; `wait_empty` only kills (and on v1
+    // freezes, which is costly) when something is left.
     let emptied = cgroup.wait_empty(Duration::from_secs(5));
     let usage_counters = cgroup.usage();
     let mut leftovers: Vec<String> = Vec::new();

@@ -40,8 +40,7 @@ pub async fn handle(
         Some(HeadRead::Complete(len)) => len,
         Some(HeadRead::Nothing) | None => return,
         Some(HeadRead::Refused(code)) => {
-            refuse(&mut client, code).await;
-            attempt.deny(&shared, code);
+            refuse_and_record(&shared, &mut client, attempt, code).await;
             return;
         }
     };
@@ -49,8 +48,7 @@ pub async fn handle(
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     if !matches!(req.parse(&buf[..head]), Ok(httparse::Status::Complete(_))) {
-        refuse(&mut client, reason::BAD_REQUEST).await;
-        attempt.deny(&shared, reason::BAD_REQUEST);
+        refuse_and_record(&shared, &mut client, attempt, reason::BAD_REQUEST).await;
         return;
     }
     let method = req.method.unwrap_or("");
@@ -60,14 +58,12 @@ pub async fn handle(
     if method.eq_ignore_ascii_case("CONNECT") {
         attempt.protocol = "connect";
         let Some((host, port)) = split_authority(target, None) else {
-            refuse(&mut client, reason::BAD_REQUEST).await;
-            attempt.deny(&shared, reason::BAD_REQUEST);
+            refuse_and_record(&shared, &mut client, attempt, reason::BAD_REQUEST).await;
             return;
         };
         attempt.target(&host, port);
         if over_limit {
-            refuse(&mut client, reason::LIMIT).await;
-            attempt.deny(&shared, reason::LIMIT);
+            refuse_and_record(&shared, &mut client, attempt, reason::LIMIT).await;
             return;
         }
         let leftover = buf[head..].to_vec();
@@ -78,13 +74,11 @@ pub async fn handle(
 
     // Absolute-form only: a proxy never serves origin-form requests itself.
     let Some((authority, path)) = split_absolute_http(target) else {
-        refuse(&mut client, reason::BAD_REQUEST).await;
-        attempt.deny(&shared, reason::BAD_REQUEST);
+        refuse_and_record(&shared, &mut client, attempt, reason::BAD_REQUEST).await;
         return;
     };
     let Some((host, port)) = split_authority(authority, Some(80)) else {
-        refuse(&mut client, reason::BAD_REQUEST).await;
-        attempt.deny(&shared, reason::BAD_REQUEST);
+        refuse_and_record(&shared, &mut client, attempt, reason::BAD_REQUEST).await;
         return;
     };
     attempt.target(&host, port);
@@ -99,14 +93,12 @@ pub async fn handle(
     ) {
         Ok(r) => r,
         Err(code) => {
-            refuse(&mut client, code).await;
-            attempt.deny(&shared, code);
+            refuse_and_record(&shared, &mut client, attempt, code).await;
             return;
         }
     };
     if over_limit {
-        refuse(&mut client, reason::LIMIT).await;
-        attempt.deny(&shared, reason::LIMIT);
+        refuse_and_record(&shared, &mut client, attempt, reason::LIMIT).await;
         return;
     }
     let leftover = buf[head..].to_vec();
@@ -116,21 +108,18 @@ pub async fn handle(
         Ok(o) => o,
         Err(refusal) => {
             attempt.address = refusal.address;
-            refuse(&mut client, refusal.reason).await;
-            attempt.deny(&shared, refusal.reason);
+            refuse_and_record(&shared, &mut client, attempt, refusal.reason).await;
             return;
         }
     };
     attempt.address = opened.address;
     let traffic = Traffic::default();
     if !shared.consume(request.head.len()) {
-        refuse(&mut client, reason::LIMIT).await;
-        attempt.deny(&shared, reason::LIMIT);
+        refuse_and_record(&shared, &mut client, attempt, reason::LIMIT).await;
         return;
     }
     if opened.stream.write_all(&request.head).await.is_err() {
-        refuse(&mut client, reason::UPSTREAM_FAILED).await;
-        attempt.deny(&shared, reason::UPSTREAM_FAILED);
+        refuse_and_record(&shared, &mut client, attempt, reason::UPSTREAM_FAILED).await;
         return;
     }
     traffic.up.fetch_add(
@@ -168,8 +157,7 @@ async fn connect_tunnel(
         Ok(o) => o,
         Err(refusal) => {
             attempt.address = refusal.address;
-            refuse(&mut client, refusal.reason).await;
-            attempt.deny(shared, refusal.reason);
+            refuse_and_record(shared, &mut client, attempt, refusal.reason).await;
             return;
         }
     };
@@ -371,6 +359,17 @@ fn check_and_rewrite(
 
 /// Answer a refused request: status, `X-Airlock-Reason`, and the code as the body. No
 /// upstream detail is ever included.
+/// Answers the client with the refusal `code` and records the attempt as denied by it.
+async fn refuse_and_record(
+    shared: &SharedState,
+    client: &mut TcpStream,
+    attempt: Attempt,
+    code: &'static str,
+) {
+    refuse(client, code).await;
+    attempt.deny(shared, code);
+}
+
 pub async fn refuse(client: &mut TcpStream, code: &'static str) {
     let status = match code {
         reason::UPSTREAM_FAILED | reason::RESOLVE_FAILED => "502 Bad Gateway",

@@ -1617,3 +1617,77 @@ for name in ["bus", "fs", "irq", "sys", "sysrq-trigger"]:
         .unwrap()
         .is_empty());
 }
+
+// 16 --------------------------------------------------------------------------------------
+
+/// Deletes a host SysV shared memory segment when dropped.
+struct HostShm(i64);
+
+impl Drop for HostShm {
+    fn drop(&mut self) {
+        let _ = Command::new("python3")
+            .args([
+                "-c",
+                &format!(
+                    "import ctypes; ctypes.CDLL(None).shmctl({}, 0, None)",
+                    self.0
+                ),
+            ])
+            .status();
+    }
+}
+
+#[test]
+fn host_cgroups_ipc_and_securebits_stay_out_of_reach() {
+    require_cells!();
+    // A SysV shared memory segment on the host, under a key only this test knows.
+    let key: i64 = 0x4149_0000 | i64::from(std::process::id() & 0xffff);
+    let made = Command::new("python3")
+        .args([
+            "-c",
+            &format!("import ctypes; print(ctypes.CDLL(None).shmget({key}, 4096, 0o1600))"),
+        ])
+        .output()
+        .unwrap();
+    let shmid: i64 = String::from_utf8_lossy(&made.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(shmid >= 0, "host shmget failed");
+    let _shm = HostShm(shmid);
+    let probe = format!(
+        r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+# ipc namespace: the host's segment is neither listed nor reachable by key
+listed = any(line.split()[0] == "{key}" for line in open("/proc/sysvipc/shm").readlines()[1:])
+r = libc.shmget({key}, 0, 0); e = ctypes.get_errno()
+print("host-shm: " + ("REACHED" if listed or r >= 0 else f"hidden errno={{e}}"))
+# cgroup namespace: the cell's cgroups are its roots, the host's paths are not shown
+paths = [line.rstrip("\n").split(":", 2)[2] for line in open("/proc/self/cgroup")]
+print("cgroups: " + ("root" if paths and all(p == "/" for p in paths) else "LEAKED " + repr(paths)))
+# securebits: noroot, no_setuid_fixup, keep_caps locked, no_cap_ambient_raise, all locked
+bits = libc.prctl(27, 0, 0, 0, 0)
+print("securebits: " + ("locked" if bits == 0xef else f"WEAK {{bits:#x}}"))
+"#
+    );
+    let run = py(&probe);
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    let out = run.stdout();
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("host-shm: hidden errno=2")),
+        "{d}"
+    );
+    assert!(out.lines().any(|l| l == "cgroups: root"), "{d}");
+    assert!(out.lines().any(|l| l == "securebits: locked"), "{d}");
+    // The segment is there for the host, so the check above could have failed.
+    let seen = std::fs::read_to_string("/proc/sysvipc/shm").unwrap();
+    assert!(
+        seen.lines()
+            .skip(1)
+            .any(|l| l.split_whitespace().next() == Some(&key.to_string())),
+        "the host segment is missing on the host"
+    );
+}

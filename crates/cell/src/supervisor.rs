@@ -587,7 +587,7 @@ fn release_cell<'a>(
         plan,
         pid,
         pidfd,
-        sync,
+        sync: Some(sync),
         notify: Some(notify),
         stdout: Some(stdout),
         stderr: Some(stderr),
@@ -599,7 +599,6 @@ fn release_cell<'a>(
         deadline: Deadline::Pending(released_at + Duration::from_millis(plan.limits.wall_time_ms)),
         stream_output: options.stream_output,
         cgroup,
-        sync_closed: false,
     }
 }
 
@@ -607,7 +606,9 @@ struct Supervision<'a> {
     plan: &'a CellPlan,
     pid: libc::pid_t,
     pidfd: OwnedFd,
-    sync: OwnedFd,
+    /// `None` once the cell closed its end (pid 1 is exiting), like the pipes below: a
+    /// closed socket would make every poll return at once.
+    sync: Option<OwnedFd>,
     notify: Option<OwnedFd>,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
@@ -616,9 +617,6 @@ struct Supervision<'a> {
     deadline: Deadline,
     stream_output: bool,
     cgroup: &'a CellCgroup,
-    /// The cell closed its end of the sync socket (pid 1 is exiting). Polling a closed
-    /// socket returns at once, so it is left out of the poll set from then on.
-    sync_closed: bool,
 }
 
 /// A `poll` entry waiting for input on `fd` (negative fds are ignored by poll).
@@ -638,7 +636,9 @@ impl Supervision<'_> {
     /// The audit record exists: the cell may start its payload. A failed send means the
     /// cell already ended; the supervision loop reads why.
     fn start_payload(&self) {
-        let _ = sys::send_with_fds(self.sync.as_fd(), &[protocol::START], &[]);
+        if let Some(sync) = &self.sync {
+            let _ = sys::send_with_fds(sync.as_fd(), &[protocol::START], &[]);
+        }
     }
 
     /// Kills a released cell whose payload must not start, and reaps its pid 1.
@@ -657,11 +657,7 @@ impl Supervision<'_> {
                 poll_in(raw(&self.stdout)),
                 poll_in(raw(&self.stderr)),
                 poll_in(raw(&self.notify)),
-                poll_in(if self.sync_closed {
-                    -1
-                } else {
-                    self.sync.as_raw_fd()
-                }),
+                poll_in(raw(&self.sync)),
                 poll_in(self.pidfd.as_raw_fd()),
             ];
             sys::poll(&mut fds, timeout).map_err(|e| CellError::io("poll", e))?;
@@ -807,33 +803,24 @@ impl Supervision<'_> {
 
     fn read_message(&mut self, options: &mut RunOptions<'_>) -> Result<(), CellError> {
         // Cell messages are small JSON documents (a launch failure, the payload's end).
-        let length = match sys::next_message_len(self.sync.as_fd()) {
-            Ok(n) => n.max(1),
-            Err(_) => {
-                self.sync_closed = true;
-                return Ok(());
-            }
+        // EOF or a broken socket leaves `sync` at None: the cell is gone.
+        let Some(sync) = self.sync.take() else {
+            return Ok(());
+        };
+        let length = match sys::next_message_len(sync.as_fd()) {
+            Ok(n) if n > 0 => n,
+            _ => return Ok(()),
         };
         let mut buf = vec![0u8; length];
-        let (n, mut fds) = match sys::recv_with_fds(self.sync.as_fd(), &mut buf, 2) {
-            Ok(r) => r,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
-                ) =>
-            {
-                return Ok(())
-            }
-            Err(_) => {
-                self.sync_closed = true;
+        let (n, mut fds) = match sys::recv_with_fds(sync.as_fd(), &mut buf, 2) {
+            Ok((n, fds)) if n > 0 => (n, fds),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                self.sync = Some(sync);
                 return Ok(());
             }
+            _ => return Ok(()),
         };
-        if n == 0 {
-            self.sync_closed = true;
-            return Ok(());
-        }
+        self.sync = Some(sync);
         let body = &buf[1..n];
         match buf[0] {
             protocol::FAILED => {
@@ -860,7 +847,9 @@ impl Supervision<'_> {
                     .filter(|_| !self.plan.output_allowlist.is_empty())
                 {
                     self.observed.artifacts = artifacts::collect(self.pid, self.plan, request);
-                    let _ = sys::send_with_fds(self.sync.as_fd(), &[protocol::COLLECTED], &[]);
+                    if let Some(sync) = &self.sync {
+                        let _ = sys::send_with_fds(sync.as_fd(), &[protocol::COLLECTED], &[]);
+                    }
                 }
             }
             _ => {}

@@ -6,7 +6,7 @@ mod common;
 use common::CellRun;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const CONTRACT: &str = "\
 filesystem:
@@ -14,13 +14,20 @@ filesystem:
   output_allowlist: [output/report.txt, output/*.bin]
 ";
 
-/// Runs `script` under [`CONTRACT`] with `--output-dir <dir>/out` and extra arguments.
-fn run_script(dir: &Path, extra: &[&str], script: &str) -> CellRun {
-    let out = dir.join("out");
-    let out = out.to_str().unwrap();
-    let mut args = vec!["--output-dir", out];
+/// Runs `script` under [`CONTRACT`] in a fresh directory with `--output-dir <dir>/out`
+/// and extra arguments; returns the directory (kept alive), the output dir and the run.
+fn run_script(extra: &[&str], script: &str) -> (tempfile::TempDir, PathBuf, CellRun) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut args = vec!["--output-dir", out.to_str().unwrap()];
     args.extend_from_slice(extra);
-    common::run_in(dir, Some(CONTRACT), &args, &["/bin/sh", "-c", script])
+    let run = common::run_in(
+        dir.path(),
+        Some(CONTRACT),
+        &args,
+        &["/bin/sh", "-c", script],
+    );
+    (dir, out, run)
 }
 
 fn kept(run: &CellRun) -> Vec<Value> {
@@ -107,10 +114,7 @@ fn assert_nothing_kept(run: &CellRun, out: &Path) {
 #[test]
 fn declared_files_arrive_intact_with_their_sha256() {
     require_cells!();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let run = run_script(
-        dir.path(),
+    let (dir, out, run) = run_script(
         &[],
         "printf 'quarterly report\\nline two\\n' > /output/report.txt && \
          seq 1 20000 > /output/numbers.bin && \
@@ -173,10 +177,7 @@ fn declared_files_arrive_intact_with_their_sha256() {
 #[test]
 fn undeclared_file_is_rejected() {
     require_cells!();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let run = run_script(
-        dir.path(),
+    let (_dir, out, run) = run_script(
         &[],
         "echo ok > /output/report.txt; echo secret > /output/notes.txt; \
          mkdir /output/sub; echo nested > /output/sub/deep.bin",
@@ -191,10 +192,7 @@ fn undeclared_file_is_rejected() {
 #[test]
 fn symlink_at_a_declared_name_is_rejected() {
     require_cells!();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let run = run_script(
-        dir.path(),
+    let (_dir, out, run) = run_script(
         &[],
         "ln -s /etc/passwd /output/report.txt && ln -s /proc/1/environ /output/env.bin",
     );
@@ -207,10 +205,7 @@ fn symlink_at_a_declared_name_is_rejected() {
 #[test]
 fn hard_link_at_a_declared_name_is_rejected() {
     require_cells!();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let run = run_script(
-        dir.path(),
+    let (_dir, out, run) = run_script(
         &[],
         "echo secret > /output/hidden.txt && ln /output/hidden.txt /output/report.txt",
     );
@@ -223,9 +218,7 @@ fn hard_link_at_a_declared_name_is_rejected() {
 #[test]
 fn fifo_at_a_declared_name_is_rejected() {
     require_cells!();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let run = run_script(dir.path(), &[], "mkfifo /output/pipe.bin");
+    let (_dir, out, run) = run_script(&[], "mkfifo /output/pipe.bin");
     assert_eq!(run.status(), "ok", "{}", run.describe());
     assert_rejected(&run, &out, "/output/pipe.bin", "artifact.not_regular");
     assert_nothing_kept(&run, &out);
@@ -234,10 +227,7 @@ fn fifo_at_a_declared_name_is_rejected() {
 #[test]
 fn oversized_file_is_rejected_and_small_ones_still_kept() {
     require_cells!();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let run = run_script(
-        dir.path(),
+    let (_dir, out, run) = run_script(
         &["--max-artifact-bytes", "1000"],
         "head -c 1001 /dev/zero > /output/big.bin && head -c 1000 /dev/zero > /output/edge.bin",
     );
@@ -256,10 +246,7 @@ fn oversized_file_is_rejected_and_small_ones_still_kept() {
 #[test]
 fn every_bad_artifact_at_once_only_the_good_one_leaves() {
     require_cells!();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let run = run_script(
-        dir.path(),
+    let (_dir, out, run) = run_script(
         &["--max-artifact-bytes", "1000"],
         "echo fine > /output/report.txt; echo x > /output/undeclared.txt; \
          ln -s /etc/passwd /output/link.bin; echo s > /output/h.txt; ln /output/h.txt /output/hard.bin; \

@@ -232,8 +232,8 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     };
     let secrets = record::secrets_of(&plan, &credentials);
     // Fail closed: no audit record, no run. The store is opened and the record written
-    // while the freshly cloned cell builds its network namespace; the cell is only
-    // released once the record exists.
+    // while the released cell finishes its setup; its payload only starts once the
+    // record exists.
     let mut store = None;
     let mut handle = None;
     let mut audit_error = None;
@@ -248,7 +248,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         handle = Some(h);
         Ok(id)
     };
-    let mut record_before_release =
+    let mut record_before_start =
         || begin_record().inspect_err(|err: &String| audit_error = Some(err.clone()));
 
     let mut proxy = match &plan.network {
@@ -265,7 +265,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     let report = airlock_cell::run_cell(
         &plan,
         RunOptions {
-            before_release: Some(&mut record_before_release),
+            before_start: Some(&mut record_before_start),
             started,
             egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
             artifacts,

@@ -186,7 +186,7 @@ fn end_to_end() -> Result<String, String> {
     let report = crate::run_cell(
         &plan,
         crate::RunOptions {
-            before_release: None,
+            before_start: None,
             started: std::time::Instant::now(),
             egress: None,
             artifacts: None,

@@ -22,6 +22,6 @@ mod syscalls;
 
 pub use error::CellError;
 pub use supervisor::{
-    credential_env, run_cell, BeforeRelease, EgressSession, EgressSummary, RunOptions,
-    HOST_ID_BASE, TERM_GRACE,
+    credential_env, run_cell, BeforeStart, EgressSession, EgressSummary, RunOptions, HOST_ID_BASE,
+    TERM_GRACE,
 };

@@ -63,13 +63,13 @@ pub struct EgressSummary {
     pub metadata_probes: usize,
 }
 
-/// Called once the cell exists but before it is released. The CLI writes the audit
-/// record here, overlapping the write with the cell's own setup; an error refuses the run
-/// (the cell is killed before the payload could start).
-pub type BeforeRelease<'a> = &'a mut (dyn FnMut() -> Result<String, String> + Send);
+/// Called once the cell is released and before its payload starts. The CLI writes the
+/// audit record here, overlapping the write with the cell's own setup; an error refuses
+/// the run (the cell is killed before the payload could start).
+pub type BeforeStart<'a> = &'a mut dyn FnMut() -> Result<String, String>;
 
 pub struct RunOptions<'a> {
-    pub before_release: Option<BeforeRelease<'a>>,
+    pub before_start: Option<BeforeStart<'a>>,
     /// When the run started (the CLI passes its own start so startup covers everything).
     pub started: Instant,
     pub egress: Option<&'a mut dyn EgressSession>,
@@ -278,17 +278,17 @@ fn start_and_supervise(
         });
     }
     let env = cell_environment(plan, options.credentials)?;
-    // The cgroup and its limits exist before the cell does: after the clone only the join
-    // is left, and the cell can be released sooner.
-    let cgroup = CellCgroup::create(&layout, &cgroup_name(), &plan.limits)?;
     // The cell is cloned next: while it creates its network namespace (the costliest
     // step of a cell start), the supervisor prepares what the release message carries.
     // The CPUs the payload may use: the supervisor's own.
     let payload_cpus = sys::allowed_cpus().ok();
-    let cell = match spawn_cell(plan, &env, options, payload_cpus.as_ref()) {
-        Ok(cell) => cell,
+    let cell = spawn_cell(plan, &env, options, payload_cpus.as_ref())?;
+    // The cgroup is created while the cell builds its network namespace; the cell only
+    // runs airlock's setup until it has joined it.
+    let cgroup = match CellCgroup::create(&layout, &cgroup_name(), &plan.limits) {
+        Ok(cgroup) => cgroup,
         Err(err) => {
-            cgroup.destroy();
+            cell.kill();
             return Err(err);
         }
     };
@@ -296,110 +296,92 @@ fn start_and_supervise(
     // cell's ~30 mounts (an RCU grace period among them) before the supervisor learns of
     // it; that happens when this reference is dropped, off the result's path.
     let cell_mounts = std::fs::File::open(format!("/proc/{}/ns/mnt", cell.pid)).ok();
-    // Three things now overlap: the cell builds its network namespace and root, the
-    // caller's hook writes the audit record (on a helper thread, started right away; the
-    // clone is done, so threads are fine from here on), and this thread sends the id maps
-    // and device nodes, joins the cgroup and clones the host's mount trees.
     let started = options.started;
-    let hook = options.before_release.take();
-    std::thread::scope(|scope| {
-        // The hook's result comes back over a channel rather than through `join`, so the
-        // release does not also wait for the helper thread to exit.
-        let (recorded_channel, hook_thread) = match hook {
-            Some(hook) => {
-                let (sender, receiver) = std::sync::mpsc::sync_channel(1);
-                let thread = scope.spawn(move || {
-                    let result = hook();
-                    let _ = sender.send((result, ms_since(started)));
-                });
-                (Some(receiver), Some(thread))
-            }
-            None => (None, None),
-        };
-        let outcome = (|| {
-            // The device nodes go with the maps: the cell builds /dev and masks /proc with them
-            // before the release.
-            let mapped = rootfs::prepare_devices()
-                .map_err(launch_error)
-                .and_then(|devices| {
-                    write_id_maps(cell.pid, plan)?;
-                    let (message, fds) = protocol::encode_mapped(devices);
-                    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-                    sys::send_with_fds(cell.sync.as_fd(), &message, &raw)
-                        .map_err(|e| CellError::io("signalling the cell", e))
-                })
-                // The cell joins its cgroup now; it only runs airlock's setup until the release.
-                .and_then(|_| cgroup.add_process(cell.pid));
-            if let Err(err) = mapped {
+    let hook = options.before_start.take();
+    let outcome = (|| {
+        // The device nodes go with the maps: the cell builds /dev and masks /proc with them
+        // before the release.
+        let mapped = rootfs::prepare_devices()
+            .map_err(launch_error)
+            .and_then(|devices| {
+                write_id_maps(cell.pid, plan)?;
+                let (message, fds) = protocol::encode_mapped(devices);
+                let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+                sys::send_with_fds(cell.sync.as_fd(), &message, &raw)
+                    .map_err(|e| CellError::io("signalling the cell", e))
+            })
+            // The cell joins its cgroup now; it only runs airlock's setup until the release.
+            .and_then(|_| cgroup.add_process(cell.pid));
+        if let Err(err) = mapped {
+            cell.kill();
+            cgroup.destroy();
+            return Err(err);
+        }
+        let spawned_ms = ms_since(started);
+        let prepared = seccomp_program(plan).and_then(|program| {
+            let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
+            Ok(Release { program, mounts })
+        });
+        let prepared_ms = ms_since(started);
+        let release_message = match prepared {
+            Ok(prepared) => prepared,
+            Err(err) => {
                 cell.kill();
                 cgroup.destroy();
                 return Err(err);
             }
-            let spawned_ms = ms_since(started);
-            let prepared = seccomp_program(plan).and_then(|program| {
-                let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
-                Ok(Release { program, mounts })
-            });
-            let prepared_ms = ms_since(started);
-            let release_message = match prepared {
-                Ok(prepared) => prepared,
-                Err(err) => {
-                    cell.kill();
-                    cgroup.destroy();
-                    return Err(err);
+        };
+        // The cell finishes its setup (root, privileges, Landlock, seccomp) on its own
+        // CPU while this thread writes the audit record; only the payload's start
+        // waits for the record. The record comes after the release, not on a thread
+        // of its own started earlier: the two CPUs are then used by one task each,
+        // and the release is not delayed by the record's share of this CPU.
+        let mut supervision = release_cell(plan, options, cell, &cgroup, release_message);
+        let (recorded, recorded_ms) = match hook {
+            None => (Ok(String::new()), 0.0),
+            Some(hook) => (
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook))
+                    .unwrap_or_else(|_| Err("the audit hook panicked".to_string())),
+                ms_since(started),
+            ),
+        };
+        let milestones = StartMilestones {
+            spawned_ms,
+            recorded_ms,
+            prepared_ms,
+        };
+        let result = match recorded {
+            Ok(run_id) => {
+                supervision.observed.run_id = run_id;
+                if let Some(cpus) = &payload_cpus {
+                    // The payload gets the caller's CPUs back (see run_setup_elsewhere).
+                    let _ = sys::set_affinity(supervision.pid, cpus);
                 }
-            };
-            // The cell finishes its setup (root, privileges, Landlock, seccomp) while the
-            // audit record is completed; only the payload's start waits for the record.
-            let mut supervision = release_cell(plan, options, cell, &cgroup, release_message);
-            let (recorded, recorded_ms) = match recorded_channel.map(|r| r.recv()) {
-                None => (Ok(String::new()), 0.0),
-                Some(Ok(outcome)) => outcome,
-                Some(Err(_)) => (Err("the audit hook panicked".to_string()), 0.0),
-            };
-            let milestones = StartMilestones {
-                spawned_ms,
-                recorded_ms,
-                prepared_ms,
-            };
-            let result = match recorded {
-                Ok(run_id) => {
-                    supervision.observed.run_id = run_id;
-                    if let Some(cpus) = &payload_cpus {
-                        // The payload gets the caller's CPUs back (see run_setup_elsewhere).
-                        let _ = sys::set_affinity(supervision.pid, cpus);
-                    }
-                    supervision.start_payload();
-                    // Cells of supervisors that died must not keep running or holding
-                    // resources; reaped while the payload runs, off the start's path.
-                    let stale_cgroups_left = crate::cgroup::reap_leftovers(&layout);
-                    supervision
-                        .run(options)
-                        .map(|()| (supervision.observed, supervision.output, stale_cgroups_left))
-                }
-                Err(err) => {
-                    // No record, no payload: the cell never got START.
-                    supervision.kill_cell();
-                    Err(CellError::Refused(err))
-                }
-            };
-            finish_run(options, &layout, cgroup, result, milestones)
-        })();
-        // Joined here, not left to the scope: a panic of the hook was already reported
-        // as a refused run and must not become a panic of the supervisor.
-        if let Some(thread) = hook_thread {
-            let _ = thread.join();
-        }
-        // Every process of the cell is gone; its mounts go with this last reference, on a
-        // thread of its own while the caller records the result. Should the process exit
-        // first, the kernel drops the reference then.
-        if let Some(mounts) = cell_mounts {
-            let _ = std::thread::Builder::new()
-                .name("cell-mounts".into())
-                .spawn(move || drop(mounts));
-        }
-        outcome
-    })
+                supervision.start_payload();
+                // Cells of supervisors that died must not keep running or holding
+                // resources; reaped while the payload runs, off the start's path.
+                let stale_cgroups_left = crate::cgroup::reap_leftovers(&layout);
+                supervision
+                    .run(options)
+                    .map(|()| (supervision.observed, supervision.output, stale_cgroups_left))
+            }
+            Err(err) => {
+                // No record, no payload: the cell never got START.
+                supervision.kill_cell();
+                Err(CellError::Refused(err))
+            }
+        };
+        finish_run(options, &layout, cgroup, result, milestones)
+    })();
+    // Every process of the cell is gone; its mounts go with this last reference, on a
+    // thread of its own while the caller records the result. Should the process exit
+    // first, the kernel drops the reference then.
+    if let Some(mounts) = cell_mounts {
+        let _ = std::thread::Builder::new()
+            .name("cell-mounts".into())
+            .spawn(move || drop(mounts));
+    }
+    outcome
 }
 
 /// Tears the cell's cgroup down and turns what was observed into the report.

@@ -3,12 +3,13 @@
 //! uts namespaces, and becomes the cell's reaper once the payload is started.
 //!
 //! Order (DESIGN.md §3): network namespace, `lo` and hostname (overlapping with the
-//! supervisor's id-map writes) -> wait for the maps -> identity -> the root's own parts
-//! (tmpfs, /dev, /etc, /proc, writable paths; overlapping with the audit record) -> wait
-//! for the release (seccomp program + mount trees) -> cgroup namespace -> rootfs
-//! and pivot_root -> egress listeners -> setsid -> stdio -> rlimits ->
-//! capabilities and securebits -> no_new_privs -> Landlock -> close-on-exec for fds >= 3 ->
-//! seccomp (last) -> wait for START (the audit record exists; the setup above overlaps
+//! supervisor's id-map writes) -> wait for the maps -> identity -> new root tmpfs with a
+//! fresh /proc, pivot_root, and the old root's detaching started in the background ->
+//! the root's own parts (/dev, /etc, /proc masks, writable paths) -> wait for the release
+//! (seccomp program + mount trees) -> cgroup namespace -> the release's mounts -> egress
+//! listeners -> setsid -> stdio -> rlimits -> capabilities and securebits ->
+//! no_new_privs -> Landlock -> close-on-exec for fds >= 3 -> seccomp (last) -> the old
+//! root is detached -> wait for START (the audit record exists; the setup above overlaps
 //! its commit) -> spawn the payload (a vfork-style child that only execs).
 
 use crate::protocol::{self, LaunchFailure, PayloadEnded};
@@ -59,8 +60,16 @@ pub struct ChildSetup<'a> {
 
 /// Entry point of the cloned child. Never returns.
 pub fn run(setup: ChildSetup<'_>) -> ! {
-    if let Err(stage) = prepare(&setup) {
-        fail(&setup, stage);
+    let old_root_detach = match prepare(&setup) {
+        Ok(detach) => detach,
+        Err(stage) => fail(&setup, stage),
+    };
+    // The host's paths are gone before anything of the payload can run.
+    if let Err(err) = old_root_detach.wait() {
+        fail(
+            &setup,
+            Stage::io("rootfs.detach_old_root", Path::new("/"), err),
+        );
     }
     // Nothing of the payload runs before its audit record exists.
     if let Err(stage) = wait_for(&setup, protocol::START) {
@@ -95,7 +104,9 @@ fn send(sync: &OwnedFd, kind: u8, body: &[u8]) {
     let _ = sys::send_with_fds(sync.as_fd(), &message, &[]);
 }
 
-fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
+/// Everything up to seccomp. Returns the detaching of the host's root, which runs in the
+/// background meanwhile.
+fn prepare(setup: &ChildSetup<'_>) -> Result<sys::BackgroundDetach, Stage> {
     let plan = setup.plan;
     // If the supervisor dies from here on, so does the cell.
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
@@ -126,7 +137,7 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
     }
     // Built while the supervisor writes the audit record; nothing of the payload runs
     // before the release below.
-    rootfs::build_skeleton(plan, devices)?;
+    let old_root_detach = rootfs::build_skeleton(plan, devices)?;
     let (program, mounts) =
         receive_mounts(setup, protocol::MAX_RELEASE_FDS, protocol::decode_release)?;
     // The supervisor has placed us in the cell cgroup; make it our cgroup root.
@@ -146,7 +157,7 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(), Stage> {
     landlock_policy::restrict(plan)?;
     sys::cloexec_from_3().map_err(|e| Stage::errno("close_fds", e))?;
     sys::install_seccomp_filter(&program).map_err(|e| Stage::errno("seccomp", e))?;
-    Ok(())
+    Ok(old_root_detach)
 }
 
 /// Receives a supervisor message that carries mount trees and decodes it with `decode`

@@ -1,10 +1,11 @@
 //! Builds the cell's root filesystem inside its new mount namespace (runs in the cell's
 //! pid 1, before privileges are dropped).
 //!
-//! Sources are opened and cloned as detached mount trees by the supervisor *before* the
-//! cell exists, so the staging tmpfs (mounted over `/tmp` of the cell's private mount
-//! namespace) cannot hide an input that lives under the host's `/tmp`. Every clone is restricted (read-only, nosuid, nodev)
-//! with `mount_setattr(AT_RECURSIVE)`, which, unlike a bind remount, also covers submounts.
+//! Sources are cloned as detached mount trees by the supervisor, in the host's mount
+//! namespace, so the staging tmpfs (mounted over `/tmp` of the cell's private mount
+//! namespace, then pivoted into) cannot hide an input that lives under the host's `/tmp`.
+//! Every clone is restricted (read-only, nosuid, nodev) with `mount_setattr(AT_RECURSIVE)`,
+//! which, unlike a bind remount, also covers submounts.
 
 use crate::launcher::Stage;
 use crate::sys;
@@ -89,10 +90,6 @@ pub fn from_wire(wire: Vec<PreparedWire>, fds: Vec<OwnedFd>) -> Result<Vec<Prepa
             })
         })
         .collect()
-}
-
-fn staged(target: &Path) -> PathBuf {
-    Path::new(STAGING).join(target.strip_prefix("/").unwrap_or(target))
 }
 
 fn open_path(path: &Path, follow: bool) -> std::io::Result<File> {
@@ -238,21 +235,19 @@ fn mount_tmpfs(
 }
 
 fn place(item: Prepared) -> Result<(), Stage> {
-    let at = staged(&item.target);
+    let at = &item.target;
     if let Some(parent) = at.parent() {
         mkdirs(parent)?;
     }
     match item.source {
-        Source::Symlink(link) => {
-            symlink(&link, &at).map_err(|e| Stage::io("rootfs.symlink", &at, e))
-        }
+        Source::Symlink(link) => symlink(&link, at).map_err(|e| Stage::io("rootfs.symlink", at, e)),
         Source::Tree { fd, is_dir } => {
             if is_dir {
-                mkdirs(&at)?;
+                mkdirs(at)?;
             } else {
-                File::create(&at).map_err(|e| Stage::io("rootfs.mountpoint", &at, e))?;
+                File::create(at).map_err(|e| Stage::io("rootfs.mountpoint", at, e))?;
             }
-            sys::attach_mount(fd.as_fd(), &at).map_err(|e| Stage::io("rootfs.attach", &at, e))
+            sys::attach_mount(fd.as_fd(), at).map_err(|e| Stage::io("rootfs.attach", at, e))
         }
     }
 }
@@ -263,7 +258,7 @@ fn write_text(path: &Path, text: &str) -> Result<(), Stage> {
 
 /// The generated `/etc`: just enough for name lookups of the cell user and `localhost`.
 fn write_etc(plan: &CellPlan) -> Result<(), Stage> {
-    let etc = staged(Path::new("/etc"));
+    let etc = PathBuf::from("/etc");
     mkdirs(&etc)?;
     let (uid, gid) = (plan.identity.uid, plan.identity.gid);
     let home = plan.workdir.display();
@@ -289,7 +284,7 @@ fn write_etc(plan: &CellPlan) -> Result<(), Stage> {
 }
 
 fn build_dev() -> Result<(), Stage> {
-    let dev = staged(Path::new("/dev"));
+    let dev = PathBuf::from("/dev");
     mkdirs(&dev)?;
     mount_tmpfs(&dev, 64 * 1024, "0755", libc::MS_NOSUID | libc::MS_NOEXEC)?;
     for (name, target) in [
@@ -324,24 +319,11 @@ fn build_dev() -> Result<(), Stage> {
 
 const PROC_FLAGS: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
 
-fn mount_proc() -> Result<(), Stage> {
-    let proc_dir = staged(Path::new("/proc"));
-    mkdirs(&proc_dir)?;
-    sys::mount(
-        Some(Path::new("proc")),
-        &proc_dir,
-        Some(c"proc"),
-        PROC_FLAGS,
-        None,
-    )
-    .map_err(|e| Stage::io("rootfs.proc", &proc_dir, e))
-}
-
 /// Docker's masked and read-only `/proc` paths (needs `/dev/null` in place).
 fn restrict_proc() -> Result<(), Stage> {
-    let proc_dir = staged(Path::new("/proc"));
+    let proc_dir = PathBuf::from("/proc");
     let hidden = PROC_FLAGS;
-    let dev_null = staged(Path::new("/dev/null"));
+    let dev_null = PathBuf::from("/dev/null");
     let empty_dir = tmpfs_options(4096, "0555");
     let masks = PROC_MASKED_DIRS
         .iter()
@@ -392,10 +374,15 @@ fn restrict_proc() -> Result<(), Stage> {
 }
 
 /// First half, run as soon as the id maps exist (while the supervisor still writes the
-/// audit record): everything the cell creates itself - the staging tmpfs, `/dev` with the
-/// host's device nodes (`devices`, from the supervisor), the generated `/etc`, a fresh
-/// `/proc` with Docker's masks and the writable tmpfs mounts.
-pub fn build_skeleton(plan: &CellPlan, devices: Vec<Prepared>) -> Result<(), Stage> {
+/// audit record): the new root tmpfs with a fresh `/proc`, the pivot into it (the old
+/// root is detached in the background: wait for the returned value before the payload
+/// runs), then everything the cell creates itself - `/dev` with the host's device nodes
+/// (`devices`, from the supervisor), the generated `/etc`, Docker's `/proc` masks and the
+/// writable tmpfs mounts.
+pub fn build_skeleton(
+    plan: &CellPlan,
+    devices: Vec<Prepared>,
+) -> Result<sys::BackgroundDetach, Stage> {
     // Nothing we mount may propagate back to the host, and host mounts must not appear later.
     sys::mount(
         None,
@@ -412,6 +399,30 @@ pub fn build_skeleton(plan: &CellPlan, devices: Vec<Prepared>) -> Result<(), Sta
         "0755",
         libc::MS_NOSUID | libc::MS_NODEV,
     )?;
+    // A new proc is only allowed while a fully visible one exists in the namespace: the
+    // host's, until the old root is detached.
+    let proc_dir = staging.join("proc");
+    mkdirs(&proc_dir)?;
+    sys::mount(
+        Some(Path::new("proc")),
+        &proc_dir,
+        Some(c"proc"),
+        PROC_FLAGS,
+        None,
+    )
+    .map_err(|e| Stage::io("rootfs.proc", &proc_dir, e))?;
+    // The tmpfs becomes the root at once; the cell's own parts and the release's trees
+    // are then placed at their final paths.
+    std::env::set_current_dir(staging)
+        .map_err(|e| Stage::io("rootfs.chdir_staging", staging, e))?;
+    sys::pivot_root_to_cwd().map_err(|e| Stage::io("rootfs.pivot_root", staging, e))?;
+    // The old root now sits on top of the new one; detaching it removes every host path.
+    // Path walks start at this process's root, the new one, so the steps below do not see
+    // the old root while it is being detached.
+    let detach = sys::BackgroundDetach::start()
+        .map_err(|e| Stage::io("rootfs.detach_old_root", Path::new("/"), e))?;
+    std::env::set_current_dir("/")
+        .map_err(|e| Stage::io("rootfs.chdir_root", Path::new("/"), e))?;
     build_dev()?;
     for device in devices {
         place(device)?;
@@ -420,44 +431,33 @@ pub fn build_skeleton(plan: &CellPlan, devices: Vec<Prepared>) -> Result<(), Sta
     if matches!(plan.network, NetworkPlan::Allowlist { .. }) {
         // Placeholder so that tools which read resolv.conf fail fast instead of timing out.
         write_text(
-            &staged(Path::new("/etc/resolv.conf")),
+            Path::new("/etc/resolv.conf"),
             "# names are resolved by the airlock egress proxy\n",
         )?;
     }
-    mount_proc()?;
     restrict_proc()?;
     for mount in &plan.mounts {
         if let MountPlan::WritableTmpfs { target, size_bytes } = mount {
-            let at = staged(target);
-            mkdirs(&at)?;
+            mkdirs(target)?;
             // Writable paths are noexec: code the payload writes cannot be executed directly.
             mount_tmpfs(
-                &at,
+                target,
                 *size_bytes,
                 "0755",
                 libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
             )?;
         }
     }
-    Ok(())
+    Ok(detach)
 }
 
 /// Second half, after release: attaches the supervisor's mount trees (system dirs,
-/// inputs, `/etc` entries), pivots into the new root and detaches the host's. On return
-/// `/` is the cell's root and the working directory is the plan's `workdir`.
+/// inputs, `/etc` entries) and makes the root read-only. On return the working directory
+/// is the plan's `workdir`.
 pub fn finish(plan: &CellPlan, prepared: Vec<Prepared>) -> Result<(), Stage> {
-    let staging = Path::new(STAGING);
     for item in prepared {
         place(item)?;
     }
-    std::env::set_current_dir(staging)
-        .map_err(|e| Stage::io("rootfs.chdir_staging", staging, e))?;
-    sys::pivot_root_to_cwd().map_err(|e| Stage::io("rootfs.pivot_root", staging, e))?;
-    // The old root now sits on top of the new one; detaching it removes every host path.
-    sys::umount_detach(Path::new("."))
-        .map_err(|e| Stage::io("rootfs.detach_old_root", Path::new("/"), e))?;
-    std::env::set_current_dir("/")
-        .map_err(|e| Stage::io("rootfs.chdir_root", Path::new("/"), e))?;
     if plan.rootfs.readonly {
         let root = open_path(Path::new("/"), true)
             .map_err(|e| Stage::io("rootfs.readonly_root", Path::new("/"), e))?;

@@ -341,6 +341,12 @@ pub fn set_affinity(pid: libc::pid_t, set: &CpuSet) -> io::Result<()> {
     check(unsafe { libc::sched_setaffinity(pid, size_of::<libc::cpu_set_t>(), &set.0) }).map(drop)
 }
 
+/// The calling thread's id.
+pub fn gettid() -> libc::pid_t {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
 /// The CPU the calling thread runs on right now.
 pub fn current_cpu() -> Option<usize> {
     // SAFETY: sched_getcpu takes no arguments.

@@ -231,6 +231,10 @@ impl BackgroundDetach {
             )
         };
         let pid = check(pid)?;
+        // The cell's setup is held on one CPU (see the supervisor's run_setup_elsewhere)
+        // and keeps it busy; the child may take whichever CPU frees up first. Best
+        // effort: the kernel narrows the set to the CPUs the cell's cgroup allows.
+        let _ = set_affinity(pid, &CpuSet::every());
         Ok(BackgroundDetach { pid, _stack: stack })
     }
 
@@ -314,6 +318,17 @@ impl CpuSet {
             // SAFETY: CPU_ISSET only reads the bit of `cpu`, which is below CPU_SETSIZE.
             .filter(|cpu| unsafe { libc::CPU_ISSET(*cpu, &self.0) })
             .collect()
+    }
+
+    /// A set of every CPU the kernel can name.
+    pub fn every() -> CpuSet {
+        // SAFETY: an all-zero cpu_set_t is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { zeroed() };
+        for cpu in 0..libc::CPU_SETSIZE as usize {
+            // SAFETY: `cpu` is below CPU_SETSIZE, the size of the set.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        CpuSet(set)
     }
 
     /// A set holding only `cpu` (which must be below CPU_SETSIZE).

@@ -71,11 +71,15 @@ pub fn run(setup: ChildSetup<'_>) -> ! {
             Stage::io("rootfs.detach_old_root", Path::new("/"), err),
         );
     }
+    let launch = match PayloadLaunch::prepare(&setup) {
+        Ok(launch) => launch,
+        Err(err) => fail(&setup, Stage::errno("spawn_payload", err)),
+    };
     // Nothing of the payload runs before its audit record exists.
     if let Err(stage) = wait_for(&setup, protocol::START) {
         fail(&setup, stage);
     }
-    let payload = match spawn_payload(&setup) {
+    let payload = match launch.spawn(&setup) {
         Ok(pid) => pid,
         Err(err) => fail(&setup, Stage::errno("spawn_payload", err)),
     };
@@ -295,39 +299,56 @@ fn resolve_command(command: &str, env: &[CString]) -> Option<PathBuf> {
         })
 }
 
-/// Starts the payload: resolves its command, spawns a child that only execs it and, if
-/// that failed, says why on the exec notification pipe (the supervisor reads it as the
-/// payload's launch error; the child's exit status is 126 or 127).
-fn spawn_payload(setup: &ChildSetup<'_>) -> std::io::Result<libc::pid_t> {
-    let argv: Vec<CString> = setup
-        .plan
-        .argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()).unwrap_or_default())
-        .collect();
-    let command = &setup.plan.argv[0];
-    let path = resolve_command(command, setup.env);
-    let path_c = path
-        .as_ref()
-        .map(|p| CString::new(p.as_os_str().as_bytes()).unwrap_or_default());
-    sys::reset_signal_state()?;
-    let spawned = sys::spawn_exec(path_c.as_deref(), &argv, setup.env)?;
-    let problem = match (&path, spawned.exec_error) {
-        (None, _) => Some(format!("127 {command}: command not found")),
-        (Some(path), Some(err)) => {
-            let code = if err.raw_os_error() == Some(libc::ENOENT) {
-                127
-            } else {
-                126
-            };
-            Some(format!("{code} {}: {err}", path.display()))
-        }
-        (Some(_), None) => None,
-    };
-    if let Some(problem) = problem {
-        let _ = sys::write(setup.exec_notify.as_fd(), problem.as_bytes());
+/// The payload's command, resolved and encoded while the audit record is being written,
+/// so that START is followed by the spawn alone.
+struct PayloadLaunch {
+    argv: Vec<CString>,
+    path: Option<PathBuf>,
+    path_c: Option<CString>,
+}
+
+impl PayloadLaunch {
+    /// Resolves the command and gives every signal its default action (the payload must
+    /// not inherit the runtime's ignored SIGPIPE; pid 1 is not affected: the kernel does
+    /// not deliver default-action signals to a pid namespace's init).
+    fn prepare(setup: &ChildSetup<'_>) -> std::io::Result<PayloadLaunch> {
+        let argv = setup
+            .plan
+            .argv
+            .iter()
+            .map(|a| CString::new(a.as_bytes()).unwrap_or_default())
+            .collect();
+        let path = resolve_command(&setup.plan.argv[0], setup.env);
+        let path_c = path
+            .as_ref()
+            .map(|p| CString::new(p.as_os_str().as_bytes()).unwrap_or_default());
+        sys::reset_signal_state()?;
+        Ok(PayloadLaunch { argv, path, path_c })
     }
-    Ok(spawned.pid)
+
+    /// Spawns a child that only execs the payload and, if that failed, says why on the
+    /// exec notification pipe (the supervisor reads it as the payload's launch error; the
+    /// child's exit status is 126 or 127).
+    fn spawn(self, setup: &ChildSetup<'_>) -> std::io::Result<libc::pid_t> {
+        let spawned = sys::spawn_exec(self.path_c.as_deref(), &self.argv, setup.env)?;
+        let command = &setup.plan.argv[0];
+        let problem = match (&self.path, spawned.exec_error) {
+            (None, _) => Some(format!("127 {command}: command not found")),
+            (Some(path), Some(err)) => {
+                let code = if err.raw_os_error() == Some(libc::ENOENT) {
+                    127
+                } else {
+                    126
+                };
+                Some(format!("{code} {}: {err}", path.display()))
+            }
+            (Some(_), None) => None,
+        };
+        if let Some(problem) = problem {
+            let _ = sys::write(setup.exec_notify.as_fd(), problem.as_bytes());
+        }
+        Ok(spawned.pid)
+    }
 }
 
 /// pid 1 after the payload started: reap everything, and when the payload ends, kill what

@@ -56,6 +56,8 @@ pub struct ChildSetup<'a> {
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
     pub has_artifacts: bool,
+    /// Where the setup runs (see the supervisor's `setup_cpu`).
+    pub setup_cpu: Option<usize>,
 }
 
 /// Entry point of the cloned child. Never returns.
@@ -112,6 +114,12 @@ fn send(sync: &OwnedFd, kind: u8, body: &[u8]) {
 /// background meanwhile.
 fn prepare(setup: &ChildSetup<'_>) -> Result<sys::BackgroundDetach, Stage> {
     let plan = setup.plan;
+    if let Some(cpu) = setup.setup_cpu {
+        // Ran before the supervisor could move us: leave its CPU to it.
+        if sys::current_cpu() != Some(cpu) {
+            let _ = sys::set_affinity(0, &sys::CpuSet::only(cpu));
+        }
+    }
     // If the supervisor dies from here on, so does the cell.
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
         .map_err(|e| Stage::errno("pdeathsig", e))?;

@@ -354,7 +354,7 @@ fn start_and_supervise(
             Ok(run_id) => {
                 supervision.observed.run_id = run_id;
                 if let Some(cpus) = &payload_cpus {
-                    // The payload gets the caller's CPUs back (see run_setup_elsewhere).
+                    // The payload gets the caller's CPUs back (see setup_cpu).
                     let _ = sys::set_affinity(supervision.pid, cpus);
                 }
                 supervision.start_payload();
@@ -489,24 +489,22 @@ impl SpawnedCell {
     }
 }
 
-/// Moves the cell's setup to a CPU other than the supervisor's. The cell builds its
+/// The CPU for the cell's setup: one other than the supervisor's. The cell builds its
 /// network namespace and root while the supervisor prepares the release and the audit
 /// record is written; some schedulers (this project's VM packs tasks onto one vCPU) would
-/// otherwise run the freshly cloned cell only when the supervisor blocks. Best effort: the
-/// supervisor gives the cell `cpus` back before it starts the payload.
-fn run_setup_elsewhere(cell: libc::pid_t, cpus: &sys::CpuSet) {
+/// otherwise run the freshly cloned cell only when the supervisor blocks, or run it first
+/// and leave the supervisor waiting. Both sides pin the cell there right after the clone,
+/// whichever runs first. Best effort: the supervisor gives the cell `cpus` back before it
+/// starts the payload.
+fn setup_cpu(cpus: &sys::CpuSet) -> Option<usize> {
     let here = sys::current_cpu();
     let others: Vec<usize> = cpus
         .cpus()
         .into_iter()
         .filter(|c| Some(*c) != here)
         .collect();
-    if others.is_empty() {
-        return;
-    }
     // Spread concurrent supervisors' cells over the other CPUs.
-    let cpu = others[cell as usize % others.len()];
-    let _ = sys::set_affinity(cell, &sys::CpuSet::only(cpu));
+    (!others.is_empty()).then(|| others[std::process::id() as usize % others.len()])
 }
 
 fn spawn_cell(
@@ -521,6 +519,7 @@ fn spawn_cell(
         sys::clear_supplementary_groups().map_err(|e| CellError::io("setgroups", e))?;
     }
     let has_artifacts = options.artifacts.is_some() && !plan.output_allowlist.is_empty();
+    let setup_cpu = payload_cpus.and_then(setup_cpu);
     let Pipes {
         stdout_read,
         stdout_write,
@@ -544,12 +543,13 @@ fn spawn_cell(
                 stdout: stdout_write,
                 stderr: stderr_write,
                 has_artifacts,
+                setup_cpu,
             })
         }
         // The cell's ends close here, or the pipes would never report EOF.
         Ok(sys::CloneOutcome::Parent { pid, pidfd }) => {
-            if let Some(cpus) = payload_cpus {
-                run_setup_elsewhere(pid, cpus);
+            if let Some(cpu) = setup_cpu {
+                let _ = sys::set_affinity(pid, &sys::CpuSet::only(cpu));
             }
             Ok(SpawnedCell {
                 pid,

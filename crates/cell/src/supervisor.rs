@@ -298,89 +298,86 @@ fn start_and_supervise(
     let cell_mounts = std::fs::File::open(format!("/proc/{}/ns/mnt", cell.pid)).ok();
     let started = options.started;
     let hook = options.before_start.take();
-    let outcome = (|| {
-        // The device nodes go with the maps: the cell builds /dev and masks /proc with them
-        // before the release.
-        let mapped = rootfs::prepare_devices()
-            .map_err(launch_error)
-            .and_then(|devices| {
-                write_id_maps(cell.pid, plan)?;
-                let (message, fds) = protocol::encode_mapped(devices);
-                let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-                sys::send_with_fds(cell.sync.as_fd(), &message, &raw)
-                    .map_err(|e| CellError::io("signalling the cell", e))
-            })
-            // The cell joins its cgroup now; it only runs airlock's setup until the release.
-            .and_then(|_| cgroup.add_process(cell.pid));
-        if let Err(err) = mapped {
+    // The device nodes go with the maps: the cell builds /dev and masks /proc with them
+    // before the release.
+    let mapped = rootfs::prepare_devices()
+        .map_err(launch_error)
+        .and_then(|devices| {
+            write_id_maps(cell.pid, plan)?;
+            let (message, fds) = protocol::encode_mapped(devices);
+            let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            sys::send_with_fds(cell.sync.as_fd(), &message, &raw)
+                .map_err(|e| CellError::io("signalling the cell", e))
+        })
+        // The cell joins its cgroup now; it only runs airlock's setup until the release.
+        .and_then(|_| cgroup.add_process(cell.pid));
+    if let Err(err) = mapped {
+        cell.kill();
+        cgroup.destroy();
+        return Err(err);
+    }
+    let spawned_ms = ms_since(started);
+    let prepared = seccomp_program(plan).and_then(|program| {
+        let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
+        Ok(Release { program, mounts })
+    });
+    let prepared_ms = ms_since(started);
+    let release_message = match prepared {
+        Ok(prepared) => prepared,
+        Err(err) => {
             cell.kill();
             cgroup.destroy();
             return Err(err);
         }
-        let spawned_ms = ms_since(started);
-        let prepared = seccomp_program(plan).and_then(|program| {
-            let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
-            Ok(Release { program, mounts })
-        });
-        let prepared_ms = ms_since(started);
-        let release_message = match prepared {
-            Ok(prepared) => prepared,
-            Err(err) => {
-                cell.kill();
-                cgroup.destroy();
-                return Err(err);
+    };
+    // The cell finishes its setup (root, privileges, Landlock, seccomp) on its own
+    // CPU while this thread writes the audit record; only the payload's start
+    // waits for the record. The record comes after the release, not on a thread
+    // of its own started earlier: the two CPUs are then used by one task each,
+    // and the release is not delayed by the record's share of this CPU.
+    let mut supervision = release_cell(plan, options, cell, &cgroup, release_message);
+    let (recorded, recorded_ms) = match hook {
+        None => (Ok(String::new()), 0.0),
+        Some(hook) => (
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook))
+                .unwrap_or_else(|_| Err("the audit hook panicked".to_string())),
+            ms_since(started),
+        ),
+    };
+    let milestones = StartMilestones {
+        spawned_ms,
+        recorded_ms,
+        prepared_ms,
+    };
+    let result = match recorded {
+        Ok(run_id) => {
+            supervision.observed.run_id = run_id;
+            if let Some(cpus) = &payload_cpus {
+                // The payload gets the caller's CPUs back (see setup_cpu).
+                let _ = sys::set_affinity(supervision.pid, cpus);
             }
-        };
-        // The cell finishes its setup (root, privileges, Landlock, seccomp) on its own
-        // CPU while this thread writes the audit record; only the payload's start
-        // waits for the record. The record comes after the release, not on a thread
-        // of its own started earlier: the two CPUs are then used by one task each,
-        // and the release is not delayed by the record's share of this CPU.
-        let mut supervision = release_cell(plan, options, cell, &cgroup, release_message);
-        let (recorded, recorded_ms) = match hook {
-            None => (Ok(String::new()), 0.0),
-            Some(hook) => (
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook))
-                    .unwrap_or_else(|_| Err("the audit hook panicked".to_string())),
-                ms_since(started),
-            ),
-        };
-        let milestones = StartMilestones {
-            spawned_ms,
-            recorded_ms,
-            prepared_ms,
-        };
-        let result = match recorded {
-            Ok(run_id) => {
-                supervision.observed.run_id = run_id;
-                if let Some(cpus) = &payload_cpus {
-                    // The payload gets the caller's CPUs back (see setup_cpu).
-                    let _ = sys::set_affinity(supervision.pid, cpus);
-                }
-                supervision.start_payload();
-                // Started while the payload runs: the helper has reported its thread id
-                // long before it is needed.
-                let cell_mounts = cell_mounts.and_then(CellMounts::hold);
-                // Cells of supervisors that died must not keep running or holding
-                // resources; reaped while the payload runs, off the start's path.
-                let stale_cgroups_left = crate::cgroup::reap_leftovers(&layout);
-                let ran = supervision.run(options);
-                // pid 1 is gone: the mounts go while the cgroup is torn down and the
-                // result is recorded.
-                if let Some(mounts) = cell_mounts {
-                    mounts.release();
-                }
-                ran.map(|()| (supervision.observed, supervision.output, stale_cgroups_left))
+            supervision.start_payload();
+            // Started while the payload runs: the helper has reported its thread id
+            // long before it is needed.
+            let cell_mounts = cell_mounts.and_then(CellMounts::hold);
+            // Cells of supervisors that died must not keep running or holding
+            // resources; reaped while the payload runs, off the start's path.
+            let stale_cgroups_left = crate::cgroup::reap_leftovers(&layout);
+            let ran = supervision.run(options);
+            // pid 1 is gone: the mounts go while the cgroup is torn down and the
+            // result is recorded.
+            if let Some(mounts) = cell_mounts {
+                mounts.release();
             }
-            Err(err) => {
-                // No record, no payload: the cell never got START.
-                supervision.kill_cell();
-                Err(CellError::Refused(err))
-            }
-        };
-        finish_run(options, &layout, cgroup, result, milestones)
-    })();
-    outcome
+            ran.map(|()| (supervision.observed, supervision.output, stale_cgroups_left))
+        }
+        Err(err) => {
+            // No record, no payload: the cell never got START.
+            supervision.kill_cell();
+            Err(CellError::Refused(err))
+        }
+    };
+    finish_run(options, &layout, cgroup, result, milestones)
 }
 
 /// The last reference to the cell's mount namespace, held by a helper thread until the

@@ -159,8 +159,9 @@ pub fn spawn_exec(
 /// with its setup meanwhile and [`BackgroundDetach::wait`]s before anything of the
 /// payload can run.
 pub struct BackgroundDetach {
-    pid: libc::pid_t,
-    /// The child's stack, in the caller's memory: it must outlive the child.
+    /// `None` once reaped.
+    pid: Option<libc::pid_t>,
+    /// The child's stack, in the caller's memory: it must outlive the child (see Drop).
     _stack: Vec<u8>,
 }
 
@@ -231,16 +232,20 @@ impl BackgroundDetach {
             )
         };
         let pid = check(pid)?;
-        // The cell's setup is held on one CPU (see the supervisor's run_setup_elsewhere)
-        // and keeps it busy; the child may take whichever CPU frees up first. Best
-        // effort: the kernel narrows the set to the CPUs the cell's cgroup allows.
+        // The cell's setup is held on one CPU (see the supervisor's setup_cpu) and keeps
+        // it busy; the child may take whichever CPU frees up first. Best effort: the
+        // kernel narrows the set to the CPUs the cell's cgroup allows.
         let _ = set_affinity(pid, &CpuSet::every());
-        Ok(BackgroundDetach { pid, _stack: stack })
+        Ok(BackgroundDetach {
+            pid: Some(pid),
+            _stack: stack,
+        })
     }
 
     /// Waits until the mount is detached; its error, if it failed.
-    pub fn wait(self) -> io::Result<()> {
-        let reaped = wait_child(self.pid, false)?
+    pub fn wait(mut self) -> io::Result<()> {
+        let pid = self.pid.take().expect("reaped only here or in drop");
+        let reaped = wait_child(pid, false)?
             .ok_or_else(|| io::Error::other("the detaching child vanished"))?;
         if libc::WIFEXITED(reaped.status) {
             match libc::WEXITSTATUS(reaped.status) {
@@ -252,6 +257,18 @@ impl BackgroundDetach {
                 "the detaching child ended with status {:#x}",
                 reaped.status
             )))
+        }
+    }
+}
+
+impl Drop for BackgroundDetach {
+    /// A setup step failed before `wait`: the child must be gone before its stack is
+    /// freed. SIGKILL ends it at its return from the kernel, before it runs another
+    /// instruction; reaping it makes that certain.
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid.take() {
+            let _ = kill(pid, libc::SIGKILL);
+            let _ = wait_child(pid, false);
         }
     }
 }
@@ -957,4 +974,107 @@ pub fn open_no_symlinks(
     let fd = check_long(ret)? as RawFd;
     // SAFETY: openat2 returned a new descriptor owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running_as_root() -> bool {
+        if geteuid() == 0 {
+            return true;
+        }
+        if std::env::var_os("AIRLOCK_REQUIRE_ROOT_TESTS").is_some() {
+            panic!("this test must run as root (AIRLOCK_REQUIRE_ROOT_TESTS is set)");
+        }
+        eprintln!("SKIPPED: needs root (a private mount namespace); CI runs it as root");
+        false
+    }
+
+    /// In a forked child with a private mount namespace: a tmpfs mounted on `dir` and
+    /// entered, then a BackgroundDetach. Returns 0 when the checks hold.
+    fn detach_scenario(dir: &Path, drop_without_wait: bool) -> i32 {
+        let tmpfs = || {
+            mount(
+                Some(Path::new("tmpfs")),
+                dir,
+                Some(c"tmpfs"),
+                0,
+                Some(c"size=64k"),
+            )
+        };
+        if unshare(libc::CLONE_NEWNS).is_err()
+            || mount(
+                None,
+                Path::new("/"),
+                None,
+                libc::MS_REC | libc::MS_PRIVATE,
+                None,
+            )
+            .is_err()
+            || tmpfs().is_err()
+            || std::env::set_current_dir(dir).is_err()
+            || std::fs::write("marker", b"on the tmpfs").is_err()
+        {
+            return 10;
+        }
+        let Ok(detach) = BackgroundDetach::start() else {
+            return 11;
+        };
+        if drop_without_wait {
+            drop(detach);
+            // Reaped by the drop: no child is left to wait for.
+            let mut status = 0;
+            // SAFETY: `status` is a valid out-pointer.
+            let left = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            return if left == -1 { 0 } else { 12 };
+        }
+        if detach.wait().is_err() {
+            return 13;
+        }
+        // The tmpfs is detached: the directory shows what it covered (no marker).
+        if dir.join("marker").exists() {
+            14
+        } else {
+            0
+        }
+    }
+
+    fn in_child(dir: &Path, drop_without_wait: bool) -> i32 {
+        // SAFETY: the child only runs detach_scenario and exits without returning into
+        // the test harness; fork from the threaded harness is glibc's, which keeps
+        // malloc usable in the child.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            let code = detach_scenario(dir, drop_without_wait);
+            // SAFETY: ends the forked child at once, running no harness code.
+            unsafe { libc::_exit(code) }
+        }
+        let reaped = wait_child(pid, false).unwrap().unwrap();
+        assert!(
+            libc::WIFEXITED(reaped.status),
+            "status {:#x}",
+            reaped.status
+        );
+        libc::WEXITSTATUS(reaped.status)
+    }
+
+    #[test]
+    fn background_detach_removes_the_mount_on_the_working_directory() {
+        if !running_as_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(in_child(dir.path(), false), 0);
+    }
+
+    #[test]
+    fn a_background_detach_dropped_unwaited_is_killed_and_reaped() {
+        if !running_as_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(in_child(dir.path(), true), 0);
+    }
 }

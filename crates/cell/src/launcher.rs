@@ -147,8 +147,8 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<sys::BackgroundDetach, Stage> {
     if sys::poll(&mut sync_state, 0).is_ok_and(|_| sync_state[0].revents & libc::POLLHUP != 0) {
         sys::exit_now(125);
     }
-    // Built while the supervisor writes the audit record; nothing of the payload runs
-    // before the release below.
+    // Built while the supervisor prepares the release; nothing of the payload runs
+    // before START.
     let old_root_detach = rootfs::build_skeleton(plan, devices)?;
     let (program, mounts) =
         receive_mounts(setup, protocol::MAX_RELEASE_FDS, protocol::decode_release)?;

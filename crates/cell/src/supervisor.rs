@@ -1,8 +1,8 @@
 //! The trusted side of a run: prepares everything a cell needs, clones it, releases it,
 //! streams its output, enforces the deadline from outside, collects artifacts, destroys it
 //! and derives the result. Poll-driven. The process must be single-threaded when the
-//! cell is cloned (checked); after that a scoped helper thread writes the audit record
-//! and the egress proxy runs on its own thread.
+//! cell is cloned (checked); after that the egress proxy runs on its own thread and a
+//! helper thread holds the cell's mount namespace (see CellMounts).
 
 use crate::artifacts::{self, ArtifactRequest};
 use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout};

@@ -73,6 +73,29 @@ pub fn clone_cell(namespace_flags: libc::c_ulong) -> io::Result<CloneOutcome> {
     }
 }
 
+/// Starts a child that shares the caller's memory (`CLONE_VM` in `flags`) and runs
+/// `child(arg)` on a stack of its own, allocated here and returned: it must outlive the
+/// child. The stack is left uninitialised so that only the pages the child touches are
+/// faulted in; the children here need a few frames (their function and a system call).
+///
+/// # Safety
+/// `child` may only make raw system calls (the thread-local `errno` is the caller's) and
+/// touch `arg`, which must stay valid while the child runs; the caller keeps the returned
+/// stack alive until the child has exec'd or exited.
+unsafe fn clone_vm(
+    child: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    arg: *mut libc::c_void,
+    flags: libc::c_int,
+    stack_bytes: usize,
+) -> io::Result<(libc::pid_t, Vec<u8>)> {
+    let mut stack: Vec<u8> = Vec::with_capacity(stack_bytes);
+    let top = (stack.as_mut_ptr() as usize + stack.capacity()) & !15;
+    // SAFETY: `top` is the 16-byte aligned end of `stack`, which goes back to the caller,
+    // who keeps it alive for the child; what the child does is the caller's contract.
+    let pid = unsafe { libc::clone(child, top as *mut libc::c_void, flags, arg) };
+    Ok((check(pid)?, stack))
+}
+
 /// What [`spawn_exec`] started: the child's pid, and why its `execve` failed if it did
 /// (the child has then exited with 126, or 127 for ENOENT).
 pub struct SpawnedExec {
@@ -128,23 +151,18 @@ pub fn spawn_exec(
         env: env_ptrs.as_ptr(),
         errno: std::sync::atomic::AtomicI32::new(0),
     };
-    // The child needs only a few frames: exec_child and the system call. The stack is
-    // left uninitialised so that only the pages the child touches are ever faulted in.
-    let mut stack: Vec<u8> = Vec::with_capacity(64 * 1024);
-    let top = (stack.as_mut_ptr() as usize + stack.capacity()) & !15;
     // SAFETY: with CLONE_VFORK this thread is suspended until the child execs or exits,
-    // so `request`, the pointer arrays and `stack` outlive every use the child makes of
-    // them; `top` is the 16-byte aligned end of `stack`. The child runs only exec_child,
-    // which makes raw system calls. No namespace flag: the seccomp filter allows it.
-    let pid = unsafe {
-        libc::clone(
+    // so `request`, the pointer arrays and the stack outlive every use the child makes of
+    // them. exec_child makes raw system calls only. No namespace flag: the seccomp filter
+    // allows it.
+    let (pid, stack) = unsafe {
+        clone_vm(
             exec_child,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
             &request as *const ExecRequest as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            64 * 1024,
         )
-    };
-    let pid = check(pid)?;
+    }?;
     drop(stack);
     let errno = request.errno.load(std::sync::atomic::Ordering::Relaxed);
     Ok(SpawnedExec {
@@ -214,24 +232,18 @@ extern "C" fn detach_child(_: *mut libc::c_void) -> libc::c_int {
 impl BackgroundDetach {
     /// Starts the child.
     pub fn start() -> io::Result<BackgroundDetach> {
-        // A few frames: detach_child and the system call. Left uninitialised so that only
-        // the pages the child touches are faulted in.
-        let mut stack: Vec<u8> = Vec::with_capacity(16 * 1024);
-        let top = (stack.as_mut_ptr() as usize + stack.capacity()) & !15;
-        // SAFETY: `top` is the 16-byte aligned end of `stack`, which the returned value
-        // keeps alive until `wait` has reaped the child. Without CLONE_FS and CLONE_FILES
-        // the child has its own working directory and fd table; it runs only
-        // detach_child, which makes raw system calls and writes no memory it shares. No
-        // namespace flag: allowed by the kernel inside the cell.
-        let pid = unsafe {
-            libc::clone(
+        // SAFETY: detach_child makes raw system calls only and takes no argument; the
+        // returned value keeps the stack alive until `wait` or drop has reaped the child.
+        // Without CLONE_FS and CLONE_FILES the child has its own working directory and fd
+        // table. No namespace flag: allowed by the kernel inside the cell.
+        let (pid, stack) = unsafe {
+            clone_vm(
                 detach_child,
-                top as *mut libc::c_void,
-                libc::CLONE_VM | libc::SIGCHLD,
                 std::ptr::null_mut(),
+                libc::CLONE_VM | libc::SIGCHLD,
+                16 * 1024,
             )
-        };
-        let pid = check(pid)?;
+        }?;
         // The cell's setup is held on one CPU (see the supervisor's setup_cpu) and keeps
         // it busy; the child may take whichever CPU frees up first. Best effort: the
         // kernel narrows the set to the CPUs the cell's cgroup allows.

@@ -94,12 +94,14 @@ fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// Cell cgroup dirs whose supervisor is not a live airlock, and all of them.
+/// Cell cgroup dirs whose supervisor is not a live airlock, and all of them. A dir is
+/// only stale if it still exists once its owner is known to be dead: listed while the
+/// other worker's supervisor was removing it and exiting, it is gone by then.
 fn cell_cgroups() -> (Vec<PathBuf>, Vec<PathBuf>) {
     let all = host::cell_cgroup_dirs();
     let stale = all
         .iter()
-        .filter(|d| !host::cgroup_owner_alive(d))
+        .filter(|d| !host::cgroup_owner_alive(d) && d.exists())
         .cloned()
         .collect();
     (stale, all)

@@ -56,7 +56,7 @@ pub struct ChildSetup<'a> {
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
     pub has_artifacts: bool,
-    /// Where the setup runs (see the supervisor's `setup_cpu`).
+    /// Where the setup runs (see the supervisor's `other_cpu`).
     pub setup_cpu: Option<usize>,
 }
 

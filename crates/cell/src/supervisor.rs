@@ -288,7 +288,7 @@ fn start_and_supervise(
     let cgroup = match CellCgroup::create(&layout, &cgroup_name(), &plan.limits) {
         Ok(cgroup) => cgroup,
         Err(err) => {
-            cell.kill();
+            kill_and_reap(&cell.pidfd, cell.pid);
             return Err(err);
         }
     };
@@ -312,7 +312,7 @@ fn start_and_supervise(
         // The cell joins its cgroup now; it only runs airlock's setup until the release.
         .and_then(|_| cgroup.add_process(cell.pid));
     if let Err(err) = mapped {
-        cell.kill();
+        kill_and_reap(&cell.pidfd, cell.pid);
         cgroup.destroy();
         return Err(err);
     }
@@ -325,7 +325,7 @@ fn start_and_supervise(
     let release_message = match prepared {
         Ok(prepared) => prepared,
         Err(err) => {
-            cell.kill();
+            kill_and_reap(&cell.pidfd, cell.pid);
             cgroup.destroy();
             return Err(err);
         }
@@ -353,7 +353,7 @@ fn start_and_supervise(
         Ok(run_id) => {
             supervision.observed.run_id = run_id;
             if let Some(cpus) = &payload_cpus {
-                // The payload gets the caller's CPUs back (see setup_cpu).
+                // The payload gets the caller's CPUs back (see other_cpu).
                 let _ = sys::set_affinity(supervision.pid, cpus);
             }
             supervision.start_payload();
@@ -367,13 +367,13 @@ fn start_and_supervise(
             // pid 1 is gone: the mounts go while the cgroup is torn down and the
             // result is recorded.
             if let Some(mounts) = cell_mounts {
-                mounts.release();
+                mounts.release(payload_cpus.as_ref());
             }
             ran.map(|()| (supervision.observed, supervision.output, stale_cgroups_left))
         }
         Err(err) => {
             // No record, no payload: the cell never got START.
-            supervision.kill_cell();
+            kill_and_reap(&supervision.pidfd, supervision.pid);
             Err(CellError::Refused(err))
         }
     };
@@ -410,15 +410,12 @@ impl CellMounts {
         })
     }
 
-    /// Moves the helper to a CPU other than this thread's, then wakes it. Some schedulers
-    /// (this project's VM packs tasks onto one vCPU) would queue the woken helper behind
-    /// the supervisor, which then finishes first and waits for it at exit.
-    fn release(self) {
-        if let (Ok(tid), Ok(cpus)) = (self.helper_tid.try_recv(), sys::allowed_cpus()) {
-            let here = sys::current_cpu();
-            if let Some(other) = cpus.cpus().into_iter().find(|c| Some(*c) != here) {
-                let _ = sys::set_affinity(tid, &sys::CpuSet::only(other));
-            }
+    /// Moves the helper to another of `cpus` (see [`other_cpu`]: queued behind the
+    /// supervisor, it would run only when the supervisor exits, which then waits for it),
+    /// then wakes it.
+    fn release(self, cpus: Option<&sys::CpuSet>) {
+        if let (Ok(tid), Some(cpu)) = (self.helper_tid.try_recv(), cpus.and_then(other_cpu)) {
+            let _ = sys::set_affinity(tid, &sys::CpuSet::only(cpu));
         }
         let _ = self.release.send(());
     }
@@ -478,22 +475,20 @@ struct SpawnedCell {
     sync: OwnedFd,
 }
 
-impl SpawnedCell {
-    /// Kills a cell that will not be released and reaps it.
-    fn kill(self) {
-        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
-        let _ = sys::wait_child(self.pid, false);
-    }
+/// Kills a cell whose payload must not start (or that will not even be released) and
+/// reaps its pid 1.
+fn kill_and_reap(pidfd: &OwnedFd, pid: libc::pid_t) {
+    let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+    let _ = sys::wait_child(pid, false);
 }
 
-/// The CPU for the cell's setup: one other than the supervisor's. The cell builds its
-/// network namespace and root while the supervisor prepares the release and the audit
-/// record is written; some schedulers (this project's VM packs tasks onto one vCPU) would
-/// otherwise run the freshly cloned cell only when the supervisor blocks, or run it first
-/// and leave the supervisor waiting. Both sides pin the cell there right after the clone,
-/// whichever runs first. Best effort: the supervisor gives the cell `cpus` back before it
-/// starts the payload.
-fn setup_cpu(cpus: &sys::CpuSet) -> Option<usize> {
+/// One of `cpus` other than the one this thread runs on, for work that should not wait
+/// for this thread to block: some schedulers (this project's VM packs tasks onto one
+/// vCPU) queue a new or woken task behind the task that made it. Used for the cell's setup
+/// (both sides pin the cell there right after the clone, whichever runs first; the
+/// supervisor gives the cell `cpus` back before it starts the payload) and for the
+/// helper that drops the cell's mounts.
+fn other_cpu(cpus: &sys::CpuSet) -> Option<usize> {
     let here = sys::current_cpu();
     let others: Vec<usize> = cpus
         .cpus()
@@ -516,7 +511,7 @@ fn spawn_cell(
         sys::clear_supplementary_groups().map_err(|e| CellError::io("setgroups", e))?;
     }
     let has_artifacts = options.artifacts.is_some() && !plan.output_allowlist.is_empty();
-    let setup_cpu = payload_cpus.and_then(setup_cpu);
+    let setup_cpu = payload_cpus.and_then(other_cpu);
     let Pipes {
         stdout_read,
         stdout_write,
@@ -661,12 +656,6 @@ impl Supervision<'_> {
         if let Some(sync) = &self.sync {
             let _ = sys::send_with_fds(sync.as_fd(), &[protocol::START], &[]);
         }
-    }
-
-    /// Kills a released cell whose payload must not start, and reaps its pid 1.
-    fn kill_cell(&self) {
-        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
-        let _ = sys::wait_child(self.pid, false);
     }
 
     fn run(&mut self, options: &mut RunOptions<'_>) -> Result<(), CellError> {

@@ -244,7 +244,7 @@ impl BackgroundDetach {
                 16 * 1024,
             )
         }?;
-        // The cell's setup is held on one CPU (see the supervisor's setup_cpu) and keeps
+        // The cell's setup is held on one CPU (see the supervisor's other_cpu) and keeps
         // it busy; the child may take whichever CPU frees up first. Best effort: the
         // kernel narrows the set to the CPUs the cell's cgroup allows.
         let _ = set_affinity(pid, &CpuSet::every());

@@ -130,10 +130,9 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<sys::BackgroundDetach, Stage> {
     sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
     // The supervisor may already be gone (the death signal only covers later deaths):
     // waiting for its go-ahead settles it - EOF means it died.
-    let devices = receive_mounts(setup, protocol::MAX_RELEASE_FDS, |message| {
-        protocol::decode_mapped(message).map(|wire| ((), wire))
-    })?
-    .1;
+    let (message, fds) = receive(setup);
+    let wire = protocol::decode_mapped(&message).ok_or_else(|| malformed(&message))?;
+    let devices = rootfs::from_wire(wire, fds)?;
     sys::set_ids(plan.identity.uid, plan.identity.gid).map_err(|e| Stage::errno("identity", e))?;
     // Changing ids clears the parent-death signal: set it again, then make sure the
     // supervisor did not die in between (its end of the socket would have hung up).
@@ -150,8 +149,9 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<sys::BackgroundDetach, Stage> {
     // Built while the supervisor prepares the release; nothing of the payload runs
     // before START.
     let old_root_detach = rootfs::build_skeleton(plan, devices)?;
-    let (program, mounts) =
-        receive_mounts(setup, protocol::MAX_RELEASE_FDS, protocol::decode_release)?;
+    let (message, fds) = receive(setup);
+    let (program, wire) = protocol::decode_release(&message).ok_or_else(|| malformed(&message))?;
+    let mounts = rootfs::from_wire(wire, fds)?;
     // The supervisor has placed us in the cell cgroup; make it our cgroup root.
     sys::unshare(libc::CLONE_NEWCGROUP).map_err(|e| Stage::errno("cgroup_namespace", e))?;
     rootfs::finish(plan, mounts)?;
@@ -172,30 +172,20 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<sys::BackgroundDetach, Stage> {
     Ok(old_root_detach)
 }
 
-/// Receives a supervisor message that carries mount trees and decodes it with `decode`
-/// (`None`: malformed). EOF, the supervisor's death, ends the cell quietly.
-fn receive_mounts<T>(
-    setup: &ChildSetup<'_>,
-    max_fds: usize,
-    decode: impl FnOnce(&[u8]) -> Option<(T, Vec<rootfs::PreparedWire>)>,
-) -> Result<(T, Vec<rootfs::Prepared>), Stage> {
-    // Sized to the message: a fixed 64 KiB buffer would fault in 16 fresh pages.
-    let length = match sys::next_message_len(setup.sync.as_fd()) {
-        Ok(n) if n > 0 => n,
+/// Receives the next supervisor message (with its descriptors). EOF, the supervisor's
+/// death, ends the cell quietly.
+fn receive(setup: &ChildSetup<'_>) -> (Vec<u8>, Vec<OwnedFd>) {
+    match sys::recv_message(setup.sync.as_fd(), protocol::MAX_RELEASE_FDS) {
+        Ok(Some(message)) => message,
         _ => sys::exit_now(125),
-    };
-    let mut message = vec![0u8; length];
-    let (n, fds) = match sys::recv_with_fds(setup.sync.as_fd(), &mut message, max_fds) {
-        Ok((n, fds)) if n > 0 => (n, fds),
-        _ => sys::exit_now(125),
-    };
-    let Some((decoded, wire)) = decode(&message[..n]) else {
-        return Err(Stage::new(
-            "sync",
-            format!("malformed message {:?}", message[0] as char),
-        ));
-    };
-    Ok((decoded, rootfs::from_wire(wire, fds)?))
+    }
+}
+
+fn malformed(message: &[u8]) -> Stage {
+    Stage::new(
+        "sync",
+        format!("malformed message {:?}", message[0] as char),
+    )
 }
 
 /// Blocks until the supervisor sends `kind`; its death (EOF) ends the cell quietly.

@@ -818,21 +818,12 @@ impl Supervision<'_> {
         let Some(sync) = self.sync.take() else {
             return Ok(());
         };
-        let length = match sys::next_message_len(sync.as_fd()) {
-            Ok(n) if n > 0 => n,
-            _ => return Ok(()),
-        };
-        let mut buf = vec![0u8; length];
-        let (n, mut fds) = match sys::recv_with_fds(sync.as_fd(), &mut buf, 2) {
-            Ok((n, fds)) if n > 0 => (n, fds),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
-                self.sync = Some(sync);
-                return Ok(());
-            }
+        let (buf, mut fds) = match sys::recv_message(sync.as_fd(), 2) {
+            Ok(Some(message)) => message,
             _ => return Ok(()),
         };
         self.sync = Some(sync);
-        let body = &buf[1..n];
+        let body = &buf[1..];
         match buf[0] {
             protocol::FAILED => {
                 self.observed.launch_failure = serde_json::from_slice(body).ok();

@@ -814,10 +814,35 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Re
     }
 }
 
-/// Receives one message and up to `max_fds` descriptors (marked close-on-exec).
+/// The next message of a SOCK_SEQPACKET socket with up to `max_fds` descriptors (marked
+/// close-on-exec), in a buffer sized to it: a fixed large buffer would fault in fresh
+/// pages at every cell start. Blocks until there is one; `None` when the peer closed its
+/// end.
+pub fn recv_message(
+    sock: BorrowedFd<'_>,
+    max_fds: usize,
+) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    loop {
+        let length = next_message_len(sock)?;
+        if length == 0 {
+            return Ok(None);
+        }
+        let mut message = vec![0u8; length];
+        match recv_with_fds(sock, &mut message, max_fds) {
+            Ok((0, _)) => return Ok(None),
+            Ok((n, fds)) => {
+                message.truncate(n);
+                return Ok(Some((message, fds)));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Length of the next message on a SOCK_SEQPACKET socket, without consuming it
 /// (blocks until there is one; 0 means the peer closed its end).
-pub fn next_message_len(sock: BorrowedFd<'_>) -> io::Result<usize> {
+fn next_message_len(sock: BorrowedFd<'_>) -> io::Result<usize> {
     loop {
         // SAFETY: a zero-length receive into a null buffer; MSG_TRUNC makes the kernel
         // return the full length of the pending message and MSG_PEEK leaves it queued.
@@ -839,7 +864,8 @@ pub fn next_message_len(sock: BorrowedFd<'_>) -> io::Result<usize> {
     }
 }
 
-pub fn recv_with_fds(
+/// Receives one message into `buf` and up to `max_fds` descriptors (marked close-on-exec).
+fn recv_with_fds(
     sock: BorrowedFd<'_>,
     buf: &mut [u8],
     max_fds: usize,

@@ -409,25 +409,12 @@ pub struct LeftoverCgroup {
 /// Names cell cgroups `<supervisor pid>-<its start time>-<nanoseconds>`: a leftover is
 /// recognised by its supervisor being gone, and the start time tells a live supervisor
 /// from an unrelated process that reused its pid.
-pub fn cgroup_name() -> String {
-    let pid = std::process::id();
-    let started = process_start_time(pid).unwrap_or(0);
+/// `started` is this process's start time ([`crate::sys::process_stat`]).
+pub fn cgroup_name(started: u64) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    format!("{pid}-{started}-{nanos}")
-}
-
-/// Field 22 of `/proc/<pid>/stat` (start time in clock ticks since boot).
-fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name are plain; starttime is the 20th of them.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()
+    format!("{}-{started}-{nanos}", std::process::id())
 }
 
 fn supervisor_alive(name: &str) -> bool {
@@ -436,7 +423,9 @@ fn supervisor_alive(name: &str) -> bool {
         return false;
     };
     match (pid.parse::<u32>(), started.parse::<u64>()) {
-        (Ok(pid), Ok(started)) => process_start_time(pid) == Some(started),
+        (Ok(pid), Ok(started)) => {
+            crate::sys::process_stat(pid).is_ok_and(|stat| stat.start_time == started)
+        }
         _ => false,
     }
 }
@@ -444,6 +433,9 @@ fn supervisor_alive(name: &str) -> bool {
 /// Finds cell cgroups whose supervisor is gone.
 pub fn find_leftovers(layout: &CgroupLayout) -> Vec<LeftoverCgroup> {
     let mut found = Vec::new();
+    // A cell has a directory of the same name in every v1 hierarchy: ask about its
+    // supervisor once.
+    let mut alive: std::collections::HashMap<String, bool> = Default::default();
     for parent in layout.parents() {
         let Ok(entries) = fs::read_dir(&parent) else {
             continue;
@@ -452,7 +444,11 @@ pub fn find_leftovers(layout: &CgroupLayout) -> Vec<LeftoverCgroup> {
             let name = entry.file_name().to_string_lossy().into_owned();
             // d_type from the directory listing: no stat per control file.
             let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-            if is_dir && !supervisor_alive(&name) {
+            if is_dir
+                && !*alive
+                    .entry(name.clone())
+                    .or_insert_with(|| supervisor_alive(&name))
+            {
                 let processes = fs::read_to_string(entry.path().join("cgroup.procs"))
                     .map(|s| s.lines().count())
                     .unwrap_or(0);
@@ -515,7 +511,10 @@ mod tests {
 
     #[test]
     fn names_identify_a_live_supervisor_by_pid_and_start_time() {
-        let name = cgroup_name();
+        let started = crate::sys::process_stat(std::process::id())
+            .unwrap()
+            .start_time;
+        let name = cgroup_name(started);
         assert!(
             supervisor_alive(&name),
             "our own cgroup name must count as alive: {name}"

@@ -262,9 +262,11 @@ fn start_and_supervise(
     plan: &CellPlan,
     options: &mut RunOptions<'_>,
 ) -> Result<RunReport, CellError> {
-    let threads = sys::thread_count().map_err(|e| CellError::io("/proc/self/stat", e))?;
-    if threads != 1 {
-        return Err(CellError::NotSingleThreaded(threads));
+    // One read of /proc/self/stat serves the check and the cgroup's name.
+    let supervisor =
+        sys::process_stat(std::process::id()).map_err(|e| CellError::io("/proc/self/stat", e))?;
+    if supervisor.threads != 1 {
+        return Err(CellError::NotSingleThreaded(supervisor.threads));
     }
     let layout = CgroupLayout::detect()?;
     if crate::landlock_policy::kernel_abi() < crate::landlock_policy::REQUIRED_ABI as i64 {
@@ -285,13 +287,14 @@ fn start_and_supervise(
     let cell = spawn_cell(plan, &env, options, payload_cpus.as_ref())?;
     // The cgroup is created while the cell builds its network namespace; the cell only
     // runs airlock's setup until it has joined it.
-    let cgroup = match CellCgroup::create(&layout, &cgroup_name(), &plan.limits) {
-        Ok(cgroup) => cgroup,
-        Err(err) => {
-            kill_and_reap(&cell.pidfd, cell.pid);
-            return Err(err);
-        }
-    };
+    let cgroup =
+        match CellCgroup::create(&layout, &cgroup_name(supervisor.start_time), &plan.limits) {
+            Ok(cgroup) => cgroup,
+            Err(err) => {
+                kill_and_reap(&cell.pidfd, cell.pid);
+                return Err(err);
+            }
+        };
     // A reference to the cell's mount namespace: pid 1's exit then does not unmount the
     // cell's ~30 mounts (an RCU grace period among them) before the supervisor learns of
     // it; see CellMounts.

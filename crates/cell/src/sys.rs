@@ -910,16 +910,32 @@ fn recv_with_fds(
     Ok((ret as usize, received))
 }
 
-/// Number of threads of the calling process, from `/proc/self/stat`.
-pub fn thread_count() -> io::Result<usize> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // Field 20 (num_threads); fields after the parenthesised command name are plain.
-    let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    after_comm
-        .split_whitespace()
+/// What the supervisor needs from `/proc/<pid>/stat`.
+pub struct ProcessStat {
+    pub threads: usize,
+    /// Clock ticks since boot: with the pid, it names a process across pid reuse.
+    pub start_time: u64,
+}
+
+/// Fields 20 (num_threads) and 22 (starttime) of `/proc/<pid>/stat`.
+pub fn process_stat(pid: u32) -> io::Result<ProcessStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command name are plain; they start at field 3.
+    let mut fields = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or("")
+        .split_whitespace();
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("/proc/{pid}/stat"));
+    let threads = fields
         .nth(17)
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "cannot parse /proc/self/stat"))
+        .ok_or_else(bad)?;
+    let start_time = fields.nth(1).and_then(|v| v.parse().ok()).ok_or_else(bad)?;
+    Ok(ProcessStat {
+        threads,
+        start_time,
+    })
 }
 
 pub fn geteuid() -> u32 {

@@ -301,8 +301,8 @@ fn resolve_command(command: &str, env: &[CString]) -> Option<PathBuf> {
 /// so that START is followed by the spawn alone.
 struct PayloadLaunch {
     argv: Vec<CString>,
-    path: Option<PathBuf>,
-    path_c: Option<CString>,
+    /// `None`: not found on the plan's PATH.
+    path: Option<CString>,
 }
 
 impl PayloadLaunch {
@@ -316,30 +316,24 @@ impl PayloadLaunch {
             .iter()
             .map(|a| CString::new(a.as_bytes()).unwrap_or_default())
             .collect();
-        let path = resolve_command(&setup.plan.argv[0], setup.env);
-        let path_c = path
-            .as_ref()
+        let path = resolve_command(&setup.plan.argv[0], setup.env)
             .map(|p| CString::new(p.as_os_str().as_bytes()).unwrap_or_default());
         sys::reset_signal_state()?;
-        Ok(PayloadLaunch { argv, path, path_c })
+        Ok(PayloadLaunch { argv, path })
     }
 
     /// Spawns a child that only execs the payload and, if that failed, says why on the
     /// exec notification pipe (the supervisor reads it as the payload's launch error; the
     /// child's exit status is 126 or 127).
     fn spawn(self, setup: &ChildSetup<'_>) -> std::io::Result<libc::pid_t> {
-        let spawned = sys::spawn_exec(self.path_c.as_deref(), &self.argv, setup.env)?;
-        let command = &setup.plan.argv[0];
+        let spawned = sys::spawn_exec(self.path.as_deref(), &self.argv, setup.env)?;
         let problem = match (&self.path, spawned.exec_error) {
-            (None, _) => Some(format!("127 {command}: command not found")),
-            (Some(path), Some(err)) => {
-                let code = if err.raw_os_error() == Some(libc::ENOENT) {
-                    127
-                } else {
-                    126
-                };
-                Some(format!("{code} {}: {err}", path.display()))
-            }
+            (None, _) => Some(format!("127 {}: command not found", setup.plan.argv[0])),
+            (Some(path), Some(err)) => Some(format!(
+                "{} {}: {err}",
+                sys::exec_failure_status(err.raw_os_error().unwrap_or(0)),
+                path.to_string_lossy()
+            )),
             (Some(_), None) => None,
         };
         if let Some(problem) = problem {

@@ -130,7 +130,17 @@ extern "C" fn exec_child(request: *mut libc::c_void) -> libc::c_int {
         .errno
         .store(errno, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: as above.
-    unsafe { libc::_exit(if errno == libc::ENOENT { 127 } else { 126 }) }
+    unsafe { libc::_exit(exec_failure_status(errno)) }
+}
+
+/// The exit status of a failed exec, as shells report it: 127 for a missing file, 126
+/// for anything else.
+pub fn exec_failure_status(errno: i32) -> i32 {
+    if errno == libc::ENOENT {
+        127
+    } else {
+        126
+    }
 }
 
 /// Starts a child that only execs `path` (or, for `None`, exits with 127), the way

@@ -780,3 +780,15 @@ fn stats_by_class_and_prune_keep_the_chain_verifiable() {
         verify.describe()
     );
 }
+
+/// Every class a run can end in is a status the store accepts, and nothing else is: the
+/// cell crate and the store crate name the classes on their own (neither depends on the
+/// other).
+#[test]
+fn result_classes_and_the_stores_finish_statuses_are_the_same_names() {
+    let classes: Vec<&str> = airlock_cell::report::ResultClass::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .collect();
+    assert_eq!(classes, airlock_store::FINISH_STATUSES);
+}

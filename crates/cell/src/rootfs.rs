@@ -258,8 +258,8 @@ fn write_text(path: &Path, text: &str) -> Result<(), Stage> {
 
 /// The generated `/etc`: just enough for name lookups of the cell user and `localhost`.
 fn write_etc(plan: &CellPlan) -> Result<(), Stage> {
-    let etc = PathBuf::from("/etc");
-    mkdirs(&etc)?;
+    let etc = Path::new("/etc");
+    mkdirs(etc)?;
     let (uid, gid) = (plan.identity.uid, plan.identity.gid);
     let home = plan.workdir.display();
     write_text(&etc.join("passwd"), &format!("cell:x:{uid}:{gid}:airlock cell:{home}:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"))?;
@@ -284,9 +284,9 @@ fn write_etc(plan: &CellPlan) -> Result<(), Stage> {
 }
 
 fn build_dev() -> Result<(), Stage> {
-    let dev = PathBuf::from("/dev");
-    mkdirs(&dev)?;
-    mount_tmpfs(&dev, 64 * 1024, "0755", libc::MS_NOSUID | libc::MS_NOEXEC)?;
+    let dev = Path::new("/dev");
+    mkdirs(dev)?;
+    mount_tmpfs(dev, 64 * 1024, "0755", libc::MS_NOSUID | libc::MS_NOEXEC)?;
     for (name, target) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -321,9 +321,9 @@ const PROC_FLAGS: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NO
 
 /// Docker's masked and read-only `/proc` paths (needs `/dev/null` in place).
 fn restrict_proc() -> Result<(), Stage> {
-    let proc_dir = PathBuf::from("/proc");
+    let proc_dir = Path::new("/proc");
     let hidden = PROC_FLAGS;
-    let dev_null = PathBuf::from("/dev/null");
+    let dev_null = Path::new("/dev/null");
     let empty_dir = tmpfs_options(4096, "0555");
     let masks = PROC_MASKED_DIRS
         .iter()
@@ -340,7 +340,7 @@ fn restrict_proc() -> Result<(), Stage> {
                 Some(&empty_dir),
             )
         } else {
-            sys::mount(Some(&dev_null), &path, None, libc::MS_BIND, None)
+            sys::mount(Some(dev_null), &path, None, libc::MS_BIND, None)
         };
         match mounted {
             Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {

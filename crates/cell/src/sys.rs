@@ -1058,15 +1058,6 @@ mod tests {
     /// In a forked child with a private mount namespace: a tmpfs mounted on `dir` and
     /// entered, then a BackgroundDetach. Returns 0 when the checks hold.
     fn detach_scenario(dir: &Path, drop_without_wait: bool) -> i32 {
-        let tmpfs = || {
-            mount(
-                Some(Path::new("tmpfs")),
-                dir,
-                Some(c"tmpfs"),
-                0,
-                Some(c"size=64k"),
-            )
-        };
         if unshare(libc::CLONE_NEWNS).is_err()
             || mount(
                 None,
@@ -1076,7 +1067,14 @@ mod tests {
                 None,
             )
             .is_err()
-            || tmpfs().is_err()
+            || mount(
+                Some(Path::new("tmpfs")),
+                dir,
+                Some(c"tmpfs"),
+                0,
+                Some(c"size=64k"),
+            )
+            .is_err()
             || std::env::set_current_dir(dir).is_err()
             || std::fs::write("marker", b"on the tmpfs").is_err()
         {

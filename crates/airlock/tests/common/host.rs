@@ -4,9 +4,6 @@
 
 use std::path::PathBuf;
 
-/// Cell identities map to host ids from here up (`airlock_cell::HOST_ID_BASE`).
-pub const CELL_HOST_ID_BASE: u32 = 1_000_000_000;
-
 /// Uid, parent pid and command name of a process.
 pub fn proc_status(pid: u32) -> Option<(u32, u32, String)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -50,7 +47,8 @@ pub fn stray_cell_processes() -> Vec<String> {
         let Some((uid, mut ppid, _)) = proc_status(pid) else {
             continue;
         };
-        if uid < CELL_HOST_ID_BASE {
+        // Cell identities map to host ids from here up.
+        if uid < airlock_cell::HOST_ID_BASE {
             continue;
         }
         let mut supervised = false;

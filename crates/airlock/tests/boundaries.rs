@@ -543,6 +543,48 @@ fn privileges_are_dropped_inside_and_outside() {
     }
 }
 
+/// The cell's setup uses helper processes (the old root's detach runs in one, with every
+/// capability of the cell's user namespace). None may be left when the payload starts:
+/// the payload sees only pid 1 and itself, and pid 1 holds no capability either.
+#[test]
+fn the_payload_starts_with_no_helper_left_and_pid_1_unprivileged() {
+    require_cells!();
+    let run = py(r#"
+import os
+me = os.getpid()
+for p in sorted(os.listdir("/proc"), key=lambda p: (len(p), p)):
+    if not p.isdigit():
+        continue
+    try:
+        status = open(f"/proc/{p}/status").read()
+    except OSError:
+        continue
+    f = {k: v.strip() for k, _, v in (l.partition(":") for l in status.splitlines())}
+    who = "self" if int(p) == me else f["Name"]
+    print("proc", p, who, f["State"].split()[0], f["CapEff"], f["CapPrm"])
+"#);
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    let stdout = run.stdout();
+    let procs: Vec<Vec<&str>> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("proc "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let pids: Vec<&str> = procs.iter().map(|p| p[0]).collect();
+    assert_eq!(pids.len(), 2, "only pid 1 and the payload: {procs:?}\n{d}");
+    assert_eq!(pids[0], "1", "{procs:?}\n{d}");
+    assert_eq!(procs[1][1], "self", "{procs:?}\n{d}");
+    for p in &procs {
+        assert_ne!(p[2], "Z", "a zombie is left: {p:?}\n{d}");
+        assert_eq!(
+            (p[3], p[4]),
+            ("0000000000000000", "0000000000000000"),
+            "process {p:?} holds capabilities\n{d}"
+        );
+    }
+}
+
 // 7 ---------------------------------------------------------------------------------------
 
 #[test]

@@ -115,7 +115,7 @@ expect walltime 124 capacity_exceeded '"wall_time"'
 if grep -q '^  memory.max: 50331648 $' live.txt &&
   grep -q '^  memory.swap.max: 0 $' live.txt &&
   grep -q '^  memory.oom.group: 1 $' live.txt &&
-  grep -q '^  pids.max: 12 $' live.txt &&
+  grep -q '^  pids.max: 13 $' live.txt && # process_limit 12 + airlock's pid 1
   grep -q '^  cpu.max: 25000 100000 $' live.txt &&
   grep -Eq '^  cgroup.procs: [0-9]' live.txt; then
   pass "live cell cgroup has the contract's limits"

@@ -1,11 +1,13 @@
 //! The operator's configuration (`--config airlock.toml`). Trusted: it comes from whoever
-//! runs airlock, never from the contract or the model.
+//! runs airlock, never from the contract or the model. Every key, default and bound is in
+//! docs/config.md; docs/config.schema.json is generated from these types.
 
-use anyhow::Context;
+use airlock_contract::DestinationRule;
+use anyhow::{bail, Context};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OperatorConfig {
     /// Upstream resolvers, static host map, exempt CIDRs, upstream proxy, ceilings.
@@ -13,11 +15,50 @@ pub struct OperatorConfig {
     pub store: StoreConfig,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     /// Where the audit store lives (overridden by `--state-dir`).
     pub state_dir: Option<PathBuf>,
+}
+
+/// One bounded numeric key of `[egress]`: its name, value and inclusive range.
+struct Bound {
+    key: &'static str,
+    value: u64,
+    min: u64,
+    max: u64,
+}
+
+/// The bounds of docs/config.md. A zero connection limit or timeout would make every
+/// allowlisted run fail inside the cell; a huge one would let one cell hold the proxy.
+fn bounds(egress: &airlock_egress::EgressConfig) -> [Bound; 4] {
+    [
+        Bound {
+            key: "egress.max_connections",
+            value: u64::from(egress.max_connections),
+            min: 1,
+            max: 4096,
+        },
+        Bound {
+            key: "egress.max_bytes",
+            value: egress.max_bytes,
+            min: 1,
+            max: 1 << 40,
+        },
+        Bound {
+            key: "egress.idle_timeout_ms",
+            value: egress.idle_timeout_ms,
+            min: 1,
+            max: 3_600_000,
+        },
+        Bound {
+            key: "egress.connect_timeout_ms",
+            value: egress.connect_timeout_ms,
+            min: 1,
+            max: 600_000,
+        },
+    ]
 }
 
 impl OperatorConfig {
@@ -27,7 +68,38 @@ impl OperatorConfig {
         };
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("config {}", path.display()))
+        // Editors on some systems write a byte-order mark; it is not part of the TOML.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+        let config: OperatorConfig = toml::from_str(text)
+            .map_err(|err| anyhow::anyhow!("{}", err.to_string().trim_end()))
+            .with_context(|| format!("config {}", path.display()))?;
+        config
+            .check()
+            .with_context(|| format!("config {}", path.display()))?;
+        Ok(config)
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        for bound in bounds(&self.egress) {
+            if !(bound.min..=bound.max).contains(&bound.value) {
+                bail!(
+                    "{} = {}: must be between {} and {} (docs/config.md)",
+                    bound.key,
+                    bound.value,
+                    bound.min,
+                    bound.max
+                );
+            }
+        }
+        if let Some(dir) = &self.store.state_dir {
+            if !dir.is_absolute() {
+                bail!(
+                    "store.state_dir = {:?}: must be an absolute path",
+                    dir.display()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// `--state-dir`, else the config's, else the documented default.
@@ -35,5 +107,149 @@ impl OperatorConfig {
         flag.map(Path::to_path_buf)
             .or_else(|| self.store.state_dir.clone())
             .unwrap_or_else(airlock_store::default_state_dir)
+    }
+
+    /// Allowlisted destinations this configuration cannot resolve: not an IP literal the
+    /// config allows, no entry of `[egress] resolve` that the pattern matches, and no
+    /// upstream resolver. Every connection to them would fail inside the cell with
+    /// `egress.resolve_failed` while the run looked fine, so such a run is refused.
+    pub fn unresolvable<'a>(&self, destinations: &'a [DestinationRule]) -> Vec<&'a str> {
+        if !self.egress.upstream_resolvers.is_empty() {
+            return Vec::new();
+        }
+        destinations
+            .iter()
+            .map(|d| d.host_pattern.as_str())
+            .filter(|pattern| !self.resolvable(pattern))
+            .collect()
+    }
+
+    fn resolvable(&self, pattern: &str) -> bool {
+        if pattern.parse::<std::net::IpAddr>().is_ok() {
+            return self.egress.allow_ip_literals;
+        }
+        match pattern.strip_prefix("*.") {
+            Some(apex) => self
+                .egress
+                .resolve
+                .keys()
+                .any(|name| name.ends_with(&format!(".{apex}"))),
+            None => self.egress.resolve.contains_key(pattern),
+        }
+    }
+}
+
+/// The JSON Schema of the operator configuration (docs/config.schema.json).
+pub fn config_json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(OperatorConfig))
+        .expect("a generated schema always serialises")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> OperatorConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    fn rules(patterns: &[&str]) -> Vec<DestinationRule> {
+        patterns
+            .iter()
+            .map(|p| DestinationRule {
+                host_pattern: p.to_string(),
+                ports: vec![443],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_name_outside_the_host_map_is_unresolvable_without_upstream_resolvers() {
+        let c = config("[egress]\nresolve = { \"api.test\" = \"127.0.0.2\" }\n");
+        let destinations = rules(&["api.test", "other.test", "*.pkg.test"]);
+        assert_eq!(c.unresolvable(&destinations), ["other.test", "*.pkg.test"]);
+    }
+
+    #[test]
+    fn a_wildcard_is_resolvable_when_the_map_has_one_of_its_sub_domains() {
+        let c = config("[egress]\nresolve = { \"a.pkg.test\" = \"127.0.0.2\" }\n");
+        assert!(c.unresolvable(&rules(&["*.pkg.test"])).is_empty());
+        assert_eq!(c.unresolvable(&rules(&["*.a.pkg.test"])), ["*.a.pkg.test"]);
+    }
+
+    #[test]
+    fn upstream_resolvers_resolve_every_name() {
+        let c = config("[egress]\nupstream_resolvers = [\"127.0.0.53:53\"]\n");
+        assert!(c.unresolvable(&rules(&["x.test", "*.y.test"])).is_empty());
+    }
+
+    #[test]
+    fn ip_literals_need_allow_ip_literals() {
+        let denied = config("");
+        assert_eq!(denied.unresolvable(&rules(&["127.0.0.2"])), ["127.0.0.2"]);
+        let allowed = config("[egress]\nallow_ip_literals = true\n");
+        assert!(allowed.unresolvable(&rules(&["127.0.0.2"])).is_empty());
+    }
+
+    #[test]
+    fn bounds_name_the_key_and_the_range() {
+        let err = config("[egress]\nmax_connections = 0\n")
+            .check()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "egress.max_connections = 0: must be between 1 and 4096 (docs/config.md)"
+        );
+        let err = config("[store]\nstate_dir = \"rel\"\n")
+            .check()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("must be an absolute path"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_default_configuration_is_within_its_bounds() {
+        OperatorConfig::default().check().unwrap();
+    }
+
+    fn repo_file(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(name)
+    }
+
+    /// `AIRLOCK_BLESS=1 cargo test -p airlock config` rewrites docs/config.schema.json.
+    #[test]
+    fn checked_in_config_schema_matches_the_types() {
+        let path = repo_file("docs/config.schema.json");
+        let expected = serde_json::to_string_pretty(&config_json_schema()).unwrap() + "\n";
+        if std::env::var_os("AIRLOCK_BLESS").is_some_and(|v| v == "1") {
+            std::fs::write(&path, &expected).unwrap();
+            return;
+        }
+        let actual = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            actual == expected,
+            "docs/config.schema.json is out of date; regenerate it with \
+             `AIRLOCK_BLESS=1 cargo test -p airlock config`"
+        );
+    }
+
+    #[test]
+    fn config_reference_documents_every_key() {
+        let doc = std::fs::read_to_string(repo_file("docs/config.md")).unwrap();
+        let schema = config_json_schema();
+        let mut missing = Vec::new();
+        for (table, def) in [("egress", "EgressConfig"), ("store", "StoreConfig")] {
+            let properties = schema["$defs"][def]["properties"].as_object().unwrap();
+            for key in properties.keys() {
+                if !doc.contains(&format!("`{table}.{key}`")) {
+                    missing.push(format!("{table}.{key}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "docs/config.md lacks {missing:?}");
     }
 }

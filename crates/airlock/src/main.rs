@@ -48,12 +48,25 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check an operator configuration, or print its JSON Schema.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Check that this host can enforce every control of a cell.
     Doctor {
         /// Print the checks as JSON.
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Parse and bound-check an operator configuration file; exit 1 on a problem.
+    Check { file: PathBuf },
+    /// Print the JSON Schema of the operator configuration (docs/config.schema.json).
+    Schema,
 }
 
 fn main() -> ExitCode {
@@ -64,7 +77,31 @@ fn main() -> ExitCode {
         Command::Runs { store, command } => audit::runs(store, command),
         Command::Audit { store, command } => audit::audit(store, command),
         Command::Stats { store, json } => audit::stats(store, json),
+        Command::Config { command } => config_command(command),
         Command::Doctor { json } => doctor(json),
+    }
+}
+
+fn config_command(command: ConfigCommand) -> ExitCode {
+    match command {
+        ConfigCommand::Schema => {
+            let schema = config::config_json_schema();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&schema).unwrap_or_default()
+            );
+            ExitCode::SUCCESS
+        }
+        ConfigCommand::Check { file } => match config::OperatorConfig::load(Some(&file)) {
+            Ok(_) => {
+                println!("{}: ok", file.display());
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("airlock: {err:#}");
+                ExitCode::from(1)
+            }
+        },
     }
 }
 

@@ -45,7 +45,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 64 << 20)]
     max_artifact_bytes: u64,
     /// The command and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(required = true, trailing_var_arg = true)]
     command: Vec<String>,
 }
 
@@ -200,6 +200,14 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             return refuse_early(&config, &args, status, format!("contract: {err}"), None);
         }
     };
+    if let NetworkPlan::Allowlist { destinations } = &plan.network {
+        let unresolvable = config.unresolvable(destinations);
+        if !unresolvable.is_empty() {
+            let error = unresolvable_error(&unresolvable, args.config.as_deref());
+            let status = ResultClass::SandboxUnavailable;
+            return refuse_early(&config, &args, status, error, Some(&plan));
+        }
+    }
     let credentials = match airlock_cell::credential_env(&plan) {
         Ok(c) => c,
         Err(err) => {
@@ -327,6 +335,22 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         return ExitCode::from(125);
     }
     ExitCode::from(report.exit_code.clamp(0, 255) as u8)
+}
+
+/// Why an allowlist cannot be served: which destinations, and what the operator must add.
+fn unresolvable_error(destinations: &[&str], config: Option<&Path>) -> String {
+    let why = match config {
+        Some(path) => format!(
+            "the operator configuration {} cannot resolve",
+            path.display()
+        ),
+        None => "no operator configuration (--config) was given to resolve".to_string(),
+    };
+    format!(
+        "egress: the contract allows {}, but {why} it: add the name to `[egress] resolve` \
+         or set `[egress] upstream_resolvers` (docs/config.md)",
+        destinations.join(", ")
+    )
 }
 
 fn result_record(report: &RunReport, plan: Option<&CellPlan>) -> Value {

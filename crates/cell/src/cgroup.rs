@@ -204,7 +204,7 @@ impl CellCgroup {
                 write_file(&dir.join("memory.swap.max"), "0")?;
                 // An OOM kills the whole cell, not one random process of it.
                 write_file(&dir.join("memory.oom.group"), "1")?;
-                write_file(&dir.join("pids.max"), &limits.process_limit.to_string())?;
+                write_file(&dir.join("pids.max"), &pids_max(limits))?;
                 write_file(&dir.join("cpu.max"), &format!("{quota_us} {CPU_PERIOD_US}"))?;
             }
             CgroupLayout::V1 { .. } => {
@@ -226,7 +226,7 @@ impl CellCgroup {
                         if source.kind() == ErrorKind::NotFound => {}
                     other => other?,
                 }
-                write_file(&pids.join("pids.max"), &limits.process_limit.to_string())?;
+                write_file(&pids.join("pids.max"), &pids_max(limits))?;
                 // A new v1 cpu cgroup always starts with the kernel's fixed 100 ms period
                 // (CPU_PERIOD_US), so only the quota is written.
                 write_file(&cpu.join("cpu.cfs_quota_us"), &quota_us.to_string())?;
@@ -503,6 +503,15 @@ pub fn reap_leftovers(layout: &CgroupLayout) -> Vec<PathBuf> {
         left.extend(cgroup.destroy());
     }
     left
+}
+
+/// `pids.max` of a cell: the contract's `process_limit` counts the payload's processes
+/// and threads; airlock's own pid 1 (the reaper) is added on top, so that a contract
+/// that validates (`process_limit: 1`) can run. While the cell is set up, pid 1 and its
+/// short-lived detach helper are the only tasks (two), and the helper is gone before
+/// the payload starts, so the payload gets exactly `process_limit`.
+fn pids_max(limits: &Limits) -> String {
+    (u64::from(limits.process_limit) + 1).to_string()
 }
 
 #[cfg(test)]

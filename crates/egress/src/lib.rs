@@ -57,12 +57,13 @@ use serde::{Deserialize, Serialize};
 pub use proxy::{ProxyHandle, MAX_RECORDS};
 
 /// The operator's `[egress]` table (trusted; never from the contract or the model).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EgressConfig {
     /// Static host map, like `curl --resolve`: `resolve = { "api.test" = "127.0.0.2" }`.
     pub resolve: BTreeMap<String, IpAddr>,
     /// Ranges exempt from the private-address rule, e.g. `["127.0.0.2/32"]`.
+    #[schemars(with = "Vec<String>")]
     pub exempt_cidrs: Vec<ipnet::IpNet>,
     /// DNS servers for names not in `resolve`. Empty: such names are refused
     /// (`egress.resolve_failed`), i.e. fail closed.
@@ -73,12 +74,16 @@ pub struct EgressConfig {
     /// CONNECT). `host` must be an IP literal or a key of `resolve`.
     pub upstream_proxy: Option<String>,
     /// Concurrent client connections per cell.
+    #[schemars(range(min = 1, max = 4096))]
     pub max_connections: u32,
     /// Total bytes forwarded (up + down) per cell.
+    #[schemars(range(min = 1, max = 1_099_511_627_776u64))]
     pub max_bytes: u64,
     /// A tunnel or request with no traffic for this long is closed.
+    #[schemars(range(min = 1, max = 3_600_000))]
     pub idle_timeout_ms: u64,
     /// Upper bound for resolving + connecting upstream.
+    #[schemars(range(min = 1, max = 600_000))]
     pub connect_timeout_ms: u64,
 }
 

@@ -102,9 +102,39 @@ fn unix_ms_ago(age: Duration) -> i64 {
     now.saturating_sub(age).as_millis() as i64
 }
 
+/// `println!` that returns the write error instead of panicking: `airlock runs list | head`
+/// closes the pipe early, which is the reader's choice, not a failure (see [`fail`]).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout(), $($arg)*)?
+    };
+}
+
 fn fail(err: anyhow::Error) -> ExitCode {
-    eprintln!("airlock: {err:#}");
+    if reader_left(&err) {
+        // Like `cat | head`: the reader stopped reading; nothing is wrong with the store.
+        return ExitCode::SUCCESS;
+    }
+    eprintln!("airlock: {}", crate::user_message(&err));
     ExitCode::from(1)
+}
+
+/// The error is a closed stdout (EPIPE), directly or as the source of a store error.
+fn reader_left(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        let io = cause
+            .downcast_ref::<std::io::Error>()
+            .or_else(|| match cause.downcast_ref::<airlock_store::StoreError>() {
+                Some(airlock_store::StoreError::Export(io)) => Some(io),
+                _ => None,
+            });
+        io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// A value that may be missing, for people: `-` instead of `None`.
+fn or_dash<T: std::fmt::Display>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".to_string(), |v| v.to_string())
 }
 
 pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
@@ -136,11 +166,15 @@ pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
                 };
                 let runs = store.list_runs(&filter)?;
                 if json {
-                    println!("{}", serde_json::to_string_pretty(&runs)?);
+                    out!("{}", serde_json::to_string_pretty(&runs)?);
                 } else {
-                    println!(
+                    out!(
                         "{:<36}  {:<17}  {:<10}  {:>5}  {:>9}  command",
-                        "run id", "status", "class", "exit", "wall ms"
+                        "run id",
+                        "status",
+                        "class",
+                        "exit",
+                        "wall ms"
                     );
                     for r in runs {
                         let exit = r
@@ -148,7 +182,7 @@ pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
                             .map(|c| c.to_string())
                             .or(r.exit_signal.map(|s| format!("sig{s}")))
                             .unwrap_or("-".into());
-                        println!(
+                        out!(
                             "{:<36}  {:<17}  {:<10}  {:>5}  {:>9.1}  {}",
                             r.run_id,
                             r.status,
@@ -165,11 +199,11 @@ pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
                     bail!("no run {id}")
                 };
                 if json {
-                    println!("{}", serde_json::to_string_pretty(&detail)?);
+                    out!("{}", serde_json::to_string_pretty(&detail)?);
                 } else {
                     let r = &detail.run;
-                    println!("run        {}", r.run_id);
-                    println!(
+                    out!("run        {}", r.run_id);
+                    out!(
                         "status     {}{}",
                         r.status,
                         r.limit_fired
@@ -177,43 +211,45 @@ pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
                             .map(|l| format!(" ({l})"))
                             .unwrap_or_default()
                     );
-                    println!("command    {}", r.argv.join(" "));
-                    println!("class      {}", r.workload_class);
-                    println!(
-                        "exit       code {:?} signal {:?}",
-                        r.exit_code, r.exit_signal
+                    out!("command    {}", r.argv.join(" "));
+                    out!("class      {}", r.workload_class);
+                    out!(
+                        "exit       code {} signal {}",
+                        or_dash(r.exit_code),
+                        or_dash(r.exit_signal)
                     );
-                    println!(
+                    out!(
                         "timings    startup {:.2} ms, wall {:.2} ms",
                         r.startup_ms.unwrap_or(0.0),
                         r.wall_ms.unwrap_or(0.0)
                     );
-                    println!("input      sha256 {}", r.input_sha256);
-                    println!("contract   sha256 {}", r.contract_sha256);
-                    println!("usage      {}", r.usage);
-                    println!(
-                        "cleanup    ok={:?} leftovers={}",
-                        r.cleanup_ok, r.cleanup_leftovers
+                    out!("input      sha256 {}", r.input_sha256);
+                    out!("contract   sha256 {}", r.contract_sha256);
+                    out!("usage      {}", r.usage);
+                    out!(
+                        "cleanup    ok={} leftovers={}",
+                        or_dash(r.cleanup_ok),
+                        r.cleanup_leftovers
                     );
-                    println!(
+                    out!(
                         "stdout     {:?} ... {:?}",
                         r.stdout_head.as_deref().unwrap_or(""),
                         r.stdout_tail.as_deref().unwrap_or("")
                     );
-                    println!(
+                    out!(
                         "stderr     {:?} ... {:?}",
                         r.stderr_head.as_deref().unwrap_or(""),
                         r.stderr_tail.as_deref().unwrap_or("")
                     );
-                    println!("events");
+                    out!("events");
                     for e in &detail.events {
-                        println!("  #{:<6} {:<18} {}", e.seq, e.kind, e.body);
+                        out!("  #{:<6} {:<18} {}", e.seq, e.kind, e.body);
                     }
                 }
             }
             RunsCommand::Prune { older_than } => {
                 let removed = store.prune(parse_age(&older_than)?)?;
-                println!("pruned {removed} run(s) older than {older_than}");
+                out!("pruned {removed} run(s) older than {older_than}");
             }
         }
         Ok(ExitCode::SUCCESS)
@@ -227,9 +263,12 @@ pub fn audit(store_args: StoreArgs, command: AuditCommand) -> ExitCode {
         match command {
             AuditCommand::Verify => match store.verify() {
                 Ok(report) => {
-                    println!(
+                    out!(
                         "audit chain intact: {} entries, {} runs, head #{} {}",
-                        report.entries, report.runs, report.head_seq, report.head_hash
+                        report.entries,
+                        report.runs,
+                        report.head_seq,
+                        report.head_hash
                     );
                     Ok(ExitCode::SUCCESS)
                 }
@@ -266,12 +305,18 @@ pub fn stats(store_args: StoreArgs, json: bool) -> ExitCode {
         let store = store_args.open()?;
         let stats = store.stats()?;
         if json {
-            println!("{}", serde_json::to_string_pretty(&stats)?);
+            out!("{}", serde_json::to_string_pretty(&stats)?);
             return Ok(ExitCode::SUCCESS);
         }
-        println!(
+        out!(
             "{:<14} {:>6} {:>10} {:>12} {:>12} {:>9} {:>9}  denials",
-            "class", "runs", "completion", "startup p50", "startup p99", "timeouts", "cleanup!"
+            "class",
+            "runs",
+            "completion",
+            "startup p50",
+            "startup p99",
+            "timeouts",
+            "cleanup!"
         );
         for (class, s) in stats {
             let pct = s
@@ -280,7 +325,7 @@ pub fn stats(store_args: StoreArgs, json: bool) -> ExitCode {
                 .unwrap_or("-".into());
             let ms = |v: Option<f64>| v.map(|v| format!("{v:.2} ms")).unwrap_or("-".into());
             let denials: Vec<String> = s.denials.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!(
+            out!(
                 "{:<14} {:>6} {:>10} {:>12} {:>12} {:>9} {:>9}  {}",
                 class,
                 s.runs,

@@ -98,7 +98,7 @@ fn config_command(command: ConfigCommand) -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(err) => {
-                eprintln!("airlock: {err:#}");
+                eprintln!("airlock: {}", user_message(&err));
                 ExitCode::from(1)
             }
         },
@@ -127,6 +127,24 @@ fn doctor(json: bool) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+/// An error and its causes as one line for people. Our errors already say their source
+/// (`cannot write: Broken pipe`), so a cause whose text is already in the line is not
+/// repeated, as anyhow's `{:#}` would.
+fn user_message(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// Directory used for relative paths of the default contract.

@@ -83,10 +83,21 @@ impl InputHasher {
         Ok(())
     }
 
+    /// Hashes every read-only input; an error names the input's host source and its
+    /// target in the cell.
     pub fn add_plan_inputs(&mut self, plan: &CellPlan) -> std::io::Result<()> {
         for mount in &plan.mounts {
             if let MountPlan::ReadonlyInput { source, target } = mount {
-                self.add_input(target, source)?;
+                self.add_input(target, source).map_err(|err| {
+                    std::io::Error::new(
+                        err.kind(),
+                        format!(
+                            "read-only input {} (mounted at {}): {err}",
+                            source.display(),
+                            target.display()
+                        ),
+                    )
+                })?;
             }
         }
         Ok(())

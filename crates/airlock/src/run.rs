@@ -159,7 +159,7 @@ fn refuse_recorded(
 /// Opens the audit store and marks runs of dead supervisors as aborted.
 fn open_store(config: &OperatorConfig, args: &RunArgs) -> Result<Store, String> {
     let store = Store::open(&config.state_dir(args.state_dir.as_deref()))
-        .map_err(|err| format!("audit store: {err}"))?;
+        .map_err(|err| err.to_string())?;
     if let Err(err) = store.reap_aborted() {
         eprintln!("airlock: warning: marking runs of dead supervisors as aborted failed: {err}");
     }
@@ -188,7 +188,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
                 &args,
                 "",
                 ResultClass::RuntimeFault,
-                format!("{err:#}"),
+                crate::user_message(&err),
                 None,
             )
         }
@@ -249,7 +249,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         let opened = open_store(&config, &args)?;
         let begun = opened
             .begin_run(start.clone(), secrets.clone())
-            .map_err(|err| format!("audit store: {err}"));
+            .map_err(|err| err.to_string());
         store = Some(opened);
         let h = begun?;
         let id = h.run_id();
@@ -314,7 +314,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     let handle = match handle.map_or_else(|| store.begin_run(start, secrets), Ok) {
         Ok(h) => h,
         Err(err) => {
-            eprintln!("airlock: audit store: {err}");
+            eprintln!("airlock: {err}");
             return ExitCode::from(125);
         }
     };

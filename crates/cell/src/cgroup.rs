@@ -105,6 +105,25 @@ impl CgroupLayout {
         }
     }
 
+    /// The version and where its controllers are mounted, for people.
+    pub fn describe(&self) -> String {
+        match self {
+            CgroupLayout::V2 { root } => format!("v2 at {}", root.display()),
+            CgroupLayout::V1 {
+                memory,
+                pids,
+                cpu,
+                freezer,
+            } => format!(
+                "v1: memory {}, pids {}, cpu {}, freezer {}",
+                memory.display(),
+                pids.display(),
+                cpu.display(),
+                freezer.display()
+            ),
+        }
+    }
+
     fn parents(&self) -> Vec<PathBuf> {
         match self {
             CgroupLayout::V2 { root } => vec![root.join(PARENT_NAME)],

@@ -1,7 +1,7 @@
 //! `airlock doctor`: checks, one by one, that this host can enforce every control a cell
 //! relies on. Each check exercises the real mechanism where that is cheap.
 
-use crate::cgroup::{find_leftovers, CgroupLayout};
+use crate::cgroup::{cgroup_name, find_leftovers, CellCgroup, CgroupLayout};
 use crate::{landlock_policy, seccomp, sys};
 use serde::Serialize;
 
@@ -96,10 +96,7 @@ pub fn run_checks() -> Vec<Check> {
     ));
     match CgroupLayout::detect() {
         Ok(layout) => {
-            checks.push(check(
-                "cgroups",
-                Ok(format!("{} ({:?})", layout.version(), layout)),
-            ));
+            checks.push(check("cgroups", cgroup_probe(&layout)));
             let leftovers = find_leftovers(&layout);
             checks.push(check(
                 "cleanup.leftover_cells",
@@ -107,9 +104,13 @@ pub fn run_checks() -> Vec<Check> {
                     Ok("no cell cgroups without a live supervisor".into())
                 } else {
                     Err(format!(
-                        "{} leftover cell cgroup(s): {:?} (removed by the next `airlock run`)",
+                        "{} leftover cell cgroup(s): {} (removed by the next `airlock run`)",
                         leftovers.len(),
                         leftovers
+                            .iter()
+                            .map(|l| format!("{} ({} processes)", l.path.display(), l.processes))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ))
                 },
             ));
@@ -134,6 +135,46 @@ pub fn run_checks() -> Vec<Check> {
     ));
     checks.push(check("cell.end_to_end", end_to_end()));
     checks
+}
+
+/// Creates a cell cgroup with the default contract's limits and removes it again, exactly
+/// as a run does: finding the controllers is not enough when this user cannot write them
+/// (doctor must not say `ok` for a control `run` then fails on).
+fn cgroup_probe(layout: &CgroupLayout) -> Result<String, String> {
+    let limits = default_limits()?;
+    let started = sys::process_stat(std::process::id())
+        .map_err(|e| format!("/proc/self/stat: {e}"))?
+        .start_time;
+    let probe = CellCgroup::create(layout, &cgroup_name(started), &limits)
+        .map_err(|e| format!("{}; cannot create a cell cgroup: {e}", layout.describe()))?;
+    let left = probe.destroy();
+    if !left.is_empty() {
+        return Err(format!(
+            "{}; a probe cgroup could not be removed: {}",
+            layout.describe(),
+            left.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(format!(
+        "{}; a cell cgroup with limits was created and removed",
+        layout.describe()
+    ))
+}
+
+fn default_limits() -> Result<airlock_contract::Limits, String> {
+    let argv = ["/bin/true".to_string()];
+    airlock_contract::compile(
+        &airlock_contract::default_contract(),
+        &airlock_contract::CompileInput {
+            base_dir: std::path::Path::new("/"),
+            argv: &argv,
+        },
+    )
+    .map(|plan| plan.limits)
+    .map_err(|e| e.to_string())
 }
 
 /// Moving a process into a cgroup takes a global lock whose first writer waits for an RCU

@@ -329,17 +329,28 @@ impl PayloadLaunch {
         let spawned = sys::spawn_exec(self.path.as_deref(), &self.argv, setup.env)?;
         let problem = match (&self.path, spawned.exec_error) {
             (None, _) => Some(format!("127 {}: command not found", setup.plan.argv[0])),
-            (Some(path), Some(err)) => Some(format!(
-                "{} {}: {err}",
-                sys::exec_failure_status(err.raw_os_error().unwrap_or(0)),
-                path.to_string_lossy()
-            )),
+            (Some(path), Some(err)) => Some(exec_problem(path, &err)),
             (Some(_), None) => None,
         };
         if let Some(problem) = problem {
             let _ = sys::write(setup.exec_notify.as_fd(), problem.as_bytes());
         }
         Ok(spawned.pid)
+    }
+}
+
+/// Why the payload's exec failed, as `<status> <path>: <reason>`. The kernel answers
+/// EACCES for a directory too; "Permission denied" would send the user looking for a
+/// permission problem.
+fn exec_problem(path: &CString, err: &std::io::Error) -> String {
+    let status = sys::exec_failure_status(err.raw_os_error().unwrap_or(0));
+    let shown = path.to_string_lossy();
+    let is_dir =
+        std::fs::metadata(std::ffi::OsStr::from_bytes(path.as_bytes())).is_ok_and(|m| m.is_dir());
+    if is_dir {
+        format!("{status} {shown}: is a directory, not a command")
+    } else {
+        format!("{status} {shown}: {err}")
     }
 }
 

@@ -17,6 +17,9 @@ pub(crate) fn parse_document(
     format: ContractFormat,
 ) -> Result<Contract, ContractError> {
     let parse_error = |message: String| ContractError::Parse { format, message };
+    // Some editors start UTF-8 files with a byte-order mark; no format treats it as
+    // content, and JSON parsers reject it at "line 1 column 1".
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     // An empty file is far more likely a mistake than a request for the default contract
     // (and TOML would otherwise read it as exactly that).
     if text.trim().is_empty() {
@@ -297,6 +300,18 @@ retain_outputs_only = true
         match parse_contract(text, format) {
             Err(ContractError::Parse { message, .. }) => message,
             other => panic!("expected Parse, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_document() {
+        for (text, format) in [
+            ("\u{feff}{\"hostname\": \"bom\"}", ContractFormat::Json),
+            ("\u{feff}hostname: bom\n", ContractFormat::Yaml),
+            ("\u{feff}hostname = \"bom\"\n", ContractFormat::Toml),
+        ] {
+            let contract = parse_contract(text, format).unwrap();
+            assert_eq!(contract.hostname, "bom", "{format:?}");
         }
     }
 

@@ -104,7 +104,8 @@ pub struct Limits {
     /// CPU quota in thousandths of one CPU (1000 = one full core).
     pub cpu_millis: u32,
     pub memory_bytes: u64,
-    /// Maximum number of tasks (processes and threads) in the cell.
+    /// Maximum number of the payload's tasks (processes and threads); the cell's
+    /// `pids.max` adds one for airlock's own pid 1.
     pub process_limit: u32,
     pub wall_time_ms: u64,
     /// Combined stdout+stderr bytes kept; the rest is counted and dropped.

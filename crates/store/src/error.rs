@@ -66,6 +66,11 @@ pub enum StoreError {
         found: i64,
         supported: i64,
     },
+    #[error(
+        "audit store directory {}: {} is not a directory (choose another --state-dir or store.state_dir)",
+        .path.display(), .blocker.display()
+    )]
+    NotADirectory { path: PathBuf, blocker: PathBuf },
     #[error("audit store directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -100,6 +105,7 @@ impl StoreError {
             StoreError::Busy { .. } => ErrorClass::Busy,
             StoreError::Corrupt { .. } => ErrorClass::Corrupt,
             StoreError::SchemaTooNew { .. } => ErrorClass::Corrupt,
+            StoreError::NotADirectory { .. } => ErrorClass::InvalidInput,
             StoreError::Dir { source, .. } => io_class(source),
             StoreError::Sqlite { .. } => ErrorClass::Io,
             StoreError::Export(source) => io_class(source),

@@ -435,6 +435,15 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
+/// The first of `dir` and its ancestors that exists but is not a directory (a file where
+/// the store's directory or one of its parents should be), if any.
+fn non_directory_on_the_way(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors()
+        .find(|p| !p.as_os_str().is_empty() && p.exists())
+        .filter(|p| !p.is_dir())
+        .map(Path::to_path_buf)
+}
+
 impl Store {
     /// Open (creating if needed) the store in `state_dir`, migrating it to the current
     /// schema. Fails if the store cannot be written.
@@ -451,6 +460,12 @@ impl Store {
     #[doc(hidden)]
     pub fn open_with_schema(state_dir: &Path, version: i64) -> Result<Store> {
         let path = state_dir.join(DB_FILE);
+        if let Some(blocker) = non_directory_on_the_way(state_dir) {
+            return Err(StoreError::NotADirectory {
+                path: state_dir.to_path_buf(),
+                blocker,
+            });
+        }
         if !state_dir.is_dir() {
             use std::os::unix::fs::DirBuilderExt;
             // 0700: the store holds output heads and tails of every run.

@@ -9,8 +9,9 @@ use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;
 
-/// sha256 over the command, stdin and the read-only inputs, each length-prefixed so that
-/// moving bytes between parts changes the hash.
+/// sha256 over the command and the read-only inputs, each length-prefixed so that
+/// moving bytes between parts changes the hash. stdin is not part of it: it is read while
+/// the payload runs, and its own hash is the result's `stdin` record.
 pub struct InputHasher(Sha256);
 
 impl InputHasher {
@@ -29,30 +30,6 @@ impl InputHasher {
         self.0.update(bytes);
     }
 
-    /// Hashes everything `reader` yields (copying it to `copy` on the way, if given).
-    pub fn add_stream(
-        &mut self,
-        label: &str,
-        reader: &mut impl Read,
-        mut copy: Option<&mut std::fs::File>,
-    ) -> std::io::Result<()> {
-        use std::io::Write;
-        let mut digest = Sha256::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = reader.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            digest.update(&buf[..n]);
-            if let Some(out) = copy.as_mut() {
-                out.write_all(&buf[..n])?;
-            }
-        }
-        self.add_part(label, &digest.finalize());
-        Ok(())
-    }
-
     /// Hashes a read-only input: a file's content, or for a directory every file below it
     /// (path and content), in sorted order.
     pub fn add_input(&mut self, target: &Path, source: &Path) -> std::io::Result<()> {
@@ -68,17 +45,8 @@ impl InputHasher {
                 self.add_input(&target.join(name), &entry)?;
             }
         } else if meta.is_file() {
-            let mut file_hash = Sha256::new();
-            let mut file = std::fs::File::open(source)?;
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = file.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                file_hash.update(&buf[..n]);
-            }
-            self.add_part(&target.display().to_string(), &file_hash.finalize());
+            let (_, file_hash) = digest_of(&mut std::fs::File::open(source)?)?;
+            self.add_part(&target.display().to_string(), &file_hash);
         }
         Ok(())
     }
@@ -105,6 +73,27 @@ impl InputHasher {
 
     pub fn finish(self) -> String {
         hex::encode(self.0.finalize())
+    }
+}
+
+/// Bytes and sha256 of everything `reader` yields (fixed-size buffer: memory stays
+/// bounded whatever the size).
+pub fn sha256_of(reader: &mut impl Read) -> std::io::Result<(u64, String)> {
+    let (bytes, digest) = digest_of(reader)?;
+    Ok((bytes, hex::encode(digest)))
+}
+
+fn digest_of(reader: &mut impl Read) -> std::io::Result<(u64, [u8; 32])> {
+    let mut digest = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut bytes = 0u64;
+    loop {
+        let n = reader.read(&mut buf)?;
+        if n == 0 {
+            return Ok((bytes, digest.finalize().into()));
+        }
+        bytes += n as u64;
+        digest.update(&buf[..n]);
     }
 }
 

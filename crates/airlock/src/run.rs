@@ -5,7 +5,8 @@ use crate::egress_session::ProxySession;
 use crate::record::{self, InputHasher};
 use airlock_cell::artifacts::ArtifactRequest;
 use airlock_cell::report::{ResultClass, RunReport};
-use airlock_cell::{EgressSession, RunOptions};
+use airlock_cell::stdin_relay::StdinRecord;
+use airlock_cell::{EgressSession, PayloadStdin, RunOptions};
 use airlock_contract::{
     compile, default_contract, load_contract_file, CellPlan, CompileInput, ContractError,
     NetworkPlan,
@@ -15,7 +16,6 @@ use clap::Args;
 use serde_json::{json, Value};
 use std::io::Seek;
 use std::os::fd::AsFd;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -70,37 +70,75 @@ fn load_plan(args: &RunArgs) -> Result<CellPlan, ContractError> {
     )
 }
 
-/// The payload's stdin, and its part of the input hash:
-/// - a terminal: nothing (the cell gets /dev/null);
-/// - a regular file: passed as is, hashed from its current offset through a second open
-///   file description (so the payload still reads it from where it is);
-/// - a character device such as /dev/null: passed as is, not read;
-/// - a pipe or socket: copied to an unlinked temp file while it is hashed (a fixed-size
-///   buffer: memory stays bounded), which the payload then reads from the start.
-fn prepare_stdin(hasher: &mut InputHasher) -> anyhow::Result<Option<OwnedFd>> {
+/// How the caller's stdin reaches the payload, decided before the cell starts without
+/// reading any of it (reading would put the caller's pace on the start path, outside
+/// the deadline):
+/// - a terminal: the payload gets /dev/null (a tty handle would let it type into the
+///   caller's terminal);
+/// - a character or block device such as /dev/null: passed as is, never read by us;
+/// - a regular file: passed as is; hashed from its current offset when the run ends;
+/// - a pipe or socket: relayed into the cell as it arrives and hashed on the way by the
+///   supervisor (airlock_cell::stdin_relay).
+enum StdinKind {
+    Terminal,
+    Device,
+    File { offset: u64 },
+    Stream,
+}
+
+fn prepare_stdin() -> anyhow::Result<(PayloadStdin, StdinKind)> {
     use std::io::IsTerminal;
     use std::os::unix::fs::FileTypeExt;
     let stdin = std::io::stdin();
     if stdin.is_terminal() {
-        return Ok(None);
+        return Ok((PayloadStdin::Null, StdinKind::Terminal));
     }
-    let mut ours = std::fs::File::from(stdin.as_fd().try_clone_to_owned()?);
+    let Ok(fd) = stdin.as_fd().try_clone_to_owned() else {
+        // No fd 0 at all (closed by the caller): nothing to read.
+        return Ok((PayloadStdin::Null, StdinKind::Terminal));
+    };
+    let mut ours = std::fs::File::from(fd);
     let kind = ours.metadata()?.file_type();
     if kind.is_char_device() || kind.is_block_device() {
-        hasher.add_part("stdin", b"<device>");
-        return Ok(None);
+        return Ok((PayloadStdin::Passed(ours.into()), StdinKind::Device));
     }
     if kind.is_file() {
         let offset = ours.stream_position()?;
-        let mut copy = std::fs::File::open("/proc/self/fd/0")?;
-        copy.seek(std::io::SeekFrom::Start(offset))?;
-        hasher.add_stream("stdin", &mut copy, None)?;
-        return Ok(None);
+        return Ok((
+            PayloadStdin::Passed(ours.into()),
+            StdinKind::File { offset },
+        ));
     }
-    let mut spool = tempfile::tempfile()?;
-    hasher.add_stream("stdin", &mut ours, Some(&mut spool))?;
-    spool.rewind()?;
-    Ok(Some(spool.into()))
+    Ok((PayloadStdin::Relayed(ours.into()), StdinKind::Stream))
+}
+
+/// What the payload got on stdin, for the record: the relay's own account for a stream;
+/// for a file, its bytes from where the payload started reading, hashed now (through a
+/// second open file description, so the caller's offset is left as the payload left it).
+fn stdin_record(kind: &StdinKind, relayed: Option<StdinRecord>) -> anyhow::Result<StdinRecord> {
+    Ok(match kind {
+        StdinKind::Terminal => StdinRecord::none(),
+        StdinKind::Device => StdinRecord {
+            mode: "device",
+            ..StdinRecord::none()
+        },
+        StdinKind::Stream => relayed.unwrap_or(StdinRecord {
+            mode: "relayed",
+            eof: false,
+            ..StdinRecord::none()
+        }),
+        StdinKind::File { offset } => {
+            let mut copy = std::fs::File::open("/proc/self/fd/0")?;
+            copy.seek(std::io::SeekFrom::Start(*offset))?;
+            let (bytes, sha256) = record::sha256_of(&mut copy)?;
+            StdinRecord {
+                mode: "file",
+                bytes,
+                sha256,
+                eof: true,
+            }
+        }
+    })
 }
 
 /// A run refused before any cell existed: report it (stderr, result file) and exit 125.
@@ -158,8 +196,8 @@ fn refuse_recorded(
 
 /// Opens the audit store and marks runs of dead supervisors as aborted.
 fn open_store(config: &OperatorConfig, args: &RunArgs) -> Result<Store, String> {
-    let store = Store::open(&config.state_dir(args.state_dir.as_deref()))
-        .map_err(|err| err.to_string())?;
+    let store =
+        Store::open(&config.state_dir(args.state_dir.as_deref())).map_err(|err| err.to_string())?;
     if let Err(err) = store.reap_aborted() {
         eprintln!("airlock: warning: marking runs of dead supervisors as aborted failed: {err}");
     }
@@ -216,7 +254,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         }
     };
     let mut hasher = InputHasher::new(&args.command);
-    let stdin = match prepare_stdin(&mut hasher)
+    let stdin = match prepare_stdin()
         .and_then(|s| hasher.add_plan_inputs(&plan).map(|_| s).map_err(Into::into))
     {
         Ok(stdin) => stdin,
@@ -270,7 +308,8 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         max_file_bytes: args.max_artifact_bytes,
         max_total_bytes: args.max_artifact_bytes.saturating_mul(16),
     });
-    let report = airlock_cell::run_cell(
+    let (stdin, stdin_kind) = stdin;
+    let mut report = airlock_cell::run_cell(
         &plan,
         RunOptions {
             before_start: Some(&mut record_before_start),
@@ -282,6 +321,10 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             credentials: &credentials,
         },
     );
+    match stdin_record(&stdin_kind, report.stdin.take()) {
+        Ok(record) => report.stdin = Some(record),
+        Err(err) => eprintln!("airlock: warning: hashing the stdin file failed: {err}"),
+    }
     for stale in &report.stale_cgroups_left {
         eprintln!("airlock: warning: could not remove the leftover cgroup {stale}");
     }
@@ -318,7 +361,6 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             return ExitCode::from(125);
         }
     };
-    let mut report = report;
     report.run_id = handle.run_id();
     // The plan is already in the run's begin record; the stored result leaves it out, the
     // caller's result file has it. The report is serialised once for both.

@@ -709,13 +709,25 @@ fn run_records_carry_hashes_class_and_timings() {
             "{d}"
         );
     }
+    // stdin is read while the payload runs: its hash is recorded with the run's end, in
+    // the result's `stdin`; the input hash (command and read-only inputs) is known at
+    // the start.
+    let stdin_hash = |d: &Value| d["run"]["result"]["stdin"]["sha256"].clone();
+    for d in [&a, &b, &c] {
+        assert!(is_hex64(&stdin_hash(d)), "{d}");
+        assert_eq!(d["run"]["result"]["stdin"]["mode"], "relayed", "{d}");
+        assert_eq!(d["run"]["result"]["stdin"]["eof"], true, "{d}");
+    }
+    assert_eq!(a["run"]["result"]["stdin"]["bytes"], 12);
     assert_ne!(
-        a["run"]["input_sha256"], b["run"]["input_sha256"],
-        "different stdin, different input hash"
+        stdin_hash(&a),
+        stdin_hash(&b),
+        "different stdin, different hash"
     );
+    assert_eq!(stdin_hash(&a), stdin_hash(&c), "same stdin, same hash");
     assert_eq!(
         a["run"]["input_sha256"], c["run"]["input_sha256"],
-        "same stdin and command, same input hash"
+        "same command and inputs, same input hash"
     );
     assert_eq!(a["run"]["contract_sha256"], b["run"]["contract_sha256"]);
     let verify = store.verify();

@@ -232,7 +232,7 @@ fn end_to_end() -> Result<String, String> {
             egress: None,
             artifacts: None,
             stream_output: false,
-            stdin: None,
+            stdin: crate::PayloadStdin::Null,
             credentials: &[],
         },
     );

@@ -16,12 +16,13 @@ mod protocol;
 pub mod report;
 mod rootfs;
 pub mod seccomp;
+pub mod stdin_relay;
 mod supervisor;
 mod sys;
 mod syscalls;
 
 pub use error::CellError;
 pub use supervisor::{
-    credential_env, run_cell, BeforeStart, EgressSession, EgressSummary, RunOptions, HOST_ID_BASE,
-    TERM_GRACE,
+    credential_env, run_cell, BeforeStart, EgressSession, EgressSummary, PayloadStdin, RunOptions,
+    HOST_ID_BASE, TERM_GRACE,
 };

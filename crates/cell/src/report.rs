@@ -138,6 +138,9 @@ pub struct RunReport {
     /// Cgroups of dead supervisors' cells that this run's start could not remove.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stale_cgroups_left: Vec<String>,
+    /// What the payload got on stdin: set by the supervisor when it relayed a pipe, by
+    /// the caller otherwise (it knows what it passed).
+    pub stdin: Option<crate::stdin_relay::StdinRecord>,
 }
 
 impl RunReport {
@@ -160,6 +163,7 @@ impl RunReport {
                 ok: true,
                 leftovers: Vec::new(),
             },
+            stdin: None,
             stale_cgroups_left: Vec::new(),
         }
     }

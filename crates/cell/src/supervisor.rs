@@ -11,6 +11,7 @@ use crate::launcher::{self, ChildSetup, Stage};
 use crate::output::{OutputCapture, Stream};
 use crate::protocol::{self, LaunchFailure, PayloadEnded};
 use crate::report::{Ceiling, CleanupReport, ExitInfo, ResultClass, RunReport, Timings, Usage};
+use crate::stdin_relay::{StdinRecord, StdinRelay};
 use crate::{rootfs, seccomp, sys};
 use airlock_contract::{CellPlan, SeccompPlan};
 use std::ffi::CString;
@@ -76,11 +77,22 @@ pub struct RunOptions<'a> {
     pub artifacts: Option<ArtifactRequest>,
     /// Forward the payload's output to our stdout/stderr as it arrives.
     pub stream_output: bool,
-    /// The payload's stdin. `None`: our stdin when it is a pipe or file, /dev/null when
-    /// it is a terminal.
-    pub stdin: Option<OwnedFd>,
+    /// The payload's stdin.
+    pub stdin: PayloadStdin,
     /// `(variable, value)` of every credential of the plan, from [`credential_env`].
     pub credentials: &'a [(String, String)],
+}
+
+/// What the payload reads on stdin.
+pub enum PayloadStdin {
+    /// /dev/null: the caller's stdin is a terminal (which would give the cell a handle to
+    /// the caller's tty) or there is none.
+    Null,
+    /// Passed to the cell as it is: a regular file or a device.
+    Passed(OwnedFd),
+    /// A pipe or socket, relayed into the cell as it arrives and hashed on the way (see
+    /// [`crate::stdin_relay`]); the report's `stdin` says what was read.
+    Relayed(OwnedFd),
 }
 
 /// Values taken from the supervisor's environment for the plan's credentials.
@@ -152,14 +164,7 @@ fn launch_error(stage: Stage) -> CellError {
 /// Writes the user namespace maps of the child: the cell identity maps to one host id,
 /// which is never root.
 fn write_id_maps(pid: libc::pid_t, plan: &CellPlan) -> Result<(), CellError> {
-    let (host_uid, host_gid) = if sys::geteuid() == 0 {
-        (
-            HOST_ID_BASE + plan.identity.uid,
-            HOST_ID_BASE + plan.identity.gid,
-        )
-    } else {
-        (sys::geteuid(), sys::getegid())
-    };
+    let (host_uid, host_gid) = host_ids(plan);
     let write = |file: &str, text: String| {
         std::fs::write(format!("/proc/{pid}/{file}"), text)
             .map_err(|e| CellError::io(format!("writing {file} of the cell"), e))
@@ -167,6 +172,35 @@ fn write_id_maps(pid: libc::pid_t, plan: &CellPlan) -> Result<(), CellError> {
     write("setgroups", "deny".into())?;
     write("uid_map", format!("{} {host_uid} 1\n", plan.identity.uid))?;
     write("gid_map", format!("{} {host_gid} 1\n", plan.identity.gid))
+}
+
+/// The host uid and gid the cell identity maps to.
+fn host_ids(plan: &CellPlan) -> (u32, u32) {
+    if sys::geteuid() == 0 {
+        (
+            HOST_ID_BASE + plan.identity.uid,
+            HOST_ID_BASE + plan.identity.gid,
+        )
+    } else {
+        (sys::geteuid(), sys::getegid())
+    }
+}
+
+/// Gives the cell's ends of its stdio pipes to the cell identity. A pipe is created owned
+/// by its creator with mode 0600, and re-opening it through `/dev/stdin` (that is,
+/// `/proc/self/fd/0`) checks that mode: owned by root outside the cell's maps, a payload
+/// could use its fd 0/1/2 but not `/dev/stdin`, `/dev/stdout` or `/dev/stderr`. Owned by
+/// the cell identity, still 0600, nobody else gains access.
+fn give_pipes_to_cell(plan: &CellPlan, ends: &[&OwnedFd]) -> Result<(), CellError> {
+    if sys::geteuid() != 0 {
+        // Created by the caller's uid, which is what the cell identity maps to.
+        return Ok(());
+    }
+    let (uid, gid) = host_ids(plan);
+    for end in ends.iter() {
+        sys::fchown(end.as_fd(), uid, gid).map_err(|e| CellError::io("chown of a pipe", e))?;
+    }
+    Ok(())
 }
 
 struct Pipes {
@@ -179,29 +213,33 @@ struct Pipes {
     sync_parent: OwnedFd,
     sync_child: OwnedFd,
     stdin: OwnedFd,
+    stdin_relay: Option<StdinRelay>,
 }
 
-fn open_pipes(stdin: Option<OwnedFd>) -> Result<Pipes, CellError> {
+fn open_pipes(plan: &CellPlan, stdin: PayloadStdin) -> Result<Pipes, CellError> {
     let pipe = || sys::pipe_cloexec().map_err(|e| CellError::io("pipe", e));
     let (stdout_read, stdout_write) = pipe()?;
     let (stderr_read, stderr_write) = pipe()?;
     let (notify_read, notify_write) = pipe()?;
     let (sync_parent, sync_child) =
         sys::seqpacket_pair().map_err(|e| CellError::io("socketpair", e))?;
-    // A terminal on stdin would give the cell a handle to the caller's tty; only pipes and
-    // files are passed through.
-    let stdin = if let Some(fd) = stdin {
-        fd
-    } else if sys::isatty(0) {
-        File::open("/dev/null")
-            .map_err(|e| CellError::io("/dev/null", e))?
-            .into()
-    } else {
-        std::io::stdin()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| CellError::io("stdin", e))?
+    let (stdin, stdin_relay) = match stdin {
+        PayloadStdin::Null => (
+            File::open("/dev/null")
+                .map_err(|e| CellError::io("/dev/null", e))?
+                .into(),
+            None,
+        ),
+        PayloadStdin::Passed(fd) => (fd, None),
+        PayloadStdin::Relayed(source) => {
+            let (relay, cell_end) =
+                StdinRelay::new(source).map_err(|e| CellError::io("stdin pipe", e))?;
+            give_pipes_to_cell(plan, &[&cell_end])?;
+            (cell_end, Some(relay))
+        }
     };
+    // A passed file or device keeps its own owner.
+    give_pipes_to_cell(plan, &[&stdout_write, &stderr_write])?;
     Ok(Pipes {
         stdout_read,
         stdout_write,
@@ -212,6 +250,7 @@ fn open_pipes(stdin: Option<OwnedFd>) -> Result<Pipes, CellError> {
         sync_parent,
         sync_child,
         stdin,
+        stdin_relay,
     })
 }
 
@@ -239,6 +278,8 @@ struct Observed {
     run_id: String,
     released_ms: f64,
     ended_at: Option<Instant>,
+    /// What was relayed on stdin, when it was.
+    stdin: Option<StdinRecord>,
 }
 
 /// Runs `plan` in a fresh cell. Never panics on cell failures: every outcome, including
@@ -476,6 +517,7 @@ struct SpawnedCell {
     stderr: OwnedFd,
     notify: OwnedFd,
     sync: OwnedFd,
+    stdin_relay: Option<StdinRelay>,
 }
 
 /// Kills a cell whose payload must not start (or that will not even be released) and
@@ -508,7 +550,8 @@ fn spawn_cell(
     options: &mut RunOptions<'_>,
     payload_cpus: Option<&sys::CpuSet>,
 ) -> Result<SpawnedCell, CellError> {
-    let pipes = open_pipes(options.stdin.take())?;
+    let stdin = std::mem::replace(&mut options.stdin, PayloadStdin::Null);
+    let pipes = open_pipes(plan, stdin)?;
     if sys::geteuid() == 0 {
         // Supplementary groups survive into the user namespace and cannot be dropped there.
         sys::clear_supplementary_groups().map_err(|e| CellError::io("setgroups", e))?;
@@ -525,10 +568,17 @@ fn spawn_cell(
         sync_parent,
         sync_child,
         stdin,
+        stdin_relay,
     } = pipes;
     match sys::clone_cell(CELL_NAMESPACES) {
         Ok(sys::CloneOutcome::Child) => {
-            drop((stdout_read, stderr_read, notify_read, sync_parent));
+            drop((
+                stdout_read,
+                stderr_read,
+                notify_read,
+                sync_parent,
+                stdin_relay,
+            ));
             launcher::run(ChildSetup {
                 plan,
                 env,
@@ -553,6 +603,7 @@ fn spawn_cell(
                 stderr: stderr_read,
                 notify: notify_read,
                 sync: sync_parent,
+                stdin_relay,
             })
         }
         Err(e) => Err(CellError::Unavailable {
@@ -602,6 +653,7 @@ fn release_cell<'a>(
         stderr,
         notify,
         sync,
+        stdin_relay,
     } = cell;
     Supervision {
         plan,
@@ -619,6 +671,7 @@ fn release_cell<'a>(
         deadline: Deadline::Pending(released_at + Duration::from_millis(plan.limits.wall_time_ms)),
         stream_output: options.stream_output,
         cgroup,
+        stdin_relay,
     }
 }
 
@@ -637,6 +690,8 @@ struct Supervision<'a> {
     deadline: Deadline,
     stream_output: bool,
     cgroup: &'a CellCgroup,
+    /// `None` unless the caller's stdin is relayed; taken when pid 1 is gone.
+    stdin_relay: Option<StdinRelay>,
 }
 
 /// A `poll` entry waiting for input on `fd` (negative fds are ignored by poll).
@@ -644,6 +699,16 @@ fn poll_in(fd: i32) -> libc::pollfd {
     libc::pollfd {
         fd,
         events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// A `poll` entry waiting for room to write on `fd` (errors and hang-ups are always
+/// reported).
+fn poll_out(fd: i32) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
         revents: 0,
     }
 }
@@ -667,12 +732,15 @@ impl Supervision<'_> {
         let mut buf = Vec::new();
         loop {
             let timeout = self.next_timeout();
+            let relay = self.stdin_relay.as_ref().map(StdinRelay::interest);
             let mut fds = [
                 poll_in(raw(&self.stdout)),
                 poll_in(raw(&self.stderr)),
                 poll_in(raw(&self.notify)),
                 poll_in(raw(&self.sync)),
                 poll_in(self.pidfd.as_raw_fd()),
+                poll_in(relay.as_ref().map_or(-1, |r| r.source)),
+                poll_out(relay.as_ref().map_or(-1, |r| r.sink)),
             ];
             sys::poll(&mut fds, timeout).map_err(|e| CellError::io("poll", e))?;
             let ready =
@@ -689,9 +757,18 @@ impl Supervision<'_> {
             if ready(3) {
                 self.read_message(options)?;
             }
+            if let Some(relay) = self.stdin_relay.as_mut() {
+                if ready(5) {
+                    relay.on_source_ready();
+                }
+                if fds[6].revents != 0 {
+                    relay.on_sink_ready();
+                }
+            }
             if ready(4) {
                 // pid 1 is gone, and with it every process of the pid namespace.
                 self.observed.ended_at = Some(Instant::now());
+                self.observed.stdin = self.stdin_relay.take().map(StdinRelay::finish);
                 if let Ok(Some(reaped)) = sys::wait_child(self.pid, false) {
                     self.observed.pid1_status = Some(reaped.status);
                     self.observed.rusage = Some(reaped.usage);
@@ -984,5 +1061,6 @@ fn classify(
         artifacts: observed.artifacts,
         cleanup: CleanupReport::default(),
         stale_cgroups_left: Vec::new(),
+        stdin: observed.stdin,
     }
 }

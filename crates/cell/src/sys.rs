@@ -734,6 +734,24 @@ pub fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Sets O_NONBLOCK on `fd`'s open file description. Only for descriptions airlock created
+/// itself (a pipe end): the flag is shared with every holder of the description.
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL read and write the status flags of a descriptor we borrow;
+    // no memory is passed.
+    let flags = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+    Ok(())
+}
+
+/// `fchown(2)`: gives the file behind `fd` (here: a pipe airlock created) to `uid:gid`.
+pub fn fchown(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: integer arguments only; the descriptor is borrowed, so it is open.
+    check(unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) })?;
+    Ok(())
+}
+
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors.
@@ -956,11 +974,6 @@ pub fn geteuid() -> u32 {
 pub fn getegid() -> u32 {
     // SAFETY: no arguments, cannot fail.
     unsafe { libc::getegid() }
-}
-
-pub fn isatty(fd: RawFd) -> bool {
-    // SAFETY: integer argument; an invalid fd just returns 0.
-    unsafe { libc::isatty(fd) == 1 }
 }
 
 /// Free blocks and inodes of the filesystem at `path`.

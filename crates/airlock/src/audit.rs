@@ -48,12 +48,18 @@ pub enum RunsCommand {
         limit: usize,
         #[arg(long)]
         json: bool,
+        /// Include runs started by other users (and runs recorded before callers were).
+        #[arg(long)]
+        all_users: bool,
     },
     /// Show one run with its events.
     Show {
         id: String,
         #[arg(long)]
         json: bool,
+        /// Show the run even if another user started it.
+        #[arg(long)]
+        all_users: bool,
     },
     /// Delete finished runs older than an age (e.g. 30d); the audit chain stays verifiable.
     Prune {
@@ -74,6 +80,17 @@ pub enum AuditCommand {
         #[arg(long)]
         output: Option<PathBuf>,
     },
+}
+
+/// The caller filter of `runs list|show`: by default a user sees the runs they started
+/// (docs/threat-model.md, "Who reads the store").
+fn own_runs_only(all_users: bool) -> Option<u32> {
+    if all_users {
+        None
+    } else {
+        // Without a readable uid nothing matches: fail closed, show nothing.
+        Some(airlock_store::caller_uid().unwrap_or(u32::MAX))
+    }
 }
 
 /// Parses ages like `90s`, `30m`, `12h`, `30d`.
@@ -148,6 +165,7 @@ pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
                 until,
                 limit,
                 json,
+                all_users,
             } => {
                 let filter = RunFilter {
                     status,
@@ -163,6 +181,7 @@ pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
                         .transpose()?
                         .map(unix_ms_ago),
                     limit: Some(limit),
+                    caller_uid: own_runs_only(all_users),
                 };
                 let runs = store.list_runs(&filter)?;
                 if json {
@@ -194,10 +213,26 @@ pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
                     }
                 }
             }
-            RunsCommand::Show { id, json } => {
+            RunsCommand::Show {
+                id,
+                json,
+                all_users,
+            } => {
                 let Some(detail) = store.show_run(&id)? else {
                     bail!("no run {id}")
                 };
+                if let Some(me) = own_runs_only(all_users) {
+                    if detail.run.caller_uid != Some(me) {
+                        bail!(
+                            "run {id} was started by {}, not by uid {me}; \
+                             pass --all-users to show runs of other users",
+                            detail
+                                .run
+                                .caller_uid
+                                .map_or("an unrecorded caller".to_string(), |u| format!("uid {u}"))
+                        )
+                    }
+                }
                 if json {
                     out!("{}", serde_json::to_string_pretty(&detail)?);
                 } else {

@@ -96,6 +96,11 @@ fn check_event_kind(kind: &str) -> Result<()> {
     Ok(())
 }
 
+/// The real uid of this process: what [`Store::begin_run`] records as a run's caller.
+pub fn caller_uid() -> Option<u32> {
+    proc_info::real_uid()
+}
+
 /// The state directory: `/var/lib/airlock` for root, else
 /// `$XDG_STATE_HOME/airlock` (default `~/.local/state/airlock`).
 pub fn default_state_dir() -> PathBuf {
@@ -178,6 +183,9 @@ pub struct RunRecord {
     pub supervisor_pid: u32,
     pub supervisor_start_time: u64,
     pub boot_id: String,
+    /// Real uid of the process that started the run; `None` for runs recorded before
+    /// schema version 3.
+    pub caller_uid: Option<u32>,
 }
 
 /// One entry of the audit chain.
@@ -209,6 +217,8 @@ pub struct RunFilter {
     /// Exclusive upper bound on `started_at` (unix ms).
     pub until: Option<i64>,
     pub limit: Option<usize>,
+    /// Only runs started by this real uid.
+    pub caller_uid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -364,7 +374,8 @@ fn parse_json_col(s: Option<String>) -> Value {
 const RUN_COLUMNS: &str = "run_id, started_at, finished_at, argv_json, input_sha256, \
     contract_sha256, workload_class, plan_json, status, exit_code, exit_signal, limit_fired, \
     usage_json, startup_ms, wall_ms, stdout_head, stdout_tail, stderr_head, stderr_tail, \
-    cleanup_ok, cleanup_leftovers_json, result_json, supervisor_pid, supervisor_start_time, boot_id";
+    cleanup_ok, cleanup_leftovers_json, result_json, supervisor_pid, supervisor_start_time, boot_id, \
+    caller_uid";
 
 fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     let argv: Option<String> = r.get(3)?;
@@ -396,6 +407,7 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         supervisor_pid: r.get(22)?,
         supervisor_start_time: r.get::<_, i64>(23)? as u64,
         boot_id: r.get(24)?,
+        caller_uid: r.get(25)?,
     })
 }
 
@@ -629,6 +641,7 @@ impl Store {
             "supervisor_pid": me.pid,
             "supervisor_start_time": me.start_time,
             "boot_id": me.boot_id,
+            "caller_uid": proc_info::real_uid(),
         }));
         // Columns are taken from the redacted body, so row and audit entry agree.
         let s = |k: &str| body[k].as_str().unwrap_or_default().to_string();
@@ -638,8 +651,8 @@ impl Store {
             c.prepare_cached(
                 "INSERT INTO runs (run_id, started_at, argv_json, input_sha256, contract_sha256,
                     workload_class, plan_json, status, supervisor_pid, supervisor_start_time,
-                    boot_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    boot_id, caller_uid)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )?
             .execute(params![
                 run_id,
@@ -653,6 +666,7 @@ impl Store {
                 me.pid,
                 me.start_time as i64,
                 s("boot_id"),
+                body["caller_uid"].as_u64(),
             ])?;
             Ok(())
         })?;
@@ -840,6 +854,10 @@ impl Store {
         if let Some(t) = filter.until {
             sql.push_str(" AND started_at < ?");
             args.push(t.into());
+        }
+        if let Some(uid) = filter.caller_uid {
+            sql.push_str(" AND caller_uid = ?");
+            args.push(i64::from(uid).into());
         }
         sql.push_str(" ORDER BY started_at DESC, run_id DESC");
         if let Some(n) = filter.limit {

@@ -77,9 +77,21 @@ pub fn staleness(recorded: &ProcessIdentity) -> Option<String> {
 
 /// Effective uid from /proc/self/status (avoids an unsafe libc call).
 pub fn effective_uid() -> Option<u32> {
+    status_uid(2)
+}
+
+/// Real uid: who called airlock (a set-uid or `sudo` start keeps the caller's real uid
+/// only in the first case; `sudo` makes it 0). Read once per process.
+pub fn real_uid() -> Option<u32> {
+    static REAL: OnceLock<Option<u32>> = OnceLock::new();
+    *REAL.get_or_init(|| status_uid(1))
+}
+
+/// Field `index` of the `Uid:` line of /proc/self/status (1 real, 2 effective).
+fn status_uid(index: usize) -> Option<u32> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
+    line.split_whitespace().nth(index)?.parse().ok()
 }
 
 #[cfg(test)]

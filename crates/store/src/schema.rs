@@ -62,7 +62,13 @@ CREATE INDEX runs_started ON runs (started_at);
 CREATE INDEX audit_log_run ON audit_log (run_id, seq);
 "#;
 
-pub const MIGRATIONS: &[&str] = &[V1, V2];
+/// Version 3: who started each run (the real uid of the calling process), so that a
+/// shared store lists a user's own runs by default. Rows of earlier versions have NULL.
+const V3: &str = r#"
+ALTER TABLE runs ADD COLUMN caller_uid INTEGER;
+"#;
+
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
 
 pub fn version(conn: &Connection) -> rusqlite::Result<i64> {

@@ -467,7 +467,7 @@ fn deleting_or_inserting_a_run_row_is_detected() {
                 contract_sha256, workload_class, plan_json, status, exit_code, exit_signal,
                 limit_fired, usage_json, startup_ms, wall_ms, stdout_head, stdout_tail,
                 stderr_head, stderr_tail, cleanup_ok, cleanup_leftovers_json, result_json,
-                supervisor_pid, supervisor_start_time, boot_id FROM runs LIMIT 1",
+                supervisor_pid, supervisor_start_time, boot_id, caller_uid FROM runs LIMIT 1",
             [],
         )
         .unwrap();
@@ -809,7 +809,7 @@ fn v1_fixture_migrates_without_loss() {
     assert_eq!((v, runs, entries), (1, 3, 6));
 
     let store = Store::open(dir.path()).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 2);
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
     let report = store.verify().unwrap();
     assert_eq!((report.runs, report.entries), (3, 6));
     assert_eq!(
@@ -835,10 +835,48 @@ fn v1_fixture_migrates_without_loss() {
     assert_eq!(d.events[1].body["reason_code"], "egress.not_allowlisted");
     assert_eq!(d.events[1].body["note"], "[REDACTED]");
     assert_eq!(store.stats().unwrap()["fixture"].runs, 2);
+    // Runs recorded before version 3 have no caller; new ones have the real uid.
+    let old_runs = store.list_runs(&RunFilter::default()).unwrap();
+    assert!(old_runs.iter().all(|r| r.caller_uid.is_none()));
     // The migrated store keeps working on the same chain.
     let h = store.begin_run(start("new"), vec![]).unwrap();
     store.finish_run(&h, end("ok")).unwrap();
     assert_eq!(store.verify().unwrap().entries, 8);
+    let mine = store
+        .list_runs(&RunFilter {
+            caller_uid: Some(real_uid()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(mine.len(), 1, "only the run started after the migration");
+    assert_eq!(mine[0].run_id, h.run_id());
+}
+
+/// Real uid of this test process, as the kernel reports it.
+fn real_uid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn runs_are_filtered_by_the_caller_that_started_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let h = store.begin_run(start("mine"), vec![]).unwrap();
+    store.finish_run(&h, end("ok")).unwrap();
+    let shown = store.show_run(&h.run_id()).unwrap().unwrap();
+    assert_eq!(shown.run.caller_uid, Some(real_uid()));
+    let other = store
+        .list_runs(&RunFilter {
+            caller_uid: Some(real_uid() + 1),
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(other.is_empty(), "another uid sees none of these runs");
+    // The caller is part of the hash-chained begin entry.
+    assert_eq!(shown.events[0].body["caller_uid"], real_uid());
+    store.verify().unwrap();
 }
 
 #[test]

@@ -138,14 +138,15 @@ fn fail(err: anyhow::Error) -> ExitCode {
 
 /// The error is a closed stdout (EPIPE), directly or as the source of a store error.
 fn reader_left(err: &anyhow::Error) -> bool {
+    use airlock_store::StoreError;
     err.chain().any(|cause| {
-        let io = cause
-            .downcast_ref::<std::io::Error>()
-            .or_else(|| match cause.downcast_ref::<airlock_store::StoreError>() {
-                Some(airlock_store::StoreError::Export(io)) => Some(io),
-                _ => None,
-            });
-        io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        let kind = match cause.downcast_ref::<StoreError>() {
+            Some(StoreError::Export(io)) => Some(io.kind()),
+            // The exporter streams JSON straight into stdout.
+            Some(StoreError::Encode(json)) => json.io_error_kind(),
+            _ => cause.downcast_ref::<std::io::Error>().map(|io| io.kind()),
+        };
+        kind == Some(std::io::ErrorKind::BrokenPipe)
     })
 }
 

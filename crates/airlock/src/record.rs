@@ -78,11 +78,6 @@ impl InputHasher {
 
 /// Bytes and sha256 of everything `reader` yields (fixed-size buffer: memory stays
 /// bounded whatever the size).
-pub fn sha256_of(reader: &mut impl Read) -> std::io::Result<(u64, String)> {
-    let (bytes, digest) = digest_of(reader)?;
-    Ok((bytes, hex::encode(digest)))
-}
-
 fn digest_of(reader: &mut impl Read) -> std::io::Result<(u64, [u8; 32])> {
     let mut digest = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];

@@ -14,7 +14,6 @@ use airlock_contract::{
 use airlock_store::{RunStart, Store};
 use clap::Args;
 use serde_json::{json, Value};
-use std::io::Seek;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -73,22 +72,22 @@ fn load_plan(args: &RunArgs) -> Result<CellPlan, ContractError> {
 /// How the caller's stdin reaches the payload, decided before the cell starts without
 /// reading any of it (reading would put the caller's pace on the start path, outside
 /// the deadline):
-/// - a terminal: the payload gets /dev/null (a tty handle would let it type into the
-///   caller's terminal);
-/// - a character or block device such as /dev/null: passed as is, never read by us;
-/// - a regular file: passed as is; hashed from its current offset when the run ends;
-/// - a pipe or socket: relayed into the cell as it arrives and hashed on the way by the
-///   supervisor (airlock_cell::stdin_relay).
+/// - a terminal, or no fd 0: the payload gets the cell's /dev/null (a tty handle would let
+///   it type into the caller's terminal);
+/// - /dev/null: the same, without a relay;
+/// - anything else (a pipe, a socket, a regular file, another device): relayed into a
+///   pipe of the cell as it arrives and hashed on the way by the supervisor
+///   (airlock_cell::stdin_relay). A pipe in the cell, not the caller's file: a host file
+///   re-opened through `/dev/stdin` would be a host path, which Landlock refuses.
 enum StdinKind {
     Terminal,
-    Device,
-    File { offset: u64 },
+    NullDevice,
     Stream,
 }
 
 fn prepare_stdin() -> anyhow::Result<(PayloadStdin, StdinKind)> {
     use std::io::IsTerminal;
-    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let stdin = std::io::stdin();
     if stdin.is_terminal() {
         return Ok((PayloadStdin::Null, StdinKind::Terminal));
@@ -97,48 +96,29 @@ fn prepare_stdin() -> anyhow::Result<(PayloadStdin, StdinKind)> {
         // No fd 0 at all (closed by the caller): nothing to read.
         return Ok((PayloadStdin::Null, StdinKind::Terminal));
     };
-    let mut ours = std::fs::File::from(fd);
-    let kind = ours.metadata()?.file_type();
-    if kind.is_char_device() || kind.is_block_device() {
-        return Ok((PayloadStdin::Passed(ours.into()), StdinKind::Device));
+    let meta = std::fs::File::from(fd.try_clone()?).metadata()?;
+    // The null device is character device 1:3.
+    if meta.file_type().is_char_device() && meta.rdev() == libc::makedev(1, 3) {
+        return Ok((PayloadStdin::Null, StdinKind::NullDevice));
     }
-    if kind.is_file() {
-        let offset = ours.stream_position()?;
-        return Ok((
-            PayloadStdin::Passed(ours.into()),
-            StdinKind::File { offset },
-        ));
-    }
-    Ok((PayloadStdin::Relayed(ours.into()), StdinKind::Stream))
+    Ok((PayloadStdin::Relayed(fd), StdinKind::Stream))
 }
 
-/// What the payload got on stdin, for the record: the relay's own account for a stream;
-/// for a file, its bytes from where the payload started reading, hashed now (through a
-/// second open file description, so the caller's offset is left as the payload left it).
-fn stdin_record(kind: &StdinKind, relayed: Option<StdinRecord>) -> anyhow::Result<StdinRecord> {
-    Ok(match kind {
+/// What the payload got on stdin, for the record.
+fn stdin_record(kind: &StdinKind, relayed: Option<StdinRecord>) -> StdinRecord {
+    match kind {
         StdinKind::Terminal => StdinRecord::none(),
-        StdinKind::Device => StdinRecord {
-            mode: "device",
+        StdinKind::NullDevice => StdinRecord {
+            mode: "null",
             ..StdinRecord::none()
         },
+        // A relay that never started (the cell failed first) read nothing.
         StdinKind::Stream => relayed.unwrap_or(StdinRecord {
             mode: "relayed",
             eof: false,
             ..StdinRecord::none()
         }),
-        StdinKind::File { offset } => {
-            let mut copy = std::fs::File::open("/proc/self/fd/0")?;
-            copy.seek(std::io::SeekFrom::Start(*offset))?;
-            let (bytes, sha256) = record::sha256_of(&mut copy)?;
-            StdinRecord {
-                mode: "file",
-                bytes,
-                sha256,
-                eof: true,
-            }
-        }
-    })
+    }
 }
 
 /// A run refused before any cell existed: report it (stderr, result file) and exit 125.
@@ -321,10 +301,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             credentials: &credentials,
         },
     );
-    match stdin_record(&stdin_kind, report.stdin.take()) {
-        Ok(record) => report.stdin = Some(record),
-        Err(err) => eprintln!("airlock: warning: hashing the stdin file failed: {err}"),
-    }
+    report.stdin = Some(stdin_record(&stdin_kind, report.stdin.take()));
     for stale in &report.stale_cgroups_left {
         eprintln!("airlock: warning: could not remove the leftover cgroup {stale}");
     }

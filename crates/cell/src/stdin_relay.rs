@@ -1,4 +1,4 @@
-//! The payload's stdin when the caller's is a pipe or a socket: the supervisor relays it
+//! The payload's stdin (unless it is a terminal or /dev/null): the supervisor relays it
 //! into a pipe of the cell as it arrives, hashing it on the way.
 //!
 //! Nothing is read before the payload starts, so an interactive protocol (an MCP or LSP
@@ -18,12 +18,12 @@ const CHUNK: usize = 64 * 1024;
 /// What the payload was given on stdin, recorded when the run ends.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct StdinRecord {
-    /// `relayed` (a pipe or socket, streamed), `file` (a regular file or device, passed
-    /// as is) or `none` (a terminal or nothing: the payload got /dev/null).
+    /// `relayed` (streamed into the cell), `null` (the caller's stdin was /dev/null) or
+    /// `none` (a terminal, or no stdin: the payload got /dev/null).
     pub mode: &'static str,
-    /// Bytes read from the caller (relayed mode); for a file, its size from the offset.
+    /// Bytes read from the caller.
     pub bytes: u64,
-    /// sha256 of those bytes; empty when the stdin was not read (`none`, a device).
+    /// sha256 of those bytes; empty when nothing was relayed.
     pub sha256: String,
     /// Whether the caller's stdin reached its end. `false` when the payload ended (or
     /// closed its stdin) first: the hash then covers the part that was read.

@@ -85,13 +85,12 @@ pub struct RunOptions<'a> {
 
 /// What the payload reads on stdin.
 pub enum PayloadStdin {
-    /// /dev/null: the caller's stdin is a terminal (which would give the cell a handle to
-    /// the caller's tty) or there is none.
+    /// The cell's /dev/null: the caller's stdin is a terminal (which would give the cell a
+    /// handle to the caller's tty), /dev/null, or there is none.
     Null,
-    /// Passed to the cell as it is: a regular file or a device.
-    Passed(OwnedFd),
-    /// A pipe or socket, relayed into the cell as it arrives and hashed on the way (see
-    /// [`crate::stdin_relay`]); the report's `stdin` says what was read.
+    /// Anything else (a pipe, a socket, a file), relayed into a pipe of the cell as it
+    /// arrives and hashed on the way (see [`crate::stdin_relay`]); the report's `stdin`
+    /// says what was read.
     Relayed(OwnedFd),
 }
 
@@ -230,7 +229,6 @@ fn open_pipes(plan: &CellPlan, stdin: PayloadStdin) -> Result<Pipes, CellError> 
                 .into(),
             None,
         ),
-        PayloadStdin::Passed(fd) => (fd, None),
         PayloadStdin::Relayed(source) => {
             let (relay, cell_end) =
                 StdinRelay::new(source).map_err(|e| CellError::io("stdin pipe", e))?;
@@ -238,7 +236,6 @@ fn open_pipes(plan: &CellPlan, stdin: PayloadStdin) -> Result<Pipes, CellError> 
             (cell_end, Some(relay))
         }
     };
-    // A passed file or device keeps its own owner.
     give_pipes_to_cell(plan, &[&stdout_write, &stderr_write])?;
     Ok(Pipes {
         stdout_read,

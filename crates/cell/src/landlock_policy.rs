@@ -97,7 +97,12 @@ pub fn restrict(plan: &CellPlan) -> Result<(), Stage> {
     if status.ruleset != RulesetStatus::FullyEnforced {
         return Err(unavailable(
             "landlock.restrict_self",
-            format!("ruleset only {:?}", status.ruleset),
+            match status.ruleset {
+                RulesetStatus::PartiallyEnforced => {
+                    "the kernel enforced only part of the Landlock ruleset"
+                }
+                _ => "the kernel did not enforce the Landlock ruleset",
+            },
         ));
     }
     Ok(())

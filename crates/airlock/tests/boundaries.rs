@@ -1415,9 +1415,29 @@ http_connect("connect-metadata", "169.254.169.254:80")
 print("done: yes")
 "#
     );
-    let run = common::run(Some(&contract), &["/usr/bin/python3", "-c", &script]);
+    // The operator resolves both names to loopback and exempts nothing: the refusal below
+    // is the address policy's, not a failed lookup (an allowlist the config cannot
+    // resolve is refused before the cell starts).
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(
+        &config,
+        "[egress]\nresolve = { \"api.test\" = \"127.0.0.1\", \"localhost\" = \"127.0.0.1\" }\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let run = common::run_in(
+        dir.path(),
+        Some(&contract),
+        &["--config", &config],
+        &["/usr/bin/python3", "-c", &script],
+    );
     let d = run.describe();
     assert!(run.stdout().contains("done: yes"), "{d}");
+    assert!(
+        run.result["egress"].to_string().contains("egress.private_address"),
+        "the address policy refused loopback\n{d}"
+    );
     assert_blocked(
         &run,
         &[

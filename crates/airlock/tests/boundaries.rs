@@ -1435,7 +1435,9 @@ print("done: yes")
     let d = run.describe();
     assert!(run.stdout().contains("done: yes"), "{d}");
     assert!(
-        run.result["egress"].to_string().contains("egress.private_address"),
+        run.result["egress"]
+            .to_string()
+            .contains("egress.private_address"),
         "the address policy refused loopback\n{d}"
     );
     assert_blocked(

@@ -166,8 +166,9 @@ fn fork_bomb_is_contained_by_the_process_limit() {
         "no pids limit hit counted\n{}",
         run.describe()
     );
+    // 64 of the payload plus airlock's own pid 1 (docs/contract.md, `process_limit`).
     assert!(
-        usage_f64(&run, "pids_peak") <= 64.0,
+        usage_f64(&run, "pids_peak") <= 65.0,
         "pids peak above the limit\n{}",
         run.describe()
     );

@@ -529,8 +529,12 @@ pub fn reap_leftovers(layout: &CgroupLayout) -> Vec<PathBuf> {
 /// that validates (`process_limit: 1`) can run. While the cell is set up, pid 1 and its
 /// short-lived detach helper are the only tasks (two), and the helper is gone before
 /// the payload starts, so the payload gets exactly `process_limit`.
+pub(crate) fn cell_pids_max(limits: &Limits) -> u64 {
+    u64::from(limits.process_limit) + 1
+}
+
 fn pids_max(limits: &Limits) -> String {
-    (u64::from(limits.process_limit) + 1).to_string()
+    cell_pids_max(limits).to_string()
 }
 
 #[cfg(test)]

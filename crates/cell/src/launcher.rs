@@ -223,10 +223,12 @@ fn set_rlimits(plan: &CellPlan) -> Result<(), Stage> {
         (libc::RLIMIT_CORE, 0, "core"),
         (libc::RLIMIT_NOFILE, limits.open_files, "nofile"),
         (libc::RLIMIT_FSIZE, limits.file_size_bytes, "fsize"),
-        // Backstop for the pids cgroup; counted per user namespace, so per cell.
+        // Backstop for the pids cgroup; counted per user namespace, so per cell. One above
+        // `pids.max`: the kernel checks the rlimit first, and the ceiling that fires
+        // must be the cgroup's, which is counted and reported as `pids`.
         (
             libc::RLIMIT_NPROC,
-            u64::from(limits.process_limit) + 1,
+            crate::cgroup::cell_pids_max(limits) + 1,
             "nproc",
         ),
     ] {

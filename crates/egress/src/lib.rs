@@ -43,6 +43,7 @@ pub mod destination;
 mod http;
 mod proxy;
 pub mod reason;
+mod request;
 mod resolver;
 pub mod sni;
 mod socks;
@@ -80,6 +81,13 @@ pub struct EgressConfig {
     pub idle_timeout_ms: u64,
     /// Upper bound for resolving + connecting upstream.
     pub connect_timeout_ms: u64,
+    /// Tunnel destinations (already allowlisted by the contract) that may carry a protocol
+    /// that is neither TLS nor HTTP - SSH, SMTP, a database - relayed without inspection.
+    /// Empty (the default): such tunnels are refused with `egress.plaintext_tunnel`. Only
+    /// list destinations that serve one name: a shared HTTP front end listed here could be
+    /// asked for another virtual host in bytes the proxy does not parse. Plain HTTP is
+    /// still parsed and Host-checked on these destinations.
+    pub opaque_tunnels: Vec<DestinationRule>,
 }
 
 impl Default for EgressConfig {
@@ -94,6 +102,7 @@ impl Default for EgressConfig {
             max_bytes: 256 * 1024 * 1024,
             idle_timeout_ms: 30_000,
             connect_timeout_ms: 10_000,
+            opaque_tunnels: Vec::new(),
         }
     }
 }

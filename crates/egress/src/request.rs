@@ -260,10 +260,16 @@ pub fn tunnel_request(
     head.extend_from_slice(request.target.as_bytes());
     head.extend_from_slice(version_line(request.version));
     if !has_host {
-        let authority = if port == 80 {
-            host.to_string()
+        // `host` is canonical: an IPv6 literal comes without its brackets.
+        let name = if host.contains(':') {
+            format!("[{host}]")
         } else {
-            format!("{host}:{port}")
+            host.to_string()
+        };
+        let authority = if port == 80 {
+            name
+        } else {
+            format!("{name}:{port}")
         };
         head.extend_from_slice(format!("Host: {authority}\r\n").as_bytes());
     }
@@ -470,6 +476,9 @@ mod tests {
             tunnel("GET /x HTTP/1.0\r\n\r\n"),
             Ok("GET /x HTTP/1.0\r\nHost: api.test:8080\r\n\r\n".into())
         );
+        let v6 = parse(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let head = tunnel_request(&v6, "::1", 80).unwrap().head;
+        assert_eq!(head, b"GET / HTTP/1.0\r\nHost: [::1]\r\n\r\n");
         let refused = [
             (
                 "GET /x HTTP/1.1\r\nHost: forbidden.test\r\n\r\n",

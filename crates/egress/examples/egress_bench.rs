@@ -131,17 +131,19 @@ fn main() {
     let sink = sink_server();
     let mut resolve = BTreeMap::new();
     resolve.insert("bench.test".to_string(), IpAddr::V4(SERVER_IP));
+    let rules = vec![DestinationRule {
+        host_pattern: "bench.test".into(),
+        ports: vec![echo.port(), sink.port()],
+    }];
     let config = EgressConfig {
         resolve,
         exempt_cidrs: vec!["127.0.0.2/32".parse().unwrap()],
         max_connections: 64,
         max_bytes: u64::MAX,
+        // The benchmark's payload is raw bytes, neither TLS nor HTTP.
+        opaque_tunnels: rules.clone(),
         ..EgressConfig::default()
     };
-    let rules = vec![DestinationRule {
-        host_pattern: "bench.test".into(),
-        ports: vec![echo.port(), sink.port()],
-    }];
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let handle = start_proxy(config, rules, listener, None).unwrap();
     let proxy = Some(handle.http_addr());

@@ -5,15 +5,10 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::destination::{parse_host, ParsedHost};
-use crate::proxy::{
-    canonical_host, decide_and_connect_or_shutdown, or_shutdown, Attempt, ConnectionSlot,
-};
-use crate::tunnel::{pump, relay_tunnel, BodyFraming, ChunkedScanner, Traffic, UpMode};
+use crate::proxy::{decide_and_connect_or_shutdown, or_shutdown, Attempt, ConnectionSlot};
+use crate::request::{self, ForwardRequest, MAX_HEAD};
+use crate::tunnel::{pump, relay_tunnel, Traffic, UpMode};
 use crate::{reason, Decision, SharedState};
-
-const MAX_HEAD: usize = 64 * 1024;
-const MAX_HEADERS: usize = 100;
 
 /// Headers that describe this hop only (RFC 9110 7.6.1) or the proxy itself; never
 /// forwarded. `Upgrade` is dropped because the connection is used for one request only.
@@ -45,15 +40,14 @@ pub async fn handle(
         }
     };
 
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    if !matches!(req.parse(&buf[..head]), Ok(httparse::Status::Complete(_))) {
-        refuse_and_record(&shared, &mut client, attempt, reason::BAD_REQUEST).await;
-        return;
-    }
-    let method = req.method.unwrap_or("");
-    let target = req.path.unwrap_or("");
-    let version = req.version.unwrap_or(1);
+    let req = match request::parse(&buf[..head]) {
+        Ok(req) => req,
+        Err(code) => {
+            refuse_and_record(&shared, &mut client, attempt, code).await;
+            return;
+        }
+    };
+    let (method, target, version) = (req.method, req.target, req.version);
 
     if method.eq_ignore_ascii_case("CONNECT") {
         attempt.protocol = "connect";
@@ -67,6 +61,7 @@ pub async fn handle(
             return;
         }
         let leftover = buf[head..].to_vec();
+        drop(req);
         drop(buf);
         connect_tunnel(&shared, client, attempt, &host, port, leftover).await;
         return;
@@ -82,26 +77,20 @@ pub async fn handle(
         return;
     };
     attempt.target(&host, port);
-    let request = match check_and_rewrite(
-        req.method.unwrap_or("GET"),
-        path,
-        version,
-        req.headers,
-        &host,
-        port,
-        authority,
-    ) {
-        Ok(r) => r,
-        Err(code) => {
-            refuse_and_record(&shared, &mut client, attempt, code).await;
-            return;
-        }
-    };
+    let request =
+        match check_and_rewrite(method, path, version, &req.headers, &host, port, authority) {
+            Ok(r) => r,
+            Err(code) => {
+                refuse_and_record(&shared, &mut client, attempt, code).await;
+                return;
+            }
+        };
     if over_limit {
         refuse_and_record(&shared, &mut client, attempt, reason::LIMIT).await;
         return;
     }
     let leftover = buf[head..].to_vec();
+    drop(req);
     drop(buf);
 
     let mut opened = match decide_and_connect_or_shutdown(&shared, &host, port).await {
@@ -183,7 +172,6 @@ enum HeadRead {
 
 async fn read_head(shared: &SharedState, client: &mut TcpStream, buf: &mut Vec<u8>) -> HeadRead {
     let mut chunk = [0u8; 8192];
-    let mut scanned: usize = 0;
     loop {
         let read = tokio::time::timeout(shared.idle, client.read(&mut chunk)).await;
         let n = match read {
@@ -194,11 +182,9 @@ async fn read_head(shared: &SharedState, client: &mut TcpStream, buf: &mut Vec<u
             Ok(Ok(n)) => n,
         };
         buf.extend_from_slice(&chunk[..n]);
-        let from = scanned.saturating_sub(3);
-        if let Some(pos) = buf[from..].windows(4).position(|w| w == b"\r\n\r\n") {
-            return HeadRead::Complete(from + pos + 4);
+        if let Some(end) = request::find_head_end(buf) {
+            return HeadRead::Complete(end);
         }
-        scanned = buf.len();
         if buf.len() > MAX_HEAD {
             return HeadRead::Refused(reason::BAD_REQUEST);
         }
@@ -206,7 +192,7 @@ async fn read_head(shared: &SharedState, client: &mut TcpStream, buf: &mut Vec<u
 }
 
 /// `http://authority/path?query` -> (authority, origin-form target).
-fn split_absolute_http(target: &str) -> Option<(&str, &str)> {
+pub fn split_absolute_http(target: &str) -> Option<(&str, &str)> {
     let scheme_end = target.find("://")?;
     if !target[..scheme_end].eq_ignore_ascii_case("http") {
         return None;
@@ -253,11 +239,8 @@ pub fn split_authority(authority: &str, default_port: Option<u16>) -> Option<(St
     Some((host.to_string(), port))
 }
 
-struct ForwardRequest {
-    head: Vec<u8>,
-    framing: BodyFraming,
-}
-
+/// Check a forward-proxy request for `host:port` and write the origin-form head to send
+/// upstream: hop-by-hop and proxy headers removed, framing canonical, `Connection: close`.
 fn check_and_rewrite(
     method: &str,
     path: &str,
@@ -267,75 +250,17 @@ fn check_and_rewrite(
     port: u16,
     authority: &str,
 ) -> Result<ForwardRequest, &'static str> {
-    let name_is = |h: &httparse::Header<'_>, n: &str| h.name.eq_ignore_ascii_case(n);
-
-    // Host must name the same host (and port) as the request target.
-    let hosts: Vec<&httparse::Header<'_>> = headers.iter().filter(|h| name_is(h, "host")).collect();
-    match hosts.as_slice() {
-        [] if version == 0 => {}
-        [one] => {
-            let value = std::str::from_utf8(one.value).map_err(|_| reason::HOST_MISMATCH)?;
-            let (h, p) = split_authority(value.trim(), Some(80)).ok_or(reason::HOST_MISMATCH)?;
-            if canonical_host(&h) != canonical_host(host) || p != port {
-                return Err(reason::HOST_MISMATCH);
-            }
-            if matches!(parse_host(&h), ParsedHost::Invalid) {
-                return Err(reason::HOST_MISMATCH);
-            }
-        }
-        _ => return Err(reason::HOST_MISMATCH),
-    }
-
-    // Framing: refuse the ambiguous combinations that enable request smuggling.
-    let te: Vec<&[u8]> = headers
-        .iter()
-        .filter(|h| name_is(h, "transfer-encoding"))
-        .map(|h| h.value)
-        .collect();
-    let cl: Vec<&[u8]> = headers
-        .iter()
-        .filter(|h| name_is(h, "content-length"))
-        .map(|h| h.value)
-        .collect();
-    let framing = match (te.as_slice(), cl.as_slice()) {
-        ([], []) => BodyFraming::Empty,
-        ([], lengths) => {
-            let first = lengths[0];
-            if lengths.iter().any(|l| *l != first) {
-                return Err(reason::BAD_REQUEST);
-            }
-            let text = std::str::from_utf8(first)
-                .map_err(|_| reason::BAD_REQUEST)?
-                .trim();
-            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(reason::BAD_REQUEST);
-            }
-            BodyFraming::Length(text.parse().map_err(|_| reason::BAD_REQUEST)?)
-        }
-        ([one], []) if one.trim_ascii().eq_ignore_ascii_case(b"chunked") => {
-            BodyFraming::Chunked(ChunkedScanner::default())
-        }
-        _ => return Err(reason::BAD_REQUEST),
-    };
-
-    // Tokens listed in Connection are hop-by-hop too.
-    let mut extra_hop: Vec<String> = Vec::new();
-    for h in headers.iter().filter(|h| name_is(h, "connection")) {
-        if let Ok(v) = std::str::from_utf8(h.value) {
-            extra_hop.extend(v.split(',').map(|t| t.trim().to_ascii_lowercase()));
-        }
-    }
+    let has_host = request::check_host(headers, version, host, port)?;
+    // Tokens listed in Connection are hop-by-hop too; naming framing or Host is refused.
+    let extra_hop = request::connection_tokens(headers)?;
+    let framing = request::framing(headers)?;
 
     let mut head = Vec::with_capacity(512);
     head.extend_from_slice(method.as_bytes());
     head.push(b' ');
     head.extend_from_slice(path.as_bytes());
-    head.extend_from_slice(if version == 0 {
-        b" HTTP/1.0\r\n"
-    } else {
-        b" HTTP/1.1\r\n"
-    });
-    if hosts.is_empty() {
+    head.extend_from_slice(request::version_line(version));
+    if !has_host {
         head.extend_from_slice(b"Host: ");
         head.extend_from_slice(authority.as_bytes());
         head.extend_from_slice(b"\r\n");
@@ -345,14 +270,14 @@ fn check_and_rewrite(
         if HOP_BY_HOP.contains(&lower.as_str())
             || lower.starts_with("proxy-")
             || extra_hop.contains(&lower)
+            || lower == "content-length"
+            || lower == "transfer-encoding"
         {
             continue;
         }
-        head.extend_from_slice(h.name.as_bytes());
-        head.extend_from_slice(b": ");
-        head.extend_from_slice(h.value);
-        head.extend_from_slice(b"\r\n");
+        request::write_header(&mut head, h);
     }
+    request::write_framing(&mut head, &framing);
     head.extend_from_slice(b"Connection: close\r\n\r\n");
     Ok(ForwardRequest { head, framing })
 }
@@ -373,7 +298,7 @@ async fn refuse_and_record(
 pub async fn refuse(client: &mut TcpStream, code: &'static str) {
     let status = match code {
         reason::UPSTREAM_FAILED | reason::RESOLVE_FAILED => "502 Bad Gateway",
-        reason::BAD_REQUEST => "400 Bad Request",
+        reason::BAD_REQUEST | reason::AMBIGUOUS_FRAMING => "400 Bad Request",
         _ => "403 Forbidden",
     };
     let body = format!("{code}\n");
@@ -494,7 +419,7 @@ mod tests {
         ];
         assert_eq!(
             check_and_rewrite("POST", "/", 1, &smuggle, "api.test", 80, "api.test").err(),
-            Some(reason::BAD_REQUEST)
+            Some(reason::AMBIGUOUS_FRAMING)
         );
     }
 }

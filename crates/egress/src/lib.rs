@@ -13,19 +13,24 @@
 //!    ([`address`]) - [`reason::PRIVATE_ADDRESS`] - then connects to exactly the checked
 //!    address, so DNS rebinding cannot redirect the connection;
 //! 4. inside CONNECT/SOCKS tunnels a TLS ClientHello must name the same server -
-//!    [`reason::SNI_MISMATCH`]; plain HTTP must carry a matching `Host` -
-//!    [`reason::HOST_MISMATCH`];
+//!    [`reason::SNI_MISMATCH`]; plain HTTP, forwarded or tunnelled, must carry a matching
+//!    `Host` on every request - [`reason::HOST_MISMATCH`] - and unambiguous framing -
+//!    [`reason::AMBIGUOUS_FRAMING`]; other plaintext needs the operator's
+//!    `opaque_tunnels` - [`reason::PLAINTEXT_TUNNEL`];
 //! 5. per-cell ceilings (connections, bytes, idle) - [`reason::LIMIT`].
 //!
 //! Every attempt yields exactly one [`ConnectionRecord`].
 //!
 //! # Deliberate trade-offs
 //!
-//! - **No SNI / not TLS is allowed.** The tunnel can only reach an address that was resolved
-//!   and checked for the allowlisted name, so a hello without a name (or a non-TLS
-//!   protocol) cannot name a second destination. The SNI check exists to stop asking a
-//!   shared front end (CDN, virtual hosting) for a *different* name. Encrypted Client Hello
-//!   hides the inner name; the outer (public) name is what is checked.
+//! - **No SNI is allowed; unchecked plaintext is not.** The tunnel can only reach an
+//!   address that was resolved and checked for the allowlisted name, so a hello without a
+//!   name cannot ask for a second one. The SNI check exists to stop asking a shared front
+//!   end (CDN, virtual hosting) for a *different* name; Encrypted Client Hello hides the
+//!   inner name, the outer (public) name is what is checked. Plain HTTP can ask the same
+//!   front end for another name in its `Host` header, so a non-TLS tunnel is read as HTTP
+//!   and every request checked; a protocol that is neither is refused unless the operator
+//!   lists the destination in `opaque_tunnels` (relayed uninspected).
 //! - **Chaining (`upstream_proxy`)**: the proxy sends `CONNECT name:port` to the upstream
 //!   proxy and resolves nothing itself, so the private-address rule cannot be applied to
 //!   names (the corporate proxy is trusted to resolve and route); it still applies to IP
@@ -43,6 +48,7 @@ pub mod destination;
 mod http;
 mod proxy;
 pub mod reason;
+mod request;
 mod resolver;
 pub mod sni;
 mod socks;
@@ -85,6 +91,13 @@ pub struct EgressConfig {
     /// Upper bound for resolving + connecting upstream.
     #[schemars(range(min = 1, max = 600_000))]
     pub connect_timeout_ms: u64,
+    /// Tunnel destinations (already allowlisted by the contract) that may carry a protocol
+    /// that is neither TLS nor HTTP - SSH, SMTP, a database - relayed without inspection.
+    /// Empty (the default): such tunnels are refused with `egress.plaintext_tunnel`. Only
+    /// list destinations that serve one name: a shared HTTP front end listed here could be
+    /// asked for another virtual host in bytes the proxy does not parse. Plain HTTP is
+    /// still parsed and Host-checked on these destinations.
+    pub opaque_tunnels: Vec<DestinationRule>,
 }
 
 impl Default for EgressConfig {
@@ -99,6 +112,7 @@ impl Default for EgressConfig {
             max_bytes: 256 * 1024 * 1024,
             idle_timeout_ms: 30_000,
             connect_timeout_ms: 10_000,
+            opaque_tunnels: Vec::new(),
         }
     }
 }

@@ -37,6 +37,8 @@ pub struct Shared {
     pub max_bytes: u64,
     pub idle: Duration,
     pub connect_timeout: Duration,
+    /// Destinations whose non-TLS, non-HTTP tunnels are relayed uninspected.
+    pub opaque_tunnels: Allowlist,
     bytes_total: AtomicU64,
     active: AtomicU32,
     records: Mutex<Vec<ConnectionRecord>>,
@@ -167,6 +169,17 @@ pub fn canonical_host(raw: &str) -> String {
             .take(255)
             .collect::<String>()
             .to_ascii_lowercase(),
+    }
+}
+
+impl Shared {
+    /// Whether the operator lets a tunnel to `raw_host:port` carry uninspected bytes.
+    pub fn allows_opaque_tunnel(&self, raw_host: &str, port: u16) -> bool {
+        match parse_host(raw_host) {
+            ParsedHost::Name(name) => self.opaque_tunnels.permits(&name, port),
+            ParsedHost::Ip(ip) => self.opaque_tunnels.permits_ip(ip, port),
+            ParsedHost::BadNumeric | ParsedHost::Invalid => false,
+        }
     }
 }
 
@@ -461,6 +474,7 @@ pub fn start(
             max_bytes: config.max_bytes,
             idle: Duration::from_millis(config.idle_timeout_ms.max(1)),
             connect_timeout: Duration::from_millis(config.connect_timeout_ms.max(1)),
+            opaque_tunnels: Allowlist::new(&config.opaque_tunnels),
             bytes_total: AtomicU64::new(0),
             active: AtomicU32::new(0),
             records: Mutex::new(Vec::new()),

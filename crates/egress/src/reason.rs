@@ -25,6 +25,18 @@ pub const UPSTREAM_FAILED: &str = "egress.upstream_failed";
 /// The client spoke something the proxy does not accept (malformed request, unsupported
 /// scheme, SOCKS command or authentication method, malformed TLS ClientHello, ...).
 pub const BAD_REQUEST: &str = "egress.bad_request";
+/// A plain-HTTP request whose message framing or routing two HTTP parsers could read
+/// differently - the shape of request smuggling: both `Content-Length` and
+/// `Transfer-Encoding`, more than one `Content-Length`, a non-numeric length, a transfer
+/// coding other than exactly `chunked`, `Connection` naming `Content-Length`,
+/// `Transfer-Encoding` or `Host`, obs-fold, a bare CR or LF, or a header name with
+/// whitespace before the colon. Kept apart from [`BAD_REQUEST`] so the audit trail can
+/// tell a smuggling attempt from a clumsy client.
+pub const AMBIGUOUS_FRAMING: &str = "egress.ambiguous_framing";
+/// A CONNECT or SOCKS5 tunnel whose first client bytes are neither a TLS ClientHello nor
+/// an HTTP/1.x request, to a destination the operator has not listed in
+/// `opaque_tunnels`: nothing in such a stream can be checked against the allowlisted name.
+pub const PLAINTEXT_TUNNEL: &str = "egress.plaintext_tunnel";
 
 /// Every reason code, for documentation and exhaustiveness tests.
 pub const ALL: &[&str] = &[
@@ -37,4 +49,6 @@ pub const ALL: &[&str] = &[
     LIMIT,
     UPSTREAM_FAILED,
     BAD_REQUEST,
+    AMBIGUOUS_FRAMING,
+    PLAINTEXT_TUNNEL,
 ];

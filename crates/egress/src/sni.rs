@@ -15,7 +15,7 @@ const EXT_SERVER_NAME: u16 = 0x0000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Inspection {
-    /// The stream does not start like TLS; nothing to check.
+    /// The stream does not start like TLS (the tunnel then checks it as plaintext).
     NotTls,
     /// Looks like TLS, but the ClientHello is not complete yet.
     NeedMore,

@@ -14,6 +14,7 @@ use tokio::net::TcpStream;
 use crate::destination::same_host;
 use crate::proxy::{canonical_host, shutdown_requested, Attempt, Opened, Shared};
 use crate::reason;
+use crate::request::{self, Plaintext, MAX_HEAD};
 use crate::sni::{self, Inspection};
 use crate::Decision;
 
@@ -30,6 +31,9 @@ pub struct Traffic {
     pub down: AtomicU64,
     /// Bumped on every read; the idle watchdog only looks at whether it moved.
     activity: AtomicU64,
+    /// Set once a tunnel's first bytes were read as HTTP: its refusals can be answered
+    /// in-band with an HTTP response.
+    http: std::sync::atomic::AtomicBool,
 }
 
 impl Traffic {
@@ -43,9 +47,14 @@ impl Traffic {
 
 /// What the client-to-upstream direction does.
 pub enum UpMode<'a> {
-    /// A tunnel. When `expect_sni` is set and the client starts a TLS handshake, the
-    /// ClientHello's server name must match it.
-    Tunnel { expect_sni: Option<&'a str> },
+    /// A tunnel to `host:port` (`host` canonical). A TLS ClientHello's server name must
+    /// match `host`; plain HTTP is read request by request and each `Host` must match
+    /// `host:port`; anything else needs `opaque` (the operator's `opaque_tunnels`).
+    Tunnel {
+        host: &'a str,
+        port: u16,
+        opaque: bool,
+    },
     /// A plain-HTTP request body with the given framing; once it is forwarded the client
     /// side is no longer read (one request per connection), and the exchange ends when the
     /// upstream finishes its response.
@@ -57,8 +66,12 @@ enum DirEnd {
     Deny(&'static str),
 }
 
-/// Relays an opened CONNECT or SOCKS5 tunnel (with `client_prefix`, bytes the client sent
-/// early), checks a TLS ClientHello's SNI against `host`, and records how it ended.
+/// Relays an opened CONNECT or SOCKS5 tunnel to `host:port` (with `client_prefix`, bytes
+/// the client sent early), applies the first-flight checks, and records how it ended.
+///
+/// Why every non-TLS tunnel is checked: the proxy connected to an address it checked for
+/// `host`, but a shared front end at that address routes plain HTTP by the `Host` header,
+/// so a tunnel of unread plaintext would reach every name that front end serves.
 pub async fn relay_tunnel(
     shared: &Shared,
     client: &mut TcpStream,
@@ -69,6 +82,7 @@ pub async fn relay_tunnel(
 ) {
     let traffic = Traffic::default();
     let expect = canonical_host(host);
+    let port = attempt.port;
     let cut = pump(
         shared,
         client,
@@ -76,16 +90,34 @@ pub async fn relay_tunnel(
         client_prefix,
         std::mem::take(&mut opened.upstream_prefix),
         UpMode::Tunnel {
-            expect_sni: Some(&expect),
+            host: &expect,
+            port,
+            opaque: shared.allows_opaque_tunnel(host, port),
         },
         &traffic,
     )
     .await;
+    let (up, down) = (traffic.up(), traffic.down());
     let decision = match cut {
-        Some(reason::SNI_MISMATCH) | Some(reason::BAD_REQUEST) => Decision::Denied,
+        Some(
+            reason::SNI_MISMATCH
+            | reason::BAD_REQUEST
+            | reason::HOST_MISMATCH
+            | reason::AMBIGUOUS_FRAMING
+            | reason::PLAINTEXT_TUNNEL,
+        ) => Decision::Denied,
         _ => Decision::Allowed,
     };
-    attempt.finish(shared, decision, cut, traffic.up(), traffic.down());
+    // An HTTP client refused before anything was relayed gets the same refusal the forward
+    // proxy gives; later in the stream a response could interleave with the upstream's, so
+    // the tunnel is only closed.
+    if let Some(code) = cut {
+        let http = traffic.http.load(Ordering::Relaxed);
+        if decision == Decision::Denied && http && up == 0 && down == 0 {
+            crate::http::refuse(client, code).await;
+        }
+    }
+    attempt.finish(shared, decision, cut, up, down);
 }
 
 /// Pump until both directions are closed (tunnel) or the response ended (HTTP).
@@ -105,31 +137,36 @@ pub async fn pump(
     let (mut up_r, mut up_w) = upstream.split();
     let up = async {
         match mode {
-            UpMode::Tunnel { expect_sni } => {
-                let prefix = match expect_sni {
-                    Some(expect) => {
-                        match check_client_hello(&mut client_r, client_prefix, expect, traffic)
-                            .await
-                        {
-                            Ok(Some(prefix)) => prefix,
-                            Ok(None) => {
-                                let _ = up_w.shutdown().await;
-                                return DirEnd::Closed;
-                            }
-                            Err(code) => return DirEnd::Deny(code),
-                        }
+            UpMode::Tunnel { host, port, opaque } => {
+                let flight =
+                    first_flight(&mut client_r, client_prefix, host, opaque, traffic).await;
+                match flight {
+                    Ok(None) => {
+                        let _ = up_w.shutdown().await;
+                        DirEnd::Closed
                     }
-                    None => client_prefix,
-                };
-                copy(
-                    shared,
-                    &mut client_r,
-                    &mut up_w,
-                    prefix,
-                    &traffic.up,
-                    traffic,
-                )
-                .await
+                    Err(code) => DirEnd::Deny(code),
+                    Ok(Some((Flight::Http, prefix))) => {
+                        traffic.http.store(true, Ordering::Relaxed);
+                        let dest = (host, port);
+                        relay_requests(shared, &mut client_r, &mut up_w, prefix, dest, traffic)
+                            .await
+                    }
+                    Ok(Some((Flight::Other, _))) if !opaque => {
+                        DirEnd::Deny(reason::PLAINTEXT_TUNNEL)
+                    }
+                    Ok(Some((Flight::Tls | Flight::Other, prefix))) => {
+                        copy(
+                            shared,
+                            &mut client_r,
+                            &mut up_w,
+                            prefix,
+                            &traffic.up,
+                            traffic,
+                        )
+                        .await
+                    }
+                }
             }
             UpMode::HttpBody(framing) => {
                 copy_body(
@@ -195,44 +232,124 @@ pub async fn pump(
     }
 }
 
-/// Read the client's first flight until the SNI verdict. `Ok(Some(bytes))`: allowed, the
-/// bytes still need forwarding; `Ok(None)`: the client closed before finishing a hello.
+/// What a tunnel's client sent first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flight {
+    /// A TLS ClientHello whose server name (if any) matches the tunnel host.
+    Tls,
+    /// An HTTP/1.x request line.
+    Http,
+    /// Anything else (only relayed to an operator-listed opaque destination).
+    Other,
+}
+
+/// Read the client's first flight until it is classified. `Ok(Some((flight, bytes)))`:
+/// the bytes still need handling; `Ok(None)`: the client closed before a verdict.
 ///
-/// No SNI, or a stream that is not TLS at all, is allowed: the tunnel can only reach the
-/// address that was resolved and checked for the allowlisted name, so without a name in
-/// the hello there is no second destination to smuggle in; the check exists to stop a
-/// client from asking a shared front end (CDN, virtual hosting) for a *different* name.
-async fn check_client_hello<R: AsyncRead + Unpin>(
+/// A hello without SNI is allowed: the tunnel can only reach the address that was resolved
+/// and checked for the allowlisted name, and without a name in the hello there is no
+/// second virtual host to ask for. For an `opaque` destination a non-TLS stream is not
+/// waited on (a client of a line protocol may send a few bytes and wait for an answer).
+async fn first_flight<R: AsyncRead + Unpin>(
     reader: &mut R,
     mut acc: Vec<u8>,
     expect: &str,
+    opaque: bool,
     traffic: &Traffic,
-) -> Result<Option<Vec<u8>>, &'static str> {
+) -> Result<Option<(Flight, Vec<u8>)>, &'static str> {
     let mut chunk = vec![0u8; 16 * 1024];
     loop {
-        match sni::inspect(&acc) {
-            Inspection::NotTls | Inspection::ClientHello { server_name: None } => {
-                return Ok(Some(acc))
-            }
+        let verdict = match sni::inspect(&acc) {
+            Inspection::NotTls if opaque => Some(Flight::Other),
+            Inspection::NotTls => match request::classify_plaintext(&acc) {
+                Plaintext::NeedMore => None,
+                Plaintext::Http => Some(Flight::Http),
+                Plaintext::Other => Some(Flight::Other),
+            },
+            Inspection::ClientHello { server_name: None } => Some(Flight::Tls),
             Inspection::ClientHello {
                 server_name: Some(name),
-            } => {
-                return if same_host(&name, expect) {
-                    Ok(Some(acc))
-                } else {
-                    Err(reason::SNI_MISMATCH)
-                };
-            }
+            } if same_host(&name, expect) => Some(Flight::Tls),
+            Inspection::ClientHello { .. } => return Err(reason::SNI_MISMATCH),
             Inspection::Malformed => return Err(reason::BAD_REQUEST),
-            Inspection::NeedMore => {
-                let room = (sni::MAX_CLIENT_HELLO - acc.len()).min(chunk.len());
-                let n = match reader.read(&mut chunk[..room]).await {
-                    Ok(0) | Err(_) => return Ok(None),
-                    Ok(n) => n,
-                };
-                traffic.activity.fetch_add(1, Ordering::Relaxed);
-                acc.extend_from_slice(&chunk[..n]);
+            Inspection::NeedMore => None,
+        };
+        if let Some(flight) = verdict {
+            return Ok(Some((flight, acc)));
+        }
+        let room = sni::MAX_CLIENT_HELLO
+            .saturating_sub(acc.len())
+            .min(chunk.len());
+        let n = match reader.read(&mut chunk[..room]).await {
+            Ok(0) | Err(_) => return Ok(None),
+            Ok(n) => n,
+        };
+        traffic.activity.fetch_add(1, Ordering::Relaxed);
+        acc.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A plaintext tunnel carrying HTTP: every request is read whole, checked as the forward
+/// proxy checks one (Host against the tunnel's destination, framing), and only then
+/// forwarded, head rewritten from what was checked, body exactly as framed. Keep-alive and
+/// pipelining work; a request that fails ends the tunnel before any of its bytes leave.
+async fn relay_requests<R, W>(
+    shared: &Shared,
+    reader: &mut R,
+    writer: &mut W,
+    mut pending: Vec<u8>,
+    (host, port): (&str, u16),
+    traffic: &Traffic,
+) -> DirEnd
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let end = loop {
+            if let Some(end) = request::find_head_end(&pending) {
+                break end;
             }
+            if pending.len() > MAX_HEAD {
+                return DirEnd::Deny(reason::BAD_REQUEST);
+            }
+            if !read_more(reader, &mut buf, &mut pending, traffic).await {
+                // A partial head is dropped, never forwarded.
+                let _ = writer.shutdown().await;
+                return DirEnd::Closed;
+            }
+        };
+        let checked = request::parse(&pending[..end])
+            .and_then(|head| request::tunnel_request(&head, host, port));
+        let forward_request = match checked {
+            Ok(r) => r,
+            Err(code) => return DirEnd::Deny(code),
+        };
+        if let Err(e) = forward(shared, writer, &forward_request.head, &traffic.up).await {
+            return e;
+        }
+        pending.drain(..end);
+        let framing = forward_request.framing;
+        if let Err(e) = forward_body(shared, reader, writer, &mut pending, framing, traffic).await {
+            return e;
+        }
+    }
+}
+
+/// Read once more into `pending`; `false` when the client closed.
+async fn read_more<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut [u8],
+    pending: &mut Vec<u8>,
+    traffic: &Traffic,
+) -> bool {
+    match reader.read(buf).await {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            traffic.activity.fetch_add(1, Ordering::Relaxed);
+            pending.extend_from_slice(&buf[..n]);
+            true
         }
     }
 }
@@ -350,12 +467,14 @@ async fn splice_loop(
     }
 }
 
+/// The forward proxy's one request body; whatever follows it (a pipelined request) is
+/// dropped: one request per connection, so it never reaches the upstream unchecked.
 async fn copy_body<R, W>(
     shared: &Shared,
     reader: &mut R,
     writer: &mut W,
     prefix: Vec<u8>,
-    mut framing: BodyFraming,
+    framing: BodyFraming,
     traffic: &Traffic,
 ) -> DirEnd
 where
@@ -363,29 +482,39 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut pending = prefix;
+    match forward_body(shared, reader, writer, &mut pending, framing, traffic).await {
+        Ok(()) | Err(DirEnd::Closed) => DirEnd::Closed,
+        Err(deny) => deny,
+    }
+}
+
+/// Forward the body `framing` describes, starting with `pending`; on success `pending`
+/// holds what the client sent after the body.
+async fn forward_body<R, W>(
+    shared: &Shared,
+    reader: &mut R,
+    writer: &mut W,
+    pending: &mut Vec<u8>,
+    mut framing: BodyFraming,
+    traffic: &Traffic,
+) -> Result<(), DirEnd>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        if !pending.is_empty() {
-            let take = match framing.feed(&pending) {
-                Ok(n) => n,
-                Err(()) => return DirEnd::Deny(reason::BAD_REQUEST),
-            };
-            if let Err(end) = forward(shared, writer, &pending[..take], &traffic.up).await {
-                return end;
-            }
-            // Anything after the body (a pipelined request) is dropped: one request per
-            // connection, so it can never reach the upstream without its own checks.
-        }
+        let take = framing
+            .feed(pending)
+            .map_err(|()| DirEnd::Deny(reason::BAD_REQUEST))?;
+        forward(shared, writer, &pending[..take], &traffic.up).await?;
+        pending.drain(..take);
         if framing.done() {
-            return DirEnd::Closed;
+            return Ok(());
         }
-        let n = match reader.read(&mut buf).await {
-            Ok(0) | Err(_) => return DirEnd::Closed,
-            Ok(n) => n,
-        };
-        traffic.activity.fetch_add(1, Ordering::Relaxed);
-        pending.clear();
-        pending.extend_from_slice(&buf[..n]);
+        if !read_more(reader, &mut buf, pending, traffic).await {
+            return Err(DirEnd::Closed);
+        }
     }
 }
 
@@ -492,6 +621,9 @@ impl ChunkedScanner {
                     SizeStart
                 }
                 (Trailer(at_start), b'\r') => TrailerLf(at_start),
+                // A bare LF here would let a lenient upstream end the message early and
+                // read the rest of the "trailer" as a second request.
+                (Trailer(_), b'\n') => return Err(()),
                 (Trailer(_), _) => Trailer(false),
                 (TrailerLf(at_start), b'\n') => {
                     self.line_len = 0;
@@ -550,6 +682,7 @@ mod tests {
         assert!(scan(b"4\nWiki", 100).is_err());
         assert!(scan(b"4\r\nWikiXX", 100).is_err());
         assert!(scan(b"ffffffffffffffffff\r\n", 100).is_err());
+        assert!(scan(b"0\r\nX: y\n\nGET /smuggled HTTP/1.1\r\n\r\n", 100).is_err());
         assert_eq!(scan(b"0\r\n\r\n", 1), Ok((5, true)));
     }
 

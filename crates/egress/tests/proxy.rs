@@ -37,6 +37,16 @@ fn base_config() -> EgressConfig {
     }
 }
 
+/// `config` with every rule's destination also listed in `opaque_tunnels`: for tests
+/// that relay bytes which are neither TLS nor HTTP (echo payloads, a server-first line
+/// protocol), which the operator must allow per destination.
+fn opaque(config: EgressConfig, rules: &[DestinationRule]) -> EgressConfig {
+    EgressConfig {
+        opaque_tunnels: rules.to_vec(),
+        ..config
+    }
+}
+
 fn start(config: EgressConfig, rules: Vec<DestinationRule>) -> ProxyHandle {
     let http = TcpListener::bind("127.0.0.1:0").unwrap();
     let socks = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -259,7 +269,8 @@ fn http_post_with_chunked_body_is_forwarded() {
 #[test]
 fn connect_tunnel_echoes_bytes_and_accepts_matching_sni() {
     let (port, _) = echo_server();
-    let proxy = start(base_config(), vec![rule("api.test", &[port])]);
+    let rules = vec![rule("api.test", &[port])];
+    let proxy = start(opaque(base_config(), &rules), rules);
 
     let (mut s, head) = http_connect(&proxy, &format!("api.test:{port}"));
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
@@ -314,7 +325,8 @@ fn connect_with_other_sni_is_cut() {
 #[test]
 fn socks5_domain_connect_is_allowed() {
     let (port, _) = echo_server();
-    let proxy = start(base_config(), vec![rule("api.test", &[port])]);
+    let rules = vec![rule("api.test", &[port])];
+    let proxy = start(opaque(base_config(), &rules), rules);
     let (mut s, code) = socks_connect_domain(&proxy, "api.test", port);
     assert_eq!(code, 0x00);
     s.write_all(b"over socks").unwrap();
@@ -501,7 +513,7 @@ fn allowed_ip_literals_still_face_the_address_rule() {
         rule("::ffff:127.0.0.1", &[port]),
         rule("127.0.0.1", &[port]),
     ];
-    let proxy = start(config, rules);
+    let proxy = start(opaque(config, &rules), rules);
     connect_refused(
         &proxy,
         &format!("[::ffff:127.0.0.1]:{port}"),
@@ -598,7 +610,8 @@ fn byte_limit_cuts_open_tunnel_and_refuses_new_ones() {
         max_bytes: 10_000,
         ..base_config()
     };
-    let proxy = start(config, vec![rule("api.test", &[port])]);
+    let rules = vec![rule("api.test", &[port])];
+    let proxy = start(opaque(config, &rules), rules);
     let target = format!("api.test:{port}");
     let (mut s, head) = http_connect(&proxy, &target);
     assert!(head.starts_with("HTTP/1.1 200 "));
@@ -742,7 +755,8 @@ fn connect_goes_to_the_checked_address_despite_rebinding() {
         upstream_resolvers: vec![dns],
         ..base_config()
     };
-    let proxy = start(config, vec![rule("rebind.test", &[port])]);
+    let rules = vec![rule("rebind.test", &[port])];
+    let proxy = start(opaque(config, &rules), rules);
 
     let (mut s, head) = http_connect(&proxy, &format!("rebind.test:{port}"));
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
@@ -810,7 +824,8 @@ fn chained_through_upstream_proxy() {
     let mut config = base_config();
     config.resolve.clear();
     config.upstream_proxy = Some(format!("http://{upstream_addr}"));
-    let proxy = start(config, vec![rule("far.test", &[443])]);
+    let rules = vec![rule("far.test", &[443])];
+    let proxy = start(opaque(config, &rules), rules);
     let (mut s, head) = http_connect(&proxy, "far.test:443");
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
     let line = rx.recv_timeout(IO_TIMEOUT).unwrap();
@@ -872,7 +887,8 @@ fn server_first_protocols_work_through_tunnels() {
         s.read_exact(&mut buf).unwrap();
         s.write_all(b"221 bye\r\n").unwrap();
     });
-    let proxy = start(base_config(), vec![rule("api.test", &[port])]);
+    let rules = vec![rule("api.test", &[port])];
+    let proxy = start(opaque(base_config(), &rules), rules);
     let (mut s, code) = socks_connect_domain(&proxy, "api.test", port);
     assert_eq!(code, 0);
     let mut banner = [0u8; 11];

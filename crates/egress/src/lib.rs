@@ -118,7 +118,7 @@ impl Default for EgressConfig {
 }
 
 /// One allowlist entry (same shape as the contract crate's `DestinationRule`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DestinationRule {
     /// Host name; a leading `*.` matches any sub-domain (not the apex).
     pub host_pattern: String,

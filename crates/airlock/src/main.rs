@@ -4,6 +4,7 @@
 mod audit;
 mod config;
 mod egress_session;
+mod inputs;
 mod record;
 mod run;
 

@@ -2,16 +2,15 @@
 //! and at the end, and one event per decision (egress, ceilings, artifacts, cleanup).
 
 use airlock_cell::report::RunReport;
-use airlock_contract::{CellPlan, MountPlan};
+use airlock_contract::CellPlan;
 use airlock_store::{kinds, RunEnd, RunHandle, Store};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use std::io::Read;
-use std::path::Path;
 
-/// sha256 over the command and the read-only inputs, each length-prefixed so that
-/// moving bytes between parts changes the hash. stdin is not part of it: it is read while
-/// the payload runs, and its own hash is the result's `stdin` record.
+/// sha256 over the command and the identity of each read-only input, each
+/// length-prefixed so that moving bytes between parts changes the hash. Content is not
+/// part of it: stdin is read while the payload runs (the result's `stdin`), and the inputs'
+/// content hash is the result's `inputs`, computed off the start path.
 pub struct InputHasher(Sha256);
 
 impl InputHasher {
@@ -30,65 +29,35 @@ impl InputHasher {
         self.0.update(bytes);
     }
 
-    /// Hashes a read-only input: a file's content, or for a directory every file below it
-    /// (path and content), in sorted order.
-    pub fn add_input(&mut self, target: &Path, source: &Path) -> std::io::Result<()> {
-        let meta = std::fs::metadata(source)?;
-        if meta.is_dir() {
-            let mut entries: Vec<_> = std::fs::read_dir(source)?
-                .flatten()
-                .map(|e| e.path())
-                .collect();
-            entries.sort();
-            for entry in entries {
-                let name = entry.file_name().map(|n| n.to_owned()).unwrap_or_default();
-                self.add_input(&target.join(name), &entry)?;
-            }
-        } else if meta.is_file() {
-            let (_, file_hash) = digest_of(&mut std::fs::File::open(source)?)?;
-            self.add_part(&target.display().to_string(), &file_hash);
-        }
-        Ok(())
-    }
-
-    /// Hashes every read-only input; an error names the input's host source and its
-    /// target in the cell.
+    /// Identifies every read-only input by its host source and the identity of that
+    /// source (device, inode, size, mtime, ctime): a few `stat` calls, whatever the
+    /// input's size, so the start does not grow with it. The content hash is computed
+    /// while the payload runs ([`crate::inputs`]) and recorded with the run's end. An
+    /// error names the input's host source and its target in the cell.
     pub fn add_plan_inputs(&mut self, plan: &CellPlan) -> std::io::Result<()> {
-        for mount in &plan.mounts {
-            if let MountPlan::ReadonlyInput { source, target } = mount {
-                self.add_input(target, source).map_err(|err| {
-                    std::io::Error::new(
-                        err.kind(),
-                        format!(
-                            "read-only input {} (mounted at {}): {err}",
-                            source.display(),
-                            target.display()
-                        ),
-                    )
-                })?;
-            }
+        for (target, source) in crate::inputs::readonly_inputs(plan) {
+            let meta = std::fs::metadata(&source).map_err(|err| {
+                std::io::Error::new(
+                    err.kind(),
+                    format!(
+                        "read-only input {} (mounted at {}): {err}",
+                        source.display(),
+                        target.display()
+                    ),
+                )
+            })?;
+            let identity = airlock_store::input_cache::FileIdentity::of(&meta);
+            let label = target.display().to_string();
+            self.add_part(
+                &label,
+                format!("{}\0{identity:?}", source.display()).as_bytes(),
+            );
         }
         Ok(())
     }
 
     pub fn finish(self) -> String {
         hex::encode(self.0.finalize())
-    }
-}
-
-/// Bytes and sha256 of everything `reader` yields (fixed-size buffer: memory stays
-/// bounded whatever the size).
-fn digest_of(reader: &mut impl Read) -> std::io::Result<(u64, [u8; 32])> {
-    let mut digest = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut bytes = 0u64;
-    loop {
-        let n = reader.read(&mut buf)?;
-        if n == 0 {
-            return Ok((bytes, digest.finalize().into()));
-        }
-        bytes += n as u64;
-        digest.update(&buf[..n]);
     }
 }
 

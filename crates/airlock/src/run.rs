@@ -263,6 +263,9 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     let mut store = None;
     let mut handle = None;
     let mut audit_error = None;
+    let mut input_contents = None;
+    let mut unhashed_inputs = Some(crate::inputs::readonly_inputs(&plan));
+    let state_dir = config.state_dir(args.state_dir.as_deref());
     let mut begin_record = || -> Result<String, String> {
         let opened = open_store(&config, &args)?;
         let begun = opened
@@ -272,6 +275,15 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         let h = begun?;
         let id = h.run_id();
         handle = Some(h);
+        // The cell is cloned: a thread may start now. It reads the inputs while the
+        // payload runs (see inputs.rs).
+        input_contents = unhashed_inputs
+            .take()
+            .filter(|inputs| !inputs.is_empty())
+            .map(|inputs| {
+                let state_dir = state_dir.clone();
+                std::thread::spawn(move || crate::inputs::hash_contents(&inputs, &state_dir))
+            });
         Ok(id)
     };
     let mut record_before_start =
@@ -341,7 +353,13 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     report.run_id = handle.run_id();
     // The plan is already in the run's begin record; the stored result leaves it out, the
     // caller's result file has it. The report is serialised once for both.
-    let stored_result = serde_json::to_value(&report).unwrap_or_default();
+    let mut stored_result = serde_json::to_value(&report).unwrap_or_default();
+    if let Some(hashing) = input_contents.take() {
+        stored_result["inputs"] = match hashing.join() {
+            Ok(contents) => json!(contents),
+            Err(_) => json!({ "error": "hashing the read-only inputs panicked" }),
+        };
+    }
     if args.result.is_some() {
         let mut result = stored_result.clone();
         result["plan"] = json!(plan);

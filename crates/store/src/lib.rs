@@ -22,6 +22,7 @@
 //! string written for that run is redacted first.
 
 mod error;
+pub mod input_cache;
 mod proc_info;
 mod redact;
 mod schema;

@@ -107,7 +107,10 @@ impl From<CellError> for CopyFailure {
 pub fn glob_matches(pattern: &str, path: &[u8]) -> bool {
     let segments = |bytes: &'_ [u8]| -> Vec<Vec<u8>> {
         let start = bytes.iter().position(|b| *b != b'/').unwrap_or(bytes.len());
-        let end = bytes.iter().rposition(|b| *b != b'/').map_or(start, |i| i + 1);
+        let end = bytes
+            .iter()
+            .rposition(|b| *b != b'/')
+            .map_or(start, |i| i + 1);
         bytes[start..end.max(start)]
             .split(|b| *b == b'/')
             .map(<[u8]>::to_vec)

@@ -318,7 +318,10 @@ impl NewFile<'_> {
         let path = self.dir.path.join(&self.name);
         let failed = |e| host_write(&path, WriteRefusal::WriteFailed, e);
         self.file.sync_all().map_err(failed)?;
-        let temp = self.temp.clone().expect("a new file has its temporary name");
+        let temp = self
+            .temp
+            .clone()
+            .expect("a new file has its temporary name");
         let dirfd = self.dir.fd.as_fd();
         let (temp_path, name_path) = (Path::new(&temp), Path::new(&self.name));
         match sys::rename_noreplace(dirfd, temp_path, name_path) {
@@ -371,11 +374,14 @@ pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<PathBuf, CellError> {
             io::Error::new(io::ErrorKind::InvalidInput, "the path names no file"),
         ));
     };
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => HostDir::open_as_given(p)?,
+        // Messages name `r.json` as the caller wrote it, not `./r.json`.
+        _ => HostDir {
+            path: PathBuf::new(),
+            ..HostDir::open_as_given(Path::new("."))?
+        },
     };
-    let dir = HostDir::open_as_given(parent)?;
     let mut file = dir.new_file(name)?;
     file.write_all(bytes)
         .map_err(|e| host_write(path, WriteRefusal::WriteFailed, e))?;

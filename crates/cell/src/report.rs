@@ -195,7 +195,10 @@ impl RunReport {
     pub fn undelivered_artifacts(&self) -> Vec<String> {
         let undelivered = self.artifacts.get("undelivered").and_then(|u| u.as_array());
         let text = |v: &serde_json::Value, key: &str| {
-            v.get(key).and_then(|t| t.as_str()).unwrap_or("").to_string()
+            v.get(key)
+                .and_then(|t| t.as_str())
+                .unwrap_or("")
+                .to_string()
         };
         undelivered
             .into_iter()

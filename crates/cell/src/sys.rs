@@ -1069,8 +1069,7 @@ fn openat2(
 pub fn mkdirat(dir: BorrowedFd<'_>, name: &Path, mode: u32) -> io::Result<()> {
     let name = cstring(name)?;
     // SAFETY: `name` is a valid C string and `dir` a live descriptor.
-    check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) })
-        .map(drop)
+    check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) }).map(drop)
 }
 
 /// `renameat2(2)` with `RENAME_NOREPLACE`: moves `from` to `to`, both in `dir`, and fails
@@ -1096,8 +1095,15 @@ pub fn rename_noreplace(dir: BorrowedFd<'_>, from: &Path, to: &Path) -> io::Resu
 pub fn link_within(dir: BorrowedFd<'_>, from: &Path, to: &Path) -> io::Result<()> {
     let (from, to) = (cstring(from)?, cstring(to)?);
     // SAFETY: both names are valid C strings and `dir` a live descriptor; flags 0.
-    let ret =
-        unsafe { libc::linkat(dir.as_raw_fd(), from.as_ptr(), dir.as_raw_fd(), to.as_ptr(), 0) };
+    let ret = unsafe {
+        libc::linkat(
+            dir.as_raw_fd(),
+            from.as_ptr(),
+            dir.as_raw_fd(),
+            to.as_ptr(),
+            0,
+        )
+    };
     check(ret).map(drop)
 }
 

@@ -63,6 +63,7 @@ scripts/interleaved.py "$RUNS" "${cmds[@]:0:6}"
 
 echo "== in-run milestones (airlock's own result record, median of 200 runs, ms since process start)"
 for i in $(seq 1 200); do
+  rm -f "$OUT/r.json"  # airlock never replaces an existing result file
   $AIRLOCK run --state-dir "$STATE" --result "$OUT/r.json" -- /bin/true
   python3 -c "import json; print(json.dumps(json.load(open('$OUT/r.json'))['timings']))"
 done > "$OUT/timings.jsonl"

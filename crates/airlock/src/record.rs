@@ -1,9 +1,9 @@
 //! What `airlock run` writes to the audit store: the input hash, the run record at start
 //! and at the end, and one event per decision (egress, ceilings, artifacts, cleanup).
 
-use airlock_cell::report::RunReport;
+use airlock_cell::report::{ResultClass, RunReport};
 use airlock_contract::CellPlan;
-use airlock_store::{kinds, RunEnd, RunHandle, Store};
+use airlock_store::{kinds, Redactor, RunEnd, RunHandle, Store};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -72,6 +72,30 @@ pub fn secrets_of(plan: &CellPlan, credentials: &[(String, String)]) -> Vec<Stri
         .collect()
 }
 
+/// `record` (a result record) with every secret replaced as the store replaces it: whole
+/// occurrences everywhere, and in the bounded output head and tail also the fragments a
+/// cut can leave (see `Redactor::head_tail`).
+pub fn redact_result(mut record: Value, secrets: &[String]) -> Value {
+    let redactor = Redactor::new(secrets.to_vec());
+    if redactor.is_empty() {
+        return record;
+    }
+    for stream in ["stdout", "stderr"] {
+        let capture = &mut record["output"][stream];
+        if let (Some(head), Some(tail)) = (capture["head"].as_str(), capture["tail"].as_str()) {
+            let (head, tail) = redactor.head_tail(head, tail);
+            capture["head"] = json!(head);
+            capture["tail"] = json!(tail);
+        }
+    }
+    redactor.value(record)
+}
+
+/// Event kind of an artifact the host side could not write (see `artifacts.undelivered`).
+pub const ARTIFACT_UNDELIVERED: &str = "artifact.undelivered";
+/// Event kind of a run whose outputs were not all delivered.
+pub const DELIVERY_FAILED: &str = "delivery.failed";
+
 fn limit_name(report: &RunReport) -> Option<String> {
     report
         .limit_fired
@@ -117,9 +141,26 @@ fn events_of(report: &RunReport) -> Vec<(String, Value)> {
         body["reason_code"] = artifact.get("reason").cloned().unwrap_or(Value::Null);
         push(kinds::ARTIFACT_REJECTED, body);
     }
+    for artifact in report
+        .artifacts
+        .get("undelivered")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let mut body = artifact.clone();
+        body["decision"] = json!("undelivered");
+        body["reason_code"] = artifact.get("reason").cloned().unwrap_or(Value::Null);
+        push(ARTIFACT_UNDELIVERED, body);
+    }
     if let Some(error) = &report.error {
+        let kind = if report.status == ResultClass::DeliveryFailed {
+            DELIVERY_FAILED
+        } else {
+            kinds::POLICY_DECISION
+        };
         push(
-            kinds::POLICY_DECISION,
+            kind,
             json!({ "status": report.status.as_str(), "error": error }),
         );
     }

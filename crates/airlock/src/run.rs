@@ -2,6 +2,7 @@
 
 use crate::config::OperatorConfig;
 use crate::egress_session::ProxySession;
+use crate::inputs::InputContents;
 use crate::record::{self, InputHasher};
 use airlock_cell::artifacts::ArtifactRequest;
 use airlock_cell::report::{ResultClass, RunReport};
@@ -15,6 +16,7 @@ use airlock_store::{RunStart, Store};
 use clap::Args;
 use serde_json::{json, Value};
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -131,7 +133,10 @@ fn refuse(
 ) -> ExitCode {
     eprintln!("airlock: {}: {error}", status.as_str());
     let report = RunReport::refused(run_id, status, error);
-    write_result(args, &result_record(&report, plan));
+    let secrets = plan.map(|p| record::secrets_of(p, &[])).unwrap_or_default();
+    if let Err(err) = write_result(args, &result_record(&report, plan, None), &secrets) {
+        eprintln!("airlock: {err}");
+    }
     ExitCode::from(125)
 }
 
@@ -151,7 +156,9 @@ fn refuse_recorded(
         workload_class: args.workload_class.clone(),
         plan_json: json!(plan),
     };
-    let recorded = store.begin_run(start, Vec::new()).and_then(|handle| {
+    // The plan holds the secret env values; credentials were not resolved.
+    let secrets = plan.map(|p| record::secrets_of(p, &[])).unwrap_or_default();
+    let recorded = store.begin_run(start, secrets).and_then(|handle| {
         let mut report = RunReport::refused(&handle.run_id(), status, error.clone());
         report.cleanup.ok = true;
         record::finish(
@@ -332,7 +339,10 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     }
     if audit_error.is_some() {
         // No record could be written, so nothing ran.
-        write_result(&args, &result_record(&report, Some(&plan)));
+        if let Err(err) = write_result(&args, &result_record(&report, Some(&plan), None), &secrets)
+        {
+            eprintln!("airlock: {err}");
+        }
         return ExitCode::from(125);
     }
     // A run that failed before its cell was released is recorded now, so it is not lost.
@@ -343,7 +353,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             return ExitCode::from(125);
         }
     };
-    let handle = match handle.map_or_else(|| store.begin_run(start, secrets), Ok) {
+    let handle = match handle.map_or_else(|| store.begin_run(start, secrets.clone()), Ok) {
         Ok(h) => h,
         Err(err) => {
             eprintln!("airlock: {err}");
@@ -351,19 +361,18 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         }
     };
     report.run_id = handle.run_id();
+    let inputs = input_contents.take().map(|hashing| {
+        hashing.join().unwrap_or_else(|_| InputContents {
+            error: Some("hashing the read-only inputs panicked".to_string()),
+            ..InputContents::default()
+        })
+    });
+    deliver(&args, &plan, &secrets, &mut report, inputs.as_ref());
     // The plan is already in the run's begin record; the stored result leaves it out, the
-    // caller's result file has it. The report is serialised once for both.
+    // caller's result file has it.
     let mut stored_result = serde_json::to_value(&report).unwrap_or_default();
-    if let Some(hashing) = input_contents.take() {
-        stored_result["inputs"] = match hashing.join() {
-            Ok(contents) => json!(contents),
-            Err(_) => json!({ "error": "hashing the read-only inputs panicked" }),
-        };
-    }
-    if args.result.is_some() {
-        let mut result = stored_result.clone();
-        result["plan"] = json!(plan);
-        write_result(&args, &result);
+    if let Some(inputs) = &inputs {
+        stored_result["inputs"] = json!(inputs);
     }
     if let Err(err) = record::finish(&store, &handle, &report, &stored_result) {
         eprintln!(
@@ -390,16 +399,71 @@ fn unresolvable_error(destinations: &[&str], config: Option<&Path>) -> String {
     )
 }
 
-fn result_record(report: &RunReport, plan: Option<&CellPlan>) -> Value {
+fn result_record(
+    report: &RunReport,
+    plan: Option<&CellPlan>,
+    inputs: Option<&InputContents>,
+) -> Value {
     let mut record = serde_json::to_value(report).unwrap_or_default();
+    if let Some(inputs) = inputs {
+        record["inputs"] = json!(inputs);
+    }
     record["plan"] = json!(plan);
     record
 }
 
-fn write_result(args: &RunArgs, record: &Value) {
-    let Some(path) = &args.result else { return };
-    let text = serde_json::to_string_pretty(record).unwrap_or_default();
-    if let Err(err) = std::fs::write(path, text + "\n") {
-        eprintln!("airlock: cannot write result {}: {err}", path.display());
+/// Writes the `--result` file, if one was asked for: redacted like the store's records,
+/// mode 0600, as a new file (an existing one is never replaced: see host_files).
+fn write_result(args: &RunArgs, record: &Value, secrets: &[String]) -> Result<(), String> {
+    let Some(path) = &args.result else {
+        return Ok(());
+    };
+    let record = record::redact_result(record.clone(), secrets);
+    let text = serde_json::to_string_pretty(&record).unwrap_or_default() + "\n";
+    airlock_cell::host_files::write_new_file(path, text.as_bytes())
+        .map(drop)
+        .map_err(|err| {
+            let shown = airlock_cell::host_files::escaped(path.as_os_str().as_bytes());
+            format!("the result file {shown} was not written: {err}")
+        })
+}
+
+/// A run that happened, at its end: artifacts the host side could not write and a result
+/// file that could not be written make it `delivery_failed` (exit 123), in the result
+/// file when there is one and in the store. stderr says what was lost, escaped and
+/// redacted.
+fn deliver(
+    args: &RunArgs,
+    plan: &CellPlan,
+    secrets: &[String],
+    report: &mut RunReport,
+    inputs: Option<&InputContents>,
+) {
+    let redactor = airlock_store::Redactor::new(secrets.to_vec());
+    let lost = report.undelivered_artifacts();
+    for line in &lost {
+        eprintln!("airlock: {}", redactor.text(line));
+    }
+    if !lost.is_empty() {
+        report.mark_delivery_failed(format!(
+            "{} artifact(s) could not be written to the output directory (artifacts.undelivered \
+             says which and why)",
+            lost.len()
+        ));
+    }
+    if let Err(err) = write_result(args, &result_record(report, Some(plan), inputs), secrets) {
+        eprintln!("airlock: {}", redactor.text(&err));
+        report.mark_delivery_failed(err);
+    }
+    if report.status == ResultClass::DeliveryFailed {
+        eprintln!(
+            "airlock: delivery_failed: the run finished (payload exit {}) but not everything \
+             asked for was delivered (exit {})",
+            report
+                .exit
+                .code
+                .map_or_else(|| "none".to_string(), |c| c.to_string()),
+            report.exit_code
+        );
     }
 }

@@ -7,19 +7,25 @@
 //! refuses symlinks and magic links at every step, so a payload cannot point the collector
 //! at a host file.
 
+use crate::host_files::{escaped, HostDir, WriteRefusal};
 use crate::sys;
+use crate::CellError;
 use airlock_contract::{CellPlan, MountPlan};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// Walk limits: a payload cannot make collection take unbounded time.
 const MAX_ENTRIES: usize = 10_000;
 const MAX_DEPTH: usize = 32;
 
+/// Why an artifact was rejected (the cell side: policy) or not delivered (the host side
+/// could not write it: see [`crate::host_files::WriteRefusal::artifact_reason`] for those).
 pub mod reason {
     pub const UNDECLARED: &str = "artifact.undeclared";
     pub const SYMLINK: &str = "artifact.symlink";
@@ -39,6 +45,8 @@ pub struct ArtifactRequest {
     pub max_total_bytes: u64,
 }
 
+/// Paths in these records are the cell's bytes, written as [`escaped`] writes them
+/// (lossless: `\\` for a backslash, `\xHH` for a byte that is not printable UTF-8).
 #[derive(Debug, Serialize)]
 pub struct ArtifactKept {
     /// Path inside the cell.
@@ -46,30 +54,74 @@ pub struct ArtifactKept {
     pub size_bytes: u64,
     pub sha256: String,
     /// Where it was copied to on the host.
-    pub stored_at: PathBuf,
+    pub stored_at: String,
 }
 
+/// An artifact refused by policy: it never leaves the cell.
 #[derive(Debug, Serialize)]
 pub struct ArtifactRejection {
     pub path: String,
     pub reason: &'static str,
 }
 
+/// An artifact policy accepted but the host side could not write: lost, which makes the
+/// run `delivery_failed`.
+#[derive(Debug, Serialize)]
+pub struct ArtifactUndelivered {
+    pub path: String,
+    pub reason: &'static str,
+    pub error: String,
+}
+
 #[derive(Debug, Default, Serialize)]
 pub struct ArtifactReport {
     pub kept: Vec<ArtifactKept>,
     pub rejected: Vec<ArtifactRejection>,
+    pub undelivered: Vec<ArtifactUndelivered>,
 }
 
-/// Matches a `/`-separated glob where `*` and `?` stay within one path segment.
-pub fn glob_matches(pattern: &str, path: &str) -> bool {
-    let pattern: Vec<&str> = pattern.trim_matches('/').split('/').collect();
-    let path: Vec<&str> = path.trim_matches('/').split('/').collect();
+/// Why one artifact did not arrive.
+enum CopyFailure {
+    Rejected(&'static str),
+    Undelivered(WriteRefusal, String),
+}
+
+/// The cause and message of a host-side error.
+fn host_failure(err: CellError) -> (WriteRefusal, String) {
+    let refusal = match &err {
+        CellError::HostWrite { refusal, .. } => *refusal,
+        _ => WriteRefusal::WriteFailed,
+    };
+    (refusal, err.to_string())
+}
+
+impl From<CellError> for CopyFailure {
+    fn from(err: CellError) -> CopyFailure {
+        let (refusal, error) = host_failure(err);
+        CopyFailure::Undelivered(refusal, error)
+    }
+}
+
+/// Matches a `/`-separated glob where `*` and `?` stay within one path segment. The path
+/// is the cell's bytes: `?` matches one byte, whatever the encoding.
+pub fn glob_matches(pattern: &str, path: &[u8]) -> bool {
+    let segments = |bytes: &'_ [u8]| -> Vec<Vec<u8>> {
+        let start = bytes.iter().position(|b| *b != b'/').unwrap_or(bytes.len());
+        let end = bytes
+            .iter()
+            .rposition(|b| *b != b'/')
+            .map_or(start, |i| i + 1);
+        bytes[start..end.max(start)]
+            .split(|b| *b == b'/')
+            .map(<[u8]>::to_vec)
+            .collect()
+    };
+    let (pattern, path) = (segments(pattern.as_bytes()), segments(path));
     pattern.len() == path.len()
         && pattern
             .iter()
             .zip(&path)
-            .all(|(p, s)| segment_matches(p.as_bytes(), s.as_bytes()))
+            .all(|(p, s)| segment_matches(p, s))
 }
 
 fn segment_matches(pattern: &[u8], text: &[u8]) -> bool {
@@ -120,6 +172,9 @@ struct Collector<'a> {
     report: ArtifactReport,
     entries: usize,
     total_bytes: u64,
+    /// The output directory, opened at the first artifact to deliver (a run without
+    /// artifacts creates none); the message of its error, if it could not be.
+    output: Option<Result<HostDir, (WriteRefusal, String)>>,
 }
 
 /// Collects the plan's declared artifacts from the cell whose pid 1 is `pid1`.
@@ -130,34 +185,11 @@ pub fn collect(pid1: libc::pid_t, plan: &CellPlan, request: &ArtifactRequest) ->
         report: ArtifactReport::default(),
         entries: 0,
         total_bytes: 0,
+        output: None,
     };
     let cell_root = format!("/proc/{pid1}/root");
     match File::open(&cell_root) {
-        Ok(root) => {
-            let root: OwnedFd = root.into();
-            for mount in &plan.mounts {
-                let MountPlan::WritableTmpfs { target, .. } = mount else {
-                    continue;
-                };
-                let prefix = target.display().to_string();
-                // Only walk writable paths that hold declared outputs.
-                if !plan
-                    .output_allowlist
-                    .iter()
-                    .any(|g| g.starts_with(&format!("{prefix}/")))
-                {
-                    continue;
-                }
-                if let Ok(dir) = sys::open_no_symlinks(
-                    root.as_fd(),
-                    target,
-                    libc::O_RDONLY | libc::O_DIRECTORY,
-                    true,
-                ) {
-                    collector.walk(dir, &prefix, 0);
-                }
-            }
-        }
+        Ok(root) => collector.walk_outputs(plan, root.into()),
         Err(err) => collector.report.rejected.push(ArtifactRejection {
             path: format!("{cell_root}: {err}"),
             reason: reason::UNREADABLE,
@@ -167,18 +199,42 @@ pub fn collect(pid1: libc::pid_t, plan: &CellPlan, request: &ArtifactRequest) ->
 }
 
 impl Collector<'_> {
-    fn reject(&mut self, path: &str, reason: &'static str) {
+    /// Walks the writable paths that hold declared outputs.
+    fn walk_outputs(&mut self, plan: &CellPlan, root: OwnedFd) {
+        for mount in &plan.mounts {
+            let MountPlan::WritableTmpfs { target, .. } = mount else {
+                continue;
+            };
+            let prefix = target.as_os_str().as_bytes();
+            let holds_outputs = plan.output_allowlist.iter().any(|g| {
+                g.as_bytes().starts_with(prefix) && g.as_bytes().get(prefix.len()) == Some(&b'/')
+            });
+            if !holds_outputs {
+                continue;
+            }
+            if let Ok(dir) = sys::open_no_symlinks(
+                root.as_fd(),
+                target,
+                libc::O_RDONLY | libc::O_DIRECTORY,
+                true,
+            ) {
+                self.walk(dir, prefix, 0);
+            }
+        }
+    }
+
+    fn reject(&mut self, path: &[u8], reason: &'static str) {
         self.report.rejected.push(ArtifactRejection {
-            path: path.to_string(),
+            path: escaped(path),
             reason,
         });
     }
 
-    fn declared(&self, path: &str) -> bool {
+    fn declared(&self, path: &[u8]) -> bool {
         self.globs.iter().any(|g| glob_matches(g, path))
     }
 
-    fn walk(&mut self, dir: OwnedFd, cell_path: &str, depth: usize) {
+    fn walk(&mut self, dir: OwnedFd, cell_path: &[u8], depth: usize) {
         let listing = match std::fs::read_dir(format!(
             "/proc/self/fd/{}",
             std::os::fd::AsRawFd::as_raw_fd(&dir)
@@ -186,6 +242,7 @@ impl Collector<'_> {
             Ok(l) => l,
             Err(_) => return self.reject(cell_path, reason::UNREADABLE),
         };
+        // Names stay bytes: a lossy conversion would give two files one name.
         let mut names: Vec<_> = listing.flatten().map(|e| e.file_name()).collect();
         names.sort();
         for name in names {
@@ -193,113 +250,141 @@ impl Collector<'_> {
             if self.entries > MAX_ENTRIES {
                 return self.reject(cell_path, reason::TOO_MANY);
             }
-            let child_path = format!("{cell_path}/{}", name.to_string_lossy());
-            // O_PATH|O_NOFOLLOW opens a symlink itself, so its type can be checked.
-            let Ok(handle) =
-                sys::open_no_symlinks(dir.as_fd(), Path::new(&name), libc::O_PATH, false)
-            else {
-                self.reject(&child_path, reason::UNREADABLE);
-                continue;
-            };
-            let Ok(meta) = File::from(handle).metadata() else {
-                self.reject(&child_path, reason::UNREADABLE);
-                continue;
-            };
-            let file_type = meta.file_type();
-            if file_type.is_dir() {
-                if depth < MAX_DEPTH {
-                    if let Ok(sub) = sys::open_no_symlinks(
-                        dir.as_fd(),
-                        Path::new(&name),
-                        libc::O_RDONLY | libc::O_DIRECTORY,
-                        false,
-                    ) {
-                        self.walk(sub, &child_path, depth + 1);
-                    }
+            let child_path = [cell_path, b"/", name.as_bytes()].concat();
+            self.visit(&dir, &name, &child_path, depth);
+        }
+    }
+
+    fn visit(&mut self, dir: &OwnedFd, name: &OsStr, child_path: &[u8], depth: usize) {
+        use std::os::unix::fs::MetadataExt;
+        // O_PATH|O_NOFOLLOW opens a symlink itself, so its type can be checked.
+        let Ok(meta) = sys::open_no_symlinks(dir.as_fd(), Path::new(name), libc::O_PATH, false)
+            .and_then(|handle| File::from(handle).metadata())
+        else {
+            return self.reject(child_path, reason::UNREADABLE);
+        };
+        let file_type = meta.file_type();
+        if file_type.is_dir() {
+            if depth < MAX_DEPTH {
+                if let Ok(sub) = sys::open_no_symlinks(
+                    dir.as_fd(),
+                    Path::new(name),
+                    libc::O_RDONLY | libc::O_DIRECTORY,
+                    false,
+                ) {
+                    self.walk(sub, child_path, depth + 1);
                 }
-                continue;
             }
-            if !self.declared(&child_path) {
-                self.reject(&child_path, reason::UNDECLARED);
-                continue;
+            return;
+        }
+        if !self.declared(child_path) {
+            return self.reject(child_path, reason::UNDECLARED);
+        }
+        let rejection = if file_type.is_symlink() {
+            Some(reason::SYMLINK)
+        } else if !file_type.is_file() {
+            Some(reason::NOT_REGULAR)
+        } else if meta.nlink() > 1 {
+            // A second name could be an undeclared file's content under a declared name.
+            Some(reason::HARDLINK)
+        } else if meta.len() > self.request.max_file_bytes {
+            Some(reason::TOO_LARGE)
+        } else if self.total_bytes + meta.len() > self.request.max_total_bytes {
+            Some(reason::TOTAL_TOO_LARGE)
+        } else {
+            None
+        };
+        if let Some(reason) = rejection {
+            return self.reject(child_path, reason);
+        }
+        match self.copy_out(dir, name, child_path, meta.ino()) {
+            Ok(kept) => {
+                self.total_bytes += kept.size_bytes;
+                self.report.kept.push(kept);
             }
-            use std::os::unix::fs::MetadataExt;
-            let rejection = if file_type.is_symlink() {
-                Some(reason::SYMLINK)
-            } else if !file_type.is_file() {
-                Some(reason::NOT_REGULAR)
-            } else if meta.nlink() > 1 {
-                // A second name could be an undeclared file's content under a declared name.
-                Some(reason::HARDLINK)
-            } else if meta.len() > self.request.max_file_bytes {
-                Some(reason::TOO_LARGE)
-            } else if self.total_bytes + meta.len() > self.request.max_total_bytes {
-                Some(reason::TOTAL_TOO_LARGE)
-            } else {
-                None
-            };
-            if let Some(reason) = rejection {
-                self.reject(&child_path, reason);
-                continue;
-            }
-            match self.copy_out(&dir, &name, &child_path, meta.ino()) {
-                Ok(kept) => {
-                    self.total_bytes += kept.size_bytes;
-                    self.report.kept.push(kept);
-                }
-                Err(reason) => self.reject(&child_path, reason),
+            Err(CopyFailure::Rejected(reason)) => self.reject(child_path, reason),
+            Err(CopyFailure::Undelivered(refusal, error)) => {
+                self.report.undelivered.push(ArtifactUndelivered {
+                    path: escaped(child_path),
+                    reason: refusal.artifact_reason(),
+                    error,
+                })
             }
         }
     }
 
+    /// The host directory that `cell_path`'s file goes into: the output directory plus
+    /// the cell path's directories, created as needed, never through a symlink.
+    fn destination_dir(&mut self, cell_path: &[u8]) -> Result<HostDir, CopyFailure> {
+        let output_dir = &self.request.output_dir;
+        let root = self
+            .output
+            .get_or_insert_with(|| HostDir::open_or_create(output_dir).map_err(host_failure));
+        let root = match root {
+            Ok(root) => root,
+            Err((refusal, error)) => return Err(CopyFailure::Undelivered(*refusal, error.clone())),
+        };
+        let mut components = cell_path.split(|b| *b == b'/').filter(|c| !c.is_empty());
+        let _file_name = components.next_back();
+        let mut dir = root.subdir(OsStr::from_bytes(components.next().unwrap_or(b".")))?;
+        for component in components {
+            dir = dir.subdir(OsStr::from_bytes(component))?;
+        }
+        Ok(dir)
+    }
+
     fn copy_out(
-        &self,
+        &mut self,
         dir: &OwnedFd,
-        name: &std::ffi::OsStr,
-        cell_path: &str,
+        name: &OsStr,
+        cell_path: &[u8],
         inode: u64,
-    ) -> Result<ArtifactKept, &'static str> {
+    ) -> Result<ArtifactKept, CopyFailure> {
         use std::os::unix::fs::MetadataExt;
+        let unreadable = |_| CopyFailure::Rejected(reason::UNREADABLE);
         let fd = sys::open_no_symlinks(
             dir.as_fd(),
             Path::new(name),
             libc::O_RDONLY | libc::O_NONBLOCK,
             false,
         )
-        .map_err(|_| reason::UNREADABLE)?;
+        .map_err(unreadable)?;
         let mut source = File::from(fd);
-        let meta = source.metadata().map_err(|_| reason::UNREADABLE)?;
+        let meta = source.metadata().map_err(unreadable)?;
         if meta.ino() != inode || !meta.is_file() {
-            return Err(reason::NOT_REGULAR);
+            return Err(CopyFailure::Rejected(reason::NOT_REGULAR));
         }
-        let relative = cell_path.trim_start_matches('/');
-        let destination = self.request.output_dir.join(relative);
-        if let Some(parent) = destination.parent() {
-            std::fs::create_dir_all(parent).map_err(|_| reason::UNREADABLE)?;
-        }
-        let mut out = File::create(&destination).map_err(|_| reason::UNREADABLE)?;
+        let host_dir = self.destination_dir(cell_path)?;
+        let mut out = host_dir.new_file(name)?;
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 64 * 1024];
         let mut size = 0u64;
         loop {
-            let n = source.read(&mut buf).map_err(|_| reason::UNREADABLE)?;
+            let n = source.read(&mut buf).map_err(unreadable)?;
             if n == 0 {
                 break;
             }
             size += n as u64;
             if size > self.request.max_file_bytes {
-                drop(out);
-                let _ = std::fs::remove_file(&destination);
-                return Err(reason::TOO_LARGE);
+                // Dropping `out` removes the partial copy.
+                return Err(CopyFailure::Rejected(reason::TOO_LARGE));
             }
             hasher.update(&buf[..n]);
-            out.write_all(&buf[..n]).map_err(|_| reason::UNREADABLE)?;
+            out.write_all(&buf[..n]).map_err(|e| {
+                let path = host_dir.path().join(name);
+                CopyFailure::from(CellError::HostWrite {
+                    destination: escaped(path.as_os_str().as_bytes()),
+                    refusal: WriteRefusal::WriteFailed,
+                    source: e,
+                })
+            })?;
         }
+        let stored_at = out.commit()?;
         Ok(ArtifactKept {
-            path: cell_path.to_string(),
+            path: escaped(cell_path),
             size_bytes: size,
             sha256: hex::encode(hasher.finalize()),
-            stored_at: destination,
+            stored_at: escaped(stored_at.as_os_str().as_bytes()),
         })
     }
 }
@@ -310,6 +395,7 @@ mod tests {
 
     #[test]
     fn globs_stay_within_segments() {
+        let glob_matches = |p: &str, s: &str| glob_matches(p, s.as_bytes());
         assert!(glob_matches("/output/report.pdf", "/output/report.pdf"));
         assert!(glob_matches("/output/*.pdf", "/output/a.pdf"));
         assert!(!glob_matches("/output/*.pdf", "/output/sub/a.pdf"));
@@ -320,5 +406,13 @@ mod tests {
         assert!(!glob_matches("/output/r[0-9].txt", "/output/rx.txt"));
         assert!(glob_matches("/output/r[!0-9].txt", "/output/rx.txt"));
         assert!(glob_matches("/output/[ab]*", "/output/beta"));
+    }
+
+    #[test]
+    fn globs_match_names_that_are_not_utf8_byte_for_byte() {
+        assert!(glob_matches("/output/*", b"/output/n\xff"));
+        assert!(glob_matches("/output/n?", b"/output/n\xfe"));
+        assert!(!glob_matches("/output/n?", b"/output/n\xc3\xa9"));
+        assert!(!glob_matches("/output/*", b"/output/sub/n\xff"));
     }
 }

@@ -34,6 +34,14 @@ pub enum CellError {
     /// The caller's last check before release (the audit record) failed.
     #[error("{0}")]
     Refused(String),
+    /// A file airlock writes on the host (an artifact, the result record) could not be
+    /// written safely; `destination` is escaped for a terminal (see `host_files::escaped`).
+    #[error("cannot write {destination}: {}: {source}", refusal.explain())]
+    HostWrite {
+        destination: String,
+        refusal: crate::host_files::WriteRefusal,
+        source: std::io::Error,
+    },
 }
 
 impl CellError {
@@ -48,6 +56,7 @@ impl CellError {
             | CellError::Io { .. }
             | CellError::NotSingleThreaded(_)
             | CellError::Refused(_) => ResultClass::RuntimeFault,
+            CellError::HostWrite { .. } => ResultClass::DeliveryFailed,
         }
     }
 

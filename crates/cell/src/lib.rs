@@ -9,6 +9,7 @@ pub mod cgroup;
 mod default_filter;
 pub mod doctor;
 mod error;
+pub mod host_files;
 mod landlock_policy;
 mod launcher;
 pub mod output;

@@ -16,10 +16,17 @@ pub enum ResultClass {
     RuntimeFault,
     SandboxUnavailable,
     SuspectedEscape,
+    /// The run completed but airlock could not deliver what the caller asked for: an
+    /// artifact the host side could not write, or the `--result` file.
+    DeliveryFailed,
 }
 
+/// The exit code of `airlock run` for [`ResultClass::DeliveryFailed`]: below the 124-127
+/// that `timeout` and `docker run` use, and not a code those tools give.
+pub const DELIVERY_FAILED_EXIT: i32 = 123;
+
 impl ResultClass {
-    pub const ALL: [ResultClass; 7] = [
+    pub const ALL: [ResultClass; 8] = [
         ResultClass::Ok,
         ResultClass::TaskError,
         ResultClass::PolicyDenied,
@@ -27,6 +34,7 @@ impl ResultClass {
         ResultClass::RuntimeFault,
         ResultClass::SandboxUnavailable,
         ResultClass::SuspectedEscape,
+        ResultClass::DeliveryFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -38,6 +46,7 @@ impl ResultClass {
             ResultClass::RuntimeFault => "runtime_fault",
             ResultClass::SandboxUnavailable => "sandbox_unavailable",
             ResultClass::SuspectedEscape => "suspected_escape",
+            ResultClass::DeliveryFailed => "delivery_failed",
         }
     }
 
@@ -46,6 +55,23 @@ impl ResultClass {
         ResultClass::ALL
             .into_iter()
             .find(|class| class.as_str() == name)
+    }
+
+    /// The class and exit code of a run that had this class before something it was asked
+    /// to deliver was lost. A run that completed on its own terms (`ok`, `task_error`)
+    /// becomes `delivery_failed`; a class about the cell itself (a ceiling, a denial, a
+    /// fault, an escape) says more and stays, with the loss recorded beside it.
+    pub fn after_delivery_failure(self) -> Option<(ResultClass, i32)> {
+        match self {
+            ResultClass::Ok | ResultClass::TaskError | ResultClass::DeliveryFailed => {
+                Some((ResultClass::DeliveryFailed, DELIVERY_FAILED_EXIT))
+            }
+            ResultClass::PolicyDenied
+            | ResultClass::CapacityExceeded
+            | ResultClass::RuntimeFault
+            | ResultClass::SandboxUnavailable
+            | ResultClass::SuspectedEscape => None,
+        }
     }
 }
 
@@ -167,11 +193,44 @@ impl RunReport {
             stale_cgroups_left: Vec::new(),
         }
     }
+
+    /// One line per artifact the host side could not write (`artifacts.undelivered`),
+    /// with the path as the collector escaped it: safe to print on a terminal.
+    pub fn undelivered_artifacts(&self) -> Vec<String> {
+        let undelivered = self.artifacts.get("undelivered").and_then(|u| u.as_array());
+        let text = |v: &serde_json::Value, key: &str| {
+            v.get(key)
+                .and_then(|t| t.as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        undelivered
+            .into_iter()
+            .flatten()
+            .map(|a| {
+                let (path, reason, error) = (text(a, "path"), text(a, "reason"), text(a, "error"));
+                format!("artifact {path} not delivered ({reason}): {error}")
+            })
+            .collect()
+    }
+
+    /// Records that something the caller asked for was not delivered: `cause` joins the
+    /// error, and the class and exit code follow [`ResultClass::after_delivery_failure`].
+    pub fn mark_delivery_failed(&mut self, cause: String) {
+        if let Some((status, exit_code)) = self.status.after_delivery_failure() {
+            self.status = status;
+            self.exit_code = exit_code;
+        }
+        self.error = Some(match self.error.take() {
+            Some(earlier) => format!("{earlier}; {cause}"),
+            None => cause,
+        });
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::ResultClass;
+    use super::{ResultClass, RunReport};
 
     // The spellings themselves are checked against the store's list of finish statuses
     // (crates/airlock/tests/audit_store.rs) and against serde's names below.
@@ -186,5 +245,40 @@ mod tests {
             );
         }
         assert_eq!(ResultClass::from_name("aborted"), None);
+    }
+
+    #[test]
+    fn a_lost_delivery_turns_a_finished_run_into_delivery_failed_with_exit_123() {
+        for class in [ResultClass::Ok, ResultClass::TaskError] {
+            let mut report = RunReport::refused("r", class, "payload said no".into());
+            report.error = None;
+            report.mark_delivery_failed("the result file r.json could not be written".into());
+            assert_eq!(report.status, ResultClass::DeliveryFailed);
+            assert_eq!(report.exit_code, 123);
+            assert_eq!(
+                report.error.as_deref(),
+                Some("the result file r.json could not be written")
+            );
+        }
+    }
+
+    #[test]
+    fn a_class_about_the_cell_survives_a_lost_delivery_and_the_loss_is_recorded() {
+        for class in ResultClass::ALL {
+            if matches!(
+                class,
+                ResultClass::Ok | ResultClass::TaskError | ResultClass::DeliveryFailed
+            ) {
+                continue;
+            }
+            let mut report = RunReport::refused("r", class, "the memory ceiling".into());
+            report.exit_code = 137;
+            report.mark_delivery_failed("artifact lost".into());
+            assert_eq!((report.status, report.exit_code), (class, 137));
+            assert_eq!(
+                report.error.as_deref(),
+                Some("the memory ceiling; artifact lost")
+            );
+        }
     }
 }

@@ -1024,7 +1024,6 @@ pub fn open_no_symlinks(
     flags: libc::c_int,
     in_root: bool,
 ) -> io::Result<OwnedFd> {
-    let path = cstring(path)?;
     let resolve = RESOLVE_NO_SYMLINKS
         | RESOLVE_NO_MAGICLINKS
         | if in_root {
@@ -1032,13 +1031,38 @@ pub fn open_no_symlinks(
         } else {
             RESOLVE_BENEATH | RESOLVE_NO_XDEV
         };
+    openat2(dir, path, flags, 0, resolve)
+}
+
+/// Creates the regular file `name` in `dir` (`O_CREAT | O_EXCL`, so nothing that exists
+/// there, not even a dangling symlink, is opened), for writing, with `mode` (less the
+/// umask). `name` must stay beneath `dir` without a symlink or a mount crossing.
+pub fn create_exclusive(dir: BorrowedFd<'_>, name: &Path, mode: u32) -> io::Result<OwnedFd> {
+    openat2(
+        dir,
+        name,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+        mode,
+        RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    )
+}
+
+fn openat2(
+    dir: BorrowedFd<'_>,
+    path: &Path,
+    flags: libc::c_int,
+    mode: u32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    let path = cstring(path)?;
     let how = OpenHow {
         flags: (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
-        mode: 0,
+        mode: mode as u64,
         resolve,
     };
-    // SAFETY: `how` is a valid `struct open_how` whose size we pass; `path` is a valid C
-    // string and `dir` a live descriptor.
+    // SAFETY: `how` is a valid `struct open_how` whose size we pass (the kernel accepts a
+    // non-zero mode only with O_CREAT or O_TMPFILE, which is the callers' business);
+    // `path` is a valid C string and `dir` a live descriptor.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_openat2,
@@ -1051,6 +1075,56 @@ pub fn open_no_symlinks(
     let fd = check_long(ret)? as RawFd;
     // SAFETY: openat2 returned a new descriptor owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `mkdirat(2)`: creates the directory `name` in `dir`. Like mkdir, it never follows a
+/// symlink at `name` (it fails with EEXIST).
+pub fn mkdirat(dir: BorrowedFd<'_>, name: &Path, mode: u32) -> io::Result<()> {
+    let name = cstring(name)?;
+    // SAFETY: `name` is a valid C string and `dir` a live descriptor.
+    check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) }).map(drop)
+}
+
+/// `renameat2(2)` with `RENAME_NOREPLACE`: moves `from` to `to`, both in `dir`, and fails
+/// with EEXIST instead of replacing whatever is at `to` (file, symlink, FIFO, directory).
+/// EINVAL means the filesystem does not support the flag.
+pub fn rename_noreplace(dir: BorrowedFd<'_>, from: &Path, to: &Path) -> io::Result<()> {
+    let (from, to) = (cstring(from)?, cstring(to)?);
+    // SAFETY: both names are valid C strings and `dir` a live descriptor.
+    let ret = unsafe {
+        libc::renameat2(
+            dir.as_raw_fd(),
+            from.as_ptr(),
+            dir.as_raw_fd(),
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    check(ret).map(drop)
+}
+
+/// `linkat(2)` within `dir` without following a symlink at `from`; like any link it fails
+/// with EEXIST when `to` exists.
+pub fn link_within(dir: BorrowedFd<'_>, from: &Path, to: &Path) -> io::Result<()> {
+    let (from, to) = (cstring(from)?, cstring(to)?);
+    // SAFETY: both names are valid C strings and `dir` a live descriptor; flags 0.
+    let ret = unsafe {
+        libc::linkat(
+            dir.as_raw_fd(),
+            from.as_ptr(),
+            dir.as_raw_fd(),
+            to.as_ptr(),
+            0,
+        )
+    };
+    check(ret).map(drop)
+}
+
+/// `unlinkat(2)` of the non-directory `name` in `dir` (a symlink is removed, not followed).
+pub fn unlinkat(dir: BorrowedFd<'_>, name: &Path) -> io::Result<()> {
+    let name = cstring(name)?;
+    // SAFETY: `name` is a valid C string and `dir` a live descriptor.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) }).map(drop)
 }
 
 #[cfg(test)]

@@ -84,6 +84,7 @@ pub const FINISH_STATUSES: &[&str] = &[
     "runtime_fault",
     "sandbox_unavailable",
     "suspected_escape",
+    "delivery_failed",
 ];
 pub const STATUS_RUNNING: &str = "running";
 pub const STATUS_ABORTED: &str = "aborted";

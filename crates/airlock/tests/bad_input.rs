@@ -210,8 +210,13 @@ fn check_all(cases: &[Case]) {
             wrong.push(format!("exit {} (expected {})", out.code, c.code));
         }
         if let Some(class) = c.class {
-            if out.result["status"] != class {
-                wrong.push(format!("class {} (expected {class})", out.result["status"]));
+            // The result file's class, or the store's when no result file could be written.
+            let recorded_class = match (&out.result, out.records.first()) {
+                (Value::Null, Some(record)) => record["status"].clone(),
+                (result, _) => result["status"].clone(),
+            };
+            if recorded_class != class {
+                wrong.push(format!("class {recorded_class} (expected {class})"));
             }
         }
         for needle in c.says {
@@ -665,6 +670,37 @@ fn commands_and_state_locations() {
                 &["runs", "list", "--state-dir", "{state}"],
                 1,
             )
+        },
+        Case {
+            files: &[
+                ("c.yaml", b"filesystem:\n  writable_paths: [output/]\n  output_allowlist: [output/*.txt]\n"),
+                ("out", b"a file where the output directory goes"),
+            ],
+            class: Some("delivery_failed"),
+            says: &["/output/a.txt not delivered", "artifact.output_dir_unusable", "delivery_failed"],
+            records: Records::One,
+            ..case(
+                "an output dir that is a file loses the artifact: an error, not exit 0",
+                run_args!["-c", "c.yaml", "--output-dir", "out", "--", "sh", "-c", "echo hi > /output/a.txt"],
+                123,
+            )
+        },
+        Case {
+            class: Some("delivery_failed"),
+            says: &["nodir/r.json was not written"],
+            records: Records::One,
+            ..case(
+                "a result file in a directory that does not exist",
+                &["run", "--state-dir", "{state}", "--result", "{dir}/nodir/r.json", "--", "true"],
+                123,
+            )
+        },
+        Case {
+            files: &[("r.json", b"an earlier result")],
+            class: Some("delivery_failed"),
+            says: &["already exists", "never replaces"],
+            records: Records::One,
+            ..case("a result file that already exists is not replaced", run_args!["--", "true"], 123)
         },
     ]);
 }

@@ -75,6 +75,21 @@ run true 'resources:
 ' /bin/true
 expect true 0 ok null
 
+echo "=== the cell sees its own limits under /sys/fs/cgroup (read-only)"
+run cgview 'resources:
+  cpu_millis: 250
+  memory_mb: 48
+  process_limit: 12
+  wall_time_seconds: 30
+' /bin/cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/cpu.max /sys/fs/cgroup/pids.max
+# pids.max is process_limit + 1: airlock's own pid 1 is not the payload's.
+if [ "$rc" = 0 ] && grep -qx 50331648 cgview.out && grep -qx '25000 100000' cgview.out &&
+  grep -qx 13 cgview.out; then
+  pass "cgroup view: memory.max, cpu.max and pids.max of the cell's own cgroup"
+else
+  fail "cgroup view (see above)"
+fi
+
 echo "=== memory ceiling: 32 MiB, the payload touches 100 MiB"
 run memory 'resources:
   memory_mb: 32

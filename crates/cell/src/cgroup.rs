@@ -271,6 +271,26 @@ impl CellCgroup {
             .join("cgroup.procs")
     }
 
+    /// Where the cell sees its own cgroup: `(target in the cell, host directory)`. v2: the
+    /// one directory at `/sys/fs/cgroup`; v1: the memory, pids and cpu directories under
+    /// `/sys/fs/cgroup/<the host's hierarchy name>` (the freezer is airlock's, not a limit).
+    pub fn view(&self) -> Vec<(PathBuf, PathBuf)> {
+        let cell_root = Path::new("/sys/fs/cgroup");
+        match &self.layout {
+            CgroupLayout::V2 { .. } => vec![(cell_root.to_path_buf(), self.dirs[0].clone())],
+            CgroupLayout::V1 {
+                memory, pids, cpu, ..
+            } => [memory, pids, cpu]
+                .iter()
+                .zip(&self.dirs)
+                .filter_map(|(hierarchy, dir)| {
+                    let name = hierarchy.file_name()?;
+                    Some((cell_root.join(name), dir.clone()))
+                })
+                .collect(),
+        }
+    }
+
     pub fn pids(&self) -> Vec<libc::pid_t> {
         fs::read_to_string(self.procs_file())
             .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())

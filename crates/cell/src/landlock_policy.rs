@@ -34,6 +34,8 @@ pub fn restrict(plan: &CellPlan) -> Result<(), Stage> {
         ("/".into(), AccessFs::ReadDir.into()),
         ("/etc".into(), read),
         ("/proc".into(), read),
+        // The cell's own cgroup, read-only (rootfs::prepare_cgroup_view).
+        ("/sys/fs/cgroup".into(), read),
         ("/dev".into(), AccessFs::ReadDir.into()),
         ("/dev/pts".into(), device | AccessFs::ReadDir),
         (

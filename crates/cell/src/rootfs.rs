@@ -176,6 +176,25 @@ pub fn prepare_sources(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
     Ok(prepared)
 }
 
+/// The cell's own cgroup directories, read-only under `/sys/fs/cgroup` where language
+/// runtimes look for their limits (the JVM, Go, .NET and Node read `memory.max` /
+/// `memory.limit_in_bytes` and `cpu.max` / `cpu.cfs_quota_us` there, found through
+/// `/proc/self/mountinfo` and `/proc/self/cgroup`, which the cell's cgroup namespace roots
+/// at this cgroup). `view` is `(target in the cell, host directory)`, from
+/// [`crate::cgroup::CellCgroup::view`]. Read-only, nosuid, nodev, noexec: the cell reads
+/// its own limits and usage and can change nothing (nor could it with write access: it
+/// has no capabilities, and Landlock grants only reads there).
+pub fn prepare_cgroup_view(view: &[(PathBuf, PathBuf)]) -> Result<Vec<Prepared>, Stage> {
+    view.iter()
+        .map(|(target, host)| {
+            Ok(Prepared {
+                target: target.clone(),
+                source: restricted_clone(host, RO | sys::MOUNT_ATTR_NOEXEC, false)?,
+            })
+        })
+        .collect()
+}
+
 /// The host's device nodes for the cell's `/dev`, cloned by the supervisor. They travel
 /// with the id maps, so the cell can mask `/proc` (with `/dev/null`) before the release.
 pub fn prepare_devices() -> Result<Vec<Prepared>, Stage> {

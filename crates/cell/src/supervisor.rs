@@ -359,7 +359,8 @@ fn start_and_supervise(
     }
     let spawned_ms = ms_since(started);
     let prepared = seccomp_program(plan).and_then(|program| {
-        let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
+        let mut mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
+        mounts.extend(rootfs::prepare_cgroup_view(&cgroup.view()).map_err(launch_error)?);
         Ok(Release { program, mounts })
     });
     let prepared_ms = ms_since(started);
@@ -394,8 +395,12 @@ fn start_and_supervise(
         Ok(run_id) => {
             supervision.observed.run_id = run_id;
             if let Some(cpus) = &payload_cpus {
-                // The payload gets the caller's CPUs back (see other_cpu).
-                let _ = sys::set_affinity(supervision.pid, cpus);
+                // The payload gets CPUs of the caller's back (see other_cpu): as many as
+                // its quota can use, which is what runtimes that size their thread pools
+                // from the affinity mask (nproc, Go, the JVM, libuv) then see.
+                let spread = std::process::id() as usize;
+                let mask = payload_cpu_set(&cpus.cpus(), plan.limits.cpu_millis, spread);
+                let _ = sys::set_affinity(supervision.pid, &sys::CpuSet::of(&mask));
             }
             supervision.start_payload();
             // Started while the payload runs: the helper has reported its thread id
@@ -522,6 +527,22 @@ struct SpawnedCell {
 fn kill_and_reap(pidfd: &OwnedFd, pid: libc::pid_t) {
     let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
     let _ = sys::wait_child(pid, false);
+}
+
+/// The CPUs a payload with a quota of `cpu_millis` may run on: `ceil(cpu_millis / 1000)`
+/// of `allowed` (at least one, at most all), starting at `spread` so that concurrent
+/// cells share the host's CPUs out. A pure decision: the quota (cpu.max) is what limits
+/// the CPU time; the mask only tells the payload how many CPUs that time is worth.
+fn payload_cpu_set(allowed: &[usize], cpu_millis: u32, spread: usize) -> Vec<usize> {
+    if allowed.is_empty() {
+        return Vec::new();
+    }
+    let wanted = (cpu_millis as usize).div_ceil(1000).clamp(1, allowed.len());
+    let mut chosen: Vec<usize> = (0..wanted)
+        .map(|i| allowed[(spread + i) % allowed.len()])
+        .collect();
+    chosen.sort_unstable();
+    chosen
 }
 
 /// One of `cpus` other than the one this thread runs on, for work that should not wait
@@ -1059,5 +1080,27 @@ fn classify(
         cleanup: CleanupReport::default(),
         stale_cgroups_left: Vec::new(),
         stdin: observed.stdin,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::payload_cpu_set;
+
+    #[test]
+    fn the_cpu_mask_matches_the_quota() {
+        let allowed = [0, 1, 2, 3];
+        assert_eq!(payload_cpu_set(&allowed, 1000, 0), [0]);
+        assert_eq!(payload_cpu_set(&allowed, 250, 0), [0], "at least one CPU");
+        assert_eq!(payload_cpu_set(&allowed, 1500, 0), [0, 1], "a part of a CPU counts");
+        assert_eq!(payload_cpu_set(&allowed, 64000, 0), [0, 1, 2, 3], "at most all");
+        assert!(payload_cpu_set(&[], 1000, 0).is_empty());
+    }
+
+    #[test]
+    fn concurrent_cells_are_spread_over_the_allowed_cpus() {
+        let allowed = [2, 5, 7];
+        assert_eq!(payload_cpu_set(&allowed, 1000, 1), [5]);
+        assert_eq!(payload_cpu_set(&allowed, 2000, 2), [2, 7], "wraps around");
     }
 }

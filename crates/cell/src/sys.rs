@@ -370,6 +370,17 @@ impl CpuSet {
         CpuSet(set)
     }
 
+    /// A set of the given CPUs; any at or above CPU_SETSIZE is left out.
+    pub fn of(cpus: &[usize]) -> CpuSet {
+        // SAFETY: an all-zero cpu_set_t is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { zeroed() };
+        for &cpu in cpus.iter().filter(|c| **c < libc::CPU_SETSIZE as usize) {
+            // SAFETY: CPU_SET writes one bit of `set`; `cpu` is below CPU_SETSIZE.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        CpuSet(set)
+    }
+
     /// A set holding only `cpu` (which must be below CPU_SETSIZE).
     pub fn only(cpu: usize) -> CpuSet {
         // SAFETY: an all-zero cpu_set_t is the empty set.

@@ -1092,8 +1092,16 @@ mod tests {
         let allowed = [0, 1, 2, 3];
         assert_eq!(payload_cpu_set(&allowed, 1000, 0), [0]);
         assert_eq!(payload_cpu_set(&allowed, 250, 0), [0], "at least one CPU");
-        assert_eq!(payload_cpu_set(&allowed, 1500, 0), [0, 1], "a part of a CPU counts");
-        assert_eq!(payload_cpu_set(&allowed, 64000, 0), [0, 1, 2, 3], "at most all");
+        assert_eq!(
+            payload_cpu_set(&allowed, 1500, 0),
+            [0, 1],
+            "a part of a CPU counts"
+        );
+        assert_eq!(
+            payload_cpu_set(&allowed, 64000, 0),
+            [0, 1, 2, 3],
+            "at most all"
+        );
         assert!(payload_cpu_set(&[], 1000, 0).is_empty());
     }
 

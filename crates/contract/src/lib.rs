@@ -35,12 +35,14 @@ pub fn validate_contract(contract: &Contract) -> Result<(), ContractError> {
 /// Reads a contract file, choosing the format by its extension (`.yaml`, `.yml`, `.toml`,
 /// `.json`). The only function of this crate that does I/O.
 pub fn load_contract_file(path: &Path) -> Result<Contract, ContractError> {
-    // Read first: a missing file or a directory is then reported as what it is, not as a
-    // file name without an extension.
-    let text = std::fs::read_to_string(path).map_err(|source| ContractError::Io {
+    let unreadable = |source| ContractError::Io {
         path: path.to_owned(),
         source,
-    })?;
+    };
+    // A directory is reported as what it is, not as a name without an extension.
+    if path.is_dir() {
+        return Err(unreadable(std::io::ErrorKind::IsADirectory.into()));
+    }
     let extension = path
         .extension()
         .map(|e| e.to_string_lossy().into_owned())
@@ -54,6 +56,7 @@ pub fn load_contract_file(path: &Path) -> Result<Contract, ContractError> {
             ),
         )
     })?;
+    let text = std::fs::read_to_string(path).map_err(unreadable)?;
     parse_contract(&text, format)
 }
 

@@ -78,8 +78,14 @@ pub enum MountPlan {
     /// directory) bind-mounted read-only, nosuid, nodev at `target` (executable: an input
     /// may be the script the payload runs).
     ReadonlyInput { source: PathBuf, target: PathBuf },
-    /// A writable, size-capped tmpfs (nosuid, nodev, noexec) at `target`.
-    WritableTmpfs { target: PathBuf, size_bytes: u64 },
+    /// A writable, size-capped tmpfs (nosuid, nodev) at `target`. With `exec`, files in it
+    /// may be executed and mapped executable (no `noexec`, Landlock grants execute there);
+    /// without, it is `noexec` and Landlock withholds execute.
+    WritableTmpfs {
+        target: PathBuf,
+        size_bytes: u64,
+        exec: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

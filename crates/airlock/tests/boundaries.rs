@@ -1180,18 +1180,19 @@ fn document_tools_example_converts_the_report() {
 }
 
 #[test]
-fn inputs_are_read_only_nosuid_nodev_and_writable_paths_are_noexec() {
+fn inputs_are_read_only_nosuid_nodev_and_exec_false_writable_paths_are_noexec() {
     require_cells!();
     // Inputs keep exec (an input may be the script the payload runs, as in the issue's
     // `airlock run --contract document-tools.yaml -- /input/convert.sh`) but are read-only,
-    // nosuid and nodev; code the payload writes itself (/tmp) cannot be executed directly.
+    // nosuid and nodev; code the payload writes itself in a path with `exec: false` cannot
+    // be executed directly. (Writable paths are executable by default: permitted_exec.rs.)
     let dir = tempfile::tempdir().unwrap();
     let input = readonly_fixture(dir.path());
     std::fs::write(&input, "#!/bin/sh\necho ran-file\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&input, std::fs::Permissions::from_mode(0o755)).unwrap();
     let contract = format!(
-        "filesystem:\n  readonly_inputs:\n    - source: {}\n      target: /in/data.txt\n    - indir/\n  writable_paths:\n    - tmp/\n",
+        "filesystem:\n  readonly_inputs:\n    - source: {}\n      target: /in/data.txt\n    - indir/\n  writable_paths:\n    - {{ path: tmp/, exec: false }}\n",
         input.display()
     );
     let script = r#"

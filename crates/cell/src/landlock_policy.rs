@@ -1,18 +1,25 @@
 //! Landlock rules matching the mount plan: the payload can read and execute the system
 //! tree and inputs, write only its writable paths and device nodes, execute in a writable
-//! path only where the plan allows it, connect to no TCP port except the egress proxies,
-//! and neither signal nor reach abstract unix sockets outside the cell. Requires Landlock
-//! ABI 6 (Linux 6.12); anything less is refused, never silently weakened.
+//! path only where the plan allows it, and neither signal nor reach abstract unix sockets
+//! outside the cell. Requires Landlock ABI 6 (Linux 6.12); anything less is refused, never
+//! silently weakened.
+//!
+//! TCP is deliberately not restricted here. Landlock can only filter TCP by port, not by
+//! address, and the cell's network namespace holds nothing but `lo`: every TCP connect
+//! stays inside the cell, where the only listeners are the payload's own and (with an
+//! allowlist) airlock's enforcing proxies. The namespace is the egress boundary; a port
+//! filter on top of it would add nothing but break the payload's own test servers,
+//! databases and kernels (docs/threat-model.md).
 
 use crate::launcher::Stage;
-use airlock_contract::{CellPlan, MountPlan, NetworkPlan, HTTP_PROXY_PORT, SOCKS_PROXY_PORT};
+use airlock_contract::{CellPlan, MountPlan};
 use landlock::{
-    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use std::path::Path;
 
-/// The lowest ABI that has everything the cell relies on (fs, TCP, scopes).
+/// The lowest ABI that has everything the cell relies on (fs rights and scopes).
 pub const REQUIRED_ABI: ABI = ABI::V6;
 
 fn unavailable(stage: &'static str, err: impl std::fmt::Display) -> Stage {
@@ -65,7 +72,6 @@ pub fn restrict(plan: &CellPlan) -> Result<(), Stage> {
     let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(AccessFs::from_all(REQUIRED_ABI))
-        .and_then(|r| r.handle_access(AccessNet::ConnectTcp))
         .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
         .map_err(|e| unavailable("landlock.ruleset", e))?;
     let mut created = ruleset
@@ -86,13 +92,6 @@ pub fn restrict(plan: &CellPlan) -> Result<(), Stage> {
         created = created
             .add_rule(PathBeneath::new(fd, access))
             .map_err(|e| Stage::new("landlock.add_rule", format!("{path}: {e}")))?;
-    }
-    if let NetworkPlan::Allowlist { .. } = plan.network {
-        for port in [HTTP_PROXY_PORT, SOCKS_PROXY_PORT] {
-            created = created
-                .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
-                .map_err(|e| Stage::new("landlock.add_rule", e.to_string()))?;
-        }
     }
     let status = created
         .restrict_self()

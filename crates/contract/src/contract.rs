@@ -211,7 +211,7 @@ pub struct Network {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkMode {
-    /// No network at all: only `lo`, and no TCP connect.
+    /// Nothing leaves the cell: only `lo`, where the payload reaches its own servers.
     #[default]
     Deny,
     /// Only the listed destinations, through airlock's egress proxies.

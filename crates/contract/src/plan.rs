@@ -91,7 +91,8 @@ pub enum MountPlan {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum NetworkPlan {
-    /// Only `lo` in the cell's network namespace; Landlock denies every TCP connect.
+    /// Only `lo` in the cell's network namespace: nothing leaves the cell, while the
+    /// payload's own servers on loopback stay reachable to it.
     Deny,
     /// Only `lo`; the supervisor's proxies listen on `127.0.0.1` inside the cell.
     Allowlist { destinations: Vec<DestinationRule> },

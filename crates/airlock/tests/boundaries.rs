@@ -1180,18 +1180,19 @@ fn document_tools_example_converts_the_report() {
 }
 
 #[test]
-fn inputs_are_read_only_nosuid_nodev_and_writable_paths_are_noexec() {
+fn inputs_are_read_only_nosuid_nodev_and_exec_false_writable_paths_are_noexec() {
     require_cells!();
     // Inputs keep exec (an input may be the script the payload runs, as in the issue's
     // `airlock run --contract document-tools.yaml -- /input/convert.sh`) but are read-only,
-    // nosuid and nodev; code the payload writes itself (/tmp) cannot be executed directly.
+    // nosuid and nodev; code the payload writes itself in a path with `exec: false` cannot
+    // be executed directly. (Writable paths are executable by default: permitted_exec.rs.)
     let dir = tempfile::tempdir().unwrap();
     let input = readonly_fixture(dir.path());
     std::fs::write(&input, "#!/bin/sh\necho ran-file\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&input, std::fs::Permissions::from_mode(0o755)).unwrap();
     let contract = format!(
-        "filesystem:\n  readonly_inputs:\n    - source: {}\n      target: /in/data.txt\n    - indir/\n  writable_paths:\n    - tmp/\n",
+        "filesystem:\n  readonly_inputs:\n    - source: {}\n      target: /in/data.txt\n    - indir/\n  writable_paths:\n    - {{ path: tmp/, exec: false }}\n",
         input.display()
     );
     let script = r#"
@@ -1555,30 +1556,51 @@ sc('clone-newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)
 }
 
 #[test]
-fn landlock_denies_tcp_connect_even_to_the_cells_own_loopback() {
+fn the_cells_own_loopback_is_reachable_but_the_hosts_is_not() {
     require_cells!();
-    // The cell's netns has a working `lo`; only Landlock stands between a payload and a
-    // server it starts itself. In deny mode no TCP connect is allowed at all.
+    // The cell's netns has only `lo`: a server the payload starts is the payload's own and
+    // reachable (Landlock does not filter TCP, docs/threat-model.md), while the host's
+    // loopback is another namespace. The cell listens on the very port the host listener
+    // holds: a connect that reached the host would be seen below.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
     let probe = format!(
         "{PROBE_HELPERS}
-server = socket.socket(); server.bind(('127.0.0.1', 0)); server.listen(1)
-port = server.getsockname()[1]
+server = socket.socket(); server.bind(('127.0.0.1', {port})); server.listen(1)
 print('listening: yes')
-call('connect-own-loopback', lambda: socket.create_connection(('127.0.0.1', port), timeout=2))
+client = socket.create_connection(('127.0.0.1', {port}), timeout=2)
+peer, _ = server.accept(); peer.sendall(b'own-server')
+print('own-loopback:', client.recv(20).decode())
+server.close(); peer.close(); client.close()
+call('connect-host-port-after-own-server-closed', lambda: socket.create_connection(('127.0.0.1', {port}), timeout=2))
 "
     );
     let run = py(&probe);
     let d = run.describe();
     assert_eq!(run.code(), 0, "{d}");
+    assert!(run.stdout().contains("listening: yes"), "{d}");
     assert!(
-        run.stdout().contains("listening: yes"),
-        "binding inside the cell stays possible\n{d}"
+        run.stdout().contains("own-loopback: own-server"),
+        "the payload reaches its own server\n{d}"
     );
-    assert_blocked(&run, &["connect-own-loopback"]);
+    assert_blocked(&run, &["connect-host-port-after-own-server-closed"]);
     assert!(
-        run.stdout().contains("errno=13"),
-        "expected EACCES from Landlock\n{d}"
+        run.stdout().contains("errno=111"),
+        "nothing listens on that port in the cell: ECONNREFUSED\n{d}"
     );
+    let deadline = Instant::now() + Duration::from_millis(300);
+    loop {
+        match listener.accept() {
+            Ok((_, peer)) => panic!("the cell reached the host listener from {peer}\n{d}"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("accept: {e}"),
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

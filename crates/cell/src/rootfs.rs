@@ -456,18 +456,30 @@ pub fn build_skeleton(
     }
     restrict_proc()?;
     for mount in &plan.mounts {
-        if let MountPlan::WritableTmpfs { target, size_bytes } = mount {
+        if let MountPlan::WritableTmpfs {
+            target,
+            size_bytes,
+            exec,
+        } = mount
+        {
             mkdirs(target)?;
-            // Writable paths are noexec: code the payload writes cannot be executed directly.
-            mount_tmpfs(
-                target,
-                *size_bytes,
-                "0755",
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            )?;
+            mount_tmpfs(target, *size_bytes, "0755", writable_flags(*exec))?;
         }
     }
     Ok(detach)
+}
+
+/// Mount flags of a writable tmpfs. nosuid and nodev always: they are what stops a file
+/// the payload writes from carrying privilege. `noexec` only when the plan withholds exec:
+/// it is no boundary (an interpreter or `memfd_create` + `execve` runs the same code), so
+/// it is a choice the contract makes, not a control.
+fn writable_flags(exec: bool) -> libc::c_ulong {
+    let always = libc::MS_NOSUID | libc::MS_NODEV;
+    if exec {
+        always
+    } else {
+        always | libc::MS_NOEXEC
+    }
 }
 
 /// Second half, after release: attaches the supervisor's mount trees (system dirs,
@@ -516,4 +528,19 @@ pub fn full_writable_mounts(plan: &CellPlan) -> Vec<String> {
         .filter(|target| matches!(sys::statfs_free(target), Ok((0, _)) | Ok((_, 0))))
         .map(|t| t.display().to_string())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::writable_flags;
+
+    #[test]
+    fn writable_paths_are_always_nosuid_and_nodev_and_noexec_only_when_asked() {
+        for exec in [true, false] {
+            let flags = writable_flags(exec);
+            assert_ne!(flags & libc::MS_NOSUID, 0, "exec={exec}");
+            assert_ne!(flags & libc::MS_NODEV, 0, "exec={exec}");
+            assert_eq!(flags & libc::MS_NOEXEC != 0, !exec, "exec={exec}");
+        }
+    }
 }

@@ -145,6 +145,7 @@ fn mounts(checked: &CheckedContract, base_dir: &Path) -> Vec<MountPlan> {
         .map(|writable| MountPlan::WritableTmpfs {
             target: PathBuf::from(writable.target.cell_path()),
             size_bytes: writable.size_bytes,
+            exec: writable.exec,
         });
     system.chain(inputs).chain(writable).collect()
 }
@@ -304,11 +305,13 @@ resources:
                 },
                 MountPlan::WritableTmpfs {
                     target: "/output".into(),
-                    size_bytes: 16 << 20
+                    size_bytes: 16 << 20,
+                    exec: true
                 },
                 MountPlan::WritableTmpfs {
                     target: "/tmp".into(),
-                    size_bytes: 32 << 20
+                    size_bytes: 32 << 20,
+                    exec: true
                 },
             ]
         );
@@ -323,6 +326,38 @@ resources:
         assert_eq!(
             plan.output_allowlist,
             ["/output/report.pdf", "/output/*.log"]
+        );
+    }
+
+    #[test]
+    fn writable_paths_are_executable_unless_the_contract_says_exec_false() {
+        let plan = compile_yaml(
+            "filesystem:\n  writable_paths:\n    - work\n    - { path: data, exec: false }\n    - { path: build, size_mb: 64, exec: true }\n",
+        )
+        .unwrap();
+        let writable: Vec<(&str, bool)> = plan
+            .mounts
+            .iter()
+            .filter_map(|mount| match mount {
+                MountPlan::WritableTmpfs { target, exec, .. } => {
+                    Some((target.to_str().unwrap(), *exec))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            writable,
+            [("/work", true), ("/data", false), ("/build", true)]
+        );
+    }
+
+    #[test]
+    fn the_exec_choice_is_part_of_the_contract_hash() {
+        let with = compile_yaml("filesystem:\n  writable_paths: [{ path: tmp, exec: true }]\n");
+        let without = compile_yaml("filesystem:\n  writable_paths: [{ path: tmp, exec: false }]\n");
+        assert_ne!(
+            with.unwrap().contract_sha256,
+            without.unwrap().contract_sha256
         );
     }
 

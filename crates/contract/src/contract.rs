@@ -41,6 +41,9 @@ pub const FILE_SIZE_MB_BOUNDS: Bounds = Bounds { min: 1, max: 16384 };
 pub const DEFAULT_UID: i64 = 10001;
 pub const DEFAULT_GID: i64 = 10001;
 pub const DEFAULT_WRITABLE_SIZE_MB: i64 = 16;
+/// Writable paths are executable unless a contract says otherwise (docs/contract.md says
+/// why); a path written as a bare string gets this too.
+pub const DEFAULT_WRITABLE_EXEC: bool = true;
 pub const DEFAULT_HOSTNAME: &str = "airlock";
 pub const HOST_IMAGE: &str = "host";
 pub const DEFAULT_SECCOMP_PROFILE: &str = "default";
@@ -129,10 +132,12 @@ pub struct Filesystem {
     /// Make the cell's root read-only once it is set up.
     #[serde(default = "yes")]
     pub readonly_root: bool,
-    /// Host files or directories bind-mounted read-only (and noexec) into the cell.
+    /// Host files or directories bind-mounted read-only, nosuid and nodev into the cell
+    /// (executable: an input may be the script the payload runs).
     #[serde(default)]
     pub readonly_inputs: Vec<ReadonlyInput>,
-    /// Size-capped tmpfs mounts, the only places the payload can write.
+    /// Size-capped tmpfs mounts, the only places the payload can write; executable unless
+    /// an entry says `exec: false`.
     #[serde(default = "default_writable_paths")]
     pub writable_paths: Vec<WritablePath>,
     /// Globs of the files that may leave the cell as artifacts; each inside a writable path.
@@ -169,23 +174,28 @@ pub struct MappedInput {
     pub target: String,
 }
 
-/// `output/` (a tmpfs of the default size) or `{ path, size_mb }`.
+/// `output/` (a tmpfs of the default size, executable) or `{ path, size_mb, exec }`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum WritablePath {
     Path(String),
-    Sized(SizedWritablePath),
+    Detailed(DetailedWritablePath),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct SizedWritablePath {
+pub struct DetailedWritablePath {
     /// Path inside the cell.
     pub path: String,
     /// Size cap of the tmpfs in MiB.
     #[serde(default = "default_writable_size_mb")]
     #[schemars(range(min = WRITABLE_SIZE_MB_BOUNDS.min, max = WRITABLE_SIZE_MB_BOUNDS.max))]
     pub size_mb: i64,
+    /// Whether files written here may be executed (and mapped executable). Default `true`:
+    /// agents build and run code where they write it, and `noexec` contains nothing that
+    /// `memfd_create` + `execve` or an interpreter does not already run (docs/contract.md).
+    #[serde(default = "default_writable_exec")]
+    pub exec: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
@@ -201,7 +211,7 @@ pub struct Network {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkMode {
-    /// No network at all: only `lo`, and no TCP connect.
+    /// Nothing leaves the cell: only `lo`, where the payload reaches its own servers.
     #[default]
     Deny,
     /// Only the listed destinations, through airlock's egress proxies.
@@ -345,8 +355,8 @@ string_or_struct!(
 string_or_struct!(
     WritablePath,
     Path,
-    Sized,
-    "a path or a map with `path` and `size_mb`"
+    Detailed,
+    "a path or a map with `path`, `size_mb` and `exec`"
 );
 string_or_struct!(
     EnvValue,
@@ -396,6 +406,9 @@ fn default_gid() -> i64 {
 }
 fn default_writable_size_mb() -> i64 {
     DEFAULT_WRITABLE_SIZE_MB
+}
+fn default_writable_exec() -> bool {
+    DEFAULT_WRITABLE_EXEC
 }
 fn default_writable_paths() -> Vec<WritablePath> {
     vec![WritablePath::Path("/tmp".to_owned())]

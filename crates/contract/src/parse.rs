@@ -406,7 +406,7 @@ retain_outputs_only = true
         );
         assert_eq!(
             invalid("filesystem:\n  writable_paths: [3]\n", ContractFormat::Yaml),
-            ["filesystem.writable_paths[0]: invalid type: integer `3`, expected a path or a map with `path` and `size_mb`"]
+            ["filesystem.writable_paths[0]: invalid type: integer `3`, expected a path or a map with `path`, `size_mb` and `exec`"]
         );
     }
 

@@ -78,14 +78,21 @@ pub enum MountPlan {
     /// directory) bind-mounted read-only, nosuid, nodev at `target` (executable: an input
     /// may be the script the payload runs).
     ReadonlyInput { source: PathBuf, target: PathBuf },
-    /// A writable, size-capped tmpfs (nosuid, nodev, noexec) at `target`.
-    WritableTmpfs { target: PathBuf, size_bytes: u64 },
+    /// A writable, size-capped tmpfs (nosuid, nodev) at `target`. With `exec`, files in it
+    /// may be executed and mapped executable (no `noexec`, Landlock grants execute there);
+    /// without, it is `noexec` and Landlock withholds execute.
+    WritableTmpfs {
+        target: PathBuf,
+        size_bytes: u64,
+        exec: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum NetworkPlan {
-    /// Only `lo` in the cell's network namespace; Landlock denies every TCP connect.
+    /// Only `lo` in the cell's network namespace: nothing leaves the cell, while the
+    /// payload's own servers on loopback stay reachable to it.
     Deny,
     /// Only `lo`; the supervisor's proxies listen on `127.0.0.1` inside the cell.
     Allowlist { destinations: Vec<DestinationRule> },

@@ -62,6 +62,7 @@ pub(crate) struct CheckedInput {
 pub(crate) struct CheckedWritable {
     pub target: NormalPath,
     pub size_bytes: u64,
+    pub exec: bool,
 }
 
 /// A contract that passed validation, with its paths and destinations normalised.
@@ -245,22 +246,30 @@ fn check_filesystem(
     let mut writable_fields = Vec::new();
     for (index, entry) in filesystem.writable_paths.iter().enumerate() {
         let field = format!("filesystem.writable_paths[{index}]");
-        let (target_field, raw, size_mb) = match entry {
-            WritablePath::Path(raw) => (field, raw, DEFAULT_WRITABLE_SIZE_MB),
-            WritablePath::Sized(sized) => {
+        let (target_field, raw, size_mb, exec) = match entry {
+            WritablePath::Path(raw) => {
+                (field, raw, DEFAULT_WRITABLE_SIZE_MB, DEFAULT_WRITABLE_EXEC)
+            }
+            WritablePath::Detailed(detailed) => {
                 check_bounds(
                     &format!("{field}.size_mb"),
-                    sized.size_mb,
+                    detailed.size_mb,
                     WRITABLE_SIZE_MB_BOUNDS,
                     errors,
                 );
-                (format!("{field}.path"), &sized.path, sized.size_mb)
+                (
+                    format!("{field}.path"),
+                    &detailed.path,
+                    detailed.size_mb,
+                    detailed.exec,
+                )
             }
         };
         if let Some(target) = cell_target(&target_field, raw, errors) {
             writable.push(CheckedWritable {
                 target,
                 size_bytes: u64::try_from(size_mb).unwrap_or(0) * MIB,
+                exec,
             });
             writable_fields.push(target_field);
         }
@@ -833,6 +842,25 @@ mod tests {
                 "filesystem.writable_paths[1].size_mb: must be at most 4096",
             ]
         );
+    }
+
+    #[test]
+    fn writable_exec_is_a_bool_and_nothing_else() {
+        assert_valid("filesystem:\n  writable_paths:\n    - { path: /out, exec: false }\n");
+        let error = parse_contract(
+            "filesystem:\n  writable_paths:\n    - { path: /out, exec: sometimes }\n",
+            ContractFormat::Yaml,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("writable_paths"), "{error}");
+        let error = parse_contract(
+            "filesystem:\n  writable_paths:\n    - { path: /out, executable: true }\n",
+            ContractFormat::Yaml,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("executable: unknown field"), "{error}");
     }
 
     #[test]

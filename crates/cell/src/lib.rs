@@ -20,6 +20,7 @@ pub mod stdin_relay;
 mod supervisor;
 mod sys;
 mod syscalls;
+mod terminal;
 
 pub use error::CellError;
 pub use supervisor::{

@@ -1207,7 +1207,11 @@ mod tests {
             libc::TIOCGPTN,
             libc::TIOCSPTLCK,
         ] {
-            assert_eq!(call("ioctl", [0, request, 0, 0, 0, 0]), ALLOW, "{request:#x}");
+            assert_eq!(
+                call("ioctl", [0, request, 0, 0, 0, 0]),
+                ALLOW,
+                "{request:#x}"
+            );
         }
         assert_eq!(call("setsid", [0; 6]), ALLOW);
     }

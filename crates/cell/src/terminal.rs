@@ -8,9 +8,45 @@
 //! again with its default action (the cell dies with the supervisor, as it does without a
 //! terminal). SIGWINCH copies the window size to the payload's terminal. SIGTSTP is
 //! ignored: a stopped supervisor would leave the terminal raw while the deadline runs.
+//! Release builds abort on panic, so Drop would not run then: a panic hook restores the
+//! modes before the abort.
 
 use crate::sys;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Mutex, Once};
+
+/// The modes a panic restores: a duplicate of the caller's terminal and its saved modes,
+/// set while the terminal is raw.
+static RESTORE_ON_PANIC: Mutex<Option<(OwnedFd, libc::termios)>> = Mutex::new(None);
+static PANIC_HOOK: Once = Once::new();
+
+/// Installs (once) a panic hook that restores the terminal held in [`RESTORE_ON_PANIC`],
+/// then runs the hook that was there before.
+fn restore_on_panic(terminal: &OwnedFd, saved: &libc::termios) -> std::io::Result<()> {
+    let copy = terminal.try_clone()?;
+    if let Ok(mut slot) = RESTORE_ON_PANIC.lock() {
+        *slot = Some((copy, *saved));
+    }
+    PANIC_HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            // try_lock: the panic may come from a thread that holds the lock.
+            if let Ok(mut slot) = RESTORE_ON_PANIC.try_lock() {
+                if let Some((terminal, saved)) = slot.take() {
+                    let _ = sys::set_terminal_modes(terminal.as_fd(), &saved);
+                }
+            }
+            previous(info)
+        }));
+    });
+    Ok(())
+}
+
+fn clear_restore_on_panic() {
+    if let Ok(mut slot) = RESTORE_ON_PANIC.lock() {
+        slot.take();
+    }
+}
 
 /// Signals the supervisor takes through its signalfd while the terminal is raw.
 const TAKEN_SIGNALS: &[libc::c_int] = &[
@@ -78,6 +114,7 @@ impl CallerTerminal {
         // From here on Drop restores both the modes and the signal mask.
         let this = CallerTerminal { state: Some(held) };
         let held = this.state.as_ref().expect("just set");
+        restore_on_panic(&held.terminal, &held.saved)?;
         sys::set_terminal_modes(held.terminal.as_fd(), &sys::raw_modes(&held.saved))?;
         Ok(this)
     }
@@ -121,10 +158,12 @@ impl CallerTerminal {
     /// (they are the supervisor's to restore).
     pub fn forget(&mut self) {
         drop(self.state.take());
+        clear_restore_on_panic();
     }
 
     fn restore(&mut self) {
         if let Some(held) = self.state.take() {
+            clear_restore_on_panic();
             let _ = sys::set_terminal_modes(held.terminal.as_fd(), &held.saved);
             sys::restore_signal_mask(&held.mask);
         }

@@ -76,6 +76,9 @@ fn load_plan(args: &RunArgs) -> Result<CellPlan, ContractError> {
 /// the deadline):
 /// - a terminal, or no fd 0: the payload gets the cell's /dev/null (a tty handle would let
 ///   it type into the caller's terminal);
+/// - for a plan with a terminal, any fd 0 (a terminal, /dev/null, a pipe): relayed by the
+///   supervisor into the master of the payload's own terminal in the cell (a terminal of
+///   the caller is put in raw mode for it; airlock_cell's terminal module);
 /// - /dev/null: the same, without a relay;
 /// - anything else (a pipe, a socket, a regular file, another device): relayed into a
 ///   pipe of the cell as it arrives and hashed on the way by the supervisor
@@ -85,19 +88,24 @@ enum StdinKind {
     Terminal,
     NullDevice,
     Stream,
+    IntoTerminal,
 }
 
-fn prepare_stdin() -> anyhow::Result<(PayloadStdin, StdinKind)> {
+fn prepare_stdin(plan: &CellPlan) -> anyhow::Result<(PayloadStdin, StdinKind)> {
     use std::io::IsTerminal;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let stdin = std::io::stdin();
-    if stdin.is_terminal() {
+    if stdin.is_terminal() && !plan.terminal {
         return Ok((PayloadStdin::Null, StdinKind::Terminal));
     }
     let Ok(fd) = stdin.as_fd().try_clone_to_owned() else {
         // No fd 0 at all (closed by the caller): nothing to read.
         return Ok((PayloadStdin::Null, StdinKind::Terminal));
     };
+    if plan.terminal {
+        // Everything goes to the payload's terminal; /dev/null is an immediate EOF there.
+        return Ok((PayloadStdin::Relayed(fd), StdinKind::IntoTerminal));
+    }
     let meta = std::fs::File::from(fd.try_clone()?).metadata()?;
     // The null device is character device 1:3.
     if meta.file_type().is_char_device() && meta.rdev() == libc::makedev(1, 3) {
@@ -117,6 +125,11 @@ fn stdin_record(kind: &StdinKind, relayed: Option<StdinRecord>) -> StdinRecord {
         // A relay that never started (the cell failed first) read nothing.
         StdinKind::Stream => relayed.unwrap_or(StdinRecord {
             mode: "relayed",
+            eof: false,
+            ..StdinRecord::none()
+        }),
+        StdinKind::IntoTerminal => relayed.unwrap_or(StdinRecord {
+            mode: "terminal",
             eof: false,
             ..StdinRecord::none()
         }),
@@ -241,7 +254,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         }
     };
     let mut hasher = InputHasher::new(&args.command);
-    let stdin = match prepare_stdin()
+    let stdin = match prepare_stdin(&plan)
         .and_then(|s| hasher.add_plan_inputs(&plan).map(|_| s).map_err(Into::into))
     {
         Ok(stdin) => stdin,

@@ -7,10 +7,11 @@
 //! fresh /proc, pivot_root, and the old root's detaching started in the background ->
 //! the root's own parts (/dev, /etc, /proc masks, writable paths) -> wait for the release
 //! (seccomp program + mount trees) -> cgroup namespace -> the release's mounts -> egress
-//! listeners -> setsid -> stdio -> rlimits -> capabilities and securebits ->
-//! no_new_privs -> Landlock -> close-on-exec for fds >= 3 -> seccomp (last) -> the old
+//! listeners -> setsid -> the payload's terminal, if the plan has one -> stdio ->
+//! rlimits -> capabilities and securebits -> no_new_privs -> Landlock -> close-on-exec for fds >= 3 -> seccomp (last) -> the old
 //! root is detached -> wait for START (the audit record exists; the setup above overlaps
-//! its commit) -> spawn the payload (a vfork-style child that only execs).
+//! its commit) -> spawn the payload (a vfork-style child that only execs, after taking the
+//! terminal as its controlling one in a session of its own when there is one).
 
 use crate::protocol::{self, LaunchFailure, PayloadEnded};
 use crate::{landlock_policy, rootfs, sys};
@@ -58,12 +59,15 @@ pub struct ChildSetup<'a> {
     pub has_artifacts: bool,
     /// Where the setup runs (see the supervisor's `other_cpu`).
     pub setup_cpu: Option<usize>,
+    /// The window size of the payload's terminal, for a plan with one: the caller's,
+    /// taken before the clone so that the payload's first look at it is already right.
+    pub window: libc::winsize,
 }
 
 /// Entry point of the cloned child. Never returns.
 pub fn run(setup: ChildSetup<'_>) -> ! {
-    let old_root_detach = match prepare(&setup) {
-        Ok(detach) => detach,
+    let (old_root_detach, terminal) = match prepare(&setup) {
+        Ok(prepared) => prepared,
         Err(stage) => fail(&setup, stage),
     };
     // The host's paths are gone before anything of the payload can run.
@@ -81,10 +85,13 @@ pub fn run(setup: ChildSetup<'_>) -> ! {
     if let Err(stage) = wait_for(&setup, protocol::START) {
         fail(&setup, stage);
     }
-    let payload = match launch.spawn(&setup) {
+    let payload = match launch.spawn(&setup, terminal.as_ref()) {
         Ok(pid) => pid,
         Err(err) => fail(&setup, Stage::errno("spawn_payload", err)),
     };
+    // The payload and its descendants hold the terminal now; when the last of them
+    // closes it, the supervisor's master reads the end.
+    drop(terminal);
     reap(setup, payload)
 }
 
@@ -111,8 +118,8 @@ fn send(sync: &OwnedFd, kind: u8, body: &[u8]) {
 }
 
 /// Everything up to seccomp. Returns the detaching of the host's root, which runs in the
-/// background meanwhile.
-fn prepare(setup: &ChildSetup<'_>) -> Result<sys::BackgroundDetach, Stage> {
+/// background meanwhile, and the payload's terminal when the plan asks for one.
+fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<OwnedFd>), Stage> {
     let plan = setup.plan;
     if let Some(cpu) = setup.setup_cpu {
         // Ran before the supervisor could move us: leave its CPU to it.
@@ -160,6 +167,11 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<sys::BackgroundDetach, Stage> {
     }
     // A new session has no controlling terminal: no TIOCSTI into the caller's shell.
     sys::setsid().map_err(|e| Stage::errno("setsid", e))?;
+    let terminal = if plan.terminal {
+        Some(open_terminal(setup)?)
+    } else {
+        None
+    };
     sys::dup2(setup.stdin.as_raw_fd(), 0).map_err(|e| Stage::errno("stdio", e))?;
     sys::dup2(setup.stdout.as_raw_fd(), 1).map_err(|e| Stage::errno("stdio", e))?;
     sys::dup2(setup.stderr.as_raw_fd(), 2).map_err(|e| Stage::errno("stdio", e))?;
@@ -169,7 +181,24 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<sys::BackgroundDetach, Stage> {
     landlock_policy::restrict(plan)?;
     sys::cloexec_from_3().map_err(|e| Stage::errno("close_fds", e))?;
     sys::install_seccomp_filter(&program).map_err(|e| Stage::errno("seccomp", e))?;
-    Ok(old_root_detach)
+    Ok((old_root_detach, terminal))
+}
+
+/// Opens the payload's terminal in the cell's own devpts (mounted `newinstance` by the
+/// rootfs, after the identity switch: the pair belongs to the cell identity) and hands
+/// the master to the supervisor; returns the slave. Before Landlock and seccomp, which
+/// then apply to the payload's use of it like to any other file it holds.
+fn open_terminal(setup: &ChildSetup<'_>) -> Result<OwnedFd, Stage> {
+    let (master, slave) = sys::open_pty_pair().map_err(|e| Stage::errno("terminal", e))?;
+    sys::set_window_size(master.as_fd(), &setup.window).map_err(|e| Stage::errno("terminal", e))?;
+    sys::send_with_fds(
+        setup.sync.as_fd(),
+        &[protocol::TERMINAL],
+        &[master.as_raw_fd()],
+    )
+    .map_err(|e| Stage::errno("terminal", e))?;
+    // Our copy of the master closes here: the supervisor's is the only one.
+    Ok(slave)
 }
 
 /// Receives the next supervisor message (with its descriptors). EOF, the supervisor's
@@ -327,8 +356,13 @@ impl PayloadLaunch {
     /// Spawns a child that only execs the payload and, if that failed, says why on the
     /// exec notification pipe (the supervisor reads it as the payload's launch error; the
     /// child's exit status is 126 or 127).
-    fn spawn(self, setup: &ChildSetup<'_>) -> std::io::Result<libc::pid_t> {
-        let spawned = sys::spawn_exec(self.path.as_deref(), &self.argv, setup.env)?;
+    fn spawn(
+        self,
+        setup: &ChildSetup<'_>,
+        terminal: Option<&OwnedFd>,
+    ) -> std::io::Result<libc::pid_t> {
+        let terminal = terminal.map(|t| t.as_fd());
+        let spawned = sys::spawn_exec(self.path.as_deref(), &self.argv, setup.env, terminal)?;
         let problem = match (&self.path, spawned.exec_error) {
             (None, _) => Some(format!("127 {}: command not found", setup.plan.argv[0])),
             (Some(path), Some(err)) => Some(exec_problem(path, &err)),

@@ -21,6 +21,7 @@ pub mod stdin_relay;
 mod supervisor;
 mod sys;
 mod syscalls;
+mod terminal;
 
 pub use error::CellError;
 pub use supervisor::{

@@ -77,6 +77,9 @@ pub const COLLECTED: u8 = b'D';
 pub const FAILED: u8 = b'E';
 /// Cell -> supervisor: the egress listeners, passed as SCM_RIGHTS (HTTP, then SOCKS).
 pub const LISTENERS: u8 = b'L';
+/// Cell -> supervisor: the master of the payload's terminal (SCM_RIGHTS), for a plan
+/// with a terminal; sent before the payload can start.
+pub const TERMINAL: u8 = b'T';
 /// Cell -> supervisor: the payload ended (body: [`PayloadEnded`] as JSON).
 pub const ENDED: u8 = b'X';
 

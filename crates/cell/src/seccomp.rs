@@ -1191,6 +1191,32 @@ mod tests {
     }
 
     #[test]
+    fn a_payload_terminal_can_be_taken_sized_and_configured() {
+        // A plan with a terminal: the payload's child takes it (TIOCSCTTY) and programs
+        // read and set its size and modes; only injection and console control are denied.
+        for request in [
+            libc::TIOCSCTTY,
+            libc::TIOCGWINSZ,
+            libc::TIOCSWINSZ,
+            libc::TCGETS,
+            libc::TCSETS,
+            libc::TCSETSW,
+            libc::TCSETSF,
+            libc::TIOCGPGRP,
+            libc::TIOCSPGRP,
+            libc::TIOCGPTN,
+            libc::TIOCSPTLCK,
+        ] {
+            assert_eq!(
+                call("ioctl", [0, request, 0, 0, 0, 0]),
+                ALLOW,
+                "{request:#x}"
+            );
+        }
+        assert_eq!(call("setsid", [0; 6]), ALLOW);
+    }
+
+    #[test]
     fn tiocsti_is_denied_even_with_high_bits_set() {
         assert_eq!(call("ioctl", [1, TIOCSTI, 0, 0, 0, 0]), DENY);
         assert_eq!(call("ioctl", [1, TIOCSTI | 1 << 32, 0, 0, 0, 0]), DENY);

@@ -18,7 +18,8 @@ const CHUNK: usize = 64 * 1024;
 /// What the payload was given on stdin, recorded when the run ends.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct StdinRecord {
-    /// `relayed` (streamed into the cell), `null` (the caller's stdin was /dev/null) or
+    /// `relayed` (streamed into the cell), `terminal` (streamed into the payload's
+    /// terminal, for a plan with one), `null` (the caller's stdin was /dev/null) or
     /// `none` (a terminal, or no stdin: the payload got /dev/null).
     pub mode: &'static str,
     /// Bytes read from the caller.
@@ -51,6 +52,10 @@ pub struct StdinRelay {
     digest: Sha256,
     bytes: u64,
     eof: bool,
+    /// The sink is the master of the payload's terminal: the caller's EOF is typed as the
+    /// terminal's EOF character instead of closing it (closing the master would hang the
+    /// terminal up).
+    into_terminal: bool,
 }
 
 /// Which `poll` entries the relay needs this round: `(source, sink)` descriptors, -1 for
@@ -76,8 +81,26 @@ impl StdinRelay {
             digest: Sha256::new(),
             bytes: 0,
             eof: false,
+            into_terminal: false,
         };
         Ok((relay, cell_end))
+    }
+
+    /// A relay into the master of the payload's terminal (see [`crate::terminal`]):
+    /// `master` is the supervisor's own descriptor of it, which becomes non-blocking.
+    pub fn into_terminal(source: OwnedFd, master: &OwnedFd) -> std::io::Result<StdinRelay> {
+        let sink = master.try_clone()?;
+        sys::set_nonblocking(sink.as_fd())?;
+        Ok(StdinRelay {
+            source: Some(source),
+            sink: Some(sink),
+            pending: Vec::new(),
+            written: 0,
+            digest: Sha256::new(),
+            bytes: 0,
+            eof: false,
+            into_terminal: true,
+        })
     }
 
     pub fn interest(&self) -> RelayInterest {
@@ -99,8 +122,12 @@ impl StdinRelay {
                 self.pending.clear();
                 self.eof = true;
                 self.source = None;
-                // EOF travels on: the payload's read returns 0 once the pipe is empty.
-                self.sink = None;
+                if self.into_terminal {
+                    self.type_end_of_file();
+                } else {
+                    // EOF travels on: the payload's read returns 0 once the pipe is empty.
+                    self.sink = None;
+                }
             }
             Ok(n) => {
                 self.pending.truncate(n);
@@ -139,10 +166,30 @@ impl StdinRelay {
         }
     }
 
+    /// The caller's input ended: type the terminal's EOF character (Ctrl-D), once, as a
+    /// person would. Only in canonical mode, where the line discipline turns it into the
+    /// end of the payload's input; in raw mode the payload asked for bytes, not lines, and
+    /// only sees the input stop.
+    fn type_end_of_file(&mut self) {
+        let Some(sink) = &self.sink else { return };
+        let Ok(modes) = sys::terminal_modes(sink.as_fd()) else {
+            return;
+        };
+        if modes.c_lflag & libc::ICANON != 0 {
+            self.pending = vec![modes.c_cc[libc::VEOF]];
+            self.written = 0;
+            self.on_sink_ready();
+        }
+    }
+
     /// Ends the relay (the payload is gone) and says what was read.
     pub fn finish(self) -> StdinRecord {
         StdinRecord {
-            mode: "relayed",
+            mode: if self.into_terminal {
+                "terminal"
+            } else {
+                "relayed"
+            },
             bytes: self.bytes,
             sha256: hex::encode(self.digest.finalize()),
             eof: self.eof,

@@ -12,6 +12,7 @@ use crate::output::{OutputCapture, Stream};
 use crate::protocol::{self, LaunchFailure, PayloadEnded};
 use crate::report::{Ceiling, CleanupReport, ExitInfo, ResultClass, RunReport, Timings, Usage};
 use crate::stdin_relay::{StdinRecord, StdinRelay};
+use crate::terminal::{CallerTerminal, DEFAULT_WINDOW};
 use crate::{rootfs, seccomp, sys};
 use airlock_contract::{CellPlan, SeccompPlan};
 use std::ffi::CString;
@@ -83,7 +84,8 @@ pub struct RunOptions<'a> {
     pub credentials: &'a [(String, String)],
 }
 
-/// What the payload reads on stdin.
+/// What the payload reads on stdin. For a plan with a terminal, a relayed stdin (a
+/// terminal included) goes into the terminal's master instead of a pipe.
 pub enum PayloadStdin {
     /// The cell's /dev/null: the caller's stdin is a terminal (which would give the cell a
     /// handle to the caller's tty), /dev/null, or there is none.
@@ -213,6 +215,9 @@ struct Pipes {
     sync_child: OwnedFd,
     stdin: OwnedFd,
     stdin_relay: Option<StdinRelay>,
+    /// For a plan with a terminal: the caller's stdin, relayed into the terminal's master
+    /// once the cell sends it.
+    terminal_input: Option<OwnedFd>,
 }
 
 fn open_pipes(plan: &CellPlan, stdin: PayloadStdin) -> Result<Pipes, CellError> {
@@ -222,7 +227,18 @@ fn open_pipes(plan: &CellPlan, stdin: PayloadStdin) -> Result<Pipes, CellError> 
     let (notify_read, notify_write) = pipe()?;
     let (sync_parent, sync_child) =
         sys::seqpacket_pair().map_err(|e| CellError::io("socketpair", e))?;
+    let null = || -> Result<OwnedFd, CellError> {
+        Ok(File::open("/dev/null")
+            .map_err(|e| CellError::io("/dev/null", e))?
+            .into())
+    };
+    let mut terminal_input = None;
     let (stdin, stdin_relay) = match stdin {
+        // The payload reads its terminal; pid 1's own stdin is the null device.
+        PayloadStdin::Relayed(source) if plan.terminal => {
+            terminal_input = Some(source);
+            (null()?, None)
+        }
         PayloadStdin::Null => (
             File::open("/dev/null")
                 .map_err(|e| CellError::io("/dev/null", e))?
@@ -248,6 +264,7 @@ fn open_pipes(plan: &CellPlan, stdin: PayloadStdin) -> Result<Pipes, CellError> 
         sync_child,
         stdin,
         stdin_relay,
+        terminal_input,
     })
 }
 
@@ -277,6 +294,22 @@ struct Observed {
     ended_at: Option<Instant>,
     /// What was relayed on stdin, when it was.
     stdin: Option<StdinRecord>,
+}
+
+/// For a plan with a terminal whose caller's stdin is a terminal too: that terminal,
+/// raw for the run (see [`crate::terminal`]).
+fn enter_caller_terminal(
+    plan: &CellPlan,
+    stdin: &PayloadStdin,
+) -> Result<Option<CallerTerminal>, CellError> {
+    match stdin {
+        PayloadStdin::Relayed(fd) if plan.terminal && sys::is_terminal(fd.as_fd()) => {
+            CallerTerminal::enter(fd.as_fd())
+                .map(Some)
+                .map_err(|e| CellError::io("the caller's terminal", e))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Runs `plan` in a fresh cell. Never panics on cell failures: every outcome, including
@@ -318,11 +351,19 @@ fn start_and_supervise(
         });
     }
     let env = cell_environment(plan, options.credentials)?;
+    // Before the clone and any thread: the signals it takes must be blocked everywhere.
+    let mut caller_terminal = enter_caller_terminal(plan, &options.stdin)?;
     // The cell is cloned next: while it creates its network namespace (the costliest
     // step of a cell start), the supervisor prepares what the release message carries.
     // The CPUs the payload may use: the supervisor's own.
     let payload_cpus = sys::allowed_cpus().ok();
-    let cell = spawn_cell(plan, &env, options, payload_cpus.as_ref())?;
+    let cell = spawn_cell(
+        plan,
+        &env,
+        options,
+        payload_cpus.as_ref(),
+        caller_terminal.as_mut(),
+    )?;
     // The cgroup is created while the cell builds its network namespace; the cell only
     // runs airlock's setup until it has joined it.
     let cgroup =
@@ -378,6 +419,7 @@ fn start_and_supervise(
     // of its own started earlier: the two CPUs are then used by one task each,
     // and the release is not delayed by the record's share of this CPU.
     let mut supervision = release_cell(plan, options, cell, &cgroup, release_message);
+    supervision.caller_terminal = caller_terminal;
     let (recorded, recorded_ms) = match hook {
         None => (Ok(String::new()), 0.0),
         Some(hook) => (
@@ -520,6 +562,7 @@ struct SpawnedCell {
     notify: OwnedFd,
     sync: OwnedFd,
     stdin_relay: Option<StdinRelay>,
+    terminal_input: Option<OwnedFd>,
 }
 
 /// Kills a cell whose payload must not start (or that will not even be released) and
@@ -567,7 +610,11 @@ fn spawn_cell(
     env: &[CString],
     options: &mut RunOptions<'_>,
     payload_cpus: Option<&sys::CpuSet>,
+    caller_terminal: Option<&mut CallerTerminal>,
 ) -> Result<SpawnedCell, CellError> {
+    let window = caller_terminal
+        .as_ref()
+        .map_or(DEFAULT_WINDOW, |t| t.window());
     let stdin = std::mem::replace(&mut options.stdin, PayloadStdin::Null);
     let pipes = open_pipes(plan, stdin)?;
     if sys::geteuid() == 0 {
@@ -587,16 +634,22 @@ fn spawn_cell(
         sync_child,
         stdin,
         stdin_relay,
+        terminal_input,
     } = pipes;
     match sys::clone_cell(CELL_NAMESPACES) {
         Ok(sys::CloneOutcome::Child) => {
+            // No handle to the caller's stdin or terminal stays in the cell.
             drop((
                 stdout_read,
                 stderr_read,
                 notify_read,
                 sync_parent,
                 stdin_relay,
+                terminal_input,
             ));
+            if let Some(terminal) = caller_terminal {
+                terminal.forget();
+            }
             launcher::run(ChildSetup {
                 plan,
                 env,
@@ -607,6 +660,7 @@ fn spawn_cell(
                 stderr: stderr_write,
                 has_artifacts,
                 setup_cpu,
+                window,
             })
         }
         // The cell's ends close here, or the pipes would never report EOF.
@@ -622,6 +676,7 @@ fn spawn_cell(
                 notify: notify_read,
                 sync: sync_parent,
                 stdin_relay,
+                terminal_input,
             })
         }
         Err(e) => Err(CellError::Unavailable {
@@ -672,6 +727,7 @@ fn release_cell<'a>(
         notify,
         sync,
         stdin_relay,
+        terminal_input,
     } = cell;
     Supervision {
         plan,
@@ -690,6 +746,9 @@ fn release_cell<'a>(
         stream_output: options.stream_output,
         cgroup,
         stdin_relay,
+        terminal_input,
+        terminal: None,
+        caller_terminal: None,
     }
 }
 
@@ -710,6 +769,13 @@ struct Supervision<'a> {
     cgroup: &'a CellCgroup,
     /// `None` unless the caller's stdin is relayed; taken when pid 1 is gone.
     stdin_relay: Option<StdinRelay>,
+    /// The caller's stdin, waiting for the payload's terminal (then relayed into it).
+    terminal_input: Option<OwnedFd>,
+    /// The master of the payload's terminal, once the cell sent it; `None` again at its
+    /// end (every holder of the slave is gone).
+    terminal: Option<OwnedFd>,
+    /// The caller's terminal, raw until the run ends (restored when this is dropped).
+    caller_terminal: Option<CallerTerminal>,
 }
 
 /// A `poll` entry waiting for input on `fd` (negative fds are ignored by poll).
@@ -759,6 +825,13 @@ impl Supervision<'_> {
                 poll_in(self.pidfd.as_raw_fd()),
                 poll_in(relay.as_ref().map_or(-1, |r| r.source)),
                 poll_out(relay.as_ref().map_or(-1, |r| r.sink)),
+                poll_in(raw(&self.terminal)),
+                poll_in(
+                    self.caller_terminal
+                        .as_ref()
+                        .and_then(CallerTerminal::signals)
+                        .map_or(-1, |fd| fd.as_raw_fd()),
+                ),
             ];
             sys::poll(&mut fds, timeout).map_err(|e| CellError::io("poll", e))?;
             let ready =
@@ -783,6 +856,14 @@ impl Supervision<'_> {
                     relay.on_sink_ready();
                 }
             }
+            if ready(7) {
+                self.pump_terminal(&mut buf);
+            }
+            if fds[8].revents != 0 {
+                if let Some(caller) = self.caller_terminal.as_mut() {
+                    caller.on_signals(self.terminal.as_ref().map(|t| t.as_fd()));
+                }
+            }
             if ready(4) {
                 // pid 1 is gone, and with it every process of the pid namespace.
                 self.observed.ended_at = Some(Instant::now());
@@ -792,6 +873,8 @@ impl Supervision<'_> {
                     self.observed.rusage = Some(reaped.usage);
                 }
                 self.drain(&mut buf);
+                // Restored before anything else is printed.
+                drop(self.caller_terminal.take());
                 return Ok(());
             }
             self.enforce_deadline();
@@ -855,31 +938,68 @@ impl Supervision<'_> {
                 false
             }
             Ok(n) => {
-                let is_stdout = matches!(stream, Stream::Stdout);
-                let forward = self.output.accept(stream, &buf[..n]);
-                if self.stream_output && !forward.is_empty() {
-                    let _ = if is_stdout {
-                        std::io::stdout()
-                            .write_all(forward)
-                            .and_then(|_| std::io::stdout().flush())
-                    } else {
-                        std::io::stderr().write_all(forward)
-                    };
-                }
+                self.forward(stream, &buf[..n]);
                 true
             }
         }
     }
 
+    /// Counts `chunk` against `output_bytes` and forwards what the budget allows.
+    fn forward(&mut self, stream: Stream, chunk: &[u8]) {
+        let is_stdout = matches!(stream, Stream::Stdout);
+        let forward = self.output.accept(stream, chunk);
+        if self.stream_output && !forward.is_empty() {
+            let _ = if is_stdout {
+                std::io::stdout()
+                    .write_all(forward)
+                    .and_then(|_| std::io::stdout().flush())
+            } else {
+                std::io::stderr().write_all(forward)
+            };
+        }
+    }
+
+    /// Reads one chunk of the payload's terminal: its stdout and stderr, merged as a
+    /// terminal merges them. EIO (the last holder of the slave closed it) is its end.
+    fn pump_terminal(&mut self, buf: &mut Vec<u8>) {
+        if buf.is_empty() {
+            buf.resize(OUTPUT_CHUNK, 0);
+        }
+        let Some(master) = self.terminal.as_ref() else {
+            return;
+        };
+        match sys::read(master.as_fd(), buf) {
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(0) | Err(_) => self.terminal = None,
+            Ok(n) => self.forward(Stream::Stdout, &buf[..n]),
+        }
+    }
+
+    /// The cell sent the master of the payload's terminal: relay the caller's stdin into
+    /// it from now on.
+    fn take_terminal(&mut self, master: OwnedFd) {
+        if let Some(source) = self.terminal_input.take() {
+            // Without a relay the payload's terminal gets no input; its output still
+            // counts.
+            self.stdin_relay = StdinRelay::into_terminal(source, &master).ok();
+        }
+        self.terminal = Some(master);
+    }
+
     /// After pid 1 exited: read what is left in the pipes, bounded in time.
     fn drain(&mut self, buf: &mut Vec<u8>) {
         let until = Instant::now() + DRAIN_TIMEOUT;
-        while self.stdout.is_some() || self.stderr.is_some() {
+        while self.stdout.is_some() || self.stderr.is_some() || self.terminal.is_some() {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
-            let mut fds = [poll_in(raw(&self.stdout)), poll_in(raw(&self.stderr))];
+            let mut fds = [
+                poll_in(raw(&self.stdout)),
+                poll_in(raw(&self.stderr)),
+                poll_in(raw(&self.terminal)),
+            ];
             if sys::poll(&mut fds, left.as_millis() as i32).unwrap_or(0) == 0 {
                 continue;
             }
@@ -888,6 +1008,9 @@ impl Supervision<'_> {
             }
             if fds[1].revents != 0 {
                 self.pump(Stream::Stderr, buf);
+            }
+            if fds[2].revents != 0 {
+                self.pump_terminal(buf);
             }
         }
         if self.notify.is_some() {
@@ -938,6 +1061,9 @@ impl Supervision<'_> {
                     self.observed.egress_error = Some(err);
                     let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
                 }
+            }
+            protocol::TERMINAL if fds.len() == 1 => {
+                self.take_terminal(fds.pop().expect("one fd"));
             }
             protocol::ENDED => {
                 self.observed.ended = serde_json::from_slice(body).ok();

@@ -107,6 +107,9 @@ pub struct SpawnedExec {
 struct ExecRequest {
     /// Null: nothing to exec, the child exits with 127 at once.
     path: *const libc::c_char,
+    /// A terminal to make the child's stdin, stdout, stderr and controlling terminal
+    /// before the exec; -1 for none.
+    terminal: RawFd,
     argv: *const *const libc::c_char,
     env: *const *const libc::c_char,
     errno: std::sync::atomic::AtomicI32,
@@ -120,6 +123,15 @@ extern "C" fn exec_child(request: *mut libc::c_void) -> libc::c_int {
         // SAFETY: _exit only ends this child; it runs no handlers in the shared memory.
         unsafe { libc::_exit(127) }
     }
+    if request.terminal >= 0 {
+        if let Err(errno) = take_terminal(request.terminal) {
+            request
+                .errno
+                .store(errno, std::sync::atomic::Ordering::Relaxed);
+            // SAFETY: as above.
+            unsafe { libc::_exit(exec_failure_status(errno)) }
+        }
+    }
     // SAFETY: path, argv and env are NUL-terminated strings and NULL-terminated arrays
     // owned by the suspended parent. The raw system call touches no libc state.
     unsafe { libc::syscall(libc::SYS_execve, request.path, request.argv, request.env) };
@@ -131,6 +143,37 @@ extern "C" fn exec_child(request: *mut libc::c_void) -> libc::c_int {
         .store(errno, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: as above.
     unsafe { libc::_exit(exec_failure_status(errno)) }
+}
+
+/// In the payload's child, before its exec: a session of its own with `terminal` as the
+/// controlling terminal (pid 1's session has none, and must keep none) and as fds 0-2.
+/// Raw system calls only: the child runs in its suspended parent's memory. Returns the
+/// errno of the step that failed.
+fn take_terminal(terminal: RawFd) -> Result<(), i32> {
+    let failed = |ret: libc::c_long| -> Result<(), i32> {
+        if ret < 0 {
+            Err(-ret as i32)
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: setsid takes no argument.
+    failed(unsafe { raw_syscall2(libc::SYS_setsid, 0, 0) })?;
+    // SAFETY: TIOCSCTTY takes an integer argument (0: do not steal a terminal that is
+    // another session's), no pointer.
+    failed(unsafe {
+        raw_syscall3(
+            libc::SYS_ioctl,
+            terminal as usize,
+            libc::TIOCSCTTY as usize,
+            0,
+        )
+    })?;
+    for target in 0..3 {
+        // SAFETY: dup3 of two descriptor numbers, no pointer; `terminal` is above 2.
+        failed(unsafe { raw_syscall3(libc::SYS_dup3, terminal as usize, target, 0) })?;
+    }
+    Ok(())
 }
 
 /// The exit status of a failed exec, as shells report it: 127 for a missing file, 126
@@ -150,6 +193,7 @@ pub fn spawn_exec(
     path: Option<&CStr>,
     argv: &[CString],
     env: &[CString],
+    terminal: Option<BorrowedFd<'_>>,
 ) -> io::Result<SpawnedExec> {
     let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     argv_ptrs.push(std::ptr::null());
@@ -157,6 +201,7 @@ pub fn spawn_exec(
     env_ptrs.push(std::ptr::null());
     let request = ExecRequest {
         path: path.map_or(std::ptr::null(), |p| p.as_ptr()),
+        terminal: terminal.map_or(-1, |t| t.as_raw_fd()),
         argv: argv_ptrs.as_ptr(),
         env: env_ptrs.as_ptr(),
         errno: std::sync::atomic::AtomicI32::new(0),
@@ -211,6 +256,33 @@ unsafe fn raw_syscall2(number: libc::c_long, first: usize, second: usize) -> lib
             inlateout("rax") number => ret,
             in("rdi") first,
             in("rsi") second,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+/// [`raw_syscall2`] with a third argument.
+///
+/// # Safety
+/// As for [`raw_syscall2`].
+unsafe fn raw_syscall3(
+    number: libc::c_long,
+    first: usize,
+    second: usize,
+    third: usize,
+) -> libc::c_long {
+    let ret: libc::c_long;
+    // SAFETY: as in raw_syscall2, with the third argument in rdx.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") number => ret,
+            in("rdi") first,
+            in("rsi") second,
+            in("rdx") third,
             lateout("rcx") _,
             lateout("r11") _,
             options(nostack),
@@ -1136,6 +1208,140 @@ pub fn unlinkat(dir: BorrowedFd<'_>, name: &Path) -> io::Result<()> {
     let name = cstring(name)?;
     // SAFETY: `name` is a valid C string and `dir` a live descriptor.
     check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) }).map(drop)
+}
+
+/// A new pseudo-terminal pair of the devpts instance at `/dev/pts` (the caller's mount
+/// namespace decides which instance): `(master, slave)`, both close-on-exec and opened
+/// without becoming anyone's controlling terminal. The slave is reached through the
+/// master (TIOCGPTPEER), never by a path that could name another instance's pty.
+pub fn open_pty_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: a static NUL-terminated path.
+    let fd = check(unsafe { libc::open(c"/dev/pts/ptmx".as_ptr(), flags) })?;
+    // SAFETY: open returned a new descriptor owned by nobody else.
+    let master = unsafe { OwnedFd::from_raw_fd(fd) };
+    let unlock: libc::c_int = 0;
+    // SAFETY: TIOCSPTLCK reads one int from the valid pointer.
+    check(unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) })?;
+    // SAFETY: TIOCGPTPEER takes open flags as an integer and returns a new descriptor.
+    let slave = check(unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, flags) })?;
+    // SAFETY: the ioctl returned a new descriptor owned by nobody else.
+    Ok((master, unsafe { OwnedFd::from_raw_fd(slave) }))
+}
+
+pub fn is_terminal(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: isatty only inspects the descriptor.
+    unsafe { libc::isatty(fd.as_raw_fd()) == 1 }
+}
+
+pub fn terminal_modes(fd: BorrowedFd<'_>) -> io::Result<libc::termios> {
+    // SAFETY: termios is plain old data; zero is a valid initial value.
+    let mut modes: libc::termios = unsafe { zeroed() };
+    // SAFETY: tcgetattr fills the termios through the valid pointer.
+    check(unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut modes) })?;
+    Ok(modes)
+}
+
+/// Sets the modes once pending output is written (`TCSADRAIN`), so that nothing the
+/// payload printed is processed under the wrong modes.
+pub fn set_terminal_modes(fd: BorrowedFd<'_>, modes: &libc::termios) -> io::Result<()> {
+    // SAFETY: tcsetattr reads the termios through the valid pointer.
+    check(unsafe { libc::tcsetattr(fd.as_raw_fd(), libc::TCSADRAIN, modes) }).map(drop)
+}
+
+/// `modes` in raw mode (no echo, no line editing, no signals from keys, no output
+/// processing), as `cfmakeraw` makes them.
+pub fn raw_modes(modes: &libc::termios) -> libc::termios {
+    let mut raw = *modes;
+    // SAFETY: cfmakeraw only edits the termios it is given.
+    unsafe { libc::cfmakeraw(&mut raw) };
+    raw
+}
+
+pub fn window_size(fd: BorrowedFd<'_>) -> io::Result<libc::winsize> {
+    // SAFETY: winsize is plain old data; zero is a valid initial value.
+    let mut size: libc::winsize = unsafe { zeroed() };
+    // SAFETY: TIOCGWINSZ fills the winsize through the valid pointer.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut size) })?;
+    Ok(size)
+}
+
+pub fn set_window_size(fd: BorrowedFd<'_>, size: &libc::winsize) -> io::Result<()> {
+    // SAFETY: TIOCSWINSZ reads a winsize through the valid pointer.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, size) }).map(drop)
+}
+
+fn signal_set(signals: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: sigset_t is plain old data; zero is a valid initial value.
+    let mut set: libc::sigset_t = unsafe { zeroed() };
+    // SAFETY: sigemptyset edits the valid set.
+    unsafe { libc::sigemptyset(&mut set) };
+    for signal in signals {
+        // SAFETY: as above.
+        unsafe { libc::sigaddset(&mut set, *signal) };
+    }
+    set
+}
+
+/// Blocks `signals` in the calling thread (threads started later inherit the mask) and
+/// returns a non-blocking signalfd that reads them, with the previous mask.
+///
+/// The caller must be single-threaded, or a thread that leaves them unblocked would take
+/// them with their default action (which is what this is meant to replace).
+pub fn block_into_signalfd(signals: &[libc::c_int]) -> io::Result<(OwnedFd, libc::sigset_t)> {
+    let set = signal_set(signals);
+    // SAFETY: sigset_t is plain old data; zero is a valid initial value.
+    let mut previous: libc::sigset_t = unsafe { zeroed() };
+    // SAFETY: both sets are valid for the call.
+    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut previous) };
+    if ret != 0 {
+        return Err(io::Error::from_raw_os_error(ret));
+    }
+    // SAFETY: a new signalfd for the valid set.
+    let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+    match check(fd) {
+        // SAFETY: signalfd returned a new descriptor owned by nobody else.
+        Ok(fd) => Ok((unsafe { OwnedFd::from_raw_fd(fd) }, previous)),
+        Err(err) => {
+            restore_signal_mask(&previous);
+            Err(err)
+        }
+    }
+}
+
+pub fn restore_signal_mask(mask: &libc::sigset_t) {
+    // SAFETY: the set is valid; the old mask is not requested.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
+}
+
+/// The next signal queued on a signalfd, `None` when there is none.
+pub fn read_signal(fd: BorrowedFd<'_>) -> Option<libc::c_int> {
+    // SAFETY: signalfd_siginfo is plain old data; zero is a valid initial value.
+    let mut info: libc::signalfd_siginfo = unsafe { zeroed() };
+    let size = size_of::<libc::signalfd_siginfo>();
+    // SAFETY: read fills at most `size` bytes of `info`.
+    let ret = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            (&mut info as *mut libc::signalfd_siginfo).cast(),
+            size,
+        )
+    };
+    (ret == size as isize).then_some(info.ssi_signo as libc::c_int)
+}
+
+/// Ends the process as `signal` would have with its default action (for a signal that
+/// was taken through a signalfd instead, once the caller has cleaned up).
+pub fn die_of(signal: libc::c_int) -> ! {
+    // SAFETY: SIG_DFL is a valid disposition; the set is valid; raise only signals.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        let set = signal_set(&[signal]);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(signal);
+    }
+    // A signal whose default action does not end the process (not one of ours).
+    exit_now(128 + signal)
 }
 
 #[cfg(test)]

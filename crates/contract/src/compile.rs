@@ -22,6 +22,8 @@ const MIB: u64 = 1 << 20;
 const ROOTFS_SIZE_BYTES: u64 = MIB;
 const BASE_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
 const NO_PROXY: &str = "localhost,127.0.0.1,::1";
+/// `TERM` of a payload with a terminal, unless the contract's `env` sets one.
+const DEFAULT_TERM: &str = "xterm-256color";
 
 /// Host directories that make up the `host` image, with whether they may be absent.
 /// `/usr` is the one every distribution has; the rest vary (merged-/usr, multilib).
@@ -86,6 +88,7 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
                 from_env: credential.from_env.clone(),
             })
             .collect(),
+        terminal: contract.terminal,
     })
 }
 
@@ -160,6 +163,12 @@ fn environment(contract: &Contract, checked: &CheckedContract) -> Vec<EnvVar> {
     set("LANG", "C.UTF-8", false);
     if checked.tmp_is_writable() {
         set("TMPDIR", "/tmp", false);
+    }
+    if contract.terminal {
+        // Without TERM, readline and curses programs fall back to a dumb terminal. A fixed
+        // value keeps the plan independent of the caller's environment; the contract's
+        // `env` may name another.
+        set("TERM", DEFAULT_TERM, false);
     }
     for (name, value) in &contract.env {
         set(name, value.value(), value.is_secret());
@@ -404,6 +413,31 @@ resources:
         assert_eq!(names, ["HOME", "LANG", "PATH", "TMPDIR"]);
         assert_eq!(env_value(&plan, "HOME"), Some("/tmp"));
         assert_eq!(env_value(&plan, "PATH"), Some(BASE_PATH));
+    }
+
+    #[test]
+    fn a_terminal_is_off_by_default_and_carried_into_the_plan_with_a_term() {
+        let plain = compile_yaml("{}\n").unwrap();
+        assert!(!plain.terminal);
+        assert_eq!(env_value(&plain, "TERM"), None);
+        let tty = compile_yaml("terminal: true\n").unwrap();
+        assert!(tty.terminal);
+        assert_eq!(env_value(&tty, "TERM"), Some(DEFAULT_TERM));
+        let own = compile_yaml("terminal: true\nenv: { TERM: vt100 }\n").unwrap();
+        assert_eq!(env_value(&own, "TERM"), Some("vt100"));
+    }
+
+    #[test]
+    fn an_absent_terminal_leaves_the_contract_hash_of_older_contracts_alone() {
+        let canonical = serde_json::to_string(&default_contract()).unwrap();
+        assert!(!canonical.contains("terminal"), "{canonical}");
+        let on = compile_yaml("terminal: true\n").unwrap();
+        let off = compile_yaml("terminal: false\n").unwrap();
+        assert_ne!(on.contract_sha256, off.contract_sha256);
+        assert_eq!(
+            off.contract_sha256,
+            compile_yaml("{}\n").unwrap().contract_sha256
+        );
     }
 
     #[test]

@@ -84,6 +84,17 @@ pub struct Contract {
     /// Docker's JSON format.
     #[serde(default = "default_seccomp_profile")]
     pub seccomp_profile: String,
+    /// Give the payload a pseudo-terminal of the cell's own devpts as its stdin, stdout and
+    /// controlling terminal; the caller's terminal (or stdin and stdout) is relayed to it.
+    /// Off by default: a payload without a terminal cannot drive one.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub terminal: bool,
+}
+
+/// Absent `terminal: false` is not serialised, so contracts written before the field
+/// existed keep their `contract_sha256`.
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// The top-level `execution_contract:` wrapper the seed documents use.
@@ -450,5 +461,6 @@ pub fn default_contract() -> Contract {
         workdir: None,
         hostname: default_hostname(),
         seccomp_profile: default_seccomp_profile(),
+        terminal: false,
     }
 }

@@ -36,6 +36,11 @@ pub struct CellPlan {
     pub output_allowlist: Vec<String>,
     /// Credentials the supervisor injects; values never appear in the plan.
     pub credentials: Vec<CredentialPlan>,
+    /// The payload runs on a pseudo-terminal allocated in the cell's devpts (its stdin,
+    /// stdout, stderr and controlling terminal); the supervisor relays the master.
+    /// Without it the payload has no controlling terminal at all.
+    #[serde(default)]
+    pub terminal: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

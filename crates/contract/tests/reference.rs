@@ -142,3 +142,10 @@ fn load_names_an_unknown_extension() {
     assert!(matches!(error, ContractError::Io { .. }), "{error:?}");
     assert_eq!(error.class(), "runtime_fault");
 }
+
+#[test]
+fn tty_example_asks_for_a_terminal() {
+    let plan = compile_example("tty.yaml").unwrap();
+    assert!(plan.terminal);
+    assert!(plan.env.iter().any(|v| v.name == "TERM"));
+}

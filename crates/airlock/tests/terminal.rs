@@ -1,0 +1,381 @@
+//! The `terminal` contract option, through the real binary: the payload runs on a pty of
+//! the cell's own devpts with the caller's window size; a person's terminal is relayed
+//! raw and always restored; a program can drive the pty through pipes; and the
+//! terminal-injection boundary (TIOCSTI, TIOCLINUX, the caller's own tty) stays closed.
+//! Without the option nothing changes. Root; each test has its own `--state-dir`.
+
+mod common;
+
+use common::{airlock_bin, CellRun};
+use serde_json::Value;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const TTY_CONTRACT: &str = "terminal: true\nenv: { PS1: 'cell$ ' }\n";
+
+fn driver() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pty_driver.py")
+}
+
+/// What the pty driver saw of one `airlock run` on its terminal.
+struct Driven {
+    report: Value,
+    result: Value,
+}
+
+impl Driven {
+    fn transcript(&self) -> &str {
+        self.report["transcript"].as_str().unwrap_or("")
+    }
+    fn status(&self) -> i64 {
+        self.report["status"].as_i64().unwrap_or(-1000)
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{}\nresult: {}",
+            serde_json::to_string_pretty(&self.report).unwrap_or_default(),
+            serde_json::to_string_pretty(&self.result).unwrap_or_default()
+        )
+    }
+}
+
+/// Runs `airlock run --contract <yaml> -- argv` on a pty of `rows` x `cols`, driven by
+/// `steps` (see tests/fixtures/pty_driver.py).
+fn drive(yaml: Option<&str>, rows: u16, cols: u16, steps: Value, argv: &[&str]) -> Driven {
+    let dir = tempfile::tempdir().unwrap();
+    let result = dir.path().join("result.json");
+    let mut command = vec![
+        airlock_bin().display().to_string(),
+        "run".into(),
+        "--state-dir".into(),
+        dir.path().join("state").display().to_string(),
+        "--result".into(),
+        result.display().to_string(),
+    ];
+    if let Some(yaml) = yaml {
+        let contract = dir.path().join("contract.yaml");
+        std::fs::write(&contract, yaml).unwrap();
+        command.extend(["--contract".into(), contract.display().to_string()]);
+    }
+    command.push("--".into());
+    command.extend(argv.iter().map(|a| a.to_string()));
+    let output = Command::new("python3")
+        .arg(driver())
+        .arg(steps.to_string())
+        .arg(rows.to_string())
+        .arg(cols.to_string())
+        .args(&command)
+        .output()
+        .expect("python3 runs the pty driver");
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|_| {
+        panic!(
+            "driver failed: {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    let result = std::fs::read_to_string(&result)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    Driven { report, result }
+}
+
+/// `airlock run` with `stdin` piped in (a program driving a pty-based tool).
+fn piped(yaml: &str, stdin: &[u8], argv: &[&str]) -> CellRun {
+    let dir = tempfile::tempdir().unwrap();
+    let result = dir.path().join("result.json");
+    let contract = dir.path().join("contract.yaml");
+    std::fs::write(&contract, yaml).unwrap();
+    let mut child = Command::new(airlock_bin())
+        .arg("run")
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--result")
+        .arg(&result)
+        .arg("--contract")
+        .arg(&contract)
+        .arg("--")
+        .args(argv)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn airlock");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    CellRun::collect(child.wait_with_output().unwrap(), &result)
+}
+
+#[test]
+fn with_a_terminal_the_payload_runs_on_a_cell_pts_with_the_callers_window_size() {
+    require_cells!();
+    let script = "tty; test -t 0 -a -t 1 -a -t 2 && echo all-terminals; stty size; \
+                  read line; stty size";
+    let run = drive(
+        Some(TTY_CONTRACT),
+        33,
+        101,
+        serde_json::json!([
+            ["expect", "33 101"],
+            ["resize", 40, 120],
+            ["sleep", 0.3],
+            ["send", "\n"],
+            ["expect", "40 120"],
+        ]),
+        &["sh", "-c", script],
+    );
+    let text = run.transcript();
+    assert!(run.report["failed"].is_null(), "{}", run.describe());
+    assert!(text.contains("/dev/pts/0"), "{}", run.describe());
+    assert!(text.contains("all-terminals"), "{}", run.describe());
+    assert_eq!(run.status(), 0, "{}", run.describe());
+    assert_eq!(
+        run.result["stdin"]["mode"],
+        "terminal",
+        "{}",
+        run.describe()
+    );
+}
+
+#[test]
+fn an_interactive_shell_answers_a_typed_line_and_ctrl_c_reaches_the_payload() {
+    require_cells!();
+    let run = drive(
+        Some(TTY_CONTRACT),
+        24,
+        80,
+        serde_json::json!([
+            ["expect", "cell\\$ "],
+            ["send", "echo $((6 * 7))\n"],
+            ["expect", "[\r\n]42\r\n"],
+            // Ctrl-C ends the shell's foreground job, not airlock.
+            ["send", "sleep 30\n"],
+            ["sleep", 0.5],
+            ["send", "\u{3}"],
+            ["expect", "\\^C[\\s\\S]*cell\\$ "],
+            ["send", "echo alive; exit 5\n"],
+        ]),
+        &["bash", "--norc", "-i"],
+    );
+    assert!(run.report["failed"].is_null(), "{}", run.describe());
+    assert!(run.transcript().contains("alive"), "{}", run.describe());
+    assert_eq!(run.status(), 5, "{}", run.describe());
+    assert_eq!(run.result["status"], "task_error", "{}", run.describe());
+}
+
+#[test]
+fn a_python_repl_in_the_cell_answers_through_the_pty() {
+    require_cells!();
+    let run = drive(
+        Some(TTY_CONTRACT),
+        24,
+        80,
+        serde_json::json!([
+            ["expect", ">>> "],
+            ["send", "print(6 * 7)\n"],
+            ["expect", "[\r\n]42\r\n"],
+            ["send", "\u{4}"],
+        ]),
+        &["python3", "-q", "-i"],
+    );
+    assert!(run.report["failed"].is_null(), "{}", run.describe());
+    assert_eq!(run.status(), 0, "{}", run.describe());
+}
+
+#[test]
+fn the_callers_terminal_is_raw_during_the_run_and_restored_after_it() {
+    require_cells!();
+    let run = drive(
+        Some(TTY_CONTRACT),
+        24,
+        80,
+        serde_json::json!([["await_raw"], ["send", "x\n"]]),
+        &["sh", "-c", "read x; echo got-$x"],
+    );
+    assert_eq!(run.report["raw_during_run"], true, "{}", run.describe());
+    assert_eq!(run.report["modes_restored"], true, "{}", run.describe());
+    assert!(run.transcript().contains("got-x"), "{}", run.describe());
+}
+
+#[test]
+fn the_callers_terminal_is_restored_after_a_deadline_kill() {
+    require_cells!();
+    let run = drive(
+        Some("terminal: true\nresources: { wall_time_seconds: 1 }\n"),
+        24,
+        80,
+        serde_json::json!([["await_raw"]]),
+        &["sh", "-c", "trap '' TERM; sleep 30"],
+    );
+    assert_eq!(run.report["raw_during_run"], true, "{}", run.describe());
+    assert_eq!(run.status(), 124, "{}", run.describe());
+    assert_eq!(run.result["limit_fired"], "wall_time", "{}", run.describe());
+    assert_eq!(run.report["modes_restored"], true, "{}", run.describe());
+}
+
+#[test]
+fn the_callers_terminal_is_restored_before_airlock_dies_of_a_signal() {
+    require_cells!();
+    for signal in ["TERM", "HUP"] {
+        let run = drive(
+            Some(TTY_CONTRACT),
+            24,
+            80,
+            serde_json::json!([["await_raw"], ["signal", signal]]),
+            &["sleep", "30"],
+        );
+        assert_eq!(run.report["raw_during_run"], true, "{}", run.describe());
+        // Killed by the signal, as without a terminal; the cell goes with it.
+        assert!(run.status() < 0, "{signal}: {}", run.describe());
+        assert_eq!(
+            run.report["modes_restored"],
+            true,
+            "{signal}: {}",
+            run.describe()
+        );
+    }
+}
+
+#[test]
+fn tiocsti_and_tioclinux_on_the_cells_terminal_are_denied() {
+    require_cells!();
+    // Typing into its own terminal would type into whatever reads it next; the filter
+    // refuses it on the pty the payload was given as on any other.
+    let probe = "import fcntl, termios\n\
+                 for name, request in (('TIOCSTI', termios.TIOCSTI), ('TIOCLINUX', 0x541C)):\n\
+                 \x20   try:\n\
+                 \x20       fcntl.ioctl(0, request, b'x')\n\
+                 \x20       print(name, 'ALLOWED')\n\
+                 \x20   except OSError as err:\n\
+                 \x20       print(name, 'denied', err.errno)\n";
+    let run = drive(
+        Some(TTY_CONTRACT),
+        24,
+        80,
+        serde_json::json!([]),
+        &["python3", "-c", probe],
+    );
+    let text = run.transcript();
+    assert!(
+        text.contains(&format!("TIOCSTI denied {}", libc::EPERM)),
+        "{}",
+        run.describe()
+    );
+    assert!(
+        text.contains(&format!("TIOCLINUX denied {}", libc::EPERM)),
+        "{}",
+        run.describe()
+    );
+    assert!(!text.contains("ALLOWED"), "{}", run.describe());
+}
+
+#[test]
+fn the_payload_cannot_reach_the_callers_terminal_and_its_devpts_is_its_own() {
+    require_cells!();
+    // The caller's pty is /dev/pts/N (N > 0) of the host's devpts; in the cell only its
+    // own instance exists, with its own pty 0, and a new pair opened there is the
+    // cell's pty 1.
+    let probe = r#"
+import os, sys
+links = sorted({os.readlink('/proc/self/fd/%d' % fd) for fd in (0, 1, 2)})
+print('stdio', links)
+print('pts', sorted(os.listdir('/dev/pts')))
+caller = sys.argv[1]
+try:
+    os.close(os.open(caller, os.O_RDWR | os.O_NOCTTY))
+    print('caller', caller, 'OPENED')
+except OSError as err:
+    print('caller', caller, 'refused', err.errno)
+master, slave = os.openpty()
+print('new pair', os.ttyname(slave))
+"#;
+    // The driver's pty number is only known once it runs: the probe reads the caller's
+    // path from the driver's report of a first run.
+    let first = drive(Some(TTY_CONTRACT), 24, 80, serde_json::json!([]), &["true"]);
+    let caller = first.report["caller_tty"].as_str().unwrap().to_string();
+    assert_ne!(caller, "/dev/pts/0");
+    let run = drive(
+        Some(TTY_CONTRACT),
+        24,
+        80,
+        serde_json::json!([]),
+        &["python3", "-c", probe, &caller],
+    );
+    let text = run.transcript();
+    assert!(text.contains("stdio ['/dev/pts/0']"), "{}", run.describe());
+    assert!(text.contains("pts ['0', 'ptmx']"), "{}", run.describe());
+    assert!(text.contains("refused"), "{}", run.describe());
+    assert!(!text.contains("OPENED"), "{}", run.describe());
+    assert!(text.contains("new pair /dev/pts/1"), "{}", run.describe());
+}
+
+#[test]
+fn output_bytes_still_truncates_a_chatty_terminal_payload() {
+    require_cells!();
+    let run = piped(
+        "terminal: true\nresources: { output_bytes: 1000 }\n",
+        b"",
+        &["sh", "-c", "yes | head -c 100000"],
+    );
+    assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
+    assert_eq!(
+        run.limit_fired(),
+        Some("output_bytes"),
+        "{}",
+        run.describe()
+    );
+    assert!(run.output.stdout.len() <= 1000, "{}", run.describe());
+    let seen = run.result["output"]["stdout"]["bytes_seen"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(seen >= 100_000, "{}", run.describe());
+}
+
+#[test]
+fn a_piped_caller_drives_the_terminal_and_its_eof_ends_the_payloads_input() {
+    require_cells!();
+    // A program driving a pty-based tool: input relayed into the master, the end of it
+    // typed as Ctrl-D, so `cat` ends on its own long before the deadline.
+    let run = piped(
+        "terminal: true\nresources: { wall_time_seconds: 20 }\n",
+        b"hello pty\n",
+        &["sh", "-c", "test -t 0 && echo stdin-is-a-terminal; cat"],
+    );
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert!(
+        run.stdout().contains("stdin-is-a-terminal"),
+        "{}",
+        run.describe()
+    );
+    // Echoed by the terminal, then printed by cat.
+    assert_eq!(
+        run.stdout().matches("hello pty").count(),
+        2,
+        "{}",
+        run.describe()
+    );
+    assert_eq!(
+        run.result["stdin"]["mode"],
+        "terminal",
+        "{}",
+        run.describe()
+    );
+    assert_eq!(run.result["stdin"]["bytes"], 10, "{}", run.describe());
+    assert_eq!(run.result["stdin"]["eof"], true, "{}", run.describe());
+}
+
+#[test]
+fn without_the_option_a_caller_terminal_is_not_given_to_the_payload() {
+    require_cells!();
+    // tty_nr, field 7 of /proc/self/stat, is 0 without a controlling terminal.
+    let script = "tty; test -t 1 || echo stdout-not-a-terminal; \
+                  echo tty_nr=$(cut -d' ' -f7 /proc/self/stat)";
+    let run = drive(None, 24, 80, serde_json::json!([]), &["sh", "-c", script]);
+    let text = run.transcript();
+    assert!(text.contains("not a tty"), "{}", run.describe());
+    assert!(text.contains("stdout-not-a-terminal"), "{}", run.describe());
+    assert!(text.contains("tty_nr=0"), "{}", run.describe());
+    assert_eq!(run.result["stdin"]["mode"], "none", "{}", run.describe());
+    assert_eq!(run.report["modes_restored"], true, "{}", run.describe());
+}

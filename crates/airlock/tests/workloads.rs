@@ -31,6 +31,25 @@ resources:
   file_size_mb: 1024
 ";
 
+/// Writes `greet-1.0-py3-none-any.whl` (a pure-Python wheel) into the directory given.
+const MKWHEEL: &str = r#"
+import base64, hashlib, sys, zipfile
+files = {
+    "greet/__init__.py": "def hi():\n    return 'hi from a wheel'\n",
+    "greet-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: greet\nVersion: 1.0\n",
+    "greet-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+def digest(text):
+    raw = hashlib.sha256(text.encode()).digest()
+    return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+record = "".join(f"{n},{digest(t)},{len(t.encode())}\n" for n, t in files.items())
+record += "greet-1.0.dist-info/RECORD,,\n"
+with zipfile.ZipFile(f"{sys.argv[1]}/greet-1.0-py3-none-any.whl", "w") as whl:
+    for name, text in files.items():
+        whl.writestr(name, text)
+    whl.writestr("greet-1.0.dist-info/RECORD", record)
+"#;
+
 /// Whether the task also runs under bubblewrap.
 enum Bwrap {
     Same,
@@ -288,9 +307,9 @@ fn python_work() {
     run_tasks(&[
         Task {
             name: "a virtualenv with a package installed from a local wheel",
-            files: &[],
+            files: &[("mkwheel.py", MKWHEEL)],
             extra: "",
-            script: "python3 -m venv v && mkdir -p w/greet && printf 'def hi():\\n    return \"hi from a wheel\"\\n' > w/greet/__init__.py && printf '[project]\\nname = \"greet\"\\nversion = \"1.0\"\\n[build-system]\\nrequires = []\\nbuild-backend = \"setuptools.build_meta\"\\n' > w/pyproject.toml && v/bin/pip install -q --no-index --no-build-isolation ./w 2>&1 | tail -1; v/bin/python -c 'import greet; print(greet.hi())'",
+            script: "python3 -m venv v && python3 /src/mkwheel.py . && v/bin/pip install -q --no-index ./greet-1.0-py3-none-any.whl && v/bin/python -c 'import greet; print(greet.hi())'",
             expect: &["hi from a wheel"],
             bwrap: Bwrap::Same,
         },
@@ -392,7 +411,7 @@ fn files_text_and_data() {
             name: "sort a large file through TMPDIR",
             files: &[],
             extra: "",
-            script: "seq 2000000 | sort -r -S 4M -T /tmp > s && head -1 s && wc -l < s",
+            script: "seq 2000000 | sort -rn -S 4M -T /tmp > s && head -1 s && wc -l < s",
             expect: &["2000000\n2000000"],
             bwrap: Bwrap::Same,
         },

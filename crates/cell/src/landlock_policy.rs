@@ -91,6 +91,11 @@ pub fn restrict(plan: &CellPlan) -> Result<(), Stage> {
                 .map_err(|e| Stage::new("landlock.add_rule", e.to_string()))?;
         }
     }
+    for port in transparent_ports(plan) {
+        created = created
+            .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+            .map_err(|e| Stage::new("landlock.add_rule", e.to_string()))?;
+    }
     let status = created
         .restrict_self()
         .map_err(|e| unavailable("landlock.restrict_self", e))?;
@@ -106,6 +111,22 @@ pub fn restrict(plan: &CellPlan) -> Result<(), Stage> {
         ));
     }
     Ok(())
+}
+
+/// The ports of the transparent listeners (empty in `deny` mode). Landlock's TCP rules
+/// name ports, not addresses; that is enough here, because the cell's network namespace
+/// holds only `lo`: a connect to one of these ports reaches a listener of the cell or
+/// nothing (the transparent listeners are the only sockets bound on them).
+fn transparent_ports(plan: &CellPlan) -> Vec<u16> {
+    let mut ports: Vec<u16> = plan
+        .network
+        .transparent_endpoints()
+        .iter()
+        .map(|e| e.address.port())
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
 }
 
 /// The Landlock ABI of the running kernel (0 when unsupported).

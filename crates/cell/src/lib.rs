@@ -22,6 +22,7 @@ mod sys;
 mod syscalls;
 
 pub use error::CellError;
+pub use protocol::EgressListeners;
 pub use supervisor::{
     credential_env, run_cell, BeforeStart, EgressSession, EgressSummary, PayloadStdin, RunOptions,
     HOST_ID_BASE, TERM_GRACE,

@@ -2,7 +2,9 @@
 //! One message per packet; the first byte is the kind.
 
 use crate::rootfs::{self, Prepared, PreparedWire};
+use airlock_contract::{CellPlan, TransparentEndpoint, MAX_TRANSPARENT_LISTENERS, TRANSPARENT_DNS};
 use serde::{Deserialize, Serialize};
+use std::net::{SocketAddr, SocketAddrV4};
 use std::os::fd::OwnedFd;
 
 /// `[MAPPED][device nodes: JSON]`, the device trees as SCM_RIGHTS.
@@ -75,8 +77,11 @@ pub const MAX_RELEASE_FDS: usize = 250;
 pub const COLLECTED: u8 = b'D';
 /// Cell -> supervisor: a setup step failed (body: [`LaunchFailure`] as JSON).
 pub const FAILED: u8 = b'E';
-/// Cell -> supervisor: the egress listeners, passed as SCM_RIGHTS (HTTP, then SOCKS).
+/// Cell -> supervisor: the egress listeners (body: [`ListenersWire`] as JSON), passed as
+/// SCM_RIGHTS: HTTP, SOCKS, then the resolver's and the transparent sockets it names.
 pub const LISTENERS: u8 = b'L';
+/// Most descriptors one LISTENERS message may carry.
+pub const MAX_LISTENER_FDS: usize = 3 + MAX_TRANSPARENT_LISTENERS;
 /// Cell -> supervisor: the payload ended (body: [`PayloadEnded`] as JSON).
 pub const ENDED: u8 = b'X';
 
@@ -94,4 +99,89 @@ pub struct PayloadEnded {
     pub wait_status: i32,
     /// Writable mounts that had no free space or inodes left when the payload ended.
     pub full_mounts: Vec<String>,
+}
+
+/// What a LISTENERS message carries after the two proxy listeners, in the order of its
+/// descriptors: the resolver's socket, then one listener per transparent endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenersWire {
+    pub dns: SocketAddrV4,
+    pub transparent: Vec<SocketAddrV4>,
+}
+
+impl ListenersWire {
+    /// The sockets `plan` asks for (the launcher binds exactly these).
+    pub fn for_plan(plan: &CellPlan) -> ListenersWire {
+        ListenersWire {
+            dns: TRANSPARENT_DNS,
+            transparent: plan
+                .network
+                .transparent_endpoints()
+                .into_iter()
+                .map(|e| e.address)
+                .collect(),
+        }
+    }
+}
+
+/// The egress sockets of an allowlisted cell, as the supervisor hands them to the proxy.
+#[derive(Debug)]
+pub struct EgressListeners {
+    pub http: OwnedFd,
+    pub socks: OwnedFd,
+    /// UDP, bound on [`TRANSPARENT_DNS`].
+    pub dns: OwnedFd,
+    /// Each bound on its endpoint's address.
+    pub transparent: Vec<(TransparentEndpoint, OwnedFd)>,
+}
+
+/// `[LISTENERS][ListenersWire: JSON]`.
+pub fn encode_listeners(wire: &ListenersWire) -> Vec<u8> {
+    let mut message = vec![LISTENERS];
+    message.extend_from_slice(&serde_json::to_vec(wire).unwrap_or_default());
+    message
+}
+
+/// The inverse of [`encode_listeners`], checked against the plan: the sockets must be
+/// exactly the ones the plan asks for, each bound where the plan says, so that no
+/// listener is ever served as another name's. `None` for anything else.
+pub fn decode_listeners(
+    message: &[u8],
+    fds: Vec<OwnedFd>,
+    plan: &CellPlan,
+) -> Option<EgressListeners> {
+    let (&kind, rest) = message.split_first()?;
+    let wire: ListenersWire = serde_json::from_slice(rest).ok()?;
+    if kind != LISTENERS || wire != ListenersWire::for_plan(plan) {
+        return None;
+    }
+    let endpoints = plan.network.transparent_endpoints();
+    if fds.len() != 3 + endpoints.len() {
+        return None;
+    }
+    let mut fds = fds.into_iter();
+    let (http, socks, dns) = (fds.next()?, fds.next()?, fds.next()?);
+    if bound_udp(&dns)? != SocketAddr::V4(TRANSPARENT_DNS) {
+        return None;
+    }
+    let mut transparent = Vec::with_capacity(endpoints.len());
+    for (endpoint, fd) in endpoints.into_iter().zip(fds) {
+        let listener = std::net::TcpListener::from(fd);
+        if listener.local_addr().ok()? != SocketAddr::V4(endpoint.address) {
+            return None;
+        }
+        transparent.push((endpoint, OwnedFd::from(listener)));
+    }
+    Some(EgressListeners {
+        http,
+        socks,
+        dns,
+        transparent,
+    })
+}
+
+/// The local address of a UDP socket; the fd is given back unchanged.
+fn bound_udp(fd: &OwnedFd) -> Option<SocketAddr> {
+    let socket = std::net::UdpSocket::from(fd.try_clone().ok()?);
+    socket.local_addr().ok()
 }

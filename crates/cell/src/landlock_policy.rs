@@ -1,6 +1,7 @@
 //! Landlock rules matching the mount plan: the payload can read and execute the system
 //! tree and inputs, write only its writable paths and device nodes, connect to no TCP port
-//! except the egress proxies, and neither signal nor reach abstract unix sockets outside
+//! except the egress proxies and the transparent listeners' ports, and neither signal nor
+//! reach abstract unix sockets outside
 //! the cell. Requires Landlock ABI 6 (Linux 6.12); anything less is refused, never
 //! silently weakened.
 

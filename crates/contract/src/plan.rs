@@ -87,7 +87,9 @@ pub enum MountPlan {
 pub enum NetworkPlan {
     /// Only `lo` in the cell's network namespace; Landlock denies every TCP connect.
     Deny,
-    /// Only `lo`; the supervisor's proxies listen on `127.0.0.1` inside the cell.
+    /// Only `lo`; the supervisor's proxies listen on `127.0.0.1` inside the cell, and its
+    /// resolver and transparent listeners on the addresses of
+    /// [`NetworkPlan::transparent_endpoints`].
     Allowlist { destinations: Vec<DestinationRule> },
 }
 

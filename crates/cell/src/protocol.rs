@@ -151,37 +151,131 @@ pub fn decode_listeners(
     plan: &CellPlan,
 ) -> Option<EgressListeners> {
     let (&kind, rest) = message.split_first()?;
-    let wire: ListenersWire = serde_json::from_slice(rest).ok()?;
-    if kind != LISTENERS || wire != ListenersWire::for_plan(plan) {
-        return None;
-    }
-    let endpoints = plan.network.transparent_endpoints();
-    if fds.len() != 3 + endpoints.len() {
+    let announced: ListenersWire = serde_json::from_slice(rest).ok()?;
+    let expected = ListenersWire::for_plan(plan);
+    if kind != LISTENERS || fds.len() != 3 + expected.transparent.len() {
         return None;
     }
     let mut fds = fds.into_iter();
     let (http, socks, dns) = (fds.next()?, fds.next()?, fds.next()?);
-    if bound_udp(&dns)? != SocketAddr::V4(TRANSPARENT_DNS) {
+    let transparent: Vec<OwnedFd> = fds.collect();
+    let bound = ListenersWire {
+        dns: v4(bound_udp(&dns)?)?,
+        transparent: transparent
+            .iter()
+            .map(|fd| v4(bound_tcp(fd)?))
+            .collect::<Option<_>>()?,
+    };
+    if !matches_plan(&expected, &announced, &bound) {
         return None;
-    }
-    let mut transparent = Vec::with_capacity(endpoints.len());
-    for (endpoint, fd) in endpoints.into_iter().zip(fds) {
-        let listener = std::net::TcpListener::from(fd);
-        if listener.local_addr().ok()? != SocketAddr::V4(endpoint.address) {
-            return None;
-        }
-        transparent.push((endpoint, OwnedFd::from(listener)));
     }
     Some(EgressListeners {
         http,
         socks,
         dns,
-        transparent,
+        transparent: plan
+            .network
+            .transparent_endpoints()
+            .into_iter()
+            .zip(transparent)
+            .collect(),
     })
 }
 
-/// The local address of a UDP socket; the fd is given back unchanged.
+/// What the cell announced and what its sockets are really bound to must both be what
+/// the plan asks for, in the plan's order.
+fn matches_plan(
+    expected: &ListenersWire,
+    announced: &ListenersWire,
+    bound: &ListenersWire,
+) -> bool {
+    announced == expected && bound == expected
+}
+
+fn v4(addr: SocketAddr) -> Option<SocketAddrV4> {
+    match addr {
+        SocketAddr::V4(v4) => Some(v4),
+        SocketAddr::V6(_) => None,
+    }
+}
+
+/// The local address of a UDP socket; the fd itself is left as it is.
 fn bound_udp(fd: &OwnedFd) -> Option<SocketAddr> {
-    let socket = std::net::UdpSocket::from(fd.try_clone().ok()?);
-    socket.local_addr().ok()
+    std::net::UdpSocket::from(fd.try_clone().ok()?)
+        .local_addr()
+        .ok()
+}
+
+/// The local address of a TCP listener; the fd itself is left as it is.
+fn bound_tcp(fd: &OwnedFd) -> Option<SocketAddr> {
+    std::net::TcpListener::from(fd.try_clone().ok()?)
+        .local_addr()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire(dns: &str, transparent: &[&str]) -> ListenersWire {
+        ListenersWire {
+            dns: dns.parse().unwrap(),
+            transparent: transparent.iter().map(|a| a.parse().unwrap()).collect(),
+        }
+    }
+
+    #[test]
+    fn listeners_bound_where_the_plan_says_are_accepted() {
+        let plan = wire("127.0.0.53:53", &["127.100.0.1:443", "127.100.0.2:22"]);
+        assert!(matches_plan(&plan, &plan.clone(), &plan.clone()));
+    }
+
+    #[test]
+    fn a_listener_bound_elsewhere_or_out_of_order_is_refused() {
+        let plan = wire("127.0.0.53:53", &["127.100.0.1:443", "127.100.0.2:22"]);
+        for bound in [
+            wire("127.0.0.53:53", &["127.100.0.2:22", "127.100.0.1:443"]),
+            wire("127.0.0.53:53", &["127.100.0.1:443", "127.100.0.1:22"]),
+            wire("127.0.0.1:53", &["127.100.0.1:443", "127.100.0.2:22"]),
+            wire("127.0.0.53:53", &["127.100.0.1:443"]),
+        ] {
+            assert!(!matches_plan(&plan, &plan, &bound), "{bound:?}");
+            assert!(!matches_plan(&plan, &bound, &plan), "{bound:?}");
+        }
+    }
+
+    #[test]
+    fn sockets_not_bound_where_the_plan_says_are_refused() {
+        let network = airlock_contract::NetworkPlan::Allowlist {
+            destinations: vec![airlock_contract::DestinationRule {
+                host_pattern: "api.test".into(),
+                ports: vec![8443],
+            }],
+        };
+        let mut plan = test_plan();
+        plan.network = network;
+        let message = encode_listeners(&ListenersWire::for_plan(&plan));
+        let tcp = || OwnedFd::from(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+        let udp = OwnedFd::from(std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
+        // The right message, but the sockets are bound on other addresses.
+        assert!(decode_listeners(&message, vec![tcp(), tcp(), udp, tcp()], &plan).is_none());
+        // Too few descriptors.
+        assert!(decode_listeners(&message, vec![tcp(), tcp()], &plan).is_none());
+        // Another message kind.
+        let mut other = message.clone();
+        other[0] = GO;
+        assert!(decode_listeners(&other, Vec::new(), &plan).is_none());
+    }
+
+    fn test_plan() -> CellPlan {
+        let contract = airlock_contract::default_contract();
+        airlock_contract::compile(
+            &contract,
+            &airlock_contract::CompileInput {
+                base_dir: std::path::Path::new("/"),
+                argv: &["true".to_string()],
+            },
+        )
+        .unwrap()
+    }
 }

@@ -1,11 +1,11 @@
 //! Connects the cell runtime's egress hook to the proxy of `airlock-egress`.
 
-use airlock_cell::{EgressSession, EgressSummary};
+use airlock_cell::{EgressListeners, EgressSession, EgressSummary};
 use airlock_egress::address::{classify, AddressClass};
 use airlock_egress::{
-    start_proxy, ConnectionRecord, Decision, DestinationRule, EgressConfig, ProxyHandle,
+    start_proxy_on, ConnectionRecord, Decision, DestinationRule, EgressConfig, ProxyHandle,
+    ProxyListeners, TransparentListener,
 };
-use std::os::fd::OwnedFd;
 
 pub struct ProxySession {
     config: EgressConfig,
@@ -36,14 +36,23 @@ impl ProxySession {
 }
 
 impl EgressSession for ProxySession {
-    fn start(&mut self, http: OwnedFd, socks: OwnedFd) -> Result<(), String> {
-        let handle = start_proxy(
-            self.config.clone(),
-            self.rules.clone(),
-            std::net::TcpListener::from(http),
-            Some(std::net::TcpListener::from(socks)),
-        )
-        .map_err(|e| e.to_string())?;
+    fn start(&mut self, listeners: EgressListeners) -> Result<(), String> {
+        let transparent = listeners
+            .transparent
+            .into_iter()
+            .map(|(endpoint, fd)| TransparentListener {
+                host: endpoint.host,
+                listener: std::net::TcpListener::from(fd),
+            })
+            .collect();
+        let listeners = ProxyListeners {
+            http: std::net::TcpListener::from(listeners.http),
+            socks: Some(std::net::TcpListener::from(listeners.socks)),
+            dns: Some(std::net::UdpSocket::from(listeners.dns)),
+            transparent,
+        };
+        let handle = start_proxy_on(self.config.clone(), self.rules.clone(), listeners)
+            .map_err(|e| e.to_string())?;
         self.handle = Some(handle);
         Ok(())
     }

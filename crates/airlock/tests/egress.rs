@@ -628,9 +628,11 @@ for target in [("127.0.0.2", {tcp_port}), ("127.0.0.1", {tcp_port})]:
     except Exception as e:
         print("DIRECT-FAILED", target, type(e).__name__)
 try:
-    print("GAI-RESOLVED", socket.getaddrinfo("api.test", 80))
+    print("GAI-RESOLVED", socket.getaddrinfo("evil.test", 80))
 except Exception as e:
     print("GAI-FAILED", type(e).__name__)
+# The allowlisted name resolves only to its transparent address inside the cell.
+print("API-ADDRESSES", sorted(set(a[4][0] for a in socket.getaddrinfo("api.test", {tcp_port}))))
 query = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03api\x04test\x00\x00\x01\x00\x01"
 for port in (53, {udp_port}):
     try:
@@ -653,6 +655,11 @@ for port in (53, {udp_port}):
     );
     assert!(
         out.contains("GAI-FAILED") && !out.contains("GAI-RESOLVED"),
+        "{}",
+        run.describe()
+    );
+    assert!(
+        out.contains("API-ADDRESSES ['127.100.0.1']"),
         "{}",
         run.describe()
     );
@@ -704,13 +711,16 @@ for port in (53, {udp_port}):
             );
         }
     }
-    for r in [&run, &noproxy] {
-        assert!(
-            egress(r).is_empty(),
-            "nothing went through the proxy: {}",
-            r.describe()
-        );
-    }
+    // Nothing went through the proxy; the only records are the in-cell resolver's
+    // refusals of the name that is not allowlisted.
+    assert!(
+        egress(&run)
+            .iter()
+            .all(|r| r["protocol"] == "dns" && r["host"] == "evil.test"),
+        "{}",
+        run.describe()
+    );
+    assert!(egress(&noproxy).is_empty(), "{}", noproxy.describe());
 }
 
 /// Seed 000: the payload tries to exfiltrate to a host that is not on the list.

@@ -163,7 +163,7 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
     sys::unshare(libc::CLONE_NEWCGROUP).map_err(|e| Stage::errno("cgroup_namespace", e))?;
     rootfs::finish(plan, mounts)?;
     if let NetworkPlan::Allowlist { .. } = plan.network {
-        pass_egress_listeners(&setup.sync)?;
+        pass_egress_listeners(&setup.sync, plan)?;
     }
     // A new session has no controlling terminal: no TIOCSTI into the caller's shell.
     sys::setsid().map_err(|e| Stage::errno("setsid", e))?;
@@ -233,17 +233,33 @@ fn wait_for(setup: &ChildSetup<'_>, kind: u8) -> Result<(), Stage> {
     }
 }
 
-fn pass_egress_listeners(sync: &OwnedFd) -> Result<(), Stage> {
-    let bind = |port: u16| {
-        std::net::TcpListener::bind(("127.0.0.1", port))
-            .map_err(|e| Stage::new("egress_listeners", format!("127.0.0.1:{port}: {e}")))
+/// Binds the proxies, the resolver's socket and the transparent listeners inside the
+/// cell's network namespace (still privileged in it: port 53 and the allowlisted ports
+/// below 1024 need that) and hands them to the supervisor.
+fn pass_egress_listeners(sync: &OwnedFd, plan: &CellPlan) -> Result<(), Stage> {
+    let failed = |addr: &dyn std::fmt::Display, e: std::io::Error| {
+        Stage::new("egress_listeners", format!("{addr}: {e}"))
     };
-    let http = bind(HTTP_PROXY_PORT)?;
-    let socks = bind(SOCKS_PROXY_PORT)?;
-    let fds: [RawFd; 2] = [http.as_raw_fd(), socks.as_raw_fd()];
-    sys::send_with_fds(sync.as_fd(), &[protocol::LISTENERS], &fds)
+    let bind = |addr: std::net::SocketAddrV4| {
+        std::net::TcpListener::bind(addr).map_err(|e| failed(&addr, e))
+    };
+    let localhost = |port| std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port);
+    let wire = protocol::ListenersWire::for_plan(plan);
+    let http = bind(localhost(HTTP_PROXY_PORT))?;
+    let socks = bind(localhost(SOCKS_PROXY_PORT))?;
+    let dns = std::net::UdpSocket::bind(wire.dns).map_err(|e| failed(&wire.dns, e))?;
+    let transparent = wire
+        .transparent
+        .iter()
+        .map(|addr| bind(*addr))
+        .collect::<Result<Vec<_>, Stage>>()?;
+    let fds: Vec<RawFd> = [http.as_raw_fd(), socks.as_raw_fd(), dns.as_raw_fd()]
+        .into_iter()
+        .chain(transparent.iter().map(|l| l.as_raw_fd()))
+        .collect();
+    sys::send_with_fds(sync.as_fd(), &protocol::encode_listeners(&wire), &fds)
         .map_err(|e| Stage::errno("egress_listeners", e))
-    // Our copies close here; the supervisor's proxy owns the listeners.
+    // Our copies close here; the supervisor's proxy owns the sockets.
 }
 
 fn set_rlimits(plan: &CellPlan) -> Result<(), Stage> {

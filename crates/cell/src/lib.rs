@@ -24,6 +24,7 @@ mod syscalls;
 mod terminal;
 
 pub use error::CellError;
+pub use protocol::EgressListeners;
 pub use supervisor::{
     credential_env, run_cell, BeforeStart, EgressSession, EgressSummary, PayloadStdin, RunOptions,
     HOST_ID_BASE, TERM_GRACE,

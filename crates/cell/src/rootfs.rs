@@ -294,12 +294,27 @@ fn write_etc(plan: &CellPlan) -> Result<(), Stage> {
         ),
     )?;
     write_text(&etc.join("hostname"), &format!("{}\n", plan.hostname))?;
-    // No resolv.conf: the cell has no DNS; names are resolved by the egress proxy.
+    // A deny cell has no resolver (no resolv.conf, hosts from files only); an
+    // allowlisted one asks the in-cell resolver of the transparent egress path.
+    let hosts = match plan.network {
+        NetworkPlan::Deny => "files",
+        NetworkPlan::Allowlist { .. } => "files dns",
+    };
     write_text(
         &etc.join("nsswitch.conf"),
-        "passwd: files\ngroup: files\nshadow: files\nhosts: files\n",
+        &format!("passwd: files\ngroup: files\nshadow: files\nhosts: {hosts}\n"),
     )?;
     Ok(())
+}
+
+/// The in-cell resolver of the transparent egress path; it answers at once (it never
+/// asks anyone), so one short attempt is plenty.
+fn resolv_conf() -> String {
+    format!(
+        "# airlock: answers only the allowlisted names, never forwards a query\n\
+         nameserver {}\noptions timeout:2 attempts:1\n",
+        airlock_contract::TRANSPARENT_DNS.ip()
+    )
 }
 
 fn build_dev() -> Result<(), Stage> {
@@ -448,11 +463,7 @@ pub fn build_skeleton(
     }
     write_etc(plan)?;
     if matches!(plan.network, NetworkPlan::Allowlist { .. }) {
-        // Placeholder so that tools which read resolv.conf fail fast instead of timing out.
-        write_text(
-            Path::new("/etc/resolv.conf"),
-            "# names are resolved by the airlock egress proxy\n",
-        )?;
+        write_text(Path::new("/etc/resolv.conf"), &resolv_conf())?;
     }
     restrict_proc()?;
     for mount in &plan.mounts {

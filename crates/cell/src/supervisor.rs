@@ -9,7 +9,7 @@ use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout};
 use crate::error::CellError;
 use crate::launcher::{self, ChildSetup, Stage};
 use crate::output::{OutputCapture, Stream};
-use crate::protocol::{self, LaunchFailure, PayloadEnded};
+use crate::protocol::{self, EgressListeners, LaunchFailure, PayloadEnded};
 use crate::report::{Ceiling, CleanupReport, ExitInfo, ResultClass, RunReport, Timings, Usage};
 use crate::stdin_relay::{StdinRecord, StdinRelay};
 use crate::terminal::{CallerTerminal, DEFAULT_WINDOW};
@@ -49,8 +49,9 @@ const OUTPUT_CHUNK: usize = 64 * 1024;
 
 /// The egress proxy, started once the cell hands over its listeners.
 pub trait EgressSession {
-    /// Takes the listening sockets (HTTP proxy, SOCKS5) bound inside the cell's netns.
-    fn start(&mut self, http: OwnedFd, socks: OwnedFd) -> Result<(), String>;
+    /// Takes the sockets bound inside the cell's netns (HTTP proxy, SOCKS5, the
+    /// resolver, the transparent listeners), already checked against the plan.
+    fn start(&mut self, listeners: EgressListeners) -> Result<(), String>;
     /// Stops the proxy and summarises what it saw.
     fn finish(&mut self) -> EgressSummary;
 }
@@ -1039,7 +1040,7 @@ impl Supervision<'_> {
         let Some(sync) = self.sync.take() else {
             return Ok(());
         };
-        let (buf, mut fds) = match sys::recv_message(sync.as_fd(), 2) {
+        let (buf, mut fds) = match sys::recv_message(sync.as_fd(), protocol::MAX_LISTENER_FDS) {
             Ok(Some(message)) => message,
             _ => return Ok(()),
         };
@@ -1049,12 +1050,16 @@ impl Supervision<'_> {
             protocol::FAILED => {
                 self.observed.launch_failure = serde_json::from_slice(body).ok();
             }
-            protocol::LISTENERS if fds.len() == 2 => {
-                let socks = fds.pop().expect("two fds");
-                let http = fds.pop().expect("two fds");
-                let started = match options.egress.as_mut() {
-                    Some(session) => session.start(http, socks),
-                    None => Err("the plan allows egress but no proxy was configured".to_string()),
+            protocol::LISTENERS => {
+                let started = match (
+                    protocol::decode_listeners(&buf, fds, self.plan),
+                    options.egress.as_mut(),
+                ) {
+                    (None, _) => Err("the cell's egress sockets are not the plan's".to_string()),
+                    (Some(listeners), Some(session)) => session.start(listeners),
+                    (Some(_), None) => {
+                        Err("the plan allows egress but no proxy was configured".to_string())
+                    }
                 };
                 if let Err(err) = started {
                     // Fail closed: no proxy means the cell must not run at all.

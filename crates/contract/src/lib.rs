@@ -7,12 +7,16 @@ mod contract;
 mod error;
 mod parse;
 pub mod plan;
+pub mod transparent;
 mod validate;
 
 pub use compile::{compile, contract_sha256, CompileInput};
 pub use contract::*;
 pub use error::{ContractError, ContractFormat, FieldError, FieldErrors};
 pub use plan::*;
+pub use transparent::{
+    transparent_endpoints, TransparentEndpoint, MAX_TRANSPARENT_LISTENERS, TRANSPARENT_DNS,
+};
 pub use validate::{BASE_ENV_NAMES, DEFAULT_PORTS, RESERVED_CELL_DIRS, RESERVED_ENV_NAMES};
 
 use std::path::Path;

@@ -99,7 +99,9 @@ pub enum NetworkPlan {
     /// Only `lo` in the cell's network namespace: nothing leaves the cell, while the
     /// payload's own servers on loopback stay reachable to it.
     Deny,
-    /// Only `lo`; the supervisor's proxies listen on `127.0.0.1` inside the cell.
+    /// Only `lo`; the supervisor's proxies listen on `127.0.0.1` inside the cell, and its
+    /// resolver and transparent listeners on the addresses of
+    /// [`NetworkPlan::transparent_endpoints`].
     Allowlist { destinations: Vec<DestinationRule> },
 }
 

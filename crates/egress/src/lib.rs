@@ -21,6 +21,19 @@
 //!
 //! Every attempt yields exactly one [`ConnectionRecord`].
 //!
+//! # The transparent path
+//!
+//! Clients that ignore the proxy variables (Node's `fetch`, Go without `HTTPS_PROXY`, raw
+//! sockets) reach allowlisted names through [`ProxyListeners::transparent`]: the launcher
+//! binds, inside the cell, one loopback address per exact allowlisted name with a
+//! listener on each of its ports, and a UDP socket for the cell's resolver
+//! ([`ProxyListeners::dns`], answered by [`dns`]), which hands out exactly those
+//! addresses and nothing else - it never forwards a query. A connection accepted on a
+//! transparent listener is a tunnel to the name and port that listener stands for:
+//! steps 1-5 above apply unchanged (record protocol `"transparent"`). Nothing else
+//! becomes reachable: an address the resolver did not hand out has no listener in the
+//! cell's network namespace, which holds only `lo`.
+//!
 //! # Deliberate trade-offs
 //!
 //! - **No SNI is allowed; unchecked plaintext is not.** The tunnel can only reach an
@@ -45,6 +58,7 @@
 
 pub mod address;
 pub mod destination;
+pub mod dns;
 mod http;
 mod proxy;
 pub mod reason;
@@ -52,6 +66,7 @@ mod request;
 mod resolver;
 pub mod sni;
 mod socks;
+mod transparent;
 mod tunnel;
 
 use std::collections::BTreeMap;
@@ -136,7 +151,9 @@ pub enum Decision {
 /// The outcome of one connection attempt through the proxy.
 #[derive(Debug, Clone, Serialize)]
 pub struct ConnectionRecord {
-    /// `"http"` (plain forward), `"connect"` (HTTP CONNECT tunnel) or `"socks5"`.
+    /// `"http"` (plain forward), `"connect"` (HTTP CONNECT tunnel), `"socks5"`,
+    /// `"transparent"` (a transparent listener) or `"dns"` (a query the cell's resolver
+    /// refused; `port` 53, never `allowed`).
     pub protocol: &'static str,
     /// Requested host, normalised (lower case, no trailing dot); empty when the request
     /// was too malformed to name one.
@@ -170,6 +187,12 @@ pub enum EgressError {
     HostAddresses(#[source] std::io::Error),
     #[error("cannot build the DNS resolver: {0}")]
     Resolver(String),
+    #[error("transparent listener {address} for {host}: {why}")]
+    Transparent {
+        host: String,
+        address: String,
+        why: &'static str,
+    },
 }
 
 impl EgressError {
@@ -182,6 +205,8 @@ impl EgressError {
             EgressError::Listener(_) => false,
             EgressError::Runtime(_) => false,
             EgressError::HostAddresses(_) => false,
+            // The launcher bound what the plan does not allow: airlock's own fault.
+            EgressError::Transparent { .. } => false,
         }
     }
 }
@@ -196,7 +221,38 @@ pub fn start_proxy(
     http_listener: std::net::TcpListener,
     socks_listener: Option<std::net::TcpListener>,
 ) -> Result<ProxyHandle, EgressError> {
-    proxy::start(config, rules, http_listener, socks_listener)
+    let listeners = ProxyListeners {
+        http: http_listener,
+        socks: socks_listener,
+        dns: None,
+        transparent: Vec::new(),
+    };
+    proxy::start(config, rules, listeners)
+}
+
+/// [`start_proxy`] with the transparent path too.
+pub fn start_proxy_on(
+    config: EgressConfig,
+    rules: Vec<DestinationRule>,
+    listeners: ProxyListeners,
+) -> Result<ProxyHandle, EgressError> {
+    proxy::start(config, rules, listeners)
+}
+
+/// Every socket the proxy serves, already bound (inside the cell's network namespace).
+pub struct ProxyListeners {
+    pub http: std::net::TcpListener,
+    pub socks: Option<std::net::TcpListener>,
+    /// The cell's resolver; it answers the names of `transparent`, with the address each
+    /// of their listeners is bound on.
+    pub dns: Option<std::net::UdpSocket>,
+    pub transparent: Vec<TransparentListener>,
+}
+
+/// A listener standing for one allowlisted `host` on the port it is bound to.
+pub struct TransparentListener {
+    pub host: String,
+    pub listener: std::net::TcpListener,
 }
 
 pub(crate) type SharedState = Arc<proxy::Shared>;

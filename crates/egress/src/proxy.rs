@@ -15,7 +15,8 @@ use crate::address::{host_addresses, AddressPolicy};
 use crate::destination::{parse_host, Allowlist, ParsedHost};
 use crate::resolver::DestinationResolver;
 use crate::{
-    reason, ConnectionRecord, Decision, DestinationRule, EgressConfig, EgressError, SharedState,
+    reason, ConnectionRecord, Decision, DestinationRule, EgressConfig, EgressError, ProxyListeners,
+    SharedState, TransparentListener,
 };
 
 /// Records kept per cell. Past this the proxy refuses new connections outright (and counts
@@ -43,8 +44,15 @@ pub struct Shared {
     active: AtomicU32,
     records: Mutex<Vec<ConnectionRecord>>,
     dropped_records: AtomicU64,
+    /// Refused DNS queries recorded so far (see [`MAX_DNS_RECORDS`]).
+    dns_records: AtomicU64,
     shutdown: watch::Receiver<bool>,
 }
+
+/// Refused DNS queries recorded per cell; past this they are only counted in
+/// [`ProxyHandle::dropped_records`]. A cell that floods its resolver must not crowd
+/// its connection records out of [`MAX_RECORDS`].
+pub const MAX_DNS_RECORDS: u64 = 1024;
 
 impl Shared {
     /// Account `n` bytes against the cell's budget; `false` once the budget is exceeded.
@@ -68,6 +76,18 @@ impl Shared {
         } else {
             self.dropped_records.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Record a refused DNS query for `name`, within [`MAX_DNS_RECORDS`].
+    pub fn record_dns_refusal(&self, name: &str) {
+        if self.dns_records.fetch_add(1, Ordering::Relaxed) >= MAX_DNS_RECORDS {
+            self.dropped_records.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut attempt = Attempt::begin("dns");
+        attempt.host = name.chars().take(255).collect();
+        attempt.port = 53;
+        attempt.deny(self, reason::DNS_REFUSED);
     }
 
     fn records_full(&self) -> bool {
@@ -356,10 +376,15 @@ fn parse_upstream_proxy(value: &str, config: &EgressConfig) -> Result<SocketAddr
 }
 
 /// Which protocol a listener speaks.
-#[derive(Debug, Clone, Copy)]
-enum ListenerKind {
+#[derive(Debug, Clone)]
+pub(crate) enum ListenerKind {
     Http,
     Socks5,
+    /// A transparent listener: every connection is a tunnel to this name and port.
+    Transparent {
+        host: Arc<str>,
+        port: u16,
+    },
 }
 
 /// Returned by [`crate::start_proxy`]; stops the proxy on [`ProxyHandle::shutdown`] or drop.
@@ -432,9 +457,16 @@ impl Drop for ProxyHandle {
 pub fn start(
     config: EgressConfig,
     rules: Vec<DestinationRule>,
-    http_listener: std::net::TcpListener,
-    socks_listener: Option<std::net::TcpListener>,
+    listeners: ProxyListeners,
 ) -> Result<ProxyHandle, EgressError> {
+    let ProxyListeners {
+        http: http_listener,
+        socks: socks_listener,
+        dns: dns_socket,
+        transparent,
+    } = listeners;
+    let allowlist = Allowlist::new(&rules);
+    let transparent = check_transparent(&allowlist, transparent)?;
     let upstream_proxy = config
         .upstream_proxy
         .as_deref()
@@ -448,7 +480,7 @@ pub fn start(
         .map_err(EgressError::Runtime)?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let (shared, http, socks) = {
+    let (shared, http, socks, transparent, dns) = {
         let _guard = runtime.enter();
         let resolver = DestinationResolver::new(
             &config.resolve,
@@ -461,8 +493,18 @@ pub fn start(
         };
         let http = to_tokio(http_listener)?;
         let socks = socks_listener.map(to_tokio).transpose()?;
+        let transparent = transparent
+            .into_iter()
+            .map(|(kind, l)| Ok((kind, to_tokio(l)?)))
+            .collect::<Result<Vec<_>, EgressError>>()?;
+        let dns = dns_socket
+            .map(|s| {
+                s.set_nonblocking(true).map_err(EgressError::Listener)?;
+                tokio::net::UdpSocket::from_std(s).map_err(EgressError::Listener)
+            })
+            .transpose()?;
         let shared = Arc::new(Shared {
-            allowlist: Allowlist::new(&rules),
+            allowlist,
             resolver,
             policy: AddressPolicy {
                 exempt: config.exempt_cidrs.clone(),
@@ -479,10 +521,12 @@ pub fn start(
             active: AtomicU32::new(0),
             records: Mutex::new(Vec::new()),
             dropped_records: AtomicU64::new(0),
+            dns_records: AtomicU64::new(0),
             shutdown: stop_rx,
         });
-        (shared, http, socks)
+        (shared, http, socks, transparent, dns)
     };
+    let names = crate::transparent::resolver_names(&transparent);
     let http_addr = http.local_addr().map_err(EgressError::Listener)?;
     let socks_addr = match &socks {
         Some(s) => Some(s.local_addr().map_err(EgressError::Listener)?),
@@ -503,6 +547,16 @@ pub fn start(
                         ListenerKind::Socks5,
                     ));
                 }
+                for (kind, listener) in transparent {
+                    loops.spawn(accept_loop(task_shared.clone(), listener, kind));
+                }
+                if let Some(dns) = dns {
+                    loops.spawn(crate::transparent::serve_dns(
+                        task_shared.clone(),
+                        dns,
+                        names,
+                    ));
+                }
                 while loops.join_next().await.is_some() {}
             });
             // Dropping the runtime here cancels anything still pending (e.g. DNS tasks).
@@ -517,6 +571,40 @@ pub fn start(
         http_addr,
         socks_addr,
     })
+}
+
+/// The transparent listeners as accept-loop kinds. Fails closed when a listener is not on
+/// an IPv4 loopback address or stands for a name and port the allowlist does not permit:
+/// the resolver would hand out an address for it.
+fn check_transparent(
+    allowlist: &Allowlist,
+    listeners: Vec<TransparentListener>,
+) -> Result<Vec<(ListenerKind, std::net::TcpListener)>, EgressError> {
+    listeners
+        .into_iter()
+        .map(|TransparentListener { host, listener }| {
+            let address = listener.local_addr().map_err(EgressError::Listener)?;
+            let why = match (address, parse_host(&host)) {
+                (SocketAddr::V4(v4), ParsedHost::Name(name)) if v4.ip().is_loopback() => {
+                    if allowlist.permits(&name, v4.port()) {
+                        let kind = ListenerKind::Transparent {
+                            host: name.into(),
+                            port: v4.port(),
+                        };
+                        return Ok((kind, listener));
+                    }
+                    "the allowlist does not permit this name and port"
+                }
+                (SocketAddr::V4(v4), _) if v4.ip().is_loopback() => "not a host name",
+                _ => "not an IPv4 loopback address",
+            };
+            Err(EgressError::Transparent {
+                host,
+                address: address.to_string(),
+                why,
+            })
+        })
+        .collect()
 }
 
 /// Releases a connection slot when the connection's task ends.
@@ -553,6 +641,7 @@ async fn accept_loop(shared: SharedState, listener: TcpListener, kind: ListenerK
                 let protocol = match kind {
                     ListenerKind::Http => "http",
                     ListenerKind::Socks5 => "socks5",
+                    ListenerKind::Transparent { .. } => crate::transparent::PROTOCOL,
                 };
                 if prev >= shared.max_connections.saturating_add(REFUSAL_HEADROOM) {
                     Attempt::begin(protocol).deny(&shared, reason::LIMIT);
@@ -560,12 +649,18 @@ async fn accept_loop(shared: SharedState, listener: TcpListener, kind: ListenerK
                 }
                 let over_limit = prev >= shared.max_connections;
                 let shared = shared.clone();
-                match kind {
+                match &kind {
                     ListenerKind::Http => {
                         tasks.spawn(crate::http::handle(shared, stream, over_limit, slot))
                     }
                     ListenerKind::Socks5 => {
                         tasks.spawn(crate::socks::handle(shared, stream, over_limit, slot))
+                    }
+                    ListenerKind::Transparent { host, port } => {
+                        let destination = (host.clone(), *port);
+                        tasks.spawn(crate::transparent::handle(
+                            shared, stream, over_limit, slot, destination,
+                        ))
                     }
                 };
             }

@@ -37,6 +37,10 @@ pub const AMBIGUOUS_FRAMING: &str = "egress.ambiguous_framing";
 /// an HTTP/1.x request, to a destination the operator has not listed in
 /// `opaque_tunnels`: nothing in such a stream can be checked against the allowlisted name.
 pub const PLAINTEXT_TUNNEL: &str = "egress.plaintext_tunnel";
+/// The cell's resolver refused a DNS query: a name without a transparent address (not
+/// allowlisted, a wildcard's sub-domain, a data-carrying label), or a packet that is no
+/// well-formed single-question query. Nothing is ever forwarded.
+pub const DNS_REFUSED: &str = "egress.dns_refused";
 
 /// Every reason code, for documentation and exhaustiveness tests.
 pub const ALL: &[&str] = &[
@@ -51,4 +55,5 @@ pub const ALL: &[&str] = &[
     BAD_REQUEST,
     AMBIGUOUS_FRAMING,
     PLAINTEXT_TUNNEL,
+    DNS_REFUSED,
 ];

@@ -527,3 +527,189 @@ fn a_rust_toolchain_as_a_read_only_input() {
         "a large input must not be read before the start: {startup} ms\n{d}"
     );
 }
+
+/// A host-side HTTP server on `address` serving `root`, killed when dropped.
+struct Upstream {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Upstream {
+    fn serve(root: &Path, address: &str) -> Upstream {
+        let script = format!(
+            "import functools, http.server, sys\n\
+             h = functools.partial(http.server.SimpleHTTPRequestHandler, directory={root:?})\n\
+             s = http.server.ThreadingHTTPServer(({address:?}, 0), h)\n\
+             print(s.server_address[1], flush=True)\n\
+             s.serve_forever()\n",
+            root = root.display().to_string()
+        );
+        let mut child = Command::new("python3")
+            .args(["-c", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        Upstream {
+            child,
+            port: line.trim().parse().unwrap(),
+        }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `script` in a cell whose allowlist holds `name:port`, resolved by the operator
+/// config to `address` (exempted from the private-address rule, as a test upstream must be).
+fn run_with_upstream(
+    dir: &Path,
+    name: &str,
+    address: &str,
+    port: u16,
+    extra: &str,
+    script: &str,
+) -> common::CellRun {
+    let config = dir.join("airlock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[egress]\nresolve = {{ {name:?} = {address:?} }}\nexempt_cidrs = [\"{address}/32\"]\n"
+        ),
+    )
+    .unwrap();
+    let contract = format!(
+        "{BASE}network:\n  mode: allowlist\n  allowed_domains: [\"{name}:{port}\"]\n{extra}"
+    );
+    let state = dir.join("state").display().to_string();
+    let config = config.display().to_string();
+    common::run_in(
+        dir,
+        Some(&contract),
+        &["--state-dir", &state, "--config", &config],
+        &["/bin/sh", "-c", script],
+    )
+}
+
+/// airlock-only: bubblewrap has no egress allowlist, only all network or none.
+#[test]
+fn pip_installs_from_a_local_index_through_the_proxy() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let index = dir.path().join("index");
+    let package = index.join("simple/greet");
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::create_dir_all(dir.path().join("src")).unwrap();
+    let built = Command::new("python3")
+        .args(["-c", MKWHEEL])
+        .arg(&package)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    std::fs::write(
+        package.join("index.html"),
+        "<html><body><a href=\"greet-1.0-py3-none-any.whl\">greet-1.0-py3-none-any.whl</a></body></html>\n",
+    )
+    .unwrap();
+    let upstream = Upstream::serve(&index, "127.0.0.3");
+    let script = format!(
+        "python3 -m venv v && v/bin/pip install -q --trusted-host pypi.test --index-url http://pypi.test:{}/simple greet \
+         && v/bin/python -c 'import greet; print(greet.hi())'",
+        upstream.port
+    );
+    let run = run_with_upstream(
+        dir.path(),
+        "pypi.test",
+        "127.0.0.3",
+        upstream.port,
+        "",
+        &script,
+    );
+    let d = run.describe();
+    assert!(run.stdout().contains("hi from a wheel"), "{d}");
+    let egress = run.result["egress"].to_string();
+    assert!(
+        egress.contains("pypi.test") && egress.contains("allowed"),
+        "{d}"
+    );
+}
+
+/// airlock-only: the transparent path (an in-cell resolver and listeners) has no
+/// bubblewrap counterpart.
+#[test]
+fn proxy_unaware_clients_reach_an_allowlisted_name() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(dir.path().join("src")).unwrap();
+    std::fs::write(
+        root.join("hello.txt"),
+        "hello through the transparent path\n",
+    )
+    .unwrap();
+    let upstream = Upstream::serve(&root, "127.0.0.4");
+    // Node's built-in fetch ignores HTTP(S)_PROXY; so does python with no proxy handler.
+    let script = format!(
+        "unset HTTP_PROXY http_proxy HTTPS_PROXY https_proxy ALL_PROXY all_proxy; \
+         node -e 'fetch(\"http://api.test:{port}/hello.txt\").then(r => r.text()).then(t => console.log(\"node:\", t.trim()))' && \
+         python3 -c 'import urllib.request as u; o = u.build_opener(u.ProxyHandler({{}})); print(\"python:\", o.open(\"http://api.test:{port}/hello.txt\").read().decode().strip())'",
+        port = upstream.port
+    );
+    let run = run_with_upstream(
+        dir.path(),
+        "api.test",
+        "127.0.0.4",
+        upstream.port,
+        "",
+        &script,
+    );
+    let d = run.describe();
+    assert!(
+        run.stdout()
+            .contains("node: hello through the transparent path"),
+        "{d}"
+    );
+    assert!(
+        run.stdout()
+            .contains("python: hello through the transparent path"),
+        "{d}"
+    );
+    assert!(
+        run.result["egress"].to_string().contains("transparent"),
+        "{d}"
+    );
+}
+
+/// airlock-only: bubblewrap passes its caller's terminal through or none; it has no pty
+/// of its own to give a tool driven by a program.
+#[test]
+fn a_pty_driven_tool_runs_on_the_cells_terminal() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("src")).unwrap();
+    let contract = format!("{BASE}terminal: true\n");
+    let state = dir.path().join("state").display().to_string();
+    let run = common::run_in(
+        dir.path(),
+        Some(&contract),
+        &["--state-dir", &state],
+        &[
+            "python3",
+            "-c",
+            "import os, sys; print('isatty', os.isatty(0), os.isatty(1), os.ttyname(1))",
+        ],
+    );
+    let d = run.describe();
+    assert!(run.stdout().contains("isatty True True /dev/pts/0"), "{d}");
+}

@@ -55,6 +55,13 @@ pub struct ArtifactKept {
     pub sha256: String,
     /// Where it was copied to on the host.
     pub stored_at: String,
+    /// The file is exactly as large as the cell's `file_size_mb` allows: a write past
+    /// that size was refused (`RLIMIT_FSIZE`), so its content may be cut short. Its size
+    /// alone cannot tell a file that was cut from one that fits exactly, so both are
+    /// flagged.
+    pub truncated: bool,
+    /// The cell's file had an execute bit: the host copy is `0700` rather than `0600`.
+    pub executable: bool,
 }
 
 /// An artifact refused by policy: it never leaves the cell.
@@ -251,6 +258,8 @@ fn segment_matches(pattern: &[u8], text: &[u8]) -> bool {
 struct Collector<'a> {
     request: &'a ArtifactRequest,
     globs: &'a [String],
+    /// The cell's `RLIMIT_FSIZE`: a file of exactly this size may have been cut short.
+    file_size_limit: u64,
     report: ArtifactReport,
     entries: usize,
     total_bytes: u64,
@@ -259,52 +268,101 @@ struct Collector<'a> {
     output: Option<Result<HostDir, (WriteRefusal, String)>>,
 }
 
-/// Collects the plan's declared artifacts from the cell whose pid 1 is `pid1`.
-pub fn collect(pid1: libc::pid_t, plan: &CellPlan, request: &ArtifactRequest) -> serde_json::Value {
+/// The writable mounts of a cell that hold declared outputs, opened through its root.
+///
+/// Opened once the payload runs (the cell's mounts are all in place by then, and a
+/// payload cannot move or unmount them), and held until collection: an open directory
+/// keeps its tmpfs alive and reachable after the cell's pid 1 and its mount namespace are
+/// gone, so the outputs of a cell killed as a whole (a memory kill that takes pid 1 too,
+/// or a group OOM kill on cgroup v2) are still validated and collected.
+#[derive(Default)]
+pub struct OutputMounts {
+    /// `(cell path of the mount, its root directory)`.
+    dirs: Vec<(Vec<u8>, OwnedFd)>,
+    /// Why the cell's root could not be opened, if it could not.
+    unreadable: Option<String>,
+}
+
+impl OutputMounts {
+    /// Opens the writable paths of `plan` that hold declared outputs, in the cell whose
+    /// pid 1 is `pid1` (which must be alive).
+    pub fn open(pid1: libc::pid_t, plan: &CellPlan) -> OutputMounts {
+        let cell_root = format!("/proc/{pid1}/root");
+        let root = match File::open(&cell_root) {
+            Ok(root) => root,
+            Err(err) => {
+                return OutputMounts {
+                    dirs: Vec::new(),
+                    unreadable: Some(format!("{cell_root}: {err}")),
+                }
+            }
+        };
+        let dirs = output_mount_targets(plan)
+            .filter_map(|target| {
+                let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+                sys::open_no_symlinks(root.as_fd(), target, flags, true)
+                    .ok()
+                    .map(|dir| (target.as_os_str().as_bytes().to_vec(), dir))
+            })
+            .collect();
+        OutputMounts {
+            dirs,
+            unreadable: None,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dirs.is_empty() && self.unreadable.is_none()
+    }
+}
+
+/// The writable paths of `plan` that some output glob lies inside.
+fn output_mount_targets(plan: &CellPlan) -> impl Iterator<Item = &Path> {
+    plan.mounts.iter().filter_map(|mount| {
+        let MountPlan::WritableTmpfs { target, .. } = mount else {
+            return None;
+        };
+        let prefix = target.as_os_str().as_bytes();
+        let holds_outputs = plan.output_allowlist.iter().any(|g| {
+            g.as_bytes().starts_with(prefix) && g.as_bytes().get(prefix.len()) == Some(&b'/')
+        });
+        holds_outputs.then_some(target.as_path())
+    })
+}
+
+/// Collects the plan's declared artifacts from `mounts`. Nothing of the cell may run any
+/// more (its payload ended and every other process was killed), so nothing changes
+/// underneath.
+pub fn collect(
+    mounts: &OutputMounts,
+    plan: &CellPlan,
+    request: &ArtifactRequest,
+) -> ArtifactReport {
     let mut collector = Collector {
         request,
         globs: &plan.output_allowlist,
+        file_size_limit: plan.limits.file_size_bytes,
         report: ArtifactReport::default(),
         entries: 0,
         total_bytes: 0,
         output: None,
     };
-    let cell_root = format!("/proc/{pid1}/root");
-    match File::open(&cell_root) {
-        Ok(root) => collector.walk_outputs(plan, root.into()),
-        Err(err) => collector.report.rejected.push(ArtifactRejection {
-            path: format!("{cell_root}: {err}"),
+    if let Some(error) = &mounts.unreadable {
+        collector.report.rejected.push(ArtifactRejection {
+            path: escaped(error.as_bytes()),
             reason: reason::UNREADABLE,
-        }),
+        });
     }
-    serde_json::to_value(collector.report).unwrap_or_default()
+    for (prefix, dir) in &mounts.dirs {
+        match dir.try_clone() {
+            Ok(dir) => collector.walk(dir, prefix, 0),
+            Err(_) => collector.reject(prefix, reason::UNREADABLE),
+        }
+    }
+    collector.report
 }
 
 impl Collector<'_> {
-    /// Walks the writable paths that hold declared outputs.
-    fn walk_outputs(&mut self, plan: &CellPlan, root: OwnedFd) {
-        for mount in &plan.mounts {
-            let MountPlan::WritableTmpfs { target, .. } = mount else {
-                continue;
-            };
-            let prefix = target.as_os_str().as_bytes();
-            let holds_outputs = plan.output_allowlist.iter().any(|g| {
-                g.as_bytes().starts_with(prefix) && g.as_bytes().get(prefix.len()) == Some(&b'/')
-            });
-            if !holds_outputs {
-                continue;
-            }
-            if let Ok(dir) = sys::open_no_symlinks(
-                root.as_fd(),
-                target,
-                libc::O_RDONLY | libc::O_DIRECTORY,
-                true,
-            ) {
-                self.walk(dir, prefix, 0);
-            }
-        }
-    }
-
     fn reject(&mut self, path: &[u8], reason: &'static str) {
         self.report.rejected.push(ArtifactRejection {
             path: escaped(path),
@@ -438,6 +496,12 @@ impl Collector<'_> {
         }
         let host_dir = self.destination_dir(cell_path)?;
         let mut out = host_dir.new_file(name)?;
+        // Only the owner's execute bit, and never setuid, setgid or sticky: the copy is
+        // the caller's to run, not anyone else's.
+        let executable = meta.mode() & 0o111 != 0;
+        if executable {
+            out.make_executable()?;
+        }
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 64 * 1024];
         let mut size = 0u64;
@@ -467,6 +531,8 @@ impl Collector<'_> {
             size_bytes: size,
             sha256: hex::encode(hasher.finalize()),
             stored_at: escaped(stored_at.as_os_str().as_bytes()),
+            truncated: self.file_size_limit > 0 && size == self.file_size_limit,
+            executable,
         })
     }
 }

@@ -75,7 +75,9 @@ impl ResultClass {
     }
 }
 
-/// Which ceiling ended or marked the run.
+/// A ceiling of the contract. `limit_fired` names the one that decided the run's class
+/// (it killed something, or the payload failed after hitting it); `limits_hit` every one
+/// the run reached, fatal or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Ceiling {
@@ -85,6 +87,23 @@ pub enum Ceiling {
     WallTime,
     OutputBytes,
     Disk,
+    /// `file_size_mb` (`RLIMIT_FSIZE`): a write past it was refused (`EFBIG`) or killed
+    /// its writer (`SIGXFSZ`).
+    FileSize,
+}
+
+impl Ceiling {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ceiling::Memory => "memory",
+            Ceiling::Pids => "pids",
+            Ceiling::Cpu => "cpu",
+            Ceiling::WallTime => "wall_time",
+            Ceiling::OutputBytes => "output_bytes",
+            Ceiling::Disk => "disk",
+            Ceiling::FileSize => "file_size",
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, Serialize)]
@@ -150,6 +169,9 @@ pub struct RunReport {
     pub status: ResultClass,
     pub exit: ExitInfo,
     pub limit_fired: Option<Ceiling>,
+    /// Every ceiling the run reached, whether or not it decided the class: a payload that
+    /// handled a refused fork and exited 0 is `ok`, with `pids` here.
+    pub limits_hit: Vec<Ceiling>,
     /// Human-readable cause for runtime faults, unavailable controls and exec failures.
     pub error: Option<String>,
     /// The exit code `airlock run` itself returns (DESIGN.md §4).
@@ -177,6 +199,7 @@ impl RunReport {
             status,
             exit: ExitInfo::default(),
             limit_fired: None,
+            limits_hit: Vec::new(),
             error: Some(error),
             exit_code: 125,
             timings: Timings::default(),

@@ -162,6 +162,31 @@ pub struct CleanupReport {
     pub leftovers: Vec<String>,
 }
 
+/// Most lines [`RunReport::artifacts_of_note`] returns.
+pub const MAX_ARTIFACT_LINES: usize = 10;
+/// Hosts named per denial reason in [`RunReport::summary`].
+const MAX_HOSTS_SHOWN: usize = 3;
+/// Longest host name shown in a summary, in characters of its escaped form.
+const MAX_HOST_CHARS: usize = 80;
+
+/// The text of a record's field. Artifact paths are escaped by the collector and reason
+/// codes are airlock's own; host names are the cell's and are escaped where used.
+fn json_text(value: &serde_json::Value, key: &str) -> String {
+    value
+        .get(key)
+        .and_then(|t| t.as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// `text` cut to [`MAX_HOST_CHARS`] characters.
+fn shortened(text: &str) -> String {
+    match text.char_indices().nth(MAX_HOST_CHARS) {
+        Some((at, _)) => format!("{}...", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
 /// Everything `airlock run` reports about one run.
 #[derive(Debug, Serialize)]
 pub struct RunReport {
@@ -235,6 +260,159 @@ impl RunReport {
                 format!("artifact {path} not delivered ({reason}): {error}")
             })
             .collect()
+    }
+
+    /// One line per declared artifact that policy kept in the cell (too large, a
+    /// symlink, a hard link, ...), and one per artifact that may be cut short by
+    /// `file_size_mb`; undeclared files are only counted in [`RunReport::summary`]. Paths
+    /// are as the collector escaped them; at most [`MAX_ARTIFACT_LINES`] lines.
+    pub fn artifacts_of_note(&self) -> Vec<String> {
+        let rejected = self.artifact_list("rejected").filter_map(|a| {
+            let reason = json_text(a, "reason");
+            (reason != crate::artifacts::reason::UNDECLARED).then(|| {
+                let path = json_text(a, "path");
+                format!("artifact {path} was not delivered ({reason})")
+            })
+        });
+        let truncated = self
+            .artifact_list("kept")
+            .filter(|a| a.get("truncated").and_then(|t| t.as_bool()) == Some(true))
+            .map(|a| {
+                let path = json_text(a, "path");
+                format!(
+                    "artifact {path} is exactly file_size_mb long: a write past it was refused, \
+                     so it may be cut short"
+                )
+            });
+        let mut lines: Vec<String> = rejected.chain(truncated).collect();
+        if lines.len() > MAX_ARTIFACT_LINES {
+            let more = lines.len() - MAX_ARTIFACT_LINES + 1;
+            lines.truncate(MAX_ARTIFACT_LINES - 1);
+            lines.push(format!(
+                "{more} more artifacts of note: see the result's artifacts"
+            ));
+        }
+        lines
+    }
+
+    /// The one line the CLI prints at the end of a run that has something to say beyond
+    /// its exit: the ceiling that fired and those hit, egress denials by reason (with the
+    /// hosts, escaped), artifacts rejected, undelivered or cut short. `None` for a run
+    /// with none of these. The record keeps the full lists.
+    pub fn summary(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if let Some(limit) = self.limit_fired {
+            parts.push(format!("the {} ceiling fired", limit.as_str()));
+        }
+        let hit: Vec<&str> = self
+            .limits_hit
+            .iter()
+            .filter(|c| Some(**c) != self.limit_fired)
+            .map(|c| c.as_str())
+            .collect();
+        if !hit.is_empty() {
+            parts.push(format!("limits hit: {}", hit.join(", ")));
+        }
+        parts.extend(self.egress_summary());
+        parts.extend(self.artifact_summary());
+        if parts.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "{}: exit {}; {}",
+            self.status.as_str(),
+            self.exit_code,
+            parts.join("; ")
+        ))
+    }
+
+    fn egress_summary(&self) -> Option<String> {
+        let denied: Vec<&serde_json::Value> = self
+            .egress
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r.get("decision").and_then(|d| d.as_str()) == Some("denied"))
+            .collect();
+        if denied.is_empty() {
+            return None;
+        }
+        // (reason, attempts, distinct hosts in order of first attempt)
+        let mut reasons: Vec<(String, usize, Vec<String>)> = Vec::new();
+        for record in &denied {
+            let reason = json_text(record, "reason");
+            // The name the payload asked for: anything, a terminal escape included.
+            let host = shortened(&crate::host_files::escaped(
+                json_text(record, "host").as_bytes(),
+            ));
+            let entry = match reasons.iter().position(|(r, _, _)| *r == reason) {
+                Some(i) => &mut reasons[i],
+                None => {
+                    reasons.push((reason, 0, Vec::new()));
+                    reasons.last_mut().expect("just pushed")
+                }
+            };
+            entry.1 += 1;
+            if !host.is_empty() && !entry.2.contains(&host) {
+                entry.2.push(host);
+            }
+        }
+        let by_reason: Vec<String> = reasons
+            .into_iter()
+            .map(|(reason, count, hosts)| {
+                let shown = hosts.len().min(MAX_HOSTS_SHOWN);
+                let mut list = hosts[..shown].join(", ");
+                if hosts.len() > shown {
+                    list.push_str(&format!(" and {} more", hosts.len() - shown));
+                }
+                match list.is_empty() {
+                    true => format!("{reason} x{count}"),
+                    false => format!("{reason} x{count}: {list}"),
+                }
+            })
+            .collect();
+        Some(format!(
+            "egress: {} denied ({})",
+            denied.len(),
+            by_reason.join("; ")
+        ))
+    }
+
+    fn artifact_summary(&self) -> Option<String> {
+        let mut rejected: Vec<(String, usize)> = Vec::new();
+        for artifact in self.artifact_list("rejected") {
+            let reason = json_text(artifact, "reason");
+            match rejected.iter_mut().find(|(r, _)| *r == reason) {
+                Some(entry) => entry.1 += 1,
+                None => rejected.push((reason, 1)),
+            }
+        }
+        let truncated = self
+            .artifact_list("kept")
+            .filter(|a| a.get("truncated").and_then(|t| t.as_bool()) == Some(true))
+            .count();
+        let undelivered = self.artifact_list("undelivered").count();
+        let mut parts = Vec::new();
+        if !rejected.is_empty() {
+            let total: usize = rejected.iter().map(|(_, n)| n).sum();
+            let reasons: Vec<String> = rejected.iter().map(|(r, n)| format!("{r} x{n}")).collect();
+            parts.push(format!("{total} rejected ({})", reasons.join(", ")));
+        }
+        if truncated > 0 {
+            parts.push(format!("{truncated} possibly cut short by file_size_mb"));
+        }
+        if undelivered > 0 {
+            parts.push(format!("{undelivered} undelivered"));
+        }
+        (!parts.is_empty()).then(|| format!("artifacts: {}", parts.join(", ")))
+    }
+
+    fn artifact_list(&self, key: &str) -> impl Iterator<Item = &serde_json::Value> {
+        self.artifacts
+            .get(key)
+            .and_then(|list| list.as_array())
+            .into_iter()
+            .flatten()
     }
 
     /// Records that something the caller asked for was not delivered: `cause` joins the

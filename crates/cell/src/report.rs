@@ -431,7 +431,116 @@ impl RunReport {
 
 #[cfg(test)]
 mod tests {
-    use super::{ResultClass, RunReport};
+    use super::{Ceiling, ResultClass, RunReport};
+    use serde_json::json;
+
+    fn finished(status: ResultClass, exit_code: i32) -> RunReport {
+        let mut report = RunReport::refused("r", status, String::new());
+        report.error = None;
+        report.exit_code = exit_code;
+        report
+    }
+
+    #[test]
+    fn a_run_with_nothing_to_say_has_no_summary() {
+        let mut report = finished(ResultClass::Ok, 0);
+        report.egress = json!([{ "decision": "allowed", "host": "api.test", "reason": null }]);
+        report.artifacts = json!({ "kept": [{ "path": "/output/a", "truncated": false }],
+                                   "rejected": [], "undelivered": [] });
+        assert_eq!(report.summary(), None);
+        assert!(report.artifacts_of_note().is_empty());
+    }
+
+    #[test]
+    fn the_summary_names_the_fired_ceiling_once_and_the_other_hits() {
+        let mut report = finished(ResultClass::CapacityExceeded, 137);
+        report.limit_fired = Some(Ceiling::Memory);
+        report.limits_hit = vec![Ceiling::Memory, Ceiling::Pids];
+        assert_eq!(
+            report.summary().as_deref(),
+            Some("capacity_exceeded: exit 137; the memory ceiling fired; limits hit: pids")
+        );
+    }
+
+    #[test]
+    fn egress_denials_are_counted_by_reason_with_their_hosts_escaped() {
+        let mut report = finished(ResultClass::Ok, 0);
+        let denied = |host: &str, reason: &str| json!({ "decision": "denied", "host": host, "reason": reason });
+        report.egress = json!([
+            denied("evil.test", "egress.not_allowlisted"),
+            denied("evil.test", "egress.not_allowlisted"),
+            denied("\u{1b}[2Jx.test\n", "egress.not_allowlisted"),
+            denied("ten.test", "egress.private_address"),
+        ]);
+        let summary = report.summary().unwrap();
+        assert_eq!(
+            summary,
+            "ok: exit 0; egress: 4 denied (egress.not_allowlisted x3: evil.test, \
+             \\x1B[2Jx.test\\x0A; egress.private_address x1: ten.test)"
+        );
+        assert!(!summary.chars().any(char::is_control));
+    }
+
+    #[test]
+    fn artifacts_that_did_not_leave_or_may_be_cut_short_are_lines_of_their_own() {
+        let mut report = finished(ResultClass::Ok, 0);
+        report.artifacts = json!({
+            "kept": [{ "path": "/output/log", "truncated": true }],
+            "rejected": [
+                { "path": "/output/big", "reason": "artifact.too_large" },
+                { "path": "/output/tmp", "reason": "artifact.undeclared" },
+            ],
+            "undelivered": [],
+        });
+        assert_eq!(
+            report.artifacts_of_note(),
+            [
+                "artifact /output/big was not delivered (artifact.too_large)",
+                "artifact /output/log is exactly file_size_mb long: a write past it was \
+                 refused, so it may be cut short",
+            ]
+        );
+        assert_eq!(
+            report.summary().as_deref(),
+            Some(
+                "ok: exit 0; artifacts: 2 rejected (artifact.too_large x1, \
+                 artifact.undeclared x1), 1 possibly cut short by file_size_mb"
+            )
+        );
+    }
+
+    #[test]
+    fn at_most_ten_artifact_lines_are_printed() {
+        let mut report = finished(ResultClass::Ok, 0);
+        let rejected: Vec<_> = (0..50)
+            .map(|i| json!({ "path": format!("/output/{i}"), "reason": "artifact.symlink" }))
+            .collect();
+        report.artifacts = json!({ "kept": [], "rejected": rejected, "undelivered": [] });
+        let lines = report.artifacts_of_note();
+        assert_eq!(lines.len(), super::MAX_ARTIFACT_LINES);
+        assert_eq!(
+            lines.last().unwrap(),
+            "41 more artifacts of note: see the result's artifacts"
+        );
+    }
+
+    #[test]
+    fn every_ceiling_serialises_as_its_name() {
+        for ceiling in [
+            Ceiling::Memory,
+            Ceiling::Pids,
+            Ceiling::Cpu,
+            Ceiling::WallTime,
+            Ceiling::OutputBytes,
+            Ceiling::Disk,
+            Ceiling::FileSize,
+        ] {
+            assert_eq!(
+                serde_json::to_value(ceiling).unwrap(),
+                json!(ceiling.as_str())
+            );
+        }
+    }
 
     // The spellings themselves are checked against the store's list of finish statuses
     // (crates/airlock/tests/audit_store.rs) and against serde's names below.

@@ -2,10 +2,11 @@
 //! output paths leave the cell, size-capped and sha256-hashed.
 //!
 //! Runs in the supervisor after the payload ended and every other process of the cell was
-//! killed (so nothing changes underneath), while the cell's pid 1 still holds the mount
-//! namespace open. Files are reached through `/proc/<pid1>/root` with `openat2`, which
-//! refuses symlinks and magic links at every step, so a payload cannot point the collector
-//! at a host file.
+//! killed (so nothing changes underneath). The output mounts are opened through
+//! `/proc/<pid1>/root` once the payload runs and held until then ([`OutputMounts`]), so a
+//! cell whose pid 1 died too is still collected. Everything below them is reached with
+//! `openat2`, which refuses symlinks and magic links at every step, so a payload cannot
+//! point the collector at a host file.
 
 use crate::host_files::{escaped, HostDir, WriteRefusal};
 use crate::sys;

@@ -96,11 +96,11 @@ pub const ARTIFACT_UNDELIVERED: &str = "artifact.undelivered";
 /// Event kind of a run whose outputs were not all delivered.
 pub const DELIVERY_FAILED: &str = "delivery.failed";
 
+/// Event kind of a ceiling the run reached without it deciding the run's class.
+pub const LIMIT_HIT: &str = "limit.hit";
+
 fn limit_name(report: &RunReport) -> Option<String> {
-    report
-        .limit_fired
-        .and_then(|l| serde_json::to_value(l).ok())
-        .and_then(|v| v.as_str().map(str::to_owned))
+    report.limit_fired.map(|l| l.as_str().to_string())
 }
 
 /// The run's decisions as events: egress, ceilings, artifacts, errors, cleanup.
@@ -118,6 +118,16 @@ fn events_of(report: &RunReport) -> Vec<(String, Value)> {
         push(
             kinds::LIMIT_FIRED,
             json!({ "limit": limit, "status": report.status.as_str() }),
+        );
+    }
+    for hit in report
+        .limits_hit
+        .iter()
+        .filter(|c| Some(**c) != report.limit_fired)
+    {
+        push(
+            LIMIT_HIT,
+            json!({ "limit": hit.as_str(), "status": report.status.as_str() }),
         );
     }
     for artifact in report

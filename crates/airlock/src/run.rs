@@ -339,16 +339,6 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     }
     if let Some(error) = &report.error {
         eprintln!("airlock: {}: {error}", report.status.as_str());
-    } else if let Some(limit) = report.limit_fired {
-        let limit = serde_json::to_value(limit)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
-        eprintln!(
-            "airlock: {}: the {limit} ceiling fired (exit {})",
-            report.status.as_str(),
-            report.exit_code
-        );
     }
     if audit_error.is_some() {
         // No record could be written, so nothing ran.
@@ -381,6 +371,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         })
     });
     deliver(&args, &plan, &secrets, &mut report, inputs.as_ref());
+    print_summary(&report, &secrets);
     // The plan is already in the run's begin record; the stored result leaves it out, the
     // caller's result file has it.
     let mut stored_result = serde_json::to_value(&report).unwrap_or_default();
@@ -394,6 +385,19 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         return ExitCode::from(125);
     }
     ExitCode::from(report.exit_code.clamp(0, 255) as u8)
+}
+
+/// The end of a run on stderr: a line per artifact of note (declared but rejected, or
+/// cut short), then one line for the ceilings, egress denials and artifacts, so that
+/// none of them passes unseen when the payload exits 0. Redacted like the store.
+fn print_summary(report: &RunReport, secrets: &[String]) {
+    let redactor = airlock_store::Redactor::new(secrets.to_vec());
+    for line in report.artifacts_of_note() {
+        eprintln!("airlock: {}", redactor.text(&line));
+    }
+    if let Some(summary) = report.summary() {
+        eprintln!("airlock: {}", redactor.text(&summary));
+    }
 }
 
 /// Why an allowlist cannot be served: which destinations, and what the operator must add.

@@ -2,10 +2,11 @@
 //! output paths leave the cell, size-capped and sha256-hashed.
 //!
 //! Runs in the supervisor after the payload ended and every other process of the cell was
-//! killed (so nothing changes underneath), while the cell's pid 1 still holds the mount
-//! namespace open. Files are reached through `/proc/<pid1>/root` with `openat2`, which
-//! refuses symlinks and magic links at every step, so a payload cannot point the collector
-//! at a host file.
+//! killed (so nothing changes underneath). The output mounts are opened through
+//! `/proc/<pid1>/root` once the payload runs and held until then ([`OutputMounts`]), so a
+//! cell whose pid 1 died too is still collected. Everything below them is reached with
+//! `openat2`, which refuses symlinks and magic links at every step, so a payload cannot
+//! point the collector at a host file.
 
 use crate::host_files::{escaped, HostDir, WriteRefusal};
 use crate::sys;
@@ -55,6 +56,13 @@ pub struct ArtifactKept {
     pub sha256: String,
     /// Where it was copied to on the host.
     pub stored_at: String,
+    /// The file is exactly as large as the cell's `file_size_mb` allows: a write past
+    /// that size was refused (`RLIMIT_FSIZE`), so its content may be cut short. Its size
+    /// alone cannot tell a file that was cut from one that fits exactly, so both are
+    /// flagged.
+    pub truncated: bool,
+    /// The cell's file had an execute bit: the host copy is `0700` rather than `0600`.
+    pub executable: bool,
 }
 
 /// An artifact refused by policy: it never leaves the cell.
@@ -102,73 +110,157 @@ impl From<CellError> for CopyFailure {
     }
 }
 
-/// Matches a `/`-separated glob where `*` and `?` stay within one path segment. The path
-/// is the cell's bytes: `?` matches one byte, whatever the encoding.
+/// Matches a `/`-separated glob. `*`, `?` and `[...]` stay within one path segment; a
+/// segment that is exactly `**` matches zero or more whole segments (`/output/**` is every
+/// file below `/output`, `/output/**/*.txt` every `.txt` file at any depth). The path is
+/// the cell's bytes: `?` matches one byte, whatever the encoding.
+///
+/// The cost is bounded by the sizes of the pattern and the path (a table over their
+/// segments, and a single-backtrack scan within a segment), never exponential: the
+/// patterns are the contract's, the names are the payload's.
 pub fn glob_matches(pattern: &str, path: &[u8]) -> bool {
-    let segments = |bytes: &'_ [u8]| -> Vec<Vec<u8>> {
-        let start = bytes.iter().position(|b| *b != b'/').unwrap_or(bytes.len());
-        let end = bytes
-            .iter()
-            .rposition(|b| *b != b'/')
-            .map_or(start, |i| i + 1);
-        bytes[start..end.max(start)]
-            .split(|b| *b == b'/')
-            .map(<[u8]>::to_vec)
-            .collect()
-    };
     let (pattern, path) = (segments(pattern.as_bytes()), segments(path));
-    pattern.len() == path.len()
-        && pattern
-            .iter()
-            .zip(&path)
-            .all(|(p, s)| segment_matches(p, s))
+    // `reached[j]`: the pattern's segments so far match the path's first `j` segments.
+    let mut reached = vec![false; path.len() + 1];
+    reached[0] = true;
+    for glob in &pattern {
+        let mut next = vec![false; path.len() + 1];
+        if *glob == b"**" {
+            let mut any = false;
+            for (j, slot) in next.iter_mut().enumerate() {
+                any |= reached[j];
+                *slot = any;
+            }
+        } else {
+            for j in 1..=path.len() {
+                next[j] = reached[j - 1] && segment_matches(glob, path[j - 1]);
+            }
+        }
+        reached = next;
+    }
+    reached[path.len()]
 }
 
-fn segment_matches(pattern: &[u8], text: &[u8]) -> bool {
-    match (pattern.first(), text.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => {
-            segment_matches(&pattern[1..], text)
-                || (!text.is_empty() && segment_matches(pattern, &text[1..]))
+/// The segments of a `/`-separated path, without leading or trailing slashes.
+fn segments(bytes: &[u8]) -> Vec<&[u8]> {
+    let start = bytes.iter().position(|b| *b != b'/').unwrap_or(bytes.len());
+    let end = bytes
+        .iter()
+        .rposition(|b| *b != b'/')
+        .map_or(start, |i| i + 1);
+    bytes[start..end.max(start)].split(|b| *b == b'/').collect()
+}
+
+/// One element of a segment's pattern; everything but `*` matches exactly one byte.
+enum Token<'a> {
+    Star,
+    Any,
+    Class { set: &'a [u8], negated: bool },
+    Byte(u8),
+}
+
+impl Token<'_> {
+    fn matches(&self, c: u8) -> bool {
+        match self {
+            Token::Star => true,
+            Token::Any => true,
+            Token::Class { set, negated } => class_contains(set, c) != *negated,
+            Token::Byte(b) => *b == c,
         }
-        (Some(b'?'), Some(_)) => segment_matches(&pattern[1..], &text[1..]),
-        (Some(b'['), Some(c)) => match class_matches(&pattern[1..], *c) {
-            Some((true, rest)) => segment_matches(rest, &text[1..]),
-            Some((false, _)) => false,
-            // An unclosed `[` is a literal.
-            None => *c == b'[' && segment_matches(&pattern[1..], &text[1..]),
-        },
-        (Some(p), Some(t)) if p == t => segment_matches(&pattern[1..], &text[1..]),
-        _ => false,
     }
 }
 
-/// Matches `c` against a class body (`abc]`, `a-z]`, `!x]`); returns whether it matched
-/// and the pattern after the closing `]`, or `None` when there is no `]`.
-fn class_matches(body: &[u8], c: u8) -> Option<(bool, &[u8])> {
-    let (negated, body) = match body.first() {
-        Some(b'!') | Some(b'^') => (true, &body[1..]),
-        _ => (false, body),
+fn tokens(pattern: &[u8]) -> Vec<Token<'_>> {
+    let mut out = Vec::with_capacity(pattern.len());
+    let mut i = 0;
+    while i < pattern.len() {
+        let token = match pattern[i] {
+            b'*' => Token::Star,
+            b'?' => Token::Any,
+            b'[' => match class_at(&pattern[i + 1..]) {
+                Some((token, used)) => {
+                    out.push(token);
+                    i += 1 + used;
+                    continue;
+                }
+                // An unclosed `[` is a literal.
+                None => Token::Byte(b'['),
+            },
+            b => Token::Byte(b),
+        };
+        out.push(token);
+        i += 1;
+    }
+    out
+}
+
+/// The class whose body (after `[`) starts `body` (`abc]`, `a-z]`, `!x]`) and how many
+/// bytes it takes, `]` included; `None` when there is no `]`.
+fn class_at(body: &[u8]) -> Option<(Token<'_>, usize)> {
+    let (negated, skip) = match body.first() {
+        Some(b'!') | Some(b'^') => (true, 1),
+        _ => (false, 0),
     };
-    let close = body.iter().skip(1).position(|b| *b == b']')? + 1;
-    let (set, rest) = (&body[..close], &body[close + 1..]);
-    let mut found = false;
+    let set_start = &body[skip..];
+    // A `]` right after the opening (or its `!`) is a member, not the end.
+    let close = set_start.iter().skip(1).position(|b| *b == b']')? + 1;
+    let set = &set_start[..close];
+    Some((Token::Class { set, negated }, skip + close + 1))
+}
+
+fn class_contains(set: &[u8], c: u8) -> bool {
     let mut i = 0;
     while i < set.len() {
         if i + 2 < set.len() && set[i + 1] == b'-' {
-            found |= (set[i]..=set[i + 2]).contains(&c);
+            if (set[i]..=set[i + 2]).contains(&c) {
+                return true;
+            }
             i += 3;
         } else {
-            found |= set[i] == c;
+            if set[i] == c {
+                return true;
+            }
             i += 1;
         }
     }
-    Some((found != negated, rest))
+    false
+}
+
+/// Matches one segment: the classic wildcard scan that, on a mismatch, only ever retries
+/// from the last `*` (one byte further each time), so at most |pattern| x |text| steps.
+fn segment_matches(pattern: &[u8], text: &[u8]) -> bool {
+    let tokens = tokens(pattern);
+    let (mut t, mut s) = (0, 0);
+    // The token after the last `*` seen and the text position that `*` resumes from.
+    let mut retry: Option<(usize, usize)> = None;
+    while s < text.len() {
+        match tokens.get(t) {
+            Some(Token::Star) => {
+                retry = Some((t + 1, s));
+                t += 1;
+            }
+            Some(token) if token.matches(text[s]) => {
+                t += 1;
+                s += 1;
+            }
+            _ => match retry {
+                Some((after_star, from)) => {
+                    retry = Some((after_star, from + 1));
+                    t = after_star;
+                    s = from + 1;
+                }
+                None => return false,
+            },
+        }
+    }
+    tokens[t..].iter().all(|token| matches!(token, Token::Star))
 }
 
 struct Collector<'a> {
     request: &'a ArtifactRequest,
     globs: &'a [String],
+    /// The cell's `RLIMIT_FSIZE`: a file of exactly this size may have been cut short.
+    file_size_limit: u64,
     report: ArtifactReport,
     entries: usize,
     total_bytes: u64,
@@ -177,52 +269,101 @@ struct Collector<'a> {
     output: Option<Result<HostDir, (WriteRefusal, String)>>,
 }
 
-/// Collects the plan's declared artifacts from the cell whose pid 1 is `pid1`.
-pub fn collect(pid1: libc::pid_t, plan: &CellPlan, request: &ArtifactRequest) -> serde_json::Value {
+/// The writable mounts of a cell that hold declared outputs, opened through its root.
+///
+/// Opened once the payload runs (the cell's mounts are all in place by then, and a
+/// payload cannot move or unmount them), and held until collection: an open directory
+/// keeps its tmpfs alive and reachable after the cell's pid 1 and its mount namespace are
+/// gone, so the outputs of a cell killed as a whole (a memory kill that takes pid 1 too,
+/// or a group OOM kill on cgroup v2) are still validated and collected.
+#[derive(Default)]
+pub struct OutputMounts {
+    /// `(cell path of the mount, its root directory)`.
+    dirs: Vec<(Vec<u8>, OwnedFd)>,
+    /// Why the cell's root could not be opened, if it could not.
+    unreadable: Option<String>,
+}
+
+impl OutputMounts {
+    /// Opens the writable paths of `plan` that hold declared outputs, in the cell whose
+    /// pid 1 is `pid1` (which must be alive).
+    pub fn open(pid1: libc::pid_t, plan: &CellPlan) -> OutputMounts {
+        let cell_root = format!("/proc/{pid1}/root");
+        let root = match File::open(&cell_root) {
+            Ok(root) => root,
+            Err(err) => {
+                return OutputMounts {
+                    dirs: Vec::new(),
+                    unreadable: Some(format!("{cell_root}: {err}")),
+                }
+            }
+        };
+        let dirs = output_mount_targets(plan)
+            .filter_map(|target| {
+                let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+                sys::open_no_symlinks(root.as_fd(), target, flags, true)
+                    .ok()
+                    .map(|dir| (target.as_os_str().as_bytes().to_vec(), dir))
+            })
+            .collect();
+        OutputMounts {
+            dirs,
+            unreadable: None,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dirs.is_empty() && self.unreadable.is_none()
+    }
+}
+
+/// The writable paths of `plan` that some output glob lies inside.
+fn output_mount_targets(plan: &CellPlan) -> impl Iterator<Item = &Path> {
+    plan.mounts.iter().filter_map(|mount| {
+        let MountPlan::WritableTmpfs { target, .. } = mount else {
+            return None;
+        };
+        let prefix = target.as_os_str().as_bytes();
+        let holds_outputs = plan.output_allowlist.iter().any(|g| {
+            g.as_bytes().starts_with(prefix) && g.as_bytes().get(prefix.len()) == Some(&b'/')
+        });
+        holds_outputs.then_some(target.as_path())
+    })
+}
+
+/// Collects the plan's declared artifacts from `mounts`. Nothing of the cell may run any
+/// more (its payload ended and every other process was killed), so nothing changes
+/// underneath.
+pub fn collect(
+    mounts: &OutputMounts,
+    plan: &CellPlan,
+    request: &ArtifactRequest,
+) -> ArtifactReport {
     let mut collector = Collector {
         request,
         globs: &plan.output_allowlist,
+        file_size_limit: plan.limits.file_size_bytes,
         report: ArtifactReport::default(),
         entries: 0,
         total_bytes: 0,
         output: None,
     };
-    let cell_root = format!("/proc/{pid1}/root");
-    match File::open(&cell_root) {
-        Ok(root) => collector.walk_outputs(plan, root.into()),
-        Err(err) => collector.report.rejected.push(ArtifactRejection {
-            path: format!("{cell_root}: {err}"),
+    if let Some(error) = &mounts.unreadable {
+        collector.report.rejected.push(ArtifactRejection {
+            path: escaped(error.as_bytes()),
             reason: reason::UNREADABLE,
-        }),
+        });
     }
-    serde_json::to_value(collector.report).unwrap_or_default()
+    for (prefix, dir) in &mounts.dirs {
+        match dir.try_clone() {
+            Ok(dir) => collector.walk(dir, prefix, 0),
+            Err(_) => collector.reject(prefix, reason::UNREADABLE),
+        }
+    }
+    collector.report
 }
 
 impl Collector<'_> {
-    /// Walks the writable paths that hold declared outputs.
-    fn walk_outputs(&mut self, plan: &CellPlan, root: OwnedFd) {
-        for mount in &plan.mounts {
-            let MountPlan::WritableTmpfs { target, .. } = mount else {
-                continue;
-            };
-            let prefix = target.as_os_str().as_bytes();
-            let holds_outputs = plan.output_allowlist.iter().any(|g| {
-                g.as_bytes().starts_with(prefix) && g.as_bytes().get(prefix.len()) == Some(&b'/')
-            });
-            if !holds_outputs {
-                continue;
-            }
-            if let Ok(dir) = sys::open_no_symlinks(
-                root.as_fd(),
-                target,
-                libc::O_RDONLY | libc::O_DIRECTORY,
-                true,
-            ) {
-                self.walk(dir, prefix, 0);
-            }
-        }
-    }
-
     fn reject(&mut self, path: &[u8], reason: &'static str) {
         self.report.rejected.push(ArtifactRejection {
             path: escaped(path),
@@ -356,6 +497,12 @@ impl Collector<'_> {
         }
         let host_dir = self.destination_dir(cell_path)?;
         let mut out = host_dir.new_file(name)?;
+        // Only the owner's execute bit, and never setuid, setgid or sticky: the copy is
+        // the caller's to run, not anyone else's.
+        let executable = meta.mode() & 0o111 != 0;
+        if executable {
+            out.make_executable()?;
+        }
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 64 * 1024];
         let mut size = 0u64;
@@ -385,6 +532,8 @@ impl Collector<'_> {
             size_bytes: size,
             sha256: hex::encode(hasher.finalize()),
             stored_at: escaped(stored_at.as_os_str().as_bytes()),
+            truncated: self.file_size_limit > 0 && size == self.file_size_limit,
+            executable,
         })
     }
 }
@@ -414,5 +563,59 @@ mod tests {
         assert!(glob_matches("/output/n?", b"/output/n\xfe"));
         assert!(!glob_matches("/output/n?", b"/output/n\xc3\xa9"));
         assert!(!glob_matches("/output/*", b"/output/sub/n\xff"));
+    }
+
+    #[test]
+    fn a_double_star_segment_matches_any_depth_below_its_prefix() {
+        let glob_matches = |p: &str, s: &str| glob_matches(p, s.as_bytes());
+        assert!(glob_matches("/output/**", "/output/a/b/c.txt"));
+        assert!(glob_matches("/output/**", "/output/x"));
+        assert!(glob_matches("/output/**/*.txt", "/output/c.txt"));
+        assert!(glob_matches("/output/**/*.txt", "/output/a/b/c.txt"));
+        assert!(!glob_matches("/output/**/*.txt", "/output/a/b/c.pdf"));
+        assert!(glob_matches("/output/a/**/z", "/output/a/z"));
+        assert!(glob_matches("/output/a/**/z", "/output/a/b/c/z"));
+        assert!(!glob_matches("/output/a/**/z", "/output/b/z"));
+        // Only a whole segment is `**`; within a segment two stars are one.
+        assert!(!glob_matches("/output/a**", "/output/ab/c"));
+        assert!(glob_matches("/output/a**", "/output/abc"));
+    }
+
+    #[test]
+    fn a_double_star_never_reaches_outside_its_prefix() {
+        let glob_matches = |p: &str, s: &str| glob_matches(p, s.as_bytes());
+        assert!(!glob_matches("/output/**", "/tmp/a"));
+        assert!(!glob_matches("/output/**", "/outputs/a"));
+        assert!(!glob_matches("/output/**", "/tmp/output/a"));
+        assert!(!glob_matches("/output/**/x", "/tmp/output/x"));
+    }
+
+    #[test]
+    fn hostile_patterns_and_names_are_matched_in_bounded_time() {
+        let started = std::time::Instant::now();
+        let name = format!("/output/{}", "a".repeat(200));
+        let stars = format!("/output/{}b", "*a".repeat(40));
+        assert!(!glob_matches(&stars, name.as_bytes()));
+        let deep = format!("/output/{}x", "a/".repeat(32));
+        let double_stars = format!("/output/{}y", "**/".repeat(40));
+        assert!(!glob_matches(&double_stars, deep.as_bytes()));
+        let mixed = format!("/output/{}*b", "**/*a*a*a*/".repeat(16));
+        assert!(!glob_matches(&mixed, deep.as_bytes()));
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(500),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn classes_keep_their_rules() {
+        let glob_matches = |p: &str, s: &str| glob_matches(p, s.as_bytes());
+        assert!(glob_matches("/output/[]x]", "/output/]"));
+        assert!(glob_matches("/output/[!]]", "/output/a"));
+        assert!(!glob_matches("/output/[!]]", "/output/]"));
+        assert!(glob_matches("/output/a[", "/output/a["));
+        assert!(glob_matches("/output/*[0-9]", "/output/report7"));
+        assert!(!glob_matches("/output/*[0-9]", "/output/report"));
     }
 }

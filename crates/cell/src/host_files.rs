@@ -33,6 +33,8 @@ use std::path::{Path, PathBuf};
 /// Files airlock creates are readable by their owner only: artifacts and records may hold
 /// whatever the payload or its contract had (the umask can only narrow this further).
 pub const FILE_MODE: u32 = 0o600;
+/// An artifact whose file in the cell was executable: still its owner's only.
+pub const EXECUTABLE_FILE_MODE: u32 = 0o700;
 /// Directories airlock creates below an output directory.
 pub const DIR_MODE: u32 = 0o700;
 
@@ -312,6 +314,16 @@ pub struct NewFile<'a> {
 }
 
 impl NewFile<'_> {
+    /// Gives the file [`EXECUTABLE_FILE_MODE`] (set on the descriptor, so the umask does
+    /// not narrow it and nothing else is touched).
+    pub fn make_executable(&self) -> Result<(), CellError> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.dir.path.join(&self.name);
+        self.file
+            .set_permissions(std::fs::Permissions::from_mode(EXECUTABLE_FILE_MODE))
+            .map_err(|e| host_write(&path, WriteRefusal::WriteFailed, e))
+    }
+
     /// Flushes the content to disk and gives the file its name, unless something is
     /// already there. Returns the file's path.
     pub fn commit(mut self) -> Result<PathBuf, CellError> {
@@ -415,6 +427,17 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn an_executable_new_file_is_0700_whatever_the_umask() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = HostDir::open_or_create(&tmp.path().join("out")).unwrap();
+        let mut file = dir.new_file(OsStr::new("run.sh")).unwrap();
+        file.write_all(b"#!/bin/sh\n").unwrap();
+        file.make_executable().unwrap();
+        let path = file.commit().unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o700);
     }
 
     #[test]

@@ -75,7 +75,9 @@ impl ResultClass {
     }
 }
 
-/// Which ceiling ended or marked the run.
+/// A ceiling of the contract. `limit_fired` names the one that decided the run's class
+/// (it killed something, or the payload failed after hitting it); `limits_hit` every one
+/// the run reached, fatal or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Ceiling {
@@ -85,6 +87,23 @@ pub enum Ceiling {
     WallTime,
     OutputBytes,
     Disk,
+    /// `file_size_mb` (`RLIMIT_FSIZE`): a write past it was refused (`EFBIG`) or killed
+    /// its writer (`SIGXFSZ`).
+    FileSize,
+}
+
+impl Ceiling {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ceiling::Memory => "memory",
+            Ceiling::Pids => "pids",
+            Ceiling::Cpu => "cpu",
+            Ceiling::WallTime => "wall_time",
+            Ceiling::OutputBytes => "output_bytes",
+            Ceiling::Disk => "disk",
+            Ceiling::FileSize => "file_size",
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, Serialize)]
@@ -143,6 +162,31 @@ pub struct CleanupReport {
     pub leftovers: Vec<String>,
 }
 
+/// Most lines [`RunReport::artifacts_of_note`] returns.
+pub const MAX_ARTIFACT_LINES: usize = 10;
+/// Hosts named per denial reason in [`RunReport::summary`].
+const MAX_HOSTS_SHOWN: usize = 3;
+/// Longest host name shown in a summary, in characters of its escaped form.
+const MAX_HOST_CHARS: usize = 80;
+
+/// The text of a record's field. Artifact paths are escaped by the collector and reason
+/// codes are airlock's own; host names are the cell's and are escaped where used.
+fn json_text(value: &serde_json::Value, key: &str) -> String {
+    value
+        .get(key)
+        .and_then(|t| t.as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// `text` cut to [`MAX_HOST_CHARS`] characters.
+fn shortened(text: &str) -> String {
+    match text.char_indices().nth(MAX_HOST_CHARS) {
+        Some((at, _)) => format!("{}...", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
 /// Everything `airlock run` reports about one run.
 #[derive(Debug, Serialize)]
 pub struct RunReport {
@@ -150,6 +194,9 @@ pub struct RunReport {
     pub status: ResultClass,
     pub exit: ExitInfo,
     pub limit_fired: Option<Ceiling>,
+    /// Every ceiling the run reached, whether or not it decided the class: a payload that
+    /// handled a refused fork and exited 0 is `ok`, with `pids` here.
+    pub limits_hit: Vec<Ceiling>,
     /// Human-readable cause for runtime faults, unavailable controls and exec failures.
     pub error: Option<String>,
     /// The exit code `airlock run` itself returns (DESIGN.md §4).
@@ -177,6 +224,7 @@ impl RunReport {
             status,
             exit: ExitInfo::default(),
             limit_fired: None,
+            limits_hit: Vec::new(),
             error: Some(error),
             exit_code: 125,
             timings: Timings::default(),
@@ -214,6 +262,159 @@ impl RunReport {
             .collect()
     }
 
+    /// One line per declared artifact that policy kept in the cell (too large, a
+    /// symlink, a hard link, ...), and one per artifact that may be cut short by
+    /// `file_size_mb`; undeclared files are only counted in [`RunReport::summary`]. Paths
+    /// are as the collector escaped them; at most [`MAX_ARTIFACT_LINES`] lines.
+    pub fn artifacts_of_note(&self) -> Vec<String> {
+        let rejected = self.artifact_list("rejected").filter_map(|a| {
+            let reason = json_text(a, "reason");
+            (reason != crate::artifacts::reason::UNDECLARED).then(|| {
+                let path = json_text(a, "path");
+                format!("artifact {path} was not delivered ({reason})")
+            })
+        });
+        let truncated = self
+            .artifact_list("kept")
+            .filter(|a| a.get("truncated").and_then(|t| t.as_bool()) == Some(true))
+            .map(|a| {
+                let path = json_text(a, "path");
+                format!(
+                    "artifact {path} is exactly file_size_mb long: a write past it was refused, \
+                     so it may be cut short"
+                )
+            });
+        let mut lines: Vec<String> = rejected.chain(truncated).collect();
+        if lines.len() > MAX_ARTIFACT_LINES {
+            let more = lines.len() - MAX_ARTIFACT_LINES + 1;
+            lines.truncate(MAX_ARTIFACT_LINES - 1);
+            lines.push(format!(
+                "{more} more artifacts of note: see the result's artifacts"
+            ));
+        }
+        lines
+    }
+
+    /// The one line the CLI prints at the end of a run that has something to say beyond
+    /// its exit: the ceiling that fired and those hit, egress denials by reason (with the
+    /// hosts, escaped), artifacts rejected, undelivered or cut short. `None` for a run
+    /// with none of these. The record keeps the full lists.
+    pub fn summary(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if let Some(limit) = self.limit_fired {
+            parts.push(format!("the {} ceiling fired", limit.as_str()));
+        }
+        let hit: Vec<&str> = self
+            .limits_hit
+            .iter()
+            .filter(|c| Some(**c) != self.limit_fired)
+            .map(|c| c.as_str())
+            .collect();
+        if !hit.is_empty() {
+            parts.push(format!("limits hit: {}", hit.join(", ")));
+        }
+        parts.extend(self.egress_summary());
+        parts.extend(self.artifact_summary());
+        if parts.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "{}: exit {}; {}",
+            self.status.as_str(),
+            self.exit_code,
+            parts.join("; ")
+        ))
+    }
+
+    fn egress_summary(&self) -> Option<String> {
+        let denied: Vec<&serde_json::Value> = self
+            .egress
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r.get("decision").and_then(|d| d.as_str()) == Some("denied"))
+            .collect();
+        if denied.is_empty() {
+            return None;
+        }
+        // (reason, attempts, distinct hosts in order of first attempt)
+        let mut reasons: Vec<(String, usize, Vec<String>)> = Vec::new();
+        for record in &denied {
+            let reason = json_text(record, "reason");
+            // The name the payload asked for: anything, a terminal escape included.
+            let host = shortened(&crate::host_files::escaped(
+                json_text(record, "host").as_bytes(),
+            ));
+            let entry = match reasons.iter().position(|(r, _, _)| *r == reason) {
+                Some(i) => &mut reasons[i],
+                None => {
+                    reasons.push((reason, 0, Vec::new()));
+                    reasons.last_mut().expect("just pushed")
+                }
+            };
+            entry.1 += 1;
+            if !host.is_empty() && !entry.2.contains(&host) {
+                entry.2.push(host);
+            }
+        }
+        let by_reason: Vec<String> = reasons
+            .into_iter()
+            .map(|(reason, count, hosts)| {
+                let shown = hosts.len().min(MAX_HOSTS_SHOWN);
+                let mut list = hosts[..shown].join(", ");
+                if hosts.len() > shown {
+                    list.push_str(&format!(" and {} more", hosts.len() - shown));
+                }
+                match list.is_empty() {
+                    true => format!("{reason} x{count}"),
+                    false => format!("{reason} x{count}: {list}"),
+                }
+            })
+            .collect();
+        Some(format!(
+            "egress: {} denied ({})",
+            denied.len(),
+            by_reason.join("; ")
+        ))
+    }
+
+    fn artifact_summary(&self) -> Option<String> {
+        let mut rejected: Vec<(String, usize)> = Vec::new();
+        for artifact in self.artifact_list("rejected") {
+            let reason = json_text(artifact, "reason");
+            match rejected.iter_mut().find(|(r, _)| *r == reason) {
+                Some(entry) => entry.1 += 1,
+                None => rejected.push((reason, 1)),
+            }
+        }
+        let truncated = self
+            .artifact_list("kept")
+            .filter(|a| a.get("truncated").and_then(|t| t.as_bool()) == Some(true))
+            .count();
+        let undelivered = self.artifact_list("undelivered").count();
+        let mut parts = Vec::new();
+        if !rejected.is_empty() {
+            let total: usize = rejected.iter().map(|(_, n)| n).sum();
+            let reasons: Vec<String> = rejected.iter().map(|(r, n)| format!("{r} x{n}")).collect();
+            parts.push(format!("{total} rejected ({})", reasons.join(", ")));
+        }
+        if truncated > 0 {
+            parts.push(format!("{truncated} possibly cut short by file_size_mb"));
+        }
+        if undelivered > 0 {
+            parts.push(format!("{undelivered} undelivered"));
+        }
+        (!parts.is_empty()).then(|| format!("artifacts: {}", parts.join(", ")))
+    }
+
+    fn artifact_list(&self, key: &str) -> impl Iterator<Item = &serde_json::Value> {
+        self.artifacts
+            .get(key)
+            .and_then(|list| list.as_array())
+            .into_iter()
+            .flatten()
+    }
+
     /// Records that something the caller asked for was not delivered: `cause` joins the
     /// error, and the class and exit code follow [`ResultClass::after_delivery_failure`].
     pub fn mark_delivery_failed(&mut self, cause: String) {
@@ -230,7 +431,116 @@ impl RunReport {
 
 #[cfg(test)]
 mod tests {
-    use super::{ResultClass, RunReport};
+    use super::{Ceiling, ResultClass, RunReport};
+    use serde_json::json;
+
+    fn finished(status: ResultClass, exit_code: i32) -> RunReport {
+        let mut report = RunReport::refused("r", status, String::new());
+        report.error = None;
+        report.exit_code = exit_code;
+        report
+    }
+
+    #[test]
+    fn a_run_with_nothing_to_say_has_no_summary() {
+        let mut report = finished(ResultClass::Ok, 0);
+        report.egress = json!([{ "decision": "allowed", "host": "api.test", "reason": null }]);
+        report.artifacts = json!({ "kept": [{ "path": "/output/a", "truncated": false }],
+                                   "rejected": [], "undelivered": [] });
+        assert_eq!(report.summary(), None);
+        assert!(report.artifacts_of_note().is_empty());
+    }
+
+    #[test]
+    fn the_summary_names_the_fired_ceiling_once_and_the_other_hits() {
+        let mut report = finished(ResultClass::CapacityExceeded, 137);
+        report.limit_fired = Some(Ceiling::Memory);
+        report.limits_hit = vec![Ceiling::Memory, Ceiling::Pids];
+        assert_eq!(
+            report.summary().as_deref(),
+            Some("capacity_exceeded: exit 137; the memory ceiling fired; limits hit: pids")
+        );
+    }
+
+    #[test]
+    fn egress_denials_are_counted_by_reason_with_their_hosts_escaped() {
+        let mut report = finished(ResultClass::Ok, 0);
+        let denied = |host: &str, reason: &str| json!({ "decision": "denied", "host": host, "reason": reason });
+        report.egress = json!([
+            denied("evil.test", "egress.not_allowlisted"),
+            denied("evil.test", "egress.not_allowlisted"),
+            denied("\u{1b}[2Jx.test\n", "egress.not_allowlisted"),
+            denied("ten.test", "egress.private_address"),
+        ]);
+        let summary = report.summary().unwrap();
+        assert_eq!(
+            summary,
+            "ok: exit 0; egress: 4 denied (egress.not_allowlisted x3: evil.test, \
+             \\x1B[2Jx.test\\x0A; egress.private_address x1: ten.test)"
+        );
+        assert!(!summary.chars().any(char::is_control));
+    }
+
+    #[test]
+    fn artifacts_that_did_not_leave_or_may_be_cut_short_are_lines_of_their_own() {
+        let mut report = finished(ResultClass::Ok, 0);
+        report.artifacts = json!({
+            "kept": [{ "path": "/output/log", "truncated": true }],
+            "rejected": [
+                { "path": "/output/big", "reason": "artifact.too_large" },
+                { "path": "/output/tmp", "reason": "artifact.undeclared" },
+            ],
+            "undelivered": [],
+        });
+        assert_eq!(
+            report.artifacts_of_note(),
+            [
+                "artifact /output/big was not delivered (artifact.too_large)",
+                "artifact /output/log is exactly file_size_mb long: a write past it was \
+                 refused, so it may be cut short",
+            ]
+        );
+        assert_eq!(
+            report.summary().as_deref(),
+            Some(
+                "ok: exit 0; artifacts: 2 rejected (artifact.too_large x1, \
+                 artifact.undeclared x1), 1 possibly cut short by file_size_mb"
+            )
+        );
+    }
+
+    #[test]
+    fn at_most_ten_artifact_lines_are_printed() {
+        let mut report = finished(ResultClass::Ok, 0);
+        let rejected: Vec<_> = (0..50)
+            .map(|i| json!({ "path": format!("/output/{i}"), "reason": "artifact.symlink" }))
+            .collect();
+        report.artifacts = json!({ "kept": [], "rejected": rejected, "undelivered": [] });
+        let lines = report.artifacts_of_note();
+        assert_eq!(lines.len(), super::MAX_ARTIFACT_LINES);
+        assert_eq!(
+            lines.last().unwrap(),
+            "41 more artifacts of note: see the result's artifacts"
+        );
+    }
+
+    #[test]
+    fn every_ceiling_serialises_as_its_name() {
+        for ceiling in [
+            Ceiling::Memory,
+            Ceiling::Pids,
+            Ceiling::Cpu,
+            Ceiling::WallTime,
+            Ceiling::OutputBytes,
+            Ceiling::Disk,
+            Ceiling::FileSize,
+        ] {
+            assert_eq!(
+                serde_json::to_value(ceiling).unwrap(),
+                json!(ceiling.as_str())
+            );
+        }
+    }
 
     // The spellings themselves are checked against the store's list of finish statuses
     // (crates/airlock/tests/audit_store.rs) and against serde's names below.

@@ -289,7 +289,10 @@ struct Observed {
     pid1_status: Option<i32>,
     rusage: Option<libc::rusage>,
     egress_error: Option<String>,
-    artifacts: serde_json::Value,
+    artifacts: Option<artifacts::ArtifactReport>,
+    /// The output mounts, held from the payload's start until the artifacts are
+    /// collected (see [`artifacts::OutputMounts`]).
+    output_mounts: artifacts::OutputMounts,
     run_id: String,
     released_ms: f64,
     ended_at: Option<Instant>,
@@ -466,7 +469,7 @@ fn start_and_supervise(
             Err(CellError::Refused(err))
         }
     };
-    finish_run(options, &layout, cgroup, result, milestones)
+    finish_run(plan, options, &layout, cgroup, result, milestones)
 }
 
 /// The last reference to the cell's mount namespace, held by a helper thread until the
@@ -512,6 +515,7 @@ impl CellMounts {
 
 /// Tears the cell's cgroup down and turns what was observed into the report.
 fn finish_run(
+    plan: &CellPlan,
     options: &mut RunOptions<'_>,
     layout: &CgroupLayout,
     cgroup: CellCgroup,
@@ -534,7 +538,8 @@ fn finish_run(
             .into_iter()
             .map(|d| format!("cgroup {}", d.display())),
     );
-    let (observed, output, stale_cgroups_left) = result?;
+    let (mut observed, output, stale_cgroups_left) = result?;
+    collect_after_cell_died(plan, options, &mut observed);
     let egress = options.egress.as_mut().map(|session| session.finish());
     let mut report = classify(options, observed, output, usage_counters, egress);
     report.cgroup_version = Some(layout.version());
@@ -845,6 +850,7 @@ impl Supervision<'_> {
             }
             if ready(2) {
                 self.read_exec_notification();
+                self.hold_output_mounts(options);
             }
             if ready(3) {
                 self.read_message(options)?;
@@ -1019,6 +1025,15 @@ impl Supervision<'_> {
         }
     }
 
+    /// Once the payload runs, the cell's mounts are final: opens the ones that hold
+    /// declared outputs, so they can be collected even if pid 1 dies with the payload.
+    fn hold_output_mounts(&mut self, options: &RunOptions<'_>) {
+        let running = self.observed.exec_done_at.is_some();
+        if running && wanted_artifacts(self.plan, options).is_some() {
+            self.observed.output_mounts = artifacts::OutputMounts::open(self.pid, self.plan);
+        }
+    }
+
     /// EOF on the notification pipe means the payload's exec closed its last write end
     /// (or the cell died before exec: then a launch failure explains the run and the time
     /// is not reported). Data means exec failed and says why.
@@ -1072,12 +1087,14 @@ impl Supervision<'_> {
             }
             protocol::ENDED => {
                 self.observed.ended = serde_json::from_slice(body).ok();
-                if let Some(request) = options
-                    .artifacts
-                    .as_ref()
-                    .filter(|_| !self.plan.output_allowlist.is_empty())
-                {
-                    self.observed.artifacts = artifacts::collect(self.pid, self.plan, request);
+                if let Some(request) = wanted_artifacts(self.plan, options) {
+                    if self.observed.output_mounts.is_empty() {
+                        // The payload's exec failed: nothing was held, pid 1 is alive.
+                        self.observed.output_mounts =
+                            artifacts::OutputMounts::open(self.pid, self.plan);
+                    }
+                    let mounts = std::mem::take(&mut self.observed.output_mounts);
+                    self.observed.artifacts = Some(artifacts::collect(&mounts, self.plan, request));
                     if let Some(sync) = &self.sync {
                         let _ = sys::send_with_fds(sync.as_fd(), &[protocol::COLLECTED], &[]);
                     }
@@ -1089,8 +1106,31 @@ impl Supervision<'_> {
     }
 }
 
-/// Picks the one class of the run from what was observed. Order matters: a run that hit
-/// the deadline is a wall-time run even if it also filled its disk.
+/// What the caller asked to collect, if the plan declares any outputs.
+fn wanted_artifacts<'o>(
+    plan: &CellPlan,
+    options: &'o RunOptions<'_>,
+) -> Option<&'o ArtifactRequest> {
+    options
+        .artifacts
+        .as_ref()
+        .filter(|_| !plan.output_allowlist.is_empty())
+}
+
+/// Collects the artifacts of a cell whose pid 1 died before it could report the
+/// payload's end (a memory kill of the whole cell), through the mounts held since the
+/// payload started. Called once the cgroup is empty: nothing of the cell runs any more.
+fn collect_after_cell_died(plan: &CellPlan, options: &RunOptions<'_>, observed: &mut Observed) {
+    if observed.artifacts.is_some() || observed.output_mounts.is_empty() {
+        return;
+    }
+    if let Some(request) = wanted_artifacts(plan, options) {
+        let mounts = std::mem::take(&mut observed.output_mounts);
+        observed.artifacts = Some(artifacts::collect(&mounts, plan, request));
+    }
+}
+
+/// Picks the one class of the run from what was observed.
 fn classify(
     options: &RunOptions<'_>,
     observed: Observed,
@@ -1104,97 +1144,17 @@ fn classify(
         .filter(|_| observed.launch_failure.is_none() && observed.exec_error.is_none())
         .map_or(0.0, |t| (t - options.started).as_secs_f64() * 1000.0);
     let egress = egress.unwrap_or_default();
-    let wait_status = observed.ended.as_ref().map(|e| e.wait_status);
-    // When the whole cell was killed (deadline, or a v2 group OOM kill), pid 1 could not
-    // report the payload's status; the signal that killed pid 1 took the payload too.
-    let pid1_killed = observed.pid1_status.filter(|s| libc::WIFSIGNALED(*s));
-    let exit = match wait_status.or(pid1_killed) {
-        Some(s) if libc::WIFEXITED(s) => ExitInfo {
-            code: Some(libc::WEXITSTATUS(s)),
-            signal: None,
-        },
-        Some(s) if libc::WIFSIGNALED(s) => ExitInfo {
-            code: None,
-            signal: Some(libc::WTERMSIG(s)),
-        },
-        _ => ExitInfo::default(),
-    };
-    let payload_code = exit
-        .code
-        .unwrap_or_else(|| exit.signal.map_or(137, |s| 128 + s));
-    let mut error = None;
-    let (status, limit, exit_code) = if let Some(failure) = &observed.launch_failure {
-        error = Some(format!(
-            "cell setup failed at {}: {}",
-            failure.stage, failure.message
-        ));
-        let class = if failure.unavailable {
-            ResultClass::SandboxUnavailable
-        } else {
-            ResultClass::RuntimeFault
-        };
-        (class, None, 125)
-    } else if let Some(err) = &observed.egress_error {
-        error = Some(format!("egress proxy could not start: {err}"));
-        (ResultClass::RuntimeFault, None, 125)
-    } else if egress.metadata_probes > 0 {
-        error = Some(format!(
-            "{} connection attempt(s) to a cloud metadata endpoint",
-            egress.metadata_probes
-        ));
-        (ResultClass::SuspectedEscape, None, payload_code)
-    } else if observed.deadline_fired {
-        (ResultClass::CapacityExceeded, Some(Ceiling::WallTime), 124)
-    } else if usage.oom_kills > 0 {
-        (ResultClass::CapacityExceeded, Some(Ceiling::Memory), 137)
-    } else if let Some(text) = &observed.exec_error {
-        error = Some(text.clone());
-        let code = text
-            .split_whitespace()
-            .next()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(126);
-        (ResultClass::TaskError, None, code)
-    } else if exit.signal == Some(libc::SIGSYS) {
-        // Only a foreign-architecture or x32 system call is killed by the filter.
-        error = Some("the payload was killed by seccomp for a system call of a foreign ABI".into());
-        (ResultClass::SuspectedEscape, None, payload_code)
-    } else if wait_status.is_none() {
-        error = Some("the cell ended without reporting the payload's status".into());
-        (ResultClass::RuntimeFault, None, 125)
-    } else if usage.pids_limit_hits > 0 {
-        (ResultClass::CapacityExceeded, Some(Ceiling::Pids), 137)
-    } else if payload_code != 0
-        && !observed
-            .ended
-            .as_ref()
-            .is_none_or(|e| e.full_mounts.is_empty())
-    {
-        (
-            ResultClass::CapacityExceeded,
-            Some(Ceiling::Disk),
-            payload_code,
-        )
-    } else if output.truncated {
-        (
-            ResultClass::CapacityExceeded,
-            Some(Ceiling::OutputBytes),
-            payload_code,
-        )
-    } else if payload_code != 0 && egress.denials > 0 {
-        (ResultClass::PolicyDenied, None, payload_code)
-    } else if payload_code == 0 {
-        (ResultClass::Ok, None, 0)
-    } else {
-        (ResultClass::TaskError, None, payload_code)
-    };
+    let exit = payload_exit(&observed);
+    let limits_hit = limits_hit(&observed, &output, &usage, exit);
+    let verdict = verdict(&observed, &egress, &usage, exit, &limits_hit);
     RunReport {
         run_id: observed.run_id.clone(),
-        status,
+        status: verdict.status,
         exit,
-        limit_fired: limit,
-        error,
-        exit_code,
+        limit_fired: verdict.limit,
+        limits_hit,
+        error: verdict.error,
+        exit_code: verdict.exit_code,
         timings: Timings {
             released_ms: observed.released_ms,
             startup_ms,
@@ -1207,10 +1167,190 @@ fn classify(
         output: Some(output),
         cgroup_version: None,
         egress: egress.records,
-        artifacts: observed.artifacts,
+        artifacts: observed
+            .artifacts
+            .and_then(|a| serde_json::to_value(a).ok())
+            .unwrap_or_default(),
         cleanup: CleanupReport::default(),
         stale_cgroups_left: Vec::new(),
         stdin: observed.stdin,
+    }
+}
+
+/// How the payload ended: its status as pid 1 reported it or, when the whole cell was
+/// killed (deadline, a memory kill that took pid 1 too) and pid 1 could not report, the
+/// signal that killed pid 1, which took the payload with it.
+fn payload_exit(observed: &Observed) -> ExitInfo {
+    let reported = observed.ended.as_ref().map(|e| e.wait_status);
+    let pid1_killed = observed.pid1_status.filter(|s| libc::WIFSIGNALED(*s));
+    match reported.or(pid1_killed) {
+        Some(s) if libc::WIFEXITED(s) => ExitInfo {
+            code: Some(libc::WEXITSTATUS(s)),
+            signal: None,
+        },
+        Some(s) if libc::WIFSIGNALED(s) => ExitInfo {
+            code: None,
+            signal: Some(libc::WTERMSIG(s)),
+        },
+        _ => ExitInfo::default(),
+    }
+}
+
+/// The code `airlock run` returns for a payload that ended this way: its own, or 128 plus
+/// the signal that killed it (137 when nothing is known: the cell was killed).
+fn payload_code(exit: ExitInfo) -> i32 {
+    exit.code
+        .unwrap_or_else(|| exit.signal.map_or(137, |s| 128 + s))
+}
+
+/// Every ceiling the run reached, fatal or not: the deadline timer, the cgroup's oom kill
+/// and pids refusal counters, the output counter, writable mounts left without space,
+/// and `file_size_mb` (the payload killed by SIGXFSZ, or an artifact exactly at the
+/// limit, which is where the kernel cuts a write short).
+fn limits_hit(
+    observed: &Observed,
+    output: &OutputCapture,
+    usage: &Usage,
+    exit: ExitInfo,
+) -> Vec<Ceiling> {
+    let disk_full = observed
+        .ended
+        .as_ref()
+        .is_some_and(|e| !e.full_mounts.is_empty());
+    let artifact_cut = observed
+        .artifacts
+        .as_ref()
+        .is_some_and(|a| a.kept.iter().any(|k| k.truncated));
+    [
+        (Ceiling::WallTime, observed.deadline_fired),
+        (Ceiling::Memory, usage.oom_kills > 0),
+        (Ceiling::Pids, usage.pids_limit_hits > 0),
+        (Ceiling::Disk, disk_full),
+        (
+            Ceiling::FileSize,
+            exit.signal == Some(libc::SIGXFSZ) || artifact_cut,
+        ),
+        (Ceiling::OutputBytes, output.truncated),
+    ]
+    .into_iter()
+    .filter_map(|(ceiling, hit)| hit.then_some(ceiling))
+    .collect()
+}
+
+/// The class of a run, the ceiling that decided it and the code `airlock run` returns.
+struct Verdict {
+    status: ResultClass,
+    limit: Option<Ceiling>,
+    exit_code: i32,
+    error: Option<String>,
+}
+
+impl Verdict {
+    fn new(status: ResultClass, limit: Option<Ceiling>, exit_code: i32) -> Verdict {
+        Verdict {
+            status,
+            limit,
+            exit_code,
+            error: None,
+        }
+    }
+
+    fn because(mut self, error: impl Into<String>) -> Verdict {
+        self.error = Some(error.into());
+        self
+    }
+}
+
+/// Order matters: what airlock itself saw fail or refused comes first, then what killed
+/// the payload from outside (the deadline, the memory ceiling), then how the payload
+/// ended on its own.
+fn verdict(
+    observed: &Observed,
+    egress: &EgressSummary,
+    usage: &Usage,
+    exit: ExitInfo,
+    hits: &[Ceiling],
+) -> Verdict {
+    let code = payload_code(exit);
+    if let Some(failure) = &observed.launch_failure {
+        let class = if failure.unavailable {
+            ResultClass::SandboxUnavailable
+        } else {
+            ResultClass::RuntimeFault
+        };
+        let error = format!(
+            "cell setup failed at {}: {}",
+            failure.stage, failure.message
+        );
+        return Verdict::new(class, None, 125).because(error);
+    }
+    if let Some(err) = &observed.egress_error {
+        let error = format!("egress proxy could not start: {err}");
+        return Verdict::new(ResultClass::RuntimeFault, None, 125).because(error);
+    }
+    if egress.metadata_probes > 0 {
+        let error = format!(
+            "{} connection attempt(s) to a cloud metadata endpoint",
+            egress.metadata_probes
+        );
+        return Verdict::new(ResultClass::SuspectedEscape, None, code).because(error);
+    }
+    if observed.deadline_fired {
+        return Verdict::new(ResultClass::CapacityExceeded, Some(Ceiling::WallTime), 124);
+    }
+    if usage.oom_kills > 0 {
+        // The kernel killed a process of the cell: the payload itself (its code is then
+        // 137, also when the whole cell went and nobody could report) or one of its
+        // children, after which the payload's own code stands.
+        return Verdict::new(ResultClass::CapacityExceeded, Some(Ceiling::Memory), code);
+    }
+    if let Some(text) = &observed.exec_error {
+        let code = text
+            .split_whitespace()
+            .next()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(126);
+        return Verdict::new(ResultClass::TaskError, None, code).because(text.clone());
+    }
+    if exit.signal == Some(libc::SIGSYS) {
+        // Only a foreign-architecture or x32 system call is killed by the filter.
+        return Verdict::new(ResultClass::SuspectedEscape, None, code)
+            .because("the payload was killed by seccomp for a system call of a foreign ABI");
+    }
+    if observed.ended.is_none() {
+        return Verdict::new(ResultClass::RuntimeFault, None, 125)
+            .because("the cell ended without reporting the payload's status");
+    }
+    payload_verdict(egress, exit, hits)
+}
+
+/// The class of a payload that ended on its own. A ceiling it hit decides the class only
+/// if the payload then failed (or the ceiling's signal killed it): a payload that caught
+/// a refused fork or write and exited 0 is `ok`, with the hit in `limits_hit`. Nothing
+/// was killed by airlock, so the code is the payload's own.
+fn payload_verdict(egress: &EgressSummary, exit: ExitInfo, hits: &[Ceiling]) -> Verdict {
+    let code = payload_code(exit);
+    if exit.signal == Some(libc::SIGXFSZ) {
+        return Verdict::new(ResultClass::CapacityExceeded, Some(Ceiling::FileSize), code);
+    }
+    let failed_at = [Ceiling::Pids, Ceiling::Disk, Ceiling::FileSize]
+        .into_iter()
+        .find(|c| code != 0 && hits.contains(c));
+    if let Some(ceiling) = failed_at {
+        return Verdict::new(ResultClass::CapacityExceeded, Some(ceiling), code);
+    }
+    if hits.contains(&Ceiling::OutputBytes) {
+        // The caller did not get all of the output: a result state whatever the exit.
+        return Verdict::new(
+            ResultClass::CapacityExceeded,
+            Some(Ceiling::OutputBytes),
+            code,
+        );
+    }
+    match code {
+        0 => Verdict::new(ResultClass::Ok, None, 0),
+        _ if egress.denials > 0 => Verdict::new(ResultClass::PolicyDenied, None, code),
+        _ => Verdict::new(ResultClass::TaskError, None, code),
     }
 }
 

@@ -152,6 +152,7 @@ pub struct Filesystem {
     #[serde(default = "default_writable_paths")]
     pub writable_paths: Vec<WritablePath>,
     /// Globs of the files that may leave the cell as artifacts; each inside a writable path.
+    /// `*`, `?` and `[...]` match within a segment, a `**` segment any number of segments.
     #[serde(default)]
     pub output_allowlist: Vec<String>,
 }

@@ -834,6 +834,20 @@ mod tests {
     }
 
     #[test]
+    fn a_double_star_glob_is_accepted_inside_a_writable_path_only() {
+        assert_eq!(
+            violations(
+                "filesystem:\n  writable_paths: [output/]\n  \
+                 output_allowlist: ['output/**', 'output/**/*.txt', '**', '/**/x']\n"
+            ),
+            [
+                "filesystem.output_allowlist[2]: must lie inside a writable path (/output)",
+                "filesystem.output_allowlist[3]: must lie inside a writable path (/output)",
+            ]
+        );
+    }
+
+    #[test]
     fn writable_size_is_bounded() {
         assert_eq!(
             violations("filesystem:\n  writable_paths:\n    - { path: /out, size_mb: 0 }\n    - { path: /big, size_mb: 4097 }\n"),

@@ -85,6 +85,8 @@ pub enum Ceiling {
     WallTime,
     OutputBytes,
     Disk,
+    /// `/dev/shm` was full (`resources.shm_mb`).
+    Shm,
 }
 
 #[derive(Debug, Default, Clone, Copy, Serialize)]

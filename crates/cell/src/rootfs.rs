@@ -9,7 +9,7 @@
 
 use crate::launcher::Stage;
 use crate::sys;
-use airlock_contract::{CellPlan, MountPlan, NetworkPlan};
+use airlock_contract::{CellPlan, EtcEntry, MountPlan, NetworkPlan};
 use std::fs::{self, File};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt};
@@ -18,9 +18,6 @@ use std::path::{Path, PathBuf};
 /// Where the new root is assembled before `pivot_root`.
 const STAGING: &str = "/tmp";
 const DEVICE_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
-/// Host `/etc` entries a cell may see: the loader cache, `alternatives` symlinks many
-/// `/usr/bin` commands point through, CA certificates and the time zone. Nothing else.
-const HOST_ETC_ENTRIES: &[&str] = &["ld.so.cache", "alternatives", "ssl/certs", "localtime"];
 /// Docker's masked `/proc` paths: directories get an empty read-only tmpfs, files
 /// `/dev/null`. Paths this kernel lacks are skipped.
 const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi"];
@@ -164,16 +161,26 @@ pub fn prepare_sources(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
             MountPlan::WritableTmpfs { .. } => {}
         }
     }
-    for entry in HOST_ETC_ENTRIES {
-        let host = Path::new("/etc").join(entry);
-        prepared.extend(mirror_or_clone(
-            &host,
-            &host,
-            RO | sys::MOUNT_ATTR_NOEXEC,
-            true,
-        )?);
+    for entry in &plan.etc {
+        prepared.extend(prepare_etc_entry(entry)?);
     }
     Ok(prepared)
+}
+
+/// One entry of the cell's `/etc` (the plan's vetted host entries and the contract's
+/// additions), read-only and noexec: configuration, never code.
+fn prepare_etc_entry(entry: &EtcEntry) -> Result<Option<Prepared>, Stage> {
+    const ETC: u64 = RO | sys::MOUNT_ATTR_NOEXEC;
+    match entry {
+        // The host's own layout, symlinks included (`os-release` -> `../usr/lib/...`);
+        // what this host lacks is skipped.
+        EtcEntry::Host { path } => mirror_or_clone(path, path, ETC, true),
+        // The operator named the file: a symlink is followed, and it must exist.
+        EtcEntry::Contract { source, target } => Ok(Some(Prepared {
+            target: target.clone(),
+            source: restricted_clone(source, ETC, true)?,
+        })),
+    }
 }
 
 /// The host's device nodes for the cell's `/dev`, cloned by the supervisor. They travel
@@ -306,15 +313,28 @@ fn build_dev() -> Result<(), Stage> {
         libc::MS_NOSUID | libc::MS_NOEXEC,
         Some(c"newinstance,ptmxmode=0666,mode=0620"),
     )
-    .map_err(|e| Stage::io("rootfs.devpts", &pts, e))?;
-    let shm = dev.join("shm");
-    mkdirs(&shm)?;
+    .map_err(|e| Stage::io("rootfs.devpts", &pts, e))
+}
+
+/// Where POSIX shared memory lives (`shm_open`, Python's `SharedMemory`).
+const SHM: &str = "/dev/shm";
+
+/// `/dev/shm`, sized by the plan: its pages are memory of the cell's cgroup, and filling
+/// it is the `shm` ceiling (a write fails with ENOSPC, a page of a mapping with SIGBUS).
+fn mount_shm(plan: &CellPlan) -> Result<(), Stage> {
+    let shm = Path::new(SHM);
+    mkdirs(shm)?;
     mount_tmpfs(
-        &shm,
-        16 << 20,
+        shm,
+        plan.limits.shm_bytes,
         "1777",
         libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
     )
+}
+
+/// Whether `/dev/shm` has no free blocks or inodes left (the `shm` ceiling).
+pub fn shm_is_full() -> bool {
+    matches!(sys::statfs_free(Path::new(SHM)), Ok((0, _)) | Ok((_, 0)))
 }
 
 const PROC_FLAGS: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
@@ -424,6 +444,7 @@ pub fn build_skeleton(
     std::env::set_current_dir("/")
         .map_err(|e| Stage::io("rootfs.chdir_root", Path::new("/"), e))?;
     build_dev()?;
+    mount_shm(plan)?;
     for device in devices {
         place(device)?;
     }

@@ -1012,6 +1012,13 @@ fn classify(
         (ResultClass::RuntimeFault, None, 125)
     } else if usage.pids_limit_hits > 0 {
         (ResultClass::CapacityExceeded, Some(Ceiling::Pids), 137)
+    } else if payload_code != 0 && observed.ended.as_ref().is_some_and(|e| e.shm_full) {
+        // A page of a shared mapping that cannot be backed kills with SIGBUS.
+        (
+            ResultClass::CapacityExceeded,
+            Some(Ceiling::Shm),
+            payload_code,
+        )
     } else if payload_code != 0
         && !observed
             .ended

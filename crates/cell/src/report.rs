@@ -169,6 +169,10 @@ pub struct RunReport {
     /// What the payload got on stdin: set by the supervisor when it relayed a pipe, by
     /// the caller otherwise (it knows what it passed).
     pub stdin: Option<crate::stdin_relay::StdinRecord>,
+    /// What the cell got differently from its plan without weakening a control (a
+    /// read-only input on a filesystem without idmapped mounts keeps its host owners).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl RunReport {
@@ -193,6 +197,7 @@ impl RunReport {
             },
             stdin: None,
             stale_cgroups_left: Vec::new(),
+            notes: Vec::new(),
         }
     }
 

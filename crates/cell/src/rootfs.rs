@@ -12,7 +12,7 @@ use crate::sys;
 use airlock_contract::{CellPlan, EtcEntry, MountPlan, NetworkPlan};
 use std::fs::{self, File};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{symlink, DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Where the new root is assembled before `pivot_root`.
@@ -102,16 +102,75 @@ fn open_path(path: &Path, follow: bool) -> std::io::Result<File> {
 
 /// Clones the mount tree at `path` and restricts it with `attrs`.
 fn restricted_clone(path: &Path, attrs: u64, follow: bool) -> Result<Source, Stage> {
+    restricted_clone_with_owner(path, attrs, follow).map(|(source, _)| source)
+}
+
+/// [`restricted_clone`], also returning the uid and gid owning `path` (after `follow`).
+fn restricted_clone_with_owner(
+    path: &Path,
+    attrs: u64,
+    follow: bool,
+) -> Result<(Source, (u32, u32)), Stage> {
     let file = open_path(path, follow).map_err(|e| Stage::io("rootfs.open_source", path, e))?;
-    let is_dir = file
+    let meta = file
         .metadata()
-        .map_err(|e| Stage::io("rootfs.stat_source", path, e))?
-        .is_dir();
+        .map_err(|e| Stage::io("rootfs.stat_source", path, e))?;
     let fd =
         sys::clone_mount_tree(file.as_fd()).map_err(|e| Stage::io("rootfs.clone_tree", path, e))?;
     sys::set_mount_attributes(fd.as_fd(), attrs, true)
         .map_err(|e| Stage::io("rootfs.restrict_tree", path, e))?;
-    Ok(Source::Tree { fd, is_dir })
+    let is_dir = meta.is_dir();
+    Ok((Source::Tree { fd, is_dir }, (meta.uid(), meta.gid())))
+}
+
+/// How read-only inputs show their owners in the cell. The host uid and gid owning an
+/// input's root appear as the cell identity (an idmapped mount), so tools that insist on
+/// owning what they read (git's "dubious ownership") work; other owners keep appearing as
+/// `nobody`. One owner only: an id map is one-to-one, so no map can show every host id as
+/// the cell's. The owner's permission bits then apply to the cell (a 0600 file of the
+/// owner becomes readable), which the operator granted by naming the input; the mount
+/// stays read-only, nosuid and nodev, so ownership lends no write and no privilege.
+struct InputOwners {
+    /// The cell identity's host uid and gid; `None` when airlock is not root: the
+    /// caller's own files already map to the cell identity, and idmapping needs root.
+    cell: Option<(u32, u32)>,
+    /// One user namespace per distinct owner, its maps taking that owner to `cell`.
+    namespaces: Vec<((u32, u32), OwnedFd)>,
+}
+
+impl InputOwners {
+    fn new(plan: &CellPlan) -> InputOwners {
+        InputOwners {
+            cell: (sys::geteuid() == 0).then(|| crate::supervisor::host_ids(plan)),
+            namespaces: Vec::new(),
+        }
+    }
+
+    /// Shows files of `owner` in `tree` as the cell identity's. An error (a filesystem
+    /// without idmapped mounts) leaves the tree as it was: an ownership view is no
+    /// boundary, so the run goes on with the host's owners and a note in the result.
+    fn show_as_cell(&mut self, tree: &Source, owner: (u32, u32)) -> Result<(), String> {
+        let (Some(cell), Source::Tree { fd, .. }) = (self.cell, tree) else {
+            return Ok(());
+        };
+        if owner == cell {
+            return Ok(());
+        }
+        let index = match self.namespaces.iter().position(|(o, _)| *o == owner) {
+            Some(index) => index,
+            None => {
+                let userns = sys::user_namespace_with_maps(
+                    &format!("{} {} 1\n", owner.0, cell.0),
+                    &format!("{} {} 1\n", owner.1, cell.1),
+                )
+                .map_err(|e| format!("no user namespace for the id map: {e}"))?;
+                self.namespaces.push((owner, userns));
+                self.namespaces.len() - 1
+            }
+        };
+        sys::set_mount_idmap(fd.as_fd(), self.namespaces[index].1.as_fd())
+            .map_err(|e| format!("no idmapped mount: {e}"))
+    }
 }
 
 fn mirror_or_clone(
@@ -138,12 +197,15 @@ fn mirror_or_clone(
 
 const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 
-/// Opens and clones every host source of the plan. Runs in the supervisor: as the
+/// Opens and clones every host source of the plan, with notes for the result on what
+/// could not be done as planned (see [`InputOwners`]). Runs in the supervisor: as the
 /// invoking user it can reach inputs under private directories (a root-owned 0700 temp
 /// dir, say) that the cell's unprivileged identity could not traverse, and the detached
 /// trees it creates can be attached in the cell's mount namespace.
-pub fn prepare_sources(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
+pub fn prepare_sources(plan: &CellPlan) -> Result<(Vec<Prepared>, Vec<String>), Stage> {
     let mut prepared = Vec::new();
+    let mut notes = Vec::new();
+    let mut owners = InputOwners::new(plan);
     for mount in &plan.mounts {
         match mount {
             MountPlan::HostSystem { path, optional } => {
@@ -152,9 +214,16 @@ pub fn prepare_sources(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
             MountPlan::ReadonlyInput { source, target } => {
                 // Inputs may be scripts the payload runs (`/input/convert.sh`), so they keep
                 // exec; they stay read-only, nosuid and nodev.
+                let (tree, owner) = restricted_clone_with_owner(source, RO, true)?;
+                if let Err(why) = owners.show_as_cell(&tree, owner) {
+                    notes.push(format!(
+                        "readonly input {}: its files keep their host owners (shown as nobody): {why}",
+                        target.display()
+                    ));
+                }
                 prepared.push(Prepared {
                     target: target.clone(),
-                    source: restricted_clone(source, RO, true)?,
+                    source: tree,
                 });
             }
             // Writable paths are fresh tmpfs mounts the cell makes itself.
@@ -164,7 +233,7 @@ pub fn prepare_sources(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
     for entry in &plan.etc {
         prepared.extend(prepare_etc_entry(entry)?);
     }
-    Ok(prepared)
+    Ok((prepared, notes))
 }
 
 /// One entry of the cell's `/etc` (the plan's vetted host entries and the contract's

@@ -174,7 +174,7 @@ fn write_id_maps(pid: libc::pid_t, plan: &CellPlan) -> Result<(), CellError> {
 }
 
 /// The host uid and gid the cell identity maps to.
-fn host_ids(plan: &CellPlan) -> (u32, u32) {
+pub(crate) fn host_ids(plan: &CellPlan) -> (u32, u32) {
     if sys::geteuid() == 0 {
         (
             HOST_ID_BASE + plan.identity.uid,
@@ -277,6 +277,10 @@ struct Observed {
     ended_at: Option<Instant>,
     /// What was relayed on stdin, when it was.
     stdin: Option<StdinRecord>,
+    /// See [`RunReport::notes`].
+    notes: Vec<String>,
+    /// Size of the cell's `/dev/shm` (see [`shm_exhausted`]).
+    shm_bytes: u64,
 }
 
 /// Runs `plan` in a fresh cell. Never panics on cell failures: every outcome, including
@@ -359,8 +363,12 @@ fn start_and_supervise(
     }
     let spawned_ms = ms_since(started);
     let prepared = seccomp_program(plan).and_then(|program| {
-        let mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
-        Ok(Release { program, mounts })
+        let (mounts, notes) = rootfs::prepare_sources(plan).map_err(launch_error)?;
+        Ok(Release {
+            program,
+            mounts,
+            notes,
+        })
     });
     let prepared_ms = ms_since(started);
     let release_message = match prepared {
@@ -616,6 +624,8 @@ fn spawn_cell(
 struct Release {
     program: Vec<libc::sock_filter>,
     mounts: Vec<rootfs::Prepared>,
+    /// For the result: what the mounts could not give as planned.
+    notes: Vec<String>,
 }
 
 /// Start milestones measured before the release, in ms since the run started.
@@ -663,6 +673,8 @@ fn release_cell<'a>(
         output: OutputCapture::new(plan.limits.output_bytes),
         observed: Observed {
             released_ms,
+            notes: release.notes,
+            shm_bytes: plan.limits.shm_bytes,
             ..Observed::default()
         },
         deadline: Deadline::Pending(released_at + Duration::from_millis(plan.limits.wall_time_ms)),
@@ -970,6 +982,7 @@ fn classify(
     let payload_code = exit
         .code
         .unwrap_or_else(|| exit.signal.map_or(137, |s| 128 + s));
+    let mut notes = observed.notes.clone();
     let mut error = None;
     let (status, limit, exit_code) = if let Some(failure) = &observed.launch_failure {
         error = Some(format!(
@@ -1013,7 +1026,6 @@ fn classify(
     } else if usage.pids_limit_hits > 0 {
         (ResultClass::CapacityExceeded, Some(Ceiling::Pids), 137)
     } else if payload_code != 0 && observed.ended.as_ref().is_some_and(|e| e.shm_full) {
-        // A page of a shared mapping that cannot be backed kills with SIGBUS.
         (
             ResultClass::CapacityExceeded,
             Some(Ceiling::Shm),
@@ -1028,6 +1040,18 @@ fn classify(
         (
             ResultClass::CapacityExceeded,
             Some(Ceiling::Disk),
+            payload_code,
+        )
+    } else if shm_exhausted(&exit, &usage, observed.shm_bytes) {
+        notes.push(format!(
+            "the shm ceiling is inferred: the payload was killed by SIGBUS with {} MiB of \
+             memory at its peak, at least the size of /dev/shm, which was no longer full when \
+             the payload had ended",
+            usage.memory_peak_bytes >> 20
+        ));
+        (
+            ResultClass::CapacityExceeded,
+            Some(Ceiling::Shm),
             payload_code,
         )
     } else if output.truncated {
@@ -1066,5 +1090,17 @@ fn classify(
         cleanup: CleanupReport::default(),
         stale_cgroups_left: Vec::new(),
         stdin: observed.stdin,
+        notes,
     }
+}
+
+/// Whether a SIGBUS death is `/dev/shm` running out although it was not full when pid 1
+/// looked: SIGBUS means a page of a mapping could not be backed, which in a cell is a full
+/// tmpfs (a full writable path is caught before, as `disk`) or a file truncated under
+/// its mapping. A helper of the payload may empty `/dev/shm` the moment the payload dies
+/// (Python's resource tracker unlinks the segments it registered, and it learns of the
+/// death before pid 1 does), so the evidence left is the cell's memory peak: tmpfs pages
+/// are the cell's memory, and a peak below `/dev/shm`'s size means it never filled.
+fn shm_exhausted(exit: &ExitInfo, usage: &Usage, shm_bytes: u64) -> bool {
+    exit.signal == Some(libc::SIGBUS) && shm_bytes > 0 && usage.memory_peak_bytes >= shm_bytes
 }

@@ -337,6 +337,9 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     for stale in &report.stale_cgroups_left {
         eprintln!("airlock: warning: could not remove the leftover cgroup {stale}");
     }
+    for note in &report.notes {
+        eprintln!("airlock: note: {note}");
+    }
     if let Some(error) = &report.error {
         eprintln!("airlock: {}: {error}", report.status.as_str());
     }

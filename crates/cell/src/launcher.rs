@@ -426,6 +426,7 @@ fn reap(setup: ChildSetup<'_>, payload: libc::pid_t) -> ! {
     let ended = PayloadEnded {
         wait_status,
         full_mounts: rootfs::full_writable_mounts(setup.plan),
+        shm_full: rootfs::shm_is_full(),
     };
     send(
         &setup.sync,

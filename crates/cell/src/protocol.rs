@@ -102,6 +102,9 @@ pub struct PayloadEnded {
     pub wait_status: i32,
     /// Writable mounts that had no free space or inodes left when the payload ended.
     pub full_mounts: Vec<String>,
+    /// `/dev/shm` had no free space or inodes left when the payload ended.
+    #[serde(default)]
+    pub shm_full: bool,
 }
 
 /// What a LISTENERS message carries after the two proxy listeners, in the order of its

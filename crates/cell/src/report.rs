@@ -90,6 +90,8 @@ pub enum Ceiling {
     /// `file_size_mb` (`RLIMIT_FSIZE`): a write past it was refused (`EFBIG`) or killed
     /// its writer (`SIGXFSZ`).
     FileSize,
+    /// `/dev/shm` was full (`resources.shm_mb`).
+    Shm,
 }
 
 impl Ceiling {
@@ -102,6 +104,7 @@ impl Ceiling {
             Ceiling::OutputBytes => "output_bytes",
             Ceiling::Disk => "disk",
             Ceiling::FileSize => "file_size",
+            Ceiling::Shm => "shm",
         }
     }
 }
@@ -214,6 +217,10 @@ pub struct RunReport {
     /// What the payload got on stdin: set by the supervisor when it relayed a pipe, by
     /// the caller otherwise (it knows what it passed).
     pub stdin: Option<crate::stdin_relay::StdinRecord>,
+    /// What the cell got differently from its plan without weakening a control (a
+    /// read-only input on a filesystem without idmapped mounts keeps its host owners).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl RunReport {
@@ -239,6 +246,7 @@ impl RunReport {
             },
             stdin: None,
             stale_cgroups_left: Vec::new(),
+            notes: Vec::new(),
         }
     }
 

@@ -9,18 +9,15 @@
 
 use crate::launcher::Stage;
 use crate::sys;
-use airlock_contract::{CellPlan, MountPlan, NetworkPlan};
+use airlock_contract::{CellPlan, EtcEntry, MountPlan, NetworkPlan};
 use std::fs::{self, File};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{symlink, DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Where the new root is assembled before `pivot_root`.
 const STAGING: &str = "/tmp";
 const DEVICE_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
-/// Host `/etc` entries a cell may see: the loader cache, `alternatives` symlinks many
-/// `/usr/bin` commands point through, CA certificates and the time zone. Nothing else.
-const HOST_ETC_ENTRIES: &[&str] = &["ld.so.cache", "alternatives", "ssl/certs", "localtime"];
 /// Docker's masked `/proc` paths: directories get an empty read-only tmpfs, files
 /// `/dev/null`. Paths this kernel lacks are skipped.
 const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi"];
@@ -105,16 +102,75 @@ fn open_path(path: &Path, follow: bool) -> std::io::Result<File> {
 
 /// Clones the mount tree at `path` and restricts it with `attrs`.
 fn restricted_clone(path: &Path, attrs: u64, follow: bool) -> Result<Source, Stage> {
+    restricted_clone_with_owner(path, attrs, follow).map(|(source, _)| source)
+}
+
+/// [`restricted_clone`], also returning the uid and gid owning `path` (after `follow`).
+fn restricted_clone_with_owner(
+    path: &Path,
+    attrs: u64,
+    follow: bool,
+) -> Result<(Source, (u32, u32)), Stage> {
     let file = open_path(path, follow).map_err(|e| Stage::io("rootfs.open_source", path, e))?;
-    let is_dir = file
+    let meta = file
         .metadata()
-        .map_err(|e| Stage::io("rootfs.stat_source", path, e))?
-        .is_dir();
+        .map_err(|e| Stage::io("rootfs.stat_source", path, e))?;
     let fd =
         sys::clone_mount_tree(file.as_fd()).map_err(|e| Stage::io("rootfs.clone_tree", path, e))?;
     sys::set_mount_attributes(fd.as_fd(), attrs, true)
         .map_err(|e| Stage::io("rootfs.restrict_tree", path, e))?;
-    Ok(Source::Tree { fd, is_dir })
+    let is_dir = meta.is_dir();
+    Ok((Source::Tree { fd, is_dir }, (meta.uid(), meta.gid())))
+}
+
+/// How read-only inputs show their owners in the cell. The host uid and gid owning an
+/// input's root appear as the cell identity (an idmapped mount), so tools that insist on
+/// owning what they read (git's "dubious ownership") work; other owners keep appearing as
+/// `nobody`. One owner only: an id map is one-to-one, so no map can show every host id as
+/// the cell's. The owner's permission bits then apply to the cell (a 0600 file of the
+/// owner becomes readable), which the operator granted by naming the input; the mount
+/// stays read-only, nosuid and nodev, so ownership lends no write and no privilege.
+struct InputOwners {
+    /// The cell identity's host uid and gid; `None` when airlock is not root: the
+    /// caller's own files already map to the cell identity, and idmapping needs root.
+    cell: Option<(u32, u32)>,
+    /// One user namespace per distinct owner, its maps taking that owner to `cell`.
+    namespaces: Vec<((u32, u32), OwnedFd)>,
+}
+
+impl InputOwners {
+    fn new(plan: &CellPlan) -> InputOwners {
+        InputOwners {
+            cell: (sys::geteuid() == 0).then(|| crate::supervisor::host_ids(plan)),
+            namespaces: Vec::new(),
+        }
+    }
+
+    /// Shows files of `owner` in `tree` as the cell identity's. An error (a filesystem
+    /// without idmapped mounts) leaves the tree as it was: an ownership view is no
+    /// boundary, so the run goes on with the host's owners and a note in the result.
+    fn show_as_cell(&mut self, tree: &Source, owner: (u32, u32)) -> Result<(), String> {
+        let (Some(cell), Source::Tree { fd, .. }) = (self.cell, tree) else {
+            return Ok(());
+        };
+        if owner == cell {
+            return Ok(());
+        }
+        let index = match self.namespaces.iter().position(|(o, _)| *o == owner) {
+            Some(index) => index,
+            None => {
+                let userns = sys::user_namespace_with_maps(
+                    &format!("{} {} 1\n", owner.0, cell.0),
+                    &format!("{} {} 1\n", owner.1, cell.1),
+                )
+                .map_err(|e| format!("no user namespace for the id map: {e}"))?;
+                self.namespaces.push((owner, userns));
+                self.namespaces.len() - 1
+            }
+        };
+        sys::set_mount_idmap(fd.as_fd(), self.namespaces[index].1.as_fd())
+            .map_err(|e| format!("no idmapped mount: {e}"))
+    }
 }
 
 fn mirror_or_clone(
@@ -141,12 +197,15 @@ fn mirror_or_clone(
 
 const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 
-/// Opens and clones every host source of the plan. Runs in the supervisor: as the
+/// Opens and clones every host source of the plan, with notes for the result on what
+/// could not be done as planned (see [`InputOwners`]). Runs in the supervisor: as the
 /// invoking user it can reach inputs under private directories (a root-owned 0700 temp
 /// dir, say) that the cell's unprivileged identity could not traverse, and the detached
 /// trees it creates can be attached in the cell's mount namespace.
-pub fn prepare_sources(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
+pub fn prepare_sources(plan: &CellPlan) -> Result<(Vec<Prepared>, Vec<String>), Stage> {
     let mut prepared = Vec::new();
+    let mut notes = Vec::new();
+    let mut owners = InputOwners::new(plan);
     for mount in &plan.mounts {
         match mount {
             MountPlan::HostSystem { path, optional } => {
@@ -155,25 +214,42 @@ pub fn prepare_sources(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
             MountPlan::ReadonlyInput { source, target } => {
                 // Inputs may be scripts the payload runs (`/input/convert.sh`), so they keep
                 // exec; they stay read-only, nosuid and nodev.
+                let (tree, owner) = restricted_clone_with_owner(source, RO, true)?;
+                if let Err(why) = owners.show_as_cell(&tree, owner) {
+                    notes.push(format!(
+                        "readonly input {}: its files keep their host owners (shown as nobody): {why}",
+                        target.display()
+                    ));
+                }
                 prepared.push(Prepared {
                     target: target.clone(),
-                    source: restricted_clone(source, RO, true)?,
+                    source: tree,
                 });
             }
             // Writable paths are fresh tmpfs mounts the cell makes itself.
             MountPlan::WritableTmpfs { .. } => {}
         }
     }
-    for entry in HOST_ETC_ENTRIES {
-        let host = Path::new("/etc").join(entry);
-        prepared.extend(mirror_or_clone(
-            &host,
-            &host,
-            RO | sys::MOUNT_ATTR_NOEXEC,
-            true,
-        )?);
+    for entry in &plan.etc {
+        prepared.extend(prepare_etc_entry(entry)?);
     }
-    Ok(prepared)
+    Ok((prepared, notes))
+}
+
+/// One entry of the cell's `/etc` (the plan's vetted host entries and the contract's
+/// additions), read-only and noexec: configuration, never code.
+fn prepare_etc_entry(entry: &EtcEntry) -> Result<Option<Prepared>, Stage> {
+    const ETC: u64 = RO | sys::MOUNT_ATTR_NOEXEC;
+    match entry {
+        // The host's own layout, symlinks included (`os-release` -> `../usr/lib/...`);
+        // what this host lacks is skipped.
+        EtcEntry::Host { path } => mirror_or_clone(path, path, ETC, true),
+        // The operator named the file: a symlink is followed, and it must exist.
+        EtcEntry::Contract { source, target } => Ok(Some(Prepared {
+            target: target.clone(),
+            source: restricted_clone(source, ETC, true)?,
+        })),
+    }
 }
 
 /// The cell's own cgroup directories, read-only under `/sys/fs/cgroup` where language
@@ -340,15 +416,28 @@ fn build_dev() -> Result<(), Stage> {
         libc::MS_NOSUID | libc::MS_NOEXEC,
         Some(c"newinstance,ptmxmode=0666,mode=0620"),
     )
-    .map_err(|e| Stage::io("rootfs.devpts", &pts, e))?;
-    let shm = dev.join("shm");
-    mkdirs(&shm)?;
+    .map_err(|e| Stage::io("rootfs.devpts", &pts, e))
+}
+
+/// Where POSIX shared memory lives (`shm_open`, Python's `SharedMemory`).
+const SHM: &str = "/dev/shm";
+
+/// `/dev/shm`, sized by the plan: its pages are memory of the cell's cgroup, and filling
+/// it is the `shm` ceiling (a write fails with ENOSPC, a page of a mapping with SIGBUS).
+fn mount_shm(plan: &CellPlan) -> Result<(), Stage> {
+    let shm = Path::new(SHM);
+    mkdirs(shm)?;
     mount_tmpfs(
-        &shm,
-        16 << 20,
+        shm,
+        plan.limits.shm_bytes,
         "1777",
         libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
     )
+}
+
+/// Whether `/dev/shm` has no free blocks or inodes left (the `shm` ceiling).
+pub fn shm_is_full() -> bool {
+    matches!(sys::statfs_free(Path::new(SHM)), Ok((0, _)) | Ok((_, 0)))
 }
 
 const PROC_FLAGS: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
@@ -458,6 +547,7 @@ pub fn build_skeleton(
     std::env::set_current_dir("/")
         .map_err(|e| Stage::io("rootfs.chdir_root", Path::new("/"), e))?;
     build_dev()?;
+    mount_shm(plan)?;
     for device in devices {
         place(device)?;
     }

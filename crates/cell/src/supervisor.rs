@@ -177,7 +177,7 @@ fn write_id_maps(pid: libc::pid_t, plan: &CellPlan) -> Result<(), CellError> {
 }
 
 /// The host uid and gid the cell identity maps to.
-fn host_ids(plan: &CellPlan) -> (u32, u32) {
+pub(crate) fn host_ids(plan: &CellPlan) -> (u32, u32) {
     if sys::geteuid() == 0 {
         (
             HOST_ID_BASE + plan.identity.uid,
@@ -298,6 +298,10 @@ struct Observed {
     ended_at: Option<Instant>,
     /// What was relayed on stdin, when it was.
     stdin: Option<StdinRecord>,
+    /// See [`RunReport::notes`].
+    notes: Vec<String>,
+    /// Size of the cell's `/dev/shm` (see [`shm_exhausted`]).
+    shm_bytes: u64,
 }
 
 /// For a plan with a terminal whose caller's stdin is a terminal too: that terminal,
@@ -404,9 +408,13 @@ fn start_and_supervise(
     }
     let spawned_ms = ms_since(started);
     let prepared = seccomp_program(plan).and_then(|program| {
-        let mut mounts = rootfs::prepare_sources(plan).map_err(launch_error)?;
+        let (mut mounts, notes) = rootfs::prepare_sources(plan).map_err(launch_error)?;
         mounts.extend(rootfs::prepare_cgroup_view(&cgroup.view()).map_err(launch_error)?);
-        Ok(Release { program, mounts })
+        Ok(Release {
+            program,
+            mounts,
+            notes,
+        })
     });
     let prepared_ms = ms_since(started);
     let release_message = match prepared {
@@ -698,6 +706,8 @@ fn spawn_cell(
 struct Release {
     program: Vec<libc::sock_filter>,
     mounts: Vec<rootfs::Prepared>,
+    /// For the result: what the mounts could not give as planned.
+    notes: Vec<String>,
 }
 
 /// Start milestones measured before the release, in ms since the run started.
@@ -746,6 +756,8 @@ fn release_cell<'a>(
         output: OutputCapture::new(plan.limits.output_bytes),
         observed: Observed {
             released_ms,
+            notes: release.notes,
+            shm_bytes: plan.limits.shm_bytes,
             ..Observed::default()
         },
         deadline: Deadline::Pending(released_at + Duration::from_millis(plan.limits.wall_time_ms)),
@@ -1147,6 +1159,15 @@ fn classify(
     let exit = payload_exit(&observed);
     let limits_hit = limits_hit(&observed, &output, &usage, exit);
     let verdict = verdict(&observed, &egress, &usage, exit, &limits_hit);
+    let mut notes = observed.notes.clone();
+    if verdict.limit == Some(Ceiling::Shm) && !shm_seen_full(&observed) {
+        notes.push(format!(
+            "the shm ceiling is inferred: the payload was killed by SIGBUS with {} MiB of \
+             memory at its peak, at least the size of /dev/shm, which was no longer full when \
+             the payload had ended",
+            usage.memory_peak_bytes >> 20
+        ));
+    }
     RunReport {
         run_id: observed.run_id.clone(),
         status: verdict.status,
@@ -1174,6 +1195,7 @@ fn classify(
         cleanup: CleanupReport::default(),
         stale_cgroups_left: Vec::new(),
         stdin: observed.stdin,
+        notes,
     }
 }
 
@@ -1221,10 +1243,15 @@ fn limits_hit(
         .artifacts
         .as_ref()
         .is_some_and(|a| a.kept.iter().any(|k| k.truncated));
+    // Seen full by pid 1, or inferred from a SIGBUS death (see shm_exhausted); a full
+    // writable path explains a SIGBUS first.
+    let shm =
+        shm_seen_full(observed) || (!disk_full && shm_exhausted(&exit, usage, observed.shm_bytes));
     [
         (Ceiling::WallTime, observed.deadline_fired),
         (Ceiling::Memory, usage.oom_kills > 0),
         (Ceiling::Pids, usage.pids_limit_hits > 0),
+        (Ceiling::Shm, shm),
         (Ceiling::Disk, disk_full),
         (
             Ceiling::FileSize,
@@ -1333,9 +1360,14 @@ fn payload_verdict(egress: &EgressSummary, exit: ExitInfo, hits: &[Ceiling]) -> 
     if exit.signal == Some(libc::SIGXFSZ) {
         return Verdict::new(ResultClass::CapacityExceeded, Some(Ceiling::FileSize), code);
     }
-    let failed_at = [Ceiling::Pids, Ceiling::Disk, Ceiling::FileSize]
-        .into_iter()
-        .find(|c| code != 0 && hits.contains(c));
+    let failed_at = [
+        Ceiling::Pids,
+        Ceiling::Shm,
+        Ceiling::Disk,
+        Ceiling::FileSize,
+    ]
+    .into_iter()
+    .find(|c| code != 0 && hits.contains(c));
     if let Some(ceiling) = failed_at {
         return Verdict::new(ResultClass::CapacityExceeded, Some(ceiling), code);
     }
@@ -1352,6 +1384,22 @@ fn payload_verdict(egress: &EgressSummary, exit: ExitInfo, hits: &[Ceiling]) -> 
         _ if egress.denials > 0 => Verdict::new(ResultClass::PolicyDenied, None, code),
         _ => Verdict::new(ResultClass::TaskError, None, code),
     }
+}
+
+/// Whether a SIGBUS death is `/dev/shm` running out although it was not full when pid 1
+/// looked: SIGBUS means a page of a mapping could not be backed, which in a cell is a full
+/// tmpfs (a full writable path is caught before, as `disk`) or a file truncated under
+/// its mapping. A helper of the payload may empty `/dev/shm` the moment the payload dies
+/// (Python's resource tracker unlinks the segments it registered, and it learns of the
+/// death before pid 1 does), so the evidence left is the cell's memory peak: tmpfs pages
+/// are the cell's memory, and a peak below `/dev/shm`'s size means it never filled.
+fn shm_exhausted(exit: &ExitInfo, usage: &Usage, shm_bytes: u64) -> bool {
+    exit.signal == Some(libc::SIGBUS) && shm_bytes > 0 && usage.memory_peak_bytes >= shm_bytes
+}
+
+/// Pid 1 found `/dev/shm` full when the payload ended.
+fn shm_seen_full(observed: &Observed) -> bool {
+    observed.ended.as_ref().is_some_and(|e| e.shm_full)
 }
 
 #[cfg(test)]

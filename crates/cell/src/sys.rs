@@ -526,6 +526,7 @@ pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub const MOUNT_ATTR_NODEV: u64 = 0x4;
 pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 /// `open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)` of an already opened path: a detached copy
 /// of the mount tree at `fd`, which can be restricted and then attached elsewhere.
@@ -582,6 +583,79 @@ pub fn set_mount_attributes(fd: BorrowedFd<'_>, attr_set: u64, recursive: bool) 
         )
     };
     check_long(ret).map(drop)
+}
+
+/// `mount_setattr(MOUNT_ATTR_IDMAP)` on the detached mount `tree` (and every mount below
+/// it): file owners are shown through the id maps of the user namespace `userns` (see
+/// [`user_namespace_with_maps`]). EINVAL: the filesystem (or a submount's) has no
+/// idmapped mounts, or the mount was attached already.
+pub fn set_mount_idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    // SAFETY: `attr` is a properly laid out `struct mount_attr` whose size we pass; both
+    // descriptors are live and the path is the empty string (AT_EMPTY_PATH).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
+            &attr as *const MountAttr,
+            size_of::<MountAttr>(),
+        )
+    };
+    check_long(ret).map(drop)
+}
+
+extern "C" fn park_child(_: *mut libc::c_void) -> libc::c_int {
+    // Runs in its creator's memory: raw system calls only. It exists only so that its
+    // user namespace can be given maps and opened; its creator kills it.
+    loop {
+        // SAFETY: pause takes no arguments and touches no memory.
+        unsafe { raw_syscall2(libc::SYS_pause, 0, 0) };
+    }
+}
+
+/// A child parked in a fresh user namespace (see [`user_namespace_with_maps`]); killed
+/// and reaped on drop, before its stack is freed.
+struct ParkedChild {
+    pid: libc::pid_t,
+    _stack: Vec<u8>,
+}
+
+impl Drop for ParkedChild {
+    fn drop(&mut self) {
+        let _ = kill(self.pid, libc::SIGKILL);
+        let _ = wait_child(self.pid, false);
+    }
+}
+
+/// A new user namespace with exactly `uid_map` and `gid_map` (the text of
+/// `/proc/<pid>/uid_map`), held by the returned descriptor alone: the process created to
+/// own it is gone on return. For idmapped mounts, whose owners the kernel shows through
+/// these maps. Needs CAP_SETUID and CAP_SETGID over the ids mapped.
+pub fn user_namespace_with_maps(uid_map: &str, gid_map: &str) -> io::Result<OwnedFd> {
+    // SAFETY: park_child makes raw system calls only and takes no argument; ParkedChild
+    // keeps the stack alive until the child is killed and reaped. CLONE_NEWUSER needs
+    // neither CLONE_FS nor CLONE_THREAD, which are not passed.
+    let (pid, stack) = unsafe {
+        clone_vm(
+            park_child,
+            std::ptr::null_mut(),
+            libc::CLONE_VM | libc::CLONE_NEWUSER | libc::SIGCHLD,
+            16 * 1024,
+        )
+    }?;
+    let child = ParkedChild { pid, _stack: stack };
+    std::fs::write(format!("/proc/{}/uid_map", child.pid), uid_map)?;
+    std::fs::write(format!("/proc/{}/gid_map", child.pid), gid_map)?;
+    let userns = std::fs::File::open(format!("/proc/{}/ns/user", child.pid))?;
+    drop(child);
+    Ok(userns.into())
 }
 
 /// Attaches the detached mount `tree` on top of `target`.

@@ -65,6 +65,7 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
             size_bytes: ROOTFS_SIZE_BYTES,
         },
         mounts: mounts(&checked, input.base_dir),
+        etc: crate::etc::etc_plan(&checked.etc_files, |path| host_path(input.base_dir, path)),
         network: match contract.network.mode {
             NetworkMode::Deny => NetworkPlan::Deny,
             NetworkMode::Allowlist => NetworkPlan::Allowlist {
@@ -207,6 +208,7 @@ fn limits(contract: &Contract) -> Limits {
         output_bytes: widen(resources.output_bytes),
         open_files: widen(resources.open_files),
         file_size_bytes: widen(resources.file_size_mb) * MIB,
+        shm_bytes: widen(resources.shm_mb) * MIB,
     }
 }
 
@@ -383,6 +385,7 @@ resources:
                 output_bytes: 5_242_880,
                 open_files: 256,
                 file_size_bytes: 64 << 20,
+                shm_bytes: 64 << 20,
             }
         );
     }

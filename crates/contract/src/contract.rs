@@ -37,6 +37,7 @@ pub const OPEN_FILES_BOUNDS: Bounds = Bounds {
     max: 65536,
 };
 pub const FILE_SIZE_MB_BOUNDS: Bounds = Bounds { min: 1, max: 16384 };
+pub const SHM_MB_BOUNDS: Bounds = Bounds { min: 1, max: 65536 };
 
 pub const DEFAULT_UID: i64 = 10001;
 pub const DEFAULT_GID: i64 = 10001;
@@ -44,6 +45,8 @@ pub const DEFAULT_WRITABLE_SIZE_MB: i64 = 16;
 /// Writable paths are executable unless a contract says otherwise (docs/contract.md says
 /// why); a path written as a bare string gets this too.
 pub const DEFAULT_WRITABLE_EXEC: bool = true;
+/// Docker's `--shm-size` default: what software written for containers expects at least.
+pub const DEFAULT_SHM_MB: i64 = 64;
 pub const DEFAULT_HOSTNAME: &str = "airlock";
 pub const HOST_IMAGE: &str = "host";
 pub const DEFAULT_SECCOMP_PROFILE: &str = "default";
@@ -155,6 +158,10 @@ pub struct Filesystem {
     /// `*`, `?` and `[...]` match within a segment, a `**` segment any number of segments.
     #[serde(default)]
     pub output_allowlist: Vec<String>,
+    /// Extra read-only files under the cell's `/etc`, on top of the vetted host entries
+    /// every cell gets. Never a secret, nor a file the runtime generates.
+    #[serde(default)]
+    pub etc_files: Vec<EtcFile>,
 }
 
 impl Default for Filesystem {
@@ -164,6 +171,7 @@ impl Default for Filesystem {
             readonly_inputs: Vec::new(),
             writable_paths: default_writable_paths(),
             output_allowlist: Vec::new(),
+            etc_files: Vec::new(),
         }
     }
 }
@@ -184,6 +192,15 @@ pub struct MappedInput {
     pub source: String,
     /// Path inside the cell.
     pub target: String,
+}
+
+/// `/etc/pip.conf` (the host's file at the same path) or `{ source, target }` (a host file,
+/// relative to the contract's directory or absolute, at `target` under `/etc`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum EtcFile {
+    Path(String),
+    Mapped(MappedInput),
 }
 
 /// `output/` (a tmpfs of the default size, executable) or `{ path, size_mb, exec }`.
@@ -261,6 +278,11 @@ pub struct Resources {
     #[serde(default = "default_file_size_mb")]
     #[schemars(range(min = FILE_SIZE_MB_BOUNDS.min, max = FILE_SIZE_MB_BOUNDS.max))]
     pub file_size_mb: i64,
+    /// Size of the cell's `/dev/shm` tmpfs in MiB (POSIX shared memory). Its pages count
+    /// against `memory_mb`.
+    #[serde(default = "default_shm_mb")]
+    #[schemars(range(min = SHM_MB_BOUNDS.min, max = SHM_MB_BOUNDS.max))]
+    pub shm_mb: i64,
 }
 
 impl Default for Resources {
@@ -273,6 +295,7 @@ impl Default for Resources {
             output_bytes: default_output_bytes(),
             open_files: default_open_files(),
             file_size_mb: default_file_size_mb(),
+            shm_mb: default_shm_mb(),
         }
     }
 }
@@ -365,6 +388,12 @@ string_or_struct!(
     "a path or a map with `source` and `target`"
 );
 string_or_struct!(
+    EtcFile,
+    Path,
+    Mapped,
+    "a host path under /etc or a map with `source` and `target`"
+);
+string_or_struct!(
     WritablePath,
     Path,
     Detailed,
@@ -445,6 +474,9 @@ fn default_open_files() -> i64 {
 }
 fn default_file_size_mb() -> i64 {
     64
+}
+fn default_shm_mb() -> i64 {
+    DEFAULT_SHM_MB
 }
 
 /// The contract a run gets when its caller names none: host image, unprivileged, read-only

@@ -5,6 +5,7 @@
 mod compile;
 mod contract;
 mod error;
+mod etc;
 mod parse;
 pub mod plan;
 pub mod transparent;
@@ -13,6 +14,7 @@ mod validate;
 pub use compile::{compile, contract_sha256, CompileInput};
 pub use contract::*;
 pub use error::{ContractError, ContractFormat, FieldError, FieldErrors};
+pub use etc::{ETC_DENIED, ETC_GENERATED, HOST_ETC_ENTRIES, HOST_ETC_EXCLUDED};
 pub use plan::*;
 pub use transparent::{
     transparent_endpoints, TransparentEndpoint, MAX_TRANSPARENT_LISTENERS, TRANSPARENT_DNS,

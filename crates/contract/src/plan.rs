@@ -28,6 +28,10 @@ pub struct CellPlan {
     pub rootfs: RootfsPlan,
     /// Mounts in the order they are applied. Targets are absolute, normalised cell paths.
     pub mounts: Vec<MountPlan>,
+    /// What the cell's `/etc` holds besides the files the runtime generates (`passwd`,
+    /// `group`, `hosts`, `hostname`, `nsswitch.conf`, `resolv.conf`), in the order placed.
+    #[serde(default)]
+    pub etc: Vec<EtcEntry>,
     pub network: NetworkPlan,
     pub limits: Limits,
     pub seccomp: SeccompPlan,
@@ -93,6 +97,18 @@ pub enum MountPlan {
     },
 }
 
+/// One entry of the cell's `/etc`, mounted read-only, nosuid, nodev and noexec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EtcEntry {
+    /// A vetted host entry (see [`crate::HOST_ETC_ENTRIES`]) at the same path: mirrored as a
+    /// symlink when the host's is one, skipped when the host has none.
+    Host { path: PathBuf },
+    /// A contract's `filesystem.etc_files` entry: host `source` (followed if a symlink)
+    /// at `target`; it must exist.
+    Contract { source: PathBuf, target: PathBuf },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum NetworkPlan {
@@ -128,6 +144,9 @@ pub struct Limits {
     pub open_files: u64,
     /// RLIMIT_FSIZE of the payload.
     pub file_size_bytes: u64,
+    /// Size of the cell's `/dev/shm` tmpfs; filling it is the `shm` ceiling.
+    #[serde(default)]
+    pub shm_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

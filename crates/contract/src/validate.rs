@@ -48,7 +48,7 @@ impl NormalPath {
         }
     }
 
-    fn contains(&self, other: &NormalPath) -> bool {
+    pub(crate) fn contains(&self, other: &NormalPath) -> bool {
         other.components.len() > self.components.len()
             && other.components[..self.components.len()] == self.components[..]
     }
@@ -74,6 +74,7 @@ pub(crate) struct CheckedContract {
     pub workdir: String,
     /// `None` for the built-in profile.
     pub seccomp_profile: Option<NormalPath>,
+    pub etc_files: Vec<crate::etc::CheckedEtcFile>,
 }
 
 impl CheckedContract {
@@ -88,6 +89,7 @@ pub(crate) fn check(contract: &Contract) -> Result<CheckedContract, Vec<FieldErr
     check_image(&contract.image, &mut errors);
     check_identity(&contract.identity, &mut errors);
     let (inputs, writable, output_allowlist) = check_filesystem(&contract.filesystem, &mut errors);
+    let etc_files = crate::etc::check_etc_files(&contract.filesystem.etc_files, &mut errors);
     let destinations = check_network(&contract.network, &mut errors);
     check_resources(&contract.resources, &mut errors);
     check_env(&contract.env, &mut errors);
@@ -105,6 +107,7 @@ pub(crate) fn check(contract: &Contract) -> Result<CheckedContract, Vec<FieldErr
             destinations,
             workdir,
             seccomp_profile,
+            etc_files,
         })
     } else {
         Err(errors.0)
@@ -112,10 +115,10 @@ pub(crate) fn check(contract: &Contract) -> Result<CheckedContract, Vec<FieldErr
 }
 
 #[derive(Default)]
-struct Errors(Vec<FieldError>);
+pub(crate) struct Errors(Vec<FieldError>);
 
 impl Errors {
-    fn push(&mut self, path: impl Into<String>, rule: impl Into<String>) {
+    pub(crate) fn push(&mut self, path: impl Into<String>, rule: impl Into<String>) {
         self.0.push(FieldError::new(path, rule));
     }
 }
@@ -149,7 +152,7 @@ fn check_bounds(path: &str, value: i64, bounds: Bounds, errors: &mut Errors) {
     }
 }
 
-fn normalise(raw: &str) -> Result<NormalPath, &'static str> {
+pub(crate) fn normalise(raw: &str) -> Result<NormalPath, &'static str> {
     if raw.is_empty() {
         return Err("must not be empty");
     }
@@ -197,7 +200,7 @@ fn cell_target(path: &str, raw: &str, errors: &mut Errors) -> Option<NormalPath>
     Some(target)
 }
 
-fn host_source(path: &str, raw: &str, errors: &mut Errors) -> Option<NormalPath> {
+pub(crate) fn host_source(path: &str, raw: &str, errors: &mut Errors) -> Option<NormalPath> {
     match normalise(raw) {
         Ok(source) if source.components.is_empty() => {
             errors.push(path, "must name a file or directory below `/`");
@@ -472,6 +475,7 @@ fn check_resources(resources: &Resources, errors: &mut Errors) {
         ("output_bytes", resources.output_bytes, OUTPUT_BYTES_BOUNDS),
         ("open_files", resources.open_files, OPEN_FILES_BOUNDS),
         ("file_size_mb", resources.file_size_mb, FILE_SIZE_MB_BOUNDS),
+        ("shm_mb", resources.shm_mb, SHM_MB_BOUNDS),
     ];
     for (name, value, bounds) in checks {
         check_bounds(&format!("resources.{name}"), value, bounds, errors);
@@ -679,7 +683,7 @@ mod tests {
             violations(
                 "resources:\n  cpu_millis: 9\n  memory_mb: 65537\n  process_limit: 4097\n  \
                  wall_time_seconds: 86401\n  output_bytes: 1073741825\n  open_files: 15\n  \
-                 file_size_mb: 16385\n"
+                 file_size_mb: 16385\n  shm_mb: 65537\n"
             ),
             [
                 "resources.cpu_millis: must be at least 10",
@@ -689,12 +693,17 @@ mod tests {
                 "resources.output_bytes: must be at most 1073741824",
                 "resources.open_files: must be at least 16",
                 "resources.file_size_mb: must be at most 16384",
+                "resources.shm_mb: must be at most 65536",
             ]
         );
         assert_valid(
             "resources:\n  cpu_millis: 64000\n  memory_mb: 4\n  process_limit: 1\n  \
              wall_time_seconds: 1\n  output_bytes: 1073741824\n  open_files: 65536\n  \
-             file_size_mb: 1\n",
+             file_size_mb: 1\n  shm_mb: 65536\n",
+        );
+        assert_eq!(
+            violations("resources:\n  shm_mb: 0\n"),
+            ["resources.shm_mb: must be at least 1"]
         );
     }
 

@@ -339,6 +339,14 @@ fn python_work() {
             bwrap: Bwrap::Same,
         },
         Task {
+            name: "a 32 MiB shared memory segment",
+            files: &[],
+            extra: "",
+            script: "python3 -c 'from multiprocessing import shared_memory as s\nm = s.SharedMemory(create=True, size=32 << 20)\nm.buf[:] = bytes(len(m.buf))\nprint(\"shm filled\", len(m.buf) >> 20, \"MiB\")\nm.close(); m.unlink()'",
+            expect: &["shm filled 32 MiB"],
+            bwrap: Bwrap::Same,
+        },
+        Task {
             name: "threads",
             files: &[],
             extra: "",

@@ -30,16 +30,20 @@ fn payload_gets_default_signal_dispositions() {
 }
 
 #[test]
-fn payload_may_use_every_cpu_of_its_caller() {
+fn payload_with_a_quota_of_every_cpu_may_use_every_cpu_of_its_caller() {
     require_cells!();
-    // airlock moves the cell's setup to one CPU; the payload must get the full set back.
+    // airlock moves the cell's setup to one CPU; a payload whose quota covers all of the
+    // caller's CPUs must get the full set back (a smaller quota gets fewer: limits_view.rs).
     let ours = std::fs::read_to_string("/proc/self/status")
         .unwrap()
         .lines()
         .find(|l| l.starts_with("Cpus_allowed_list:"))
         .unwrap()
         .to_string();
-    let run = common::sh("grep '^Cpus_allowed_list:' /proc/self/status");
+    let run = common::run(
+        Some("resources:\n  cpu_millis: 64000\n"),
+        &["/bin/sh", "-c", "grep '^Cpus_allowed_list:' /proc/self/status"],
+    );
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert_eq!(run.stdout().trim_end(), ours, "{}", run.describe());
 }

@@ -585,6 +585,73 @@ for p in sorted(os.listdir("/proc"), key=lambda p: (len(p), p)):
     }
 }
 
+/// pid 1 of the cell is a clone of the supervisor, not an exec: what the payload can read
+/// of it (`/proc/1/cmdline`, `comm`, `status`, `environ` if readable, and the same of its
+/// own parent) must not show the host's `airlock run` command line (host paths of the
+/// contract, the operator config and the state dir) or environment, only a neutral name.
+#[test]
+fn pid_1_shows_a_neutral_name_and_nothing_of_the_host_command_line() {
+    require_cells!();
+    let marker = format!("hostpath{}", random_token());
+    let dir = tempfile::Builder::new().prefix(&marker).tempdir().unwrap();
+    let contract = dir.path().join(format!("contract-{marker}.yaml"));
+    std::fs::write(&contract, "{}\n").unwrap();
+    let config = dir.path().join(format!("config-{marker}.toml"));
+    std::fs::write(&config, "").unwrap();
+    let state = dir.path().join(format!("state-{marker}"));
+    let result_path = dir.path().join("result.json");
+    let probe = r#"
+import json, os
+def read(path):
+    try:
+        return open(path, "rb").read().decode("latin-1")
+    except OSError as e:
+        return f"unreadable: {e.strerror}"
+out = {}
+for pid in sorted({"1", str(os.getppid())}):
+    for name in ("cmdline", "comm", "status", "environ"):
+        out[f"/proc/{pid}/{name}"] = read(f"/proc/{pid}/{name}")
+print(json.dumps(out))
+"#;
+    let output = Command::new(common::airlock_bin())
+        .current_dir(dir.path())
+        .arg("run")
+        .arg("--contract")
+        .arg(&contract)
+        .arg("--config")
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--result")
+        .arg(&result_path)
+        .args(["--", "/usr/bin/python3", "-c", probe])
+        .env("AIRLOCK_TEST_HOST_MARKER", &marker)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let run = CellRun::collect(output, &result_path);
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    let seen: serde_json::Value = serde_json::from_str(run.stdout().trim())
+        .unwrap_or_else(|e| panic!("probe output is not JSON ({e})\n{d}"));
+    for (path, text) in seen.as_object().expect("an object of files") {
+        let text = text.as_str().unwrap();
+        assert!(
+            !text.contains(&marker) && !text.contains("AIRLOCK_TEST_HOST_MARKER"),
+            "{path} shows the host's command line or environment: {text:?}\n{d}"
+        );
+    }
+    assert_eq!(seen["/proc/1/cmdline"], "airlock-init\0", "{d}");
+    assert_eq!(seen["/proc/1/comm"], "airlock-init\n", "{d}");
+    let status = seen["/proc/1/status"].as_str().unwrap();
+    assert_eq!(status_field(status, "Name"), Some("airlock-init"), "{d}");
+    let environ = seen["/proc/1/environ"].as_str().unwrap();
+    assert!(
+        environ.starts_with("unreadable") || environ.bytes().all(|b| b == 0),
+        "/proc/1/environ is readable and not blank: {environ:?}\n{d}"
+    );
+}
+
 // 7 ---------------------------------------------------------------------------------------
 
 #[test]

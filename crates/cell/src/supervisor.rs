@@ -37,6 +37,9 @@ enum Deadline {
     Done,
 }
 
+/// What `/proc/1/comm` and `/proc/1/cmdline` of a cell read.
+pub const PID1_NAME: &std::ffi::CStr = c"airlock-init";
+
 /// Host ids of cell identities when airlock runs as root: cell uid N is host uid
 /// `HOST_ID_BASE + N`, far away from real users and never 0.
 pub const HOST_ID_BASE: u32 = 1_000_000_000;
@@ -284,7 +287,13 @@ fn start_and_supervise(
     // step of a cell start), the supervisor prepares what the release message carries.
     // The CPUs the payload may use: the supervisor's own.
     let payload_cpus = sys::allowed_cpus().ok();
-    let cell = spawn_cell(plan, &env, options, payload_cpus.as_ref())?;
+    let cell = spawn_cell(
+        plan,
+        &env,
+        options,
+        payload_cpus.as_ref(),
+        &supervisor.command_line,
+    )?;
     // The cgroup is created while the cell builds its network namespace; the cell only
     // runs airlock's setup until it has joined it.
     let cgroup =
@@ -507,6 +516,7 @@ fn spawn_cell(
     env: &[CString],
     options: &mut RunOptions<'_>,
     payload_cpus: Option<&sys::CpuSet>,
+    supervisor_command_line: &sys::CommandLineArea,
 ) -> Result<SpawnedCell, CellError> {
     let pipes = open_pipes(options.stdin.take())?;
     if sys::geteuid() == 0 {
@@ -526,7 +536,10 @@ fn spawn_cell(
         sync_child,
         stdin,
     } = pipes;
-    match sys::clone_cell(CELL_NAMESPACES) {
+    // pid 1 is a clone of this process, not an exec: without a name of its own its
+    // /proc/1/cmdline would show the payload this process's command line, host paths of
+    // the contract, the operator config and the state dir among it.
+    match sys::clone_cell_named(CELL_NAMESPACES, supervisor_command_line, PID1_NAME) {
         Ok(sys::CloneOutcome::Child) => {
             drop((stdout_read, stderr_read, notify_read, sync_parent));
             launcher::run(ChildSetup {

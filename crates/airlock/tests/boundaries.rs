@@ -39,6 +39,8 @@ fn airlock_cmd(dir: &Path, result_path: &Path, argv: &[&str]) -> Command {
     let mut cmd = Command::new(common::airlock_bin());
     cmd.current_dir(dir)
         .arg("run")
+        .arg("--state-dir")
+        .arg(common::state_dir())
         .arg("--result")
         .arg(result_path)
         .arg("--")
@@ -865,10 +867,11 @@ fn host_file_descriptors_do_not_leak_into_the_cell() {
     let probe = "import os\nfor fd in sorted(os.listdir('/proc/self/fd'), key=int):\n    try: t = os.readlink(f'/proc/self/fd/{fd}')\n    except OSError as e: t = str(e)\n    print(f'fd {fd} -> {t}')\nfor fd in (3, 7, 8, 9):\n    try: print('read', fd, os.read(fd, 100))\n    except OSError: pass\n";
     // Open fds 7, 8 and 9 without CLOEXEC in the shell that execs airlock.
     let script = format!(
-        "exec 7<'{}' 8>>'{}' 9<>/dev/null; exec '{}' run --result '{}' -- /usr/bin/python3 -c \"$PROBE\"",
+        "exec 7<'{}' 8>>'{}' 9<>/dev/null; exec '{}' run --state-dir '{}' --result '{}' -- /usr/bin/python3 -c \"$PROBE\"",
         secret.display(),
         dir.path().join("append").display(),
         common::airlock_bin().display(),
+        common::state_dir().display(),
         result_path.display()
     );
     let output = Command::new("/bin/sh")
@@ -1010,12 +1013,12 @@ fn nothing_survives_between_runs() {
 /// with echo on, anything the cell injected with TIOCSTI would show up there.
 const PTY_DRIVER: &str = r#"
 import os, pty, select, sys, time
-airlock, result, probe, out, err = sys.argv[1:6]
+airlock, result, probe, out, err, state = sys.argv[1:7]
 pid, master = pty.fork()
 if pid == 0:
     os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
     os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-    os.execv(airlock, [airlock, "run", "--result", result, "--", "/usr/bin/python3", "-c", probe])
+    os.execv(airlock, [airlock, "run", "--state-dir", state, "--result", result, "--", "/usr/bin/python3", "-c", probe])
 _, status = os.waitpid(pid, 0)
 received = b""
 while select.select([master], [], [], 0.2)[0]:
@@ -1057,6 +1060,7 @@ print("isatty:", os.isatty(0), os.isatty(1), os.isatty(2))
         .arg(probe)
         .arg(&out)
         .arg(&err)
+        .arg(common::state_dir())
         .current_dir(dir.path())
         .output()
         .unwrap();

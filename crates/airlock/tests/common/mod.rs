@@ -13,6 +13,40 @@ pub fn airlock_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_airlock"))
 }
 
+/// The audit store of this test process's runs. Not the host's default
+/// (`/var/lib/airlock`): other airlock binaries on the machine share that one, and a newer
+/// one may migrate it to a schema this build refuses, or its load may slow these runs.
+/// One per test process, under cargo's per-target scratch directory (or the temp dir
+/// when that is not writable, as for a test binary run by another user); those of test
+/// processes that have exited are removed on the way.
+pub fn state_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let name = format!("airlock-state-{}", std::process::id());
+        [
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+            std::env::temp_dir(),
+        ]
+        .into_iter()
+        .find_map(|scratch| {
+            remove_exited_state_dirs(&scratch);
+            let dir = scratch.join(&name);
+            std::fs::create_dir_all(&dir).ok().map(|_| dir)
+        })
+        .expect("no writable directory for the tests' state dir")
+    })
+}
+
+fn remove_exited_state_dirs(scratch: &Path) {
+    for entry in std::fs::read_dir(scratch).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let owner = name.to_str().and_then(|n| n.strip_prefix("airlock-state-"));
+        if owner.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Cells need root (or at least a kernel with everything `airlock doctor` checks). CI runs
 /// as root and sets AIRLOCK_REQUIRE_ROOT_TESTS=1, which turns a skip into a failure.
 pub fn cells_available() -> bool {
@@ -47,6 +81,9 @@ macro_rules! require_cells {
 pub struct CellRun {
     pub output: Output,
     pub result: Value,
+    /// The run's supervisor, when the test started it with [`host::run_supervisor`]: it
+    /// names the run's cgroups (see [`host::cgroups_of`]).
+    pub supervisor: Option<host::Supervisor>,
 }
 
 impl CellRun {
@@ -56,7 +93,21 @@ impl CellRun {
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or(Value::Null);
-        CellRun { output, result }
+        CellRun {
+            output,
+            result,
+            supervisor: None,
+        }
+    }
+
+    /// Runs `cmd` (an `airlock run` writing its result to `result_path`) and collects it,
+    /// with its supervisor recorded as this test process's.
+    pub fn of(cmd: &mut Command, result_path: &Path) -> CellRun {
+        let (output, supervisor) = host::run_supervisor(cmd);
+        CellRun {
+            supervisor: Some(supervisor),
+            ..CellRun::collect(output, result_path)
+        }
     }
 
     pub fn stdout(&self) -> String {
@@ -87,7 +138,8 @@ impl CellRun {
 }
 
 /// Runs `airlock run [extra args] -- argv` with an optional contract (YAML text written
-/// to a temp file in `dir`), in `dir`, with stdin from /dev/null.
+/// to a temp file in `dir`), in `dir`, with stdin from /dev/null, recording the run in
+/// [`state_dir`] unless `extra` names another.
 pub fn run_in(dir: &Path, contract_yaml: Option<&str>, extra: &[&str], argv: &[&str]) -> CellRun {
     let result_path = dir.join(format!("result-{}.json", unique()));
     let mut cmd = Command::new(airlock_bin());
@@ -95,13 +147,16 @@ pub fn run_in(dir: &Path, contract_yaml: Option<&str>, extra: &[&str], argv: &[&
         .arg("run")
         .arg("--result")
         .arg(&result_path);
+    if !extra.contains(&"--state-dir") {
+        cmd.arg("--state-dir").arg(state_dir());
+    }
     if let Some(yaml) = contract_yaml {
         let contract = dir.join(format!("contract-{}.yaml", unique()));
         std::fs::write(&contract, yaml).unwrap();
         cmd.arg("--contract").arg(&contract);
     }
     cmd.args(extra).arg("--").args(argv).stdin(Stdio::null());
-    CellRun::collect(cmd.output().expect("spawn airlock"), &result_path)
+    CellRun::of(&mut cmd, &result_path)
 }
 
 /// `run_in` with a fresh temporary directory.

@@ -78,6 +78,25 @@ fn assert_blocked(run: &CellRun, names: &[&str]) {
     }
 }
 
+// 0 ---------------------------------------------------------------------------------------
+
+/// Without root the suite cannot run; cargo counts a test that returns early as passed,
+/// so a run without root must fail unless skipping was asked for, and CI's variable
+/// fails it even then.
+#[test]
+fn tests_that_need_root_fail_without_it_unless_skipping_is_asked_for() {
+    use common::{without_root, WithoutRoot};
+    assert!(matches!(without_root(false, false), WithoutRoot::Fail(why)
+        if why.contains("needs root") && why.contains(common::ALLOW_SKIP_VAR)));
+    assert_eq!(without_root(false, true), WithoutRoot::Skip);
+    for allow_skip in [false, true] {
+        assert!(
+            matches!(without_root(true, allow_skip), WithoutRoot::Fail(why)
+            if why.contains(common::REQUIRE_ROOT_VAR))
+        );
+    }
+}
+
 // 1 ---------------------------------------------------------------------------------------
 
 #[test]

@@ -47,27 +47,63 @@ fn remove_exited_state_dirs(scratch: &Path) {
     }
 }
 
-/// Cells need root (or at least a kernel with everything `airlock doctor` checks). CI runs
-/// as root and sets AIRLOCK_REQUIRE_ROOT_TESTS=1, which turns a skip into a failure.
-pub fn cells_available() -> bool {
-    // SAFETY-free check: /proc/self/status carries the effective uid.
+/// Set to skip the tests that need root when not root, knowingly.
+pub const ALLOW_SKIP_VAR: &str = "AIRLOCK_ALLOW_SKIPPED_ROOT_TESTS";
+/// Set by CI: a test that needs root fails without it, whatever else is set.
+pub const REQUIRE_ROOT_VAR: &str = "AIRLOCK_REQUIRE_ROOT_TESTS";
+
+/// What a test that needs root does in a process that is not root.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WithoutRoot {
+    /// Fail, saying why: cargo would count a test that returns early as passed, and a
+    /// green run without root must not read as a passed boundary suite.
+    Fail(&'static str),
+    /// Return early: whoever runs the tests asked for it ([`ALLOW_SKIP_VAR`]).
+    Skip,
+}
+
+/// The decision for a process that is not root, from the two variables' presence.
+pub fn without_root(require_root: bool, allow_skip: bool) -> WithoutRoot {
+    match (require_root, allow_skip) {
+        (true, _) => WithoutRoot::Fail(
+            "this test needs root (it runs cells) and AIRLOCK_REQUIRE_ROOT_TESTS is set",
+        ),
+        (false, false) => WithoutRoot::Fail(
+            "this test needs root (it runs cells): run the tests as root, or set \
+             AIRLOCK_ALLOW_SKIPPED_ROOT_TESTS=1 to skip the tests that need root knowingly",
+        ),
+        (false, true) => WithoutRoot::Skip,
+    }
+}
+
+fn euid_is_root() -> bool {
+    // /proc/self/status carries the effective uid (no libc call, no unsafe).
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let euid_is_root = status
+    status
         .lines()
         .find(|l| l.starts_with("Uid:"))
         .and_then(|l| l.split_whitespace().nth(2))
-        == Some("0");
-    if euid_is_root {
-        return true;
-    }
-    if std::env::var_os("AIRLOCK_REQUIRE_ROOT_TESTS").is_some() {
-        panic!("these tests must run as root (AIRLOCK_REQUIRE_ROOT_TESTS is set)");
-    }
-    eprintln!("SKIPPED: cell tests need root; run them as root (CI does)");
-    false
+        == Some("0")
 }
 
-/// Skips the calling test (with a message) when cells cannot run here.
+/// Whether the calling test can run cells (they need root). Not root, it fails the test
+/// unless [`ALLOW_SKIP_VAR`] asks to skip it (see [`without_root`]).
+pub fn cells_available() -> bool {
+    if euid_is_root() {
+        return true;
+    }
+    let set = |var| std::env::var_os(var).is_some();
+    match without_root(set(REQUIRE_ROOT_VAR), set(ALLOW_SKIP_VAR)) {
+        WithoutRoot::Fail(why) => panic!("{why}"),
+        WithoutRoot::Skip => {
+            eprintln!("SKIPPED (not root, {ALLOW_SKIP_VAR} is set): this test runs cells");
+            false
+        }
+    }
+}
+
+/// Returns from the calling test when it cannot run cells and skipping was asked for;
+/// fails it when not root otherwise (see [`cells_available`]).
 #[macro_export]
 macro_rules! require_cells {
     () => {

@@ -1367,7 +1367,24 @@ fn doctor_reports_every_control() {
         output.status.code(),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert_eq!(output.status.code(), Some(0), "{msg}");
+    // `cleanup.leftover_cells` reports every dead supervisor's cell on the host, whoever
+    // ran it (another test binary killing a supervisor on purpose, another airlock): host
+    // state, not a control. Every other check must pass.
+    let failed: Vec<&str> = stdout
+        .lines()
+        .filter(|l| {
+            !l.starts_with("ok") && l.split_whitespace().nth(1) != Some("cleanup.leftover_cells")
+        })
+        .collect();
+    assert!(failed.is_empty(), "checks failed: {failed:#?}\n{msg}");
+    let only_leftovers_failed = output.status.code() == Some(1)
+        && stdout
+            .lines()
+            .any(|l| l.starts_with("FAIL cleanup.leftover_cells"));
+    assert!(
+        output.status.code() == Some(0) || only_leftovers_failed,
+        "{msg}"
+    );
     for control in ["landlock", "seccomp", "cgroups"] {
         let lines: Vec<&str> = stdout
             .lines()

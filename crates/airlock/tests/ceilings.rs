@@ -292,6 +292,8 @@ fn run_measuring_rss(dir: &Path, contract: &str, argv: &[&str]) -> (CellRun, u64
     };
     cmd.current_dir(dir)
         .arg("run")
+        .arg("--state-dir")
+        .arg(common::state_dir())
         .arg("--result")
         .arg(&result_path)
         .arg("--contract")

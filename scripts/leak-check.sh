@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Leak check: N airlock runs (default 10000) of every kind, two at a time, then verifies
-# that nothing is left behind: no cell cgroup without a live supervisor under
-# /sys/fs/cgroup/*/airlock/, no process with a cell host uid (>= 1000000000) outside a
-# live cell, the same mount count (host mount namespace) and the same fd count of this
-# script. Exits 1 on any leak or misclassified run. Cgroups are checked after every
-# pair of runs (the next run would reap a dead supervisor's cgroup), processes every
-# 20 runs and at the end.
+# that nothing of these runs is left behind: no cgroup of theirs, no process in one, the
+# same mount count and the same fd count of this script. Exits 1 on any leak or
+# misclassified run. Cgroups and processes are checked after every pair of runs (the
+# next run, or any other airlock run on the host, reaps a dead supervisor's cgroup) and
+# at the end.
+#
+# Other cells may run on this host meanwhile (other users, tests, an installed airlock or
+# a copy under another name); they are not this script's leaks. So its own runs are
+# recognised, never processes by name: each supervisor's pid and start time are recorded
+# when it starts, and they begin the names of its cells' cgroups
+# (`<pid>-<start time>-<ns>`, crates/cell/src/cgroup.rs); every process of a cell is in
+# its cgroup. The runs use a state dir of their own, and the script runs in a private
+# mount namespace so that mounts made elsewhere on the host do not change its count
+# (a mount an airlock supervisor leaks lands in its namespace, which is this one).
 #
 #   scripts/leak-check.sh [N]        # as root
 set -u -o pipefail
@@ -17,6 +25,10 @@ cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then
     echo "leak-check: must run as root (cells need it)" >&2
     exit 2
+fi
+if [ -z "${AIRLOCK_LEAK_CHECK_PRIVATE_MOUNTS:-}" ]; then
+    AIRLOCK_LEAK_CHECK_PRIVATE_MOUNTS=1 exec unshare --mount --propagation private -- \
+        "$BASH" "$0" "$@"
 fi
 
 cargo build --release -q -p airlock || exit 2
@@ -59,12 +71,27 @@ for i in range(0, len(b), 4096): b[i] = 1')
     fi
 }
 
-# Runs number i; appends a line to $WORK/bad on a misclassified or unclean run.
+# Field 22 (start time) of /proc/PID/stat; the fields after the command name start at 3.
+start_time() {
+    local stat fields
+    stat=$(cat "/proc/$1/stat") || return 1
+    read -r -a fields <<<"${stat##*) }"
+    echo "${fields[19]}"
+}
+
+# Runs number i; records its supervisor's cgroup name prefix in $WORK/supervisors;
+# appends a line to $WORK/bad on a misclassified or unclean run.
 run_one() {
-    local i=$1 result="$WORK/r$1.json" code status cleanup
+    local i=$1 result="$WORK/r$1.json" code status cleanup pid
     kind_of "$i"
-    "$BIN" run --contract "$WORK/$CONTRACT" --result "$result" -- "${ARGV[@]}" \
-        </dev/null >/dev/null 2>&1
+    "$BIN" run --state-dir "$WORK/state" --contract "$WORK/$CONTRACT" --result "$result" \
+        -- "${ARGV[@]}" </dev/null >/dev/null 2>&1 &
+    pid=$!
+    # Not waited for yet, so /proc/$pid stays (even once it exited); the start time is
+    # the fork's, the same after exec. One short line per append: the two runs' lines
+    # do not mix.
+    echo "$pid-$(start_time "$pid")-" >>"$WORK/supervisors"
+    wait "$pid"
     code=$?
     status=$(sed -n 's/^  "status": "\(.*\)",\{0,1\}$/\1/p' "$result" 2>/dev/null)
     cleanup=$(tr -d ' \n' <"$result" 2>/dev/null | grep -o '"cleanup":{"leftovers":\[\],"ok":true}')
@@ -75,53 +102,42 @@ run_one() {
     rm -f "$result"
 }
 
-# Is pid a live airlock supervisor (a root process named airlock)?
-live_supervisor() {
-    local status
-    status=$(cat "/proc/$1/status" 2>/dev/null) || return 1
-    [ "$(awk '/^Name:/{print $2}' <<<"$status")" = airlock ] &&
-        [ "$(awk '/^Uid:/{print $2}' <<<"$status")" = 0 ]
-}
-
-# Cell cgroups whose supervisor is gone.
+# Cgroup dirs of cells of this script's supervisors (all have exited when it looks).
 stale_cgroups() {
     local dir name
     for dir in /sys/fs/cgroup/*/airlock/*/ /sys/fs/cgroup/airlock/*/; do
         [ -d "$dir" ] || continue
         name=$(basename "$dir")
-        live_supervisor "${name%%-*}" || echo "$dir"
+        if grep -qxF -- "${name%-*}-" "$WORK/supervisors"; then
+            echo "$dir"
+        fi
     done
 }
 
-# Processes with a cell host uid that no live supervisor is an ancestor of (one ps).
+# Processes in those cgroups: every process of a cell is in the cell's cgroup.
 stray_processes() {
-    ps -eo uid=,pid=,ppid=,comm= | awk '
-        { uid[$2] = $1; ppid[$2] = $3; comm[$2] = $4 }
-        END {
-            for (p in uid) {
-                if (uid[p] < 1000000000) continue
-                q = ppid[p]; ok = 0
-                for (hops = 0; hops < 64 && q > 1; hops++) {
-                    if (uid[q] == 0 && comm[q] == "airlock") { ok = 1; break }
-                    q = ppid[q]
-                }
-                if (!ok) print "pid " p " uid " uid[p] " (" comm[p] ")"
-            }
-        }'
+    local dir pid
+    for dir in $(stale_cgroups); do
+        # Another run on the host may be reaping it right now.
+        [ -r "$dir/cgroup.procs" ] || continue
+        while read -r pid; do
+            echo "pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null)) in $dir"
+        done < <(cat "$dir/cgroup.procs" 2>/dev/null)
+    done
 }
 
-# The next `airlock run` reaps cgroups of dead supervisors, which would hide a leak of
-# an earlier run: look after every pair of runs and remember what was seen.
+# The next `airlock run` (this script's or anyone's on the host) reaps cgroups of dead
+# supervisors and kills what is in them, which would hide a leak of an earlier run: look
+# after every pair of runs and remember what was seen.
 watch_leaks() {
     stale_cgroups >>"$WORK/seen-cgroups"
-    if [ $(($1 % 20)) -eq 0 ]; then
-        stray_processes >>"$WORK/seen-processes"
-    fi
+    stray_processes >>"$WORK/seen-processes"
 }
 
 mounts() { wc -l </proc/$$/mountinfo; }
 fds() { ls /proc/$$/fd | wc -l; }
 
+: >"$WORK/supervisors"
 cgroups_before=$(stale_cgroups | wc -l)
 procs_before=$(stray_processes | wc -l)
 : >"$WORK/seen-cgroups"
@@ -129,7 +145,7 @@ procs_before=$(stray_processes | wc -l)
 mounts_before=$(mounts)
 fds_before=$(fds)
 echo "leak-check: $N runs of $BIN, 2 at a time"
-echo "before: $mounts_before mounts, $fds_before fds, $cgroups_before stale cgroups, $procs_before stray cell processes"
+echo "before: $mounts_before mounts, $fds_before fds, $cgroups_before leftover cgroups, $procs_before leftover cell processes"
 
 start=$(date +%s.%N)
 i=0
@@ -140,7 +156,7 @@ while [ "$i" -lt "$N" ]; do
     fi
     wait
     i=$((i + 2))
-    watch_leaks "$i"
+    watch_leaks
     if [ $((i % 500)) -eq 0 ] || [ "$i" -ge "$N" ]; then
         done_runs=$((i < N ? i : N))
         printf '%6d runs  %6.1f s  %d bad\n' "$done_runs" \

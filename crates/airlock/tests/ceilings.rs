@@ -8,7 +8,6 @@
 mod common;
 
 use common::{host, CellRun};
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
@@ -39,32 +38,15 @@ fn marker_digits() -> String {
     )
 }
 
-/// Cell cgroups that existed before the current run started ([`timed`] records them;
-/// the tests are serialised, so there is one current run).
-static CGROUPS_BEFORE: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
-
-/// Cgroup directories the run left: named after its run id, or (names are
-/// `<supervisor pid>-<something>`) created since the run started and not owned by a live
-/// airlock supervisor (ours has exited; concurrent test binaries' have not).
+/// Cgroup directories the run left: those named after its supervisor (its pid and start
+/// time begin the name), which has exited. Other cells on the host, whoever runs them,
+/// do not count.
 fn cgroup_dirs_of(run: &CellRun) -> Vec<PathBuf> {
-    let run_id = run.result["run_id"].as_str().unwrap_or("");
-    assert!(!run_id.is_empty(), "no run id\n{}", run.describe());
-    let before = CGROUPS_BEFORE
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-        .expect("the run was not started with timed()");
-    let mut left: Vec<PathBuf> = host::cell_cgroup_dirs()
-        .into_iter()
-        .filter(|dir| {
-            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-            let owner = name.split('-').next().unwrap_or("");
-            name.ends_with(&format!("-{run_id}"))
-                || (!before.contains(dir) && !owner.parse().is_ok_and(host::is_live_supervisor))
-        })
-        .collect();
-    left.sort();
-    left
+    let supervisor = run
+        .supervisor
+        .as_ref()
+        .unwrap_or_else(|| panic!("the run's supervisor is unknown\n{}", run.describe()));
+    host::cgroups_of(supervisor)
 }
 
 /// Everything the run left behind on the host: marker processes and cgroup dirs.
@@ -90,8 +72,6 @@ fn assert_nothing_left(run: &CellRun, marker: &str) {
 }
 
 fn timed(contract: &str, argv: &[&str]) -> (CellRun, Duration) {
-    *CGROUPS_BEFORE.lock().unwrap_or_else(|p| p.into_inner()) =
-        Some(host::cell_cgroup_dirs().into_iter().collect());
     let started = Instant::now();
     let run = common::run(Some(contract), argv);
     (run, started.elapsed())
@@ -197,10 +177,10 @@ fn fork_bomb_is_contained_by_the_process_limit() {
     assert_eq!(String::from_utf8_lossy(&probe.stdout), "alive\n");
     // ... and nothing of the bomb is left.
     assert_nothing_left(&run, &marker);
-    let orphans = host::stray_cell_processes();
+    let orphans = host::leftover_cell_processes();
     assert!(
         orphans.is_empty(),
-        "cell processes without a live supervisor after the fork bomb: {orphans:#?}\n{}",
+        "cell processes outlived their supervisor after the fork bomb: {orphans:#?}\n{}",
         run.describe()
     );
 }
@@ -330,6 +310,8 @@ fn run_measuring_rss(dir: &Path, contract: &str, argv: &[&str]) -> (CellRun, u64
     };
     cmd.current_dir(dir)
         .arg("run")
+        .arg("--state-dir")
+        .arg(common::state_dir())
         .arg("--result")
         .arg(&result_path)
         .arg("--contract")
@@ -362,7 +344,11 @@ fn run_measuring_rss(dir: &Path, contract: &str, argv: &[&str]) -> (CellRun, u64
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(serde_json::Value::Null);
-    let run = CellRun { output, result };
+    let run = CellRun {
+        output,
+        result,
+        supervisor: None,
+    };
     if gnu_time {
         let log = std::fs::read_to_string(&time_log).unwrap_or_default();
         let kib = log
@@ -613,11 +599,17 @@ fn non_executable_file_is_126() {
 fn no_orphaned_cell_process_outlives_these_tests() {
     require_cells!();
     let _serial = serial();
-    // Under the lock no cell of this binary is alive; cells of concurrently running test
-    // binaries still hang below their live supervisor and are not counted.
-    let left = host::stray_cell_processes();
+    // Under the lock every supervisor these tests started has exited: a process in one
+    // of their cells' cgroups outlived its run. Cells of anyone else (other test
+    // binaries, other airlock binaries, whatever their name) are not these tests'.
+    let left = host::leftover_cell_processes();
     assert!(
         left.is_empty(),
-        "cell processes without a live supervisor: {left:#?}"
+        "cell processes of these tests outlived their supervisor: {left:#?}"
+    );
+    let cgroups = host::leftover_cgroups();
+    assert!(
+        cgroups.is_empty(),
+        "cgroups of these tests' cells outlived their supervisor: {cgroups:#?}"
     );
 }

@@ -29,6 +29,8 @@ fn run_contract_argv(dir: &Path, ext: &str, text: &str, argv: &[&str]) -> CellRu
     let output = Command::new(common::airlock_bin())
         .current_dir(dir)
         .arg("run")
+        .arg("--state-dir")
+        .arg(common::state_dir())
         .arg("--contract")
         .arg(&contract)
         .arg("--result")
@@ -42,7 +44,11 @@ fn run_contract_argv(dir: &Path, ext: &str, text: &str, argv: &[&str]) -> CellRu
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null);
-    CellRun { output, result }
+    CellRun {
+        output,
+        result,
+        supervisor: None,
+    }
 }
 
 /// Asserts the contract is refused: exit 125, the payload never ran, stderr carries every
@@ -279,6 +285,8 @@ fn missing_contract_file_is_a_runtime_fault() {
     let result_path = dir.path().join("r.json");
     let output = Command::new(common::airlock_bin())
         .arg("run")
+        .arg("--state-dir")
+        .arg(common::state_dir())
         .arg("--contract")
         .arg(dir.path().join("absent.yaml"))
         .arg("--result")
@@ -291,7 +299,11 @@ fn missing_contract_file_is_a_runtime_fault() {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null);
-    let run = CellRun { output, result };
+    let run = CellRun {
+        output,
+        result,
+        supervisor: None,
+    };
     assert_ne!(run.code(), 0, "{}", run.describe());
     assert!(!run.stdout().contains(RAN), "{}", run.describe());
     if !run.result.is_null() {

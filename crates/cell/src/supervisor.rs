@@ -39,6 +39,9 @@ enum Deadline {
     Done,
 }
 
+/// What `/proc/1/comm` and `/proc/1/cmdline` of a cell read.
+pub const PID1_NAME: &std::ffi::CStr = c"airlock-init";
+
 /// Host ids of cell identities when airlock runs as root: cell uid N is host uid
 /// `HOST_ID_BASE + N`, far away from real users and never 0.
 pub const HOST_ID_BASE: u32 = 1_000_000_000;
@@ -371,6 +374,7 @@ fn start_and_supervise(
         options,
         payload_cpus.as_ref(),
         caller_terminal.as_mut(),
+        &supervisor.command_line,
     )?;
     // The cgroup is created while the cell builds its network namespace; the cell only
     // runs airlock's setup until it has joined it.
@@ -625,6 +629,7 @@ fn spawn_cell(
     options: &mut RunOptions<'_>,
     payload_cpus: Option<&sys::CpuSet>,
     caller_terminal: Option<&mut CallerTerminal>,
+    supervisor_command_line: &sys::CommandLineArea,
 ) -> Result<SpawnedCell, CellError> {
     let window = caller_terminal
         .as_ref()
@@ -650,7 +655,10 @@ fn spawn_cell(
         stdin_relay,
         terminal_input,
     } = pipes;
-    match sys::clone_cell(CELL_NAMESPACES) {
+    // pid 1 is a clone of this process, not an exec: without a name of its own its
+    // /proc/1/cmdline would show the payload this process's command line, host paths of
+    // the contract, the operator config and the state dir among it.
+    match sys::clone_cell_named(CELL_NAMESPACES, supervisor_command_line, PID1_NAME) {
         Ok(sys::CloneOutcome::Child) => {
             // No handle to the caller's stdin or terminal stays in the cell.
             drop((

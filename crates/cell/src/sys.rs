@@ -31,6 +31,29 @@ fn check_long(ret: libc::c_long) -> io::Result<libc::c_long> {
     }
 }
 
+/// [`clone_cell`], and the child then takes `name` as its `/proc/<pid>/comm` and
+/// `/proc/<pid>/cmdline` and blanks its copy of the caller's environment strings
+/// (`/proc/<pid>/environ`), `command_line` being the caller's own (see
+/// [`process_stat`]). Done right after the clone, where the child is known to run alone:
+/// a clone without exec would otherwise show whoever can read its /proc files the
+/// caller's command line and, to those allowed, its environment.
+pub fn clone_cell_named(
+    namespace_flags: libc::c_ulong,
+    command_line: &CommandLineArea,
+    name: &CStr,
+) -> io::Result<CloneOutcome> {
+    let outcome = clone_cell(namespace_flags)?;
+    if let CloneOutcome::Child = outcome {
+        // SAFETY: a fork-like child has exactly one thread, this one, and nothing of
+        // airlock keeps a reference into the argument or environment strings.
+        unsafe { overwrite_command_line(command_line, name.to_bytes()) };
+        // Fails only for a bad pointer (EFAULT); an error here must not be mistaken by
+        // the child for a failed clone.
+        let _ = set_thread_name(name);
+    }
+    Ok(outcome)
+}
+
 /// Result of [`clone_cell`] as seen by each side.
 pub enum CloneOutcome {
     Parent { pid: libc::pid_t, pidfd: OwnedFd },
@@ -1100,9 +1123,25 @@ pub struct ProcessStat {
     pub threads: usize,
     /// Clock ticks since boot: with the pid, it names a process across pid reuse.
     pub start_time: u64,
+    /// Where this process's argument and environment strings are; empty for another
+    /// process.
+    pub command_line: CommandLineArea,
 }
 
-/// Fields 20 (num_threads) and 22 (starttime) of `/proc/<pid>/stat`.
+/// Addresses of this process's argument and environment strings (fields 48-51 of
+/// `/proc/self/stat`): what `/proc/<pid>/cmdline` and `/proc/<pid>/environ` read. Only
+/// [`process_stat`] of this very process makes one, so it always describes the memory of
+/// the process that holds it (or of its fork-like clones: a copy of the same layout).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommandLineArea {
+    arg_start: usize,
+    arg_end: usize,
+    env_start: usize,
+    env_end: usize,
+}
+
+/// Fields 20 (num_threads), 22 (starttime) and 48-51 (arg_start, arg_end, env_start,
+/// env_end) of `/proc/<pid>/stat`.
 pub fn process_stat(pid: u32) -> io::Result<ProcessStat> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the parenthesised command name are plain; they start at field 3.
@@ -1117,10 +1156,65 @@ pub fn process_stat(pid: u32) -> io::Result<ProcessStat> {
         .and_then(|v| v.parse().ok())
         .ok_or_else(bad)?;
     let start_time = fields.nth(1).and_then(|v| v.parse().ok()).ok_or_else(bad)?;
+    let mut address = |skip: usize| fields.nth(skip).and_then(|v| v.parse().ok());
+    let command_line = if pid == std::process::id() {
+        CommandLineArea {
+            arg_start: address(25).ok_or_else(bad)?,
+            arg_end: address(0).ok_or_else(bad)?,
+            env_start: address(0).ok_or_else(bad)?,
+            env_end: address(0).ok_or_else(bad)?,
+        }
+    } else {
+        CommandLineArea::default()
+    };
     Ok(ProcessStat {
         threads,
         start_time,
+        command_line,
     })
+}
+
+/// Makes `/proc/<pid>/cmdline` of this process read `name` (and a NUL) and
+/// `/proc/<pid>/environ` read only NULs, by overwriting the strings in place: the
+/// kernel's own pointers (PR_SET_MM_ARG_START) need CAP_SYS_RESOURCE in the initial user
+/// namespace. The last byte of the argument area is left non-NUL, which the kernel takes
+/// for setproctitle(3) and then shows the area up to its first NUL only, so that not even
+/// the length of the old command line remains.
+///
+/// # Safety
+/// The process must be single-threaded, and nothing may hold a reference into those
+/// strings while they change (std's `env::args` and `env::var` copy them on each call;
+/// libc's `environ` array keeps pointing at them, now at empty strings).
+unsafe fn overwrite_command_line(area: &CommandLineArea, name: &[u8]) {
+    if area.arg_end > area.arg_start {
+        // SAFETY: a CommandLineArea describes this process's argument strings (see its
+        // type), mapped and writable (the top of the initial stack); the caller
+        // guarantees that nothing else reads or references them meanwhile.
+        let args = unsafe {
+            std::slice::from_raw_parts_mut(area.arg_start as *mut u8, area.arg_end - area.arg_start)
+        };
+        args.fill(0);
+        // One byte for the terminating NUL, one for the non-NUL end marker.
+        let kept = name.len().min(args.len().saturating_sub(2));
+        args[..kept].copy_from_slice(&name[..kept]);
+        if args.len() >= 2 {
+            args[args.len() - 1] = b' ';
+        }
+    }
+    if area.env_end > area.env_start {
+        // SAFETY: as above, for this process's environment strings.
+        unsafe {
+            std::ptr::write_bytes(area.env_start as *mut u8, 0, area.env_end - area.env_start)
+        };
+    }
+}
+
+/// Sets this thread's name (`/proc/<pid>/comm`; truncated by the kernel to 15 bytes).
+pub fn set_thread_name(name: &CStr) -> io::Result<()> {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes from the
+    // pointer, which `name` provides for the call.
+    check(unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0) })
+        .map(drop)
 }
 
 pub fn geteuid() -> u32 {
@@ -1498,6 +1592,26 @@ mod tests {
             reaped.status
         );
         libc::WEXITSTATUS(reaped.status)
+    }
+
+    #[test]
+    fn process_stat_locates_only_this_processs_command_line() {
+        let own = process_stat(std::process::id()).unwrap().command_line;
+        let argv0 = std::env::args_os().next().unwrap();
+        // SAFETY: reads this process's own argument strings, which nothing writes.
+        let first = unsafe {
+            std::slice::from_raw_parts(own.arg_start as *const u8, own.arg_end - own.arg_start)
+        };
+        assert!(own.env_end > own.env_start, "{own:?}");
+        assert!(
+            first.starts_with(argv0.as_encoded_bytes()),
+            "the area does not start with argv[0] {argv0:?}: {own:?}"
+        );
+        let parent = std::os::unix::process::parent_id();
+        assert_eq!(
+            process_stat(parent).unwrap().command_line,
+            CommandLineArea::default()
+        );
     }
 
     #[test]

@@ -1,78 +1,75 @@
-//! What the host sees of cells: processes running as a cell identity and cell cgroup
-//! directories, and whether an airlock supervisor that owns them is still alive. Used by
-//! the tests that check nothing outlives a run.
+//! What the host sees of this test process's own cells, for the tests that check nothing
+//! outlives a run. Other cells run on the same machine (other engineers, concurrent test
+//! binaries, an installed airlock, a copy under another name): they are none of these
+//! tests' business, so cells are never recognised by a process name. A cell is recognised
+//! by its cgroup, whose name starts with its supervisor's pid and start time
+//! (`<pid>-<start time>-<nanoseconds>`, `cgroup_name` in crates/cell/src/cgroup.rs);
+//! [`run_supervisor`] records both for every `airlock run` a test starts. Once such a
+//! supervisor has exited, any cgroup of its name, and any process in one, is a leak.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
 
-/// Uid, parent pid and command name of a process.
-pub fn proc_status(pid: u32) -> Option<(u32, u32, String)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .map(str::to_string)
-    };
-    Some((
-        field("Uid:")?.parse().ok()?,
-        field("PPid:")?.parse().ok()?,
-        field("Name:")?,
-    ))
+/// One `airlock run` process started by this test process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Supervisor {
+    pub pid: u32,
+    /// Clock ticks since boot (field 22 of `/proc/<pid>/stat`): with the pid, it names the
+    /// process across pid reuse, as in the cgroup's name.
+    pub start_time: u64,
 }
 
-/// A live airlock supervisor: a root process named `airlock`.
-pub fn is_live_supervisor(pid: u32) -> bool {
-    matches!(proc_status(pid), Some((0, _, name)) if name == "airlock")
-}
-
-fn pids() -> impl Iterator<Item = u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
-}
-
-fn cmdline(pid: u32) -> Option<String> {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .ok()
-        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-}
-
-/// Processes running as a cell identity that do not hang below a live supervisor (live
-/// ones belong to runs still in progress, e.g. of concurrent test binaries).
-pub fn stray_cell_processes() -> Vec<String> {
-    let mut found = Vec::new();
-    for pid in pids() {
-        let Some((uid, mut ppid, _)) = proc_status(pid) else {
-            continue;
-        };
-        // Cell identities map to host ids from here up.
-        if uid < airlock_cell::HOST_ID_BASE {
-            continue;
-        }
-        let mut supervised = false;
-        for _ in 0..64 {
-            if ppid <= 1 {
-                break;
-            }
-            if is_live_supervisor(ppid) {
-                supervised = true;
-                break;
-            }
-            match proc_status(ppid) {
-                Some((_, next, _)) => ppid = next,
-                None => break,
-            }
-        }
-        if !supervised {
-            found.push(format!(
-                "pid {pid} uid {uid}: {}",
-                cmdline(pid).unwrap_or_default()
-            ));
+impl Supervisor {
+    /// The supervisor `child` is. It must not have been waited for: until then its /proc
+    /// entry stays, even once it has exited.
+    pub fn of(child: &Child) -> Supervisor {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
+            .expect("the unreaped child's /proc entry");
+        // Fields after the parenthesised command name start at field 3.
+        let start_time = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no start time in /proc/{}/stat: {stat}", child.id()));
+        Supervisor {
+            pid: child.id(),
+            start_time,
         }
     }
-    found
+
+    /// Whether a cell cgroup of this name belongs to this supervisor.
+    pub fn owns(&self, cgroup_name: &str) -> bool {
+        cgroup_name.starts_with(&format!("{}-{}-", self.pid, self.start_time))
+    }
+}
+
+/// Supervisors this process started that have exited: nothing of theirs may be left.
+static FINISHED: Mutex<Vec<Supervisor>> = Mutex::new(Vec::new());
+
+fn finished_owner_of(cgroup_name: &str) -> bool {
+    FINISHED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|s| s.owns(cgroup_name))
+}
+
+/// Runs `cmd` (an `airlock run`) to the end like `Command::output` (stdout and stderr
+/// captured) and records its supervisor as one of this process's, now finished.
+pub fn run_supervisor(cmd: &mut Command) -> (Output, Supervisor) {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn airlock");
+    let supervisor = Supervisor::of(&child);
+    let output = child.wait_with_output().expect("wait for airlock");
+    FINISHED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(supervisor);
+    (output, supervisor)
 }
 
 /// Processes (other than this one) whose command line contains `needle`.
@@ -83,21 +80,13 @@ pub fn processes_with(needle: &str) -> Vec<String> {
         let Some(line) = cmdline(pid).filter(|c| c.contains(needle)) else {
             continue;
         };
-        let state = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("State:"))
-                    .map(str::to_string)
-            })
-            .unwrap_or_else(|| "State: ?".into());
-        found.push(format!("pid {pid} ({state}): {line}"));
+        found.push(format!("pid {pid} ({}): {line}", state(pid)));
     }
     found
 }
 
 /// Every cell cgroup directory under `/sys/fs/cgroup/*/airlock/` (v1) or
-/// `/sys/fs/cgroup/airlock/` (v2).
+/// `/sys/fs/cgroup/airlock/` (v2), whoever's.
 pub fn cell_cgroup_dirs() -> Vec<PathBuf> {
     let mut found = Vec::new();
     let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
@@ -122,14 +111,80 @@ pub fn cell_cgroup_dirs() -> Vec<PathBuf> {
     found
 }
 
-/// Whether the supervisor named by a cell cgroup (`<pid>-...`) is still alive.
-pub fn cgroup_owner_alive(dir: &std::path::Path) -> bool {
-    let name = dir
-        .file_name()
+fn dir_name(dir: &Path) -> String {
+    dir.file_name()
         .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    name.split('-')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .is_some_and(is_live_supervisor)
+        .unwrap_or_default()
+}
+
+/// The cgroup directories of `supervisor`'s cells (one per hierarchy on v1).
+pub fn cgroups_of(supervisor: &Supervisor) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = cell_cgroup_dirs()
+        .into_iter()
+        .filter(|d| supervisor.owns(&dir_name(d)))
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// Cell cgroup directories of supervisors of this process that have exited (each removes
+/// its cell's cgroup before it exits).
+pub fn leftover_cgroups() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = cell_cgroup_dirs()
+        .into_iter()
+        .filter(|d| finished_owner_of(&dir_name(d)))
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// Processes in a cell cgroup of a supervisor of this process that has exited: every
+/// process of a cell is in its cgroup (pid 1 joins it before it is released, the rest
+/// are its descendants), so these are the cell processes that outlived their run.
+pub fn leftover_cell_processes() -> Vec<String> {
+    let mut pids: Vec<u32> = leftover_cgroups()
+        .iter()
+        .flat_map(|dir| {
+            std::fs::read_to_string(dir.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    pids.sort();
+    pids.dedup();
+    pids.into_iter()
+        .map(|pid| {
+            format!(
+                "pid {pid} ({}): {}",
+                state(pid),
+                cmdline(pid).unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+}
+
+fn cmdline(pid: u32) -> Option<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+}
+
+fn state(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("State:"))
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "State: ?".into())
 }

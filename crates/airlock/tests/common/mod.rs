@@ -13,27 +13,97 @@ pub fn airlock_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_airlock"))
 }
 
-/// Cells need root (or at least a kernel with everything `airlock doctor` checks). CI runs
-/// as root and sets AIRLOCK_REQUIRE_ROOT_TESTS=1, which turns a skip into a failure.
-pub fn cells_available() -> bool {
-    // SAFETY-free check: /proc/self/status carries the effective uid.
+/// The audit store of this test process's runs. Not the host's default
+/// (`/var/lib/airlock`): other airlock binaries on the machine share that one, and a newer
+/// one may migrate it to a schema this build refuses, or its load may slow these runs.
+/// One per test process, under cargo's per-target scratch directory (or the temp dir
+/// when that is not writable, as for a test binary run by another user); those of test
+/// processes that have exited are removed on the way.
+pub fn state_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let name = format!("airlock-state-{}", std::process::id());
+        [
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+            std::env::temp_dir(),
+        ]
+        .into_iter()
+        .find_map(|scratch| {
+            remove_exited_state_dirs(&scratch);
+            let dir = scratch.join(&name);
+            std::fs::create_dir_all(&dir).ok().map(|_| dir)
+        })
+        .expect("no writable directory for the tests' state dir")
+    })
+}
+
+fn remove_exited_state_dirs(scratch: &Path) {
+    for entry in std::fs::read_dir(scratch).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let owner = name.to_str().and_then(|n| n.strip_prefix("airlock-state-"));
+        if owner.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Set to skip the tests that need root when not root, knowingly.
+pub const ALLOW_SKIP_VAR: &str = "AIRLOCK_ALLOW_SKIPPED_ROOT_TESTS";
+/// Set by CI: a test that needs root fails without it, whatever else is set.
+pub const REQUIRE_ROOT_VAR: &str = "AIRLOCK_REQUIRE_ROOT_TESTS";
+
+/// What a test that needs root does in a process that is not root.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WithoutRoot {
+    /// Fail, saying why: cargo would count a test that returns early as passed, and a
+    /// green run without root must not read as a passed boundary suite.
+    Fail(&'static str),
+    /// Return early: whoever runs the tests asked for it ([`ALLOW_SKIP_VAR`]).
+    Skip,
+}
+
+/// The decision for a process that is not root, from the two variables' presence.
+pub fn without_root(require_root: bool, allow_skip: bool) -> WithoutRoot {
+    match (require_root, allow_skip) {
+        (true, _) => WithoutRoot::Fail(
+            "this test needs root (it runs cells) and AIRLOCK_REQUIRE_ROOT_TESTS is set",
+        ),
+        (false, false) => WithoutRoot::Fail(
+            "this test needs root (it runs cells): run the tests as root, or set \
+             AIRLOCK_ALLOW_SKIPPED_ROOT_TESTS=1 to skip the tests that need root knowingly",
+        ),
+        (false, true) => WithoutRoot::Skip,
+    }
+}
+
+fn euid_is_root() -> bool {
+    // /proc/self/status carries the effective uid (no libc call, no unsafe).
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let euid_is_root = status
+    status
         .lines()
         .find(|l| l.starts_with("Uid:"))
         .and_then(|l| l.split_whitespace().nth(2))
-        == Some("0");
-    if euid_is_root {
-        return true;
-    }
-    if std::env::var_os("AIRLOCK_REQUIRE_ROOT_TESTS").is_some() {
-        panic!("these tests must run as root (AIRLOCK_REQUIRE_ROOT_TESTS is set)");
-    }
-    eprintln!("SKIPPED: cell tests need root; run them as root (CI does)");
-    false
+        == Some("0")
 }
 
-/// Skips the calling test (with a message) when cells cannot run here.
+/// Whether the calling test can run cells (they need root). Not root, it fails the test
+/// unless [`ALLOW_SKIP_VAR`] asks to skip it (see [`without_root`]).
+pub fn cells_available() -> bool {
+    if euid_is_root() {
+        return true;
+    }
+    let set = |var| std::env::var_os(var).is_some();
+    match without_root(set(REQUIRE_ROOT_VAR), set(ALLOW_SKIP_VAR)) {
+        WithoutRoot::Fail(why) => panic!("{why}"),
+        WithoutRoot::Skip => {
+            eprintln!("SKIPPED (not root, {ALLOW_SKIP_VAR} is set): this test runs cells");
+            false
+        }
+    }
+}
+
+/// Returns from the calling test when it cannot run cells and skipping was asked for;
+/// fails it when not root otherwise (see [`cells_available`]).
 #[macro_export]
 macro_rules! require_cells {
     () => {
@@ -47,6 +117,9 @@ macro_rules! require_cells {
 pub struct CellRun {
     pub output: Output,
     pub result: Value,
+    /// The run's supervisor, when the test started it with [`host::run_supervisor`]: it
+    /// names the run's cgroups (see [`host::cgroups_of`]).
+    pub supervisor: Option<host::Supervisor>,
 }
 
 impl CellRun {
@@ -56,7 +129,21 @@ impl CellRun {
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or(Value::Null);
-        CellRun { output, result }
+        CellRun {
+            output,
+            result,
+            supervisor: None,
+        }
+    }
+
+    /// Runs `cmd` (an `airlock run` writing its result to `result_path`) and collects it,
+    /// with its supervisor recorded as this test process's.
+    pub fn of(cmd: &mut Command, result_path: &Path) -> CellRun {
+        let (output, supervisor) = host::run_supervisor(cmd);
+        CellRun {
+            supervisor: Some(supervisor),
+            ..CellRun::collect(output, result_path)
+        }
     }
 
     pub fn stdout(&self) -> String {
@@ -87,7 +174,8 @@ impl CellRun {
 }
 
 /// Runs `airlock run [extra args] -- argv` with an optional contract (YAML text written
-/// to a temp file in `dir`), in `dir`, with stdin from /dev/null.
+/// to a temp file in `dir`), in `dir`, with stdin from /dev/null, recording the run in
+/// [`state_dir`] unless `extra` names another.
 pub fn run_in(dir: &Path, contract_yaml: Option<&str>, extra: &[&str], argv: &[&str]) -> CellRun {
     let result_path = dir.join(format!("result-{}.json", unique()));
     let mut cmd = Command::new(airlock_bin());
@@ -95,13 +183,16 @@ pub fn run_in(dir: &Path, contract_yaml: Option<&str>, extra: &[&str], argv: &[&
         .arg("run")
         .arg("--result")
         .arg(&result_path);
+    if !extra.contains(&"--state-dir") {
+        cmd.arg("--state-dir").arg(state_dir());
+    }
     if let Some(yaml) = contract_yaml {
         let contract = dir.join(format!("contract-{}.yaml", unique()));
         std::fs::write(&contract, yaml).unwrap();
         cmd.arg("--contract").arg(&contract);
     }
     cmd.args(extra).arg("--").args(argv).stdin(Stdio::null());
-    CellRun::collect(cmd.output().expect("spawn airlock"), &result_path)
+    CellRun::of(&mut cmd, &result_path)
 }
 
 /// `run_in` with a fresh temporary directory.

@@ -87,6 +87,7 @@ for size in big tiny; do
   printf 'filesystem:\n  readonly_inputs:\n    - source: %s\n      target: /input/%s\n' \
     "$INPUTS/$src" "$src" > "$INPUTS/$size.yaml"
 done
+rm -f "$OUT/big-first.json"
 /usr/bin/time -f "first run with the new 1 GiB input (hashes it after the payload): %e s" \
   "$AIRLOCK" run --state-dir "$STATE" --result "$OUT/big-first.json" -c "$INPUTS/big.yaml" -- /bin/true
 python3 -c "import json; r=json.load(open('$OUT/big-first.json')); print(f\"  its startup_ms {r['timings']['startup_ms']:.2f}\")"

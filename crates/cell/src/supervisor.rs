@@ -455,9 +455,14 @@ fn start_and_supervise(
             if let Some(cpus) = &payload_cpus {
                 // The payload gets CPUs of the caller's back (see other_cpu): as many as
                 // its quota can use, which is what runtimes that size their thread pools
-                // from the affinity mask (nproc, Go, the JVM, libuv) then see.
-                let spread = std::process::id() as usize;
-                let mask = payload_cpu_set(&cpus.cpus(), plan.limits.cpu_millis, spread);
+                // from the affinity mask (nproc, Go, the JVM, libuv) then see. They start
+                // at a CPU other than this thread's, where the cell did its setup: the
+                // supervisor is busy finishing the record while the payload starts.
+                let allowed = cpus.cpus();
+                let spread = other_cpu(cpus)
+                    .and_then(|cpu| allowed.iter().position(|c| *c == cpu))
+                    .unwrap_or(0);
+                let mask = payload_cpu_set(&allowed, plan.limits.cpu_millis, spread);
                 let _ = sys::set_affinity(supervision.pid, &sys::CpuSet::of(&mask));
             }
             supervision.start_payload();
@@ -591,8 +596,8 @@ fn kill_and_reap(pidfd: &OwnedFd, pid: libc::pid_t) {
 }
 
 /// The CPUs a payload with a quota of `cpu_millis` may run on: `ceil(cpu_millis / 1000)`
-/// of `allowed` (at least one, at most all), starting at `spread` so that concurrent
-/// cells share the host's CPUs out. A pure decision: the quota (cpu.max) is what limits
+/// of `allowed` (at least one, at most all), starting at index `spread` (the CPU the cell
+/// set itself up on, which other_cpu spreads over concurrent cells). A pure decision: the quota (cpu.max) is what limits
 /// the CPU time; the mask only tells the payload how many CPUs that time is worth.
 fn payload_cpu_set(allowed: &[usize], cpu_millis: u32, spread: usize) -> Vec<usize> {
     if allowed.is_empty() {

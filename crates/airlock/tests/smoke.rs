@@ -42,7 +42,11 @@ fn payload_with_a_quota_of_every_cpu_may_use_every_cpu_of_its_caller() {
         .to_string();
     let run = common::run(
         Some("resources:\n  cpu_millis: 64000\n"),
-        &["/bin/sh", "-c", "grep '^Cpus_allowed_list:' /proc/self/status"],
+        &[
+            "/bin/sh",
+            "-c",
+            "grep '^Cpus_allowed_list:' /proc/self/status",
+        ],
     );
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert_eq!(run.stdout().trim_end(), ours, "{}", run.describe());

@@ -221,6 +221,22 @@ fn runs_of_another_user_are_listed_only_when_asked_for() {
         .output()
         .unwrap();
     assert_eq!(run.status.code(), Some(125));
+    // root refuses to open a store another user can write into (a planted link would have
+    // it write through); an operator who takes the store over owns it first.
+    let refused = Command::new(airlock_bin())
+        .args(["runs", "list", "--state-dir"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("belongs to uid 65534"));
+    let chown = Command::new("chown")
+        .arg("-R")
+        .arg("0:0")
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(chown.success());
     let list = |extra: &[&str]| -> Vec<Value> {
         let out = Command::new(airlock_bin())
             .args(["runs", "list", "--json", "--state-dir"])

@@ -71,6 +71,8 @@ pub enum StoreError {
         .path.display(), .blocker.display()
     )]
     NotADirectory { path: PathBuf, blocker: PathBuf },
+    #[error("audit store directory {}: {reason}", .path.display())]
+    UnsafeStateDir { path: PathBuf, reason: String },
     #[error("audit store directory {path}: {source}")]
     Dir {
         path: PathBuf,
@@ -106,6 +108,7 @@ impl StoreError {
             StoreError::Corrupt { .. } => ErrorClass::Corrupt,
             StoreError::SchemaTooNew { .. } => ErrorClass::Corrupt,
             StoreError::NotADirectory { .. } => ErrorClass::InvalidInput,
+            StoreError::UnsafeStateDir { .. } => ErrorClass::InvalidInput,
             StoreError::Dir { source, .. } => io_class(source),
             StoreError::Sqlite { .. } => ErrorClass::Io,
             StoreError::Export(source) => io_class(source),

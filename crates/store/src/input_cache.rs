@@ -54,11 +54,13 @@ impl InputHashCache {
     /// Opens (creating if needed) the cache in `state_dir`, which must exist.
     pub fn open(state_dir: &Path) -> Result<InputHashCache> {
         let path = state_dir.join(CACHE_FILE);
+        crate::check_state_dir(state_dir)?;
         let conn = Connection::open_with_flags(
             &path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_NOFOLLOW,
         )
         .map_err(|e| StoreError::from_sqlite(&path, e))?;
         let setup = || -> rusqlite::Result<()> {

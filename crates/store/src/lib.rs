@@ -449,6 +449,61 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
+/// Files airlock keeps in a state directory: the store and its journals, the input cache.
+const STATE_FILES: &[&str] = &[
+    DB_FILE,
+    "airlock.db-wal",
+    "airlock.db-shm",
+    "airlock.db-journal",
+    input_cache::CACHE_FILE,
+    "input-hashes.db-wal",
+    "input-hashes.db-shm",
+    "input-hashes.db-journal",
+];
+
+/// The state directory's files are written by a privileged airlock, so nobody else may be
+/// able to put anything there: a symlink or hard link planted as `airlock.db-wal` would
+/// have root write through it, and records could be edited. Refused: a directory others
+/// can write to (group or world write bit) or owned by another user than this one or
+/// root, and any of airlock's file names that is not a plain, single-link file.
+pub(crate) fn check_state_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let unsafe_dir = |reason: String| StoreError::UnsafeStateDir {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    let meta = std::fs::metadata(dir).map_err(|source| StoreError::Dir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if meta.mode() & 0o022 != 0 {
+        return Err(unsafe_dir(format!(
+            "it is writable by other users (mode {:o}), who could plant links for airlock to \
+             write through or edit its records: `chmod go-w` it or choose another --state-dir",
+            meta.mode() & 0o7777
+        )));
+    }
+    let me = proc_info::effective_uid().unwrap_or(0);
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(unsafe_dir(format!(
+            "it belongs to uid {}, not to this user (uid {me}) or root",
+            meta.uid()
+        )));
+    }
+    for name in STATE_FILES {
+        let Ok(file) = std::fs::symlink_metadata(dir.join(name)) else {
+            continue;
+        };
+        if !file.file_type().is_file() || file.nlink() > 1 {
+            return Err(unsafe_dir(format!(
+                "{name} is not a plain file of its own (a symlink, a hard link, a FIFO or a \
+                 directory): airlock does not write through it; remove it"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The first of `dir` and its ancestors that exists but is not a directory (a file where
 /// the store's directory or one of its parents should be), if any.
 fn non_directory_on_the_way(dir: &Path) -> Option<PathBuf> {
@@ -502,11 +557,13 @@ impl Store {
                     }
                 })?;
         }
+        check_state_dir(state_dir)?;
         let conn = Connection::open_with_flags(
             &path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_NOFOLLOW,
         )
         .map_err(|e| StoreError::from_sqlite(&path, e))?;
         let store = Store { conn, path };

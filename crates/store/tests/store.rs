@@ -921,3 +921,49 @@ fn open_begin_finish_is_cheap() {
     eprintln!("open+begin+finish (debug build): {per:?} per run");
     assert!(per < Duration::from_millis(20), "{per:?}");
 }
+
+#[test]
+fn a_state_dir_others_can_write_to_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let Err(err) = Store::open(dir.path()) else {
+        panic!("a state dir others can write to was opened")
+    };
+    assert_eq!(err.class(), ErrorClass::InvalidInput);
+    assert!(
+        err.to_string()
+            .contains("writable by other users (mode 777)"),
+        "{err}"
+    );
+    assert!(!dir.path().join(DB_FILE).exists(), "nothing was created");
+}
+
+#[test]
+fn a_link_planted_at_a_journal_name_is_not_written_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(victim.path(), b"victim").unwrap();
+    drop(Store::open(dir.path()).unwrap());
+    for (name, hard) in [("airlock.db-wal", false), ("airlock.db-shm", true)] {
+        let planted = dir.path().join(name);
+        let _ = std::fs::remove_file(&planted);
+        if hard {
+            std::fs::hard_link(victim.path(), &planted).unwrap();
+        } else {
+            std::os::unix::fs::symlink(victim.path(), &planted).unwrap();
+        }
+        let Err(err) = Store::open(dir.path()) else {
+            panic!("a state dir others can write to was opened")
+        };
+        assert!(
+            err.to_string()
+                .contains(&format!("{name} is not a plain file")),
+            "{err}"
+        );
+        std::fs::remove_file(&planted).unwrap();
+    }
+    assert_eq!(std::fs::read(victim.path()).unwrap(), b"victim");
+    // With the links gone the store opens again, its records intact.
+    Store::open(dir.path()).unwrap().verify().unwrap();
+}

@@ -12,7 +12,7 @@ use airlock_contract::{
     compile, default_contract, load_contract_file, CellPlan, CompileInput, ContractError,
     NetworkPlan,
 };
-use airlock_store::{RunStart, Store};
+use airlock_store::{RunHandle, RunStart, Store};
 use clap::Args;
 use serde_json::{json, Value};
 use std::os::fd::AsFd;
@@ -218,57 +218,44 @@ fn refuse_early(
     }
 }
 
-pub fn run(args: RunArgs, started: Instant) -> ExitCode {
-    let config = match OperatorConfig::load(args.config.as_deref()) {
-        Ok(c) => c,
-        Err(err) => {
-            return refuse(
-                &args,
-                "",
-                ResultClass::RuntimeFault,
-                crate::user_message(&err),
-                None,
-            )
-        }
-    };
-    let plan = match load_plan(&args) {
-        Ok(plan) => plan,
-        Err(err) => {
-            let status = ResultClass::from_name(err.class()).unwrap_or(ResultClass::RuntimeFault);
-            return refuse_early(&config, &args, status, format!("contract: {err}"), None);
-        }
-    };
+/// What a run needs once every check before the cell passed.
+struct Prepared {
+    plan: CellPlan,
+    credentials: Vec<(String, String)>,
+    stdin: PayloadStdin,
+    stdin_kind: StdinKind,
+    start: RunStart,
+    secrets: Vec<String>,
+}
+
+/// Every refusal that needs no cell: the contract, the allowlist's resolution, the
+/// credentials, stdin and the inputs. A refusal is recorded and reported; its exit code
+/// is the error.
+fn prepare(args: &RunArgs, config: &OperatorConfig) -> Result<Prepared, ExitCode> {
+    let plan = load_plan(args).map_err(|err| {
+        let status = ResultClass::from_name(err.class()).unwrap_or(ResultClass::RuntimeFault);
+        refuse_early(config, args, status, format!("contract: {err}"), None)
+    })?;
+    let refuse_plan =
+        |status, error: String| refuse_early(config, args, status, error, Some(&plan));
     if let NetworkPlan::Allowlist { destinations } = &plan.network {
         let unresolvable = config.unresolvable(destinations);
         if !unresolvable.is_empty() {
             let error = unresolvable_error(&unresolvable, args.config.as_deref());
-            let status = ResultClass::SandboxUnavailable;
-            return refuse_early(&config, &args, status, error, Some(&plan));
+            return Err(refuse_plan(ResultClass::SandboxUnavailable, error));
         }
     }
-    let credentials = match airlock_cell::credential_env(&plan) {
-        Ok(c) => c,
-        Err(err) => {
-            let status = err.class();
-            return refuse_early(&config, &args, status, err.to_string(), Some(&plan));
-        }
-    };
+    let credentials = airlock_cell::credential_env(&plan)
+        .map_err(|err| refuse_plan(err.class(), err.to_string()))?;
     let mut hasher = InputHasher::new(&args.command);
-    let stdin = match prepare_stdin(&plan)
+    let (stdin, stdin_kind) = prepare_stdin(&plan)
         .and_then(|s| hasher.add_plan_inputs(&plan).map(|_| s).map_err(Into::into))
-    {
-        Ok(stdin) => stdin,
-        Err(err) => {
-            let error = format!("reading inputs: {err:#}");
-            return refuse_early(
-                &config,
-                &args,
+        .map_err(|err| {
+            refuse_plan(
                 ResultClass::RuntimeFault,
-                error,
-                Some(&plan),
-            );
-        }
-    };
+                format!("reading inputs: {err:#}"),
+            )
+        })?;
     let start = RunStart {
         argv: args.command.clone(),
         input_sha256: hasher.finish(),
@@ -277,38 +264,117 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         plan_json: serde_json::to_value(&plan).unwrap_or_default(),
     };
     let secrets = record::secrets_of(&plan, &credentials);
-    // Fail closed: no audit record, no run. The store is opened and the record written
-    // while the released cell finishes its setup; its payload only starts once the
-    // record exists.
-    let mut store = None;
-    let mut handle = None;
-    let mut audit_error = None;
-    let mut input_contents = None;
-    let mut unhashed_inputs = Some(crate::inputs::readonly_inputs(&plan));
-    let state_dir = config.state_dir(args.state_dir.as_deref());
-    let mut begin_record = || -> Result<String, String> {
-        let opened = open_store(&config, &args)?;
-        let begun = opened
-            .begin_run(start.clone(), secrets.clone())
-            .map_err(|err| err.to_string());
-        store = Some(opened);
-        let h = begun?;
-        let id = h.run_id();
-        handle = Some(h);
+    Ok(Prepared {
+        plan,
+        credentials,
+        stdin,
+        stdin_kind,
+        start,
+        secrets,
+    })
+}
+
+/// The run's audit record, begun by the cell runtime's hook once the cell is released
+/// (fail closed: no record, no payload) and finished at the end; and the content hash of
+/// the read-only inputs, started at the same moment.
+struct Recorder<'a> {
+    config: &'a OperatorConfig,
+    args: &'a RunArgs,
+    start: RunStart,
+    secrets: Vec<String>,
+    store: Option<Store>,
+    handle: Option<RunHandle>,
+    audit_error: Option<String>,
+    unhashed_inputs: Option<Vec<(PathBuf, PathBuf)>>,
+    input_contents: Option<std::thread::JoinHandle<InputContents>>,
+}
+
+impl Recorder<'_> {
+    fn begin(&mut self) -> Result<String, String> {
+        let begun = self.open_and_begin();
+        if let Err(err) = &begun {
+            self.audit_error = Some(err.clone());
+        }
+        begun
+    }
+
+    fn open_and_begin(&mut self) -> Result<String, String> {
+        let store = self.store.insert(open_store(self.config, self.args)?);
+        let handle = store
+            .begin_run(self.start.clone(), self.secrets.clone())
+            .map_err(|err| err.to_string())?;
+        let run_id = handle.run_id();
+        self.handle = Some(handle);
         // The cell is cloned: a thread may start now. It reads the inputs while the
         // payload runs (see inputs.rs).
-        input_contents = unhashed_inputs
+        let state_dir = self.config.state_dir(self.args.state_dir.as_deref());
+        self.input_contents = self
+            .unhashed_inputs
             .take()
             .filter(|inputs| !inputs.is_empty())
             .map(|inputs| {
-                let state_dir = state_dir.clone();
                 std::thread::spawn(move || crate::inputs::hash_contents(&inputs, &state_dir))
             });
-        Ok(id)
-    };
-    let mut record_before_start =
-        || begin_record().inspect_err(|err: &String| audit_error = Some(err.clone()));
+        Ok(run_id)
+    }
 
+    /// The store and the run's handle; a run that failed before its cell was released
+    /// is recorded now, so it is not lost.
+    fn store_and_handle(&mut self) -> Result<(Store, RunHandle), String> {
+        let store = match self.store.take() {
+            Some(store) => store,
+            None => open_store(self.config, self.args)?,
+        };
+        let handle = match self.handle.take() {
+            Some(handle) => handle,
+            None => store
+                .begin_run(self.start.clone(), self.secrets.clone())
+                .map_err(|err| err.to_string())?,
+        };
+        Ok((store, handle))
+    }
+
+    fn input_contents(&mut self) -> Option<InputContents> {
+        self.input_contents.take().map(|hashing| {
+            hashing.join().unwrap_or_else(|_| InputContents {
+                error: Some("hashing the read-only inputs panicked".to_string()),
+                ..InputContents::default()
+            })
+        })
+    }
+}
+
+pub fn run(args: RunArgs, started: Instant) -> ExitCode {
+    let config = match OperatorConfig::load(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(err) => {
+            let error = crate::user_message(&err);
+            return refuse(&args, "", ResultClass::RuntimeFault, error, None);
+        }
+    };
+    let prepared = match prepare(&args, &config) {
+        Ok(prepared) => prepared,
+        Err(code) => return code,
+    };
+    let Prepared {
+        plan,
+        credentials,
+        stdin,
+        stdin_kind,
+        start,
+        secrets,
+    } = prepared;
+    let mut recorder = Recorder {
+        config: &config,
+        args: &args,
+        start,
+        secrets: secrets.clone(),
+        store: None,
+        handle: None,
+        audit_error: None,
+        unhashed_inputs: Some(crate::inputs::readonly_inputs(&plan)),
+        input_contents: None,
+    };
     let mut proxy = match &plan.network {
         NetworkPlan::Allowlist { destinations } => {
             Some(ProxySession::new(config.egress.clone(), destinations))
@@ -320,11 +386,10 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         max_file_bytes: args.max_artifact_bytes,
         max_total_bytes: args.max_artifact_bytes.saturating_mul(16),
     });
-    let (stdin, stdin_kind) = stdin;
     let mut report = airlock_cell::run_cell(
         &plan,
         RunOptions {
-            before_start: Some(&mut record_before_start),
+            before_start: Some(&mut || recorder.begin()),
             started,
             egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
             artifacts,
@@ -334,45 +399,24 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         },
     );
     report.stdin = Some(stdin_record(&stdin_kind, report.stdin.take()));
-    for stale in &report.stale_cgroups_left {
-        eprintln!("airlock: warning: could not remove the leftover cgroup {stale}");
-    }
-    for note in &report.notes {
-        eprintln!("airlock: note: {note}");
-    }
-    if let Some(error) = &report.error {
-        eprintln!("airlock: {}: {error}", report.status.as_str());
-    }
-    if audit_error.is_some() {
+    print_problems(&report);
+    if recorder.audit_error.is_some() {
         // No record could be written, so nothing ran.
-        if let Err(err) = write_result(&args, &result_record(&report, Some(&plan), None), &secrets)
-        {
+        let record = result_record(&report, Some(&plan), None);
+        if let Err(err) = write_result(&args, &record, &secrets) {
             eprintln!("airlock: {err}");
         }
         return ExitCode::from(125);
     }
-    // A run that failed before its cell was released is recorded now, so it is not lost.
-    let store = match store.map_or_else(|| open_store(&config, &args), Ok) {
-        Ok(store) => store,
-        Err(err) => {
-            eprintln!("airlock: {err}");
-            return ExitCode::from(125);
-        }
-    };
-    let handle = match handle.map_or_else(|| store.begin_run(start, secrets.clone()), Ok) {
-        Ok(h) => h,
+    let (store, handle) = match recorder.store_and_handle() {
+        Ok(both) => both,
         Err(err) => {
             eprintln!("airlock: {err}");
             return ExitCode::from(125);
         }
     };
     report.run_id = handle.run_id();
-    let inputs = input_contents.take().map(|hashing| {
-        hashing.join().unwrap_or_else(|_| InputContents {
-            error: Some("hashing the read-only inputs panicked".to_string()),
-            ..InputContents::default()
-        })
-    });
+    let inputs = recorder.input_contents();
     deliver(&args, &plan, &secrets, &mut report, inputs.as_ref());
     print_summary(&report, &secrets);
     // The plan is already in the run's begin record; the stored result leaves it out, the
@@ -388,6 +432,20 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         return ExitCode::from(125);
     }
     ExitCode::from(report.exit_code.clamp(0, 255) as u8)
+}
+
+/// What went wrong around the payload, before the summary: leftovers of dead cells that
+/// could not be removed, notes on what was provided differently, airlock's own error.
+fn print_problems(report: &RunReport) {
+    for stale in &report.stale_cgroups_left {
+        eprintln!("airlock: warning: could not remove the leftover cgroup {stale}");
+    }
+    for note in &report.notes {
+        eprintln!("airlock: note: {note}");
+    }
+    if let Some(error) = &report.error {
+        eprintln!("airlock: {}: {error}", report.status.as_str());
+    }
 }
 
 /// The end of a run on stderr: a line per artifact of note (declared but rejected, or

@@ -1,6 +1,9 @@
 //! End-to-end tests over real loopback sockets. Upstream test servers listen on 127.0.0.2,
 //! which the tests exempt from the private-address rule and name `api.test` via `resolve`.
 
+mod common;
+use common::{read_to_end, rule, IO_TIMEOUT, UPSTREAM_IP};
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -13,16 +16,6 @@ use airlock_egress::{
     reason, sni, start_proxy, ConnectionRecord, Decision, DestinationRule, EgressConfig,
     ProxyHandle,
 };
-
-const UPSTREAM_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn rule(host: &str, ports: &[u16]) -> DestinationRule {
-    DestinationRule {
-        host_pattern: host.into(),
-        ports: ports.to_vec(),
-    }
-}
 
 fn base_config() -> EgressConfig {
     let mut resolve = BTreeMap::new();
@@ -127,12 +120,6 @@ fn connect(addr: SocketAddr) -> TcpStream {
     s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
     s
-}
-
-fn read_to_end(s: &mut TcpStream) -> String {
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Read an HTTP response head (up to the blank line) without consuming tunnel bytes.

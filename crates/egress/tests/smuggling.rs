@@ -3,20 +3,18 @@
 //! like a shared front end) records every byte it receives, so each test can assert what
 //! the proxy let through, not only what it answered.
 
+mod common;
+use common::{read_to_end, rule, IO_TIMEOUT, UPSTREAM_IP};
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use airlock_egress::{
-    reason, start_proxy, ConnectionRecord, Decision, DestinationRule, EgressConfig, ProxyHandle,
-};
-
-const UPSTREAM_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
+use airlock_egress::{reason, start_proxy, ConnectionRecord, Decision, EgressConfig, ProxyHandle};
 
 /// A complete request for another virtual host: 48 bytes, the body length the issue used.
 const SMUGGLED: &str = "GET /smuggled HTTP/1.1\r\nHost: forbidden.test\r\n\r\n";
@@ -98,13 +96,6 @@ fn serve(mut stream: TcpStream, log: &Mutex<Vec<u8>>) {
     }
 }
 
-fn rule(host: &str, ports: &[u16]) -> DestinationRule {
-    DestinationRule {
-        host_pattern: host.into(),
-        ports: ports.to_vec(),
-    }
-}
-
 fn config() -> EgressConfig {
     let mut resolve = BTreeMap::new();
     resolve.insert("api.test".to_string(), IpAddr::V4(UPSTREAM_IP));
@@ -132,12 +123,6 @@ fn connect(addr: std::net::SocketAddr) -> TcpStream {
     s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
     s
-}
-
-fn read_to_end(s: &mut TcpStream) -> String {
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Read one response head plus its `Content-Length` body.

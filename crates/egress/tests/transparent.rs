@@ -2,6 +2,9 @@
 //! a transparent listener and forwards nothing; a transparent connection is checked
 //! like a CONNECT tunnel to the listener's name and port.
 
+mod common;
+use common::{rule, IO_TIMEOUT, UPSTREAM_IP};
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -13,16 +16,6 @@ use airlock_egress::{
     reason, sni, start_proxy_on, ConnectionRecord, Decision, DestinationRule, EgressConfig,
     EgressError, ProxyHandle, ProxyListeners, TransparentListener,
 };
-
-const UPSTREAM_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn rule(host: &str, ports: &[u16]) -> DestinationRule {
-    DestinationRule {
-        host_pattern: host.into(),
-        ports: ports.to_vec(),
-    }
-}
 
 fn config() -> EgressConfig {
     let mut resolve = BTreeMap::new();

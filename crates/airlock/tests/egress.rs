@@ -9,90 +9,16 @@
 
 mod common;
 
+use common::upstream::Upstream;
 use common::CellRun;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const UPSTREAM_IP: &str = "127.0.0.2";
-
-/// Host-side python3 (the cell uses its own PATH).
-fn python() -> &'static str {
-    if Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    }
-}
-
-/// A plain-HTTP or HTTPS file server (python3 http.server) on 127.0.0.2:<ephemeral>,
-/// serving `root`, logging every request it sees to `log`.
-struct Upstream {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-const SERVER_PY: &str = r#"
-import sys, os, ssl, http.server
-root, log = sys.argv[1], sys.argv[2]
-logf = open(log, "a", buffering=1)
-class H(http.server.SimpleHTTPRequestHandler):
-    def __init__(self, *a, **k):
-        super().__init__(*a, directory=root, **k)
-    def log_message(self, fmt, *args):
-        logf.write("REQ " + (fmt % args) + "\n")
-srv = http.server.ThreadingHTTPServer(("127.0.0.2", 0), H)
-if len(sys.argv) > 4:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(sys.argv[3], sys.argv[4])
-    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-print(srv.server_address[1], flush=True)
-srv.serve_forever()
-"#;
-
-impl Upstream {
-    fn start(dir: &Path, root: &Path, tls: Option<(&Path, &Path)>) -> Upstream {
-        let script = dir.join("upstream_server.py");
-        std::fs::write(&script, SERVER_PY).unwrap();
-        let log = dir.join(format!("upstream-{}.log", std::process::id()));
-        let mut cmd = Command::new(python());
-        cmd.arg(&script).arg(root).arg(&log);
-        if let Some((cert, key)) = tls {
-            cmd.arg(cert).arg(key);
-        }
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start python3 upstream server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port: u16 = line
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("upstream server did not print its port: {line:?}"));
-        Upstream { child, port, log }
-    }
-
-    /// Request lines the server has logged so far.
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A test's directory: operator config, state dir, served files.
 struct Env {
@@ -134,7 +60,7 @@ exempt_cidrs = ["127.0.0.2/32"]
     }
 
     fn upstream(&self) -> Upstream {
-        Upstream::start(self.path(), &self.www, None)
+        Upstream::start(self.path(), &self.www, UPSTREAM_IP, None)
     }
 
     fn run(&self, contract: Option<&str>, argv: &[&str]) -> CellRun {
@@ -359,7 +285,12 @@ fn https_case(file_input: bool) {
     std::fs::copy(&pki.ca, ca_dir.join("ca.pem")).unwrap();
     let token = unique_token("tls-body");
     std::fs::write(env.www.join("secret.txt"), &token).unwrap();
-    let up = Upstream::start(env.path(), &env.www, Some((&pki.cert, &pki.key)));
+    let up = Upstream::start(
+        env.path(),
+        &env.www,
+        UPSTREAM_IP,
+        Some((&pki.cert, &pki.key)),
+    );
     let port = up.port;
     let input = if file_input {
         format!(

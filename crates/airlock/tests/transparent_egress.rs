@@ -8,71 +8,22 @@
 
 mod common;
 
+use common::upstream::Upstream;
 use common::CellRun;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// The address the resolver hands out for the first exact name of an allowlist.
 const FIRST_TRANSPARENT_IP: &str = "127.100.0.1";
 
-struct Upstream {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-const SERVER_PY: &str = r#"
-import sys, http.server
-root, log = sys.argv[1], sys.argv[2]
-logf = open(log, "a", buffering=1)
-class H(http.server.SimpleHTTPRequestHandler):
-    def __init__(self, *a, **k):
-        super().__init__(*a, directory=root, **k)
-    def log_message(self, fmt, *args):
-        logf.write("REQ " + (fmt % args) + "\n")
-srv = http.server.ThreadingHTTPServer(("127.0.0.2", 0), H)
-print(srv.server_address[1], flush=True)
-srv.serve_forever()
-"#;
-
-impl Upstream {
-    fn start(dir: &Path) -> Upstream {
-        let root = dir.join("www");
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::write(root.join("hello.txt"), "hello through the transparent path").unwrap();
-        let script = dir.join("upstream.py");
-        std::fs::write(&script, SERVER_PY).unwrap();
-        let log = dir.join("upstream.log");
-        let mut child = Command::new("python3")
-            .arg(&script)
-            .arg(&root)
-            .arg(&log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start python3 upstream");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line.trim().parse().expect("upstream port");
-        Upstream { child, port, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The upstream of these tests: `hello.txt` served on 127.0.0.2.
+fn start_upstream(dir: &Path) -> Upstream {
+    let root = dir.join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("hello.txt"), "hello through the transparent path").unwrap();
+    Upstream::start(dir, &root, "127.0.0.2", None)
 }
 
 /// A test's directory with an operator config (`extra` appended to `[egress]`).
@@ -131,7 +82,7 @@ fn of_protocol(run: &CellRun, protocol: &str) -> Vec<Value> {
 fn proxy_unaware_clients_reach_an_allowlisted_name_through_the_transparent_path() {
     require_cells!();
     let env = Env::new("");
-    let up = Upstream::start(env.dir.path());
+    let up = start_upstream(env.dir.path());
     let port = up.port;
     let url = format!("http://api.test:{port}/hello.txt");
     let script = format!(
@@ -185,7 +136,7 @@ fn resolver_refuses_other_names_records_them_and_forwards_no_query() {
     let stub = UdpSocket::bind("127.0.0.2:0").unwrap();
     let stub_addr = stub.local_addr().unwrap();
     let env = Env::new(&format!("upstream_resolvers = [\"{stub_addr}\"]"));
-    let up = Upstream::start(env.dir.path());
+    let up = start_upstream(env.dir.path());
     let exfil = format!("{}.evil.test", "secret-data-".repeat(5));
     let py = format!(
         r#"
@@ -250,7 +201,7 @@ print("RCODE", r[3] & 15, "ANSWERS", r[6] * 256 + r[7])
 fn transparent_tcp_to_an_address_not_handed_out_is_refused() {
     require_cells!();
     let env = Env::new("");
-    let up = Upstream::start(env.dir.path());
+    let up = start_upstream(env.dir.path());
     let port = up.port;
     let py = format!(
         r#"
@@ -277,7 +228,7 @@ for target in [("127.100.9.9", {port}), ("127.100.0.2", {port}), ("{FIRST_TRANSP
 fn transparent_tls_for_another_name_or_http_for_another_host_is_refused_like_a_tunnel() {
     require_cells!();
     let env = Env::new("");
-    let up = Upstream::start(env.dir.path());
+    let up = start_upstream(env.dir.path());
     let port = up.port;
     let py = format!(
         r#"

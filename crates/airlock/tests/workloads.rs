@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::upstream::Upstream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -536,48 +537,6 @@ fn a_rust_toolchain_as_a_read_only_input() {
     );
 }
 
-/// A host-side HTTP server on `address` serving `root`, killed when dropped.
-struct Upstream {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Upstream {
-    fn serve(root: &Path, address: &str) -> Upstream {
-        let script = format!(
-            "import functools, http.server, sys\n\
-             h = functools.partial(http.server.SimpleHTTPRequestHandler, directory={root:?})\n\
-             s = http.server.ThreadingHTTPServer(({address:?}, 0), h)\n\
-             print(s.server_address[1], flush=True)\n\
-             s.serve_forever()\n",
-            root = root.display().to_string()
-        );
-        let mut child = Command::new("python3")
-            .args(["-c", &script])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        Upstream {
-            child,
-            port: line.trim().parse().unwrap(),
-        }
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Runs `script` in a cell whose allowlist holds `name:port`, resolved by the operator
 /// config to `address` (exempted from the private-address rule, as a test upstream must be).
 fn run_with_upstream(
@@ -629,7 +588,7 @@ fn pip_installs_from_a_local_index_through_the_proxy() {
         "<html><body><a href=\"greet-1.0-py3-none-any.whl\">greet-1.0-py3-none-any.whl</a></body></html>\n",
     )
     .unwrap();
-    let upstream = Upstream::serve(&index, "127.0.0.3");
+    let upstream = Upstream::start(dir.path(), &index, "127.0.0.3", None);
     let script = format!(
         "python3 -m venv v && v/bin/pip install -q --trusted-host pypi.test --index-url http://pypi.test:{}/simple greet \
          && v/bin/python -c 'import greet; print(greet.hi())'",
@@ -666,7 +625,7 @@ fn proxy_unaware_clients_reach_an_allowlisted_name() {
         "hello through the transparent path\n",
     )
     .unwrap();
-    let upstream = Upstream::serve(&root, "127.0.0.4");
+    let upstream = Upstream::start(dir.path(), &root, "127.0.0.4", None);
     // Node's built-in fetch ignores HTTP(S)_PROXY; so does python with no proxy handler.
     let script = format!(
         "unset HTTP_PROXY http_proxy HTTPS_PROXY https_proxy ALL_PROXY all_proxy; \

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod host;
+pub mod upstream;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

@@ -1562,7 +1562,7 @@ print("done: yes")
             "connect-metadata",
         ],
     );
-    // A metadata-endpoint attempt is behaviour aimed at the boundary (DESIGN.md, section 4).
+    // A metadata-endpoint attempt is behaviour aimed at the boundary (docs/architecture.md, "Result classes").
     assert_eq!(run.status(), "suspected_escape", "{d}");
     let deadline = Instant::now() + Duration::from_millis(300);
     loop {

@@ -1,5 +1,5 @@
 //! Resource ceilings, end to end: every limit of the contract fires, is classified from
-//! real signals, and nothing of the cell survives the run (DESIGN.md sections 3 and 4).
+//! real signals, and nothing of the cell survives the run (docs/architecture.md: "Launch sequence", "Result classes").
 //!
 //! The tests run one at a time (a process-wide lock): several of them measure wall time
 //! or peak memory, which a fork bomb or a busy loop next door would distort on a small

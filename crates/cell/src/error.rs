@@ -1,7 +1,7 @@
 use crate::report::ResultClass;
 use std::path::PathBuf;
 
-/// Failures of the cell runtime. `class()` maps each to a result class of DESIGN.md §4.
+/// Failures of the cell runtime. `class()` maps each to a result class of docs/architecture.md ("Result classes").
 #[derive(Debug, thiserror::Error)]
 pub enum CellError {
     /// A control the contract needs cannot be enforced on this host.

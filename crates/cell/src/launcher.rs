@@ -2,7 +2,7 @@
 //! payload. It runs as pid 1 of the new pid namespace, in fresh user, mount, net, ipc and
 //! uts namespaces, and becomes the cell's reaper once the payload is started.
 //!
-//! Order (DESIGN.md §3): network namespace, `lo` and hostname (overlapping with the
+//! Order (docs/architecture.md, "Launch sequence"): network namespace, `lo` and hostname (overlapping with the
 //! supervisor's id-map writes) -> wait for the maps -> identity -> new root tmpfs with a
 //! fresh /proc, pivot_root, and the old root's detaching started in the background ->
 //! the root's own parts (/dev, /etc, /proc masks, writable paths) -> wait for the release

@@ -202,7 +202,7 @@ pub struct RunReport {
     pub limits_hit: Vec<Ceiling>,
     /// Human-readable cause for runtime faults, unavailable controls and exec failures.
     pub error: Option<String>,
-    /// The exit code `airlock run` itself returns (DESIGN.md §4).
+    /// The exit code `airlock run` itself returns (docs/architecture.md, "Result classes").
     pub exit_code: i32,
     pub timings: Timings,
     pub usage: Usage,

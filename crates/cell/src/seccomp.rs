@@ -1,7 +1,7 @@
 //! The cell's seccomp filter: a policy (which syscall gets which action, with argument
 //! conditions) and a compiler from that policy to classic BPF.
 //!
-//! The default policy is Docker's default allowlist (`shared/reference`) tightened for
+//! The default policy is Docker's default allowlist (moby's `profiles/seccomp/default.json`) tightened for
 //! agents. A Docker-format JSON profile can replace the allowlist, but the hardening rules
 //! ([`apply_hardening`]) are applied on top of any profile: a custom profile can only make
 //! the cell stricter than the hardening, never weaker.

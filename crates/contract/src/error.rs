@@ -96,7 +96,7 @@ pub enum ContractError {
 }
 
 impl ContractError {
-    /// The failure class (see DESIGN.md section 4) a run refused with this error ends in.
+    /// The failure class (docs/architecture.md, "Result classes") a run refused with this error ends in.
     pub fn class(&self) -> &'static str {
         match self {
             Self::Parse { .. } => "policy_denied",

@@ -75,7 +75,7 @@ pub mod kinds {
     pub(crate) const RESERVED: &[&str] = &[RUN_BEGIN, RUN_FINISH, RUN_ABORTED, STORE_PRUNE];
 }
 
-/// Final status classes a run may be finished with (see DESIGN.md section 4).
+/// Final status classes a run may be finished with (docs/architecture.md, "Result classes").
 pub const FINISH_STATUSES: &[&str] = &[
     "ok",
     "task_error",

@@ -483,7 +483,8 @@ pub(crate) fn check_state_dir(dir: &Path) -> Result<()> {
             meta.mode() & 0o7777
         )));
     }
-    let me = proc_info::effective_uid().unwrap_or(0);
+    // Unknown: only a root-owned directory passes (fail closed).
+    let me = proc_info::effective_uid().unwrap_or(u32::MAX);
     if meta.uid() != me && meta.uid() != 0 {
         return Err(unsafe_dir(format!(
             "it belongs to uid {}, not to this user (uid {me}) or root",

@@ -77,21 +77,25 @@ pub fn staleness(recorded: &ProcessIdentity) -> Option<String> {
 
 /// Effective uid from /proc/self/status (avoids an unsafe libc call).
 pub fn effective_uid() -> Option<u32> {
-    status_uid(2)
+    uids().1
 }
 
-/// Real uid: who called airlock (a set-uid or `sudo` start keeps the caller's real uid
-/// only in the first case; `sudo` makes it 0). Read once per process.
+/// Real uid: who called airlock (`sudo` makes it 0; a set-uid start keeps the caller's).
 pub fn real_uid() -> Option<u32> {
-    static REAL: OnceLock<Option<u32>> = OnceLock::new();
-    *REAL.get_or_init(|| status_uid(1))
+    uids().0
 }
 
-/// Field `index` of the `Uid:` line of /proc/self/status (1 real, 2 effective).
-fn status_uid(index: usize) -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(index)?.parse().ok()
+/// (real, effective) uid of this process from the `Uid:` line of /proc/self/status, read
+/// once: the store asks for both on the start path (the caller's uid for the record, the
+/// effective one for the state directory's owner check).
+fn uids() -> (Option<u32>, Option<u32>) {
+    static UIDS: OnceLock<(Option<u32>, Option<u32>)> = OnceLock::new();
+    *UIDS.get_or_init(|| {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap_or("");
+        let field = |i: usize| line.split_whitespace().nth(i).and_then(|u| u.parse().ok());
+        (field(1), field(2))
+    })
 }
 
 #[cfg(test)]

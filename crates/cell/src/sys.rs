@@ -269,22 +269,8 @@ pub struct BackgroundDetach {
 /// `number` with `first` and `second` must be a system call that is sound to make here:
 /// any pointer among the arguments must be valid for what the call does with it.
 unsafe fn raw_syscall2(number: libc::c_long, first: usize, second: usize) -> libc::c_long {
-    let ret: libc::c_long;
-    // SAFETY: the x86_64 Linux system call convention: number in rax, arguments in rdi
-    // and rsi, result in rax; the kernel clobbers rcx and r11 and nothing else. What the
-    // call does with the arguments is the caller's contract.
-    unsafe {
-        std::arch::asm!(
-            "syscall",
-            inlateout("rax") number => ret,
-            in("rdi") first,
-            in("rsi") second,
-            lateout("rcx") _,
-            lateout("r11") _,
-            options(nostack),
-        );
-    }
-    ret
+    // SAFETY: the caller's contract; the kernel ignores the unused third register.
+    unsafe { raw_syscall3(number, first, second, 0) }
 }
 
 /// [`raw_syscall2`] with a third argument.
@@ -298,7 +284,9 @@ unsafe fn raw_syscall3(
     third: usize,
 ) -> libc::c_long {
     let ret: libc::c_long;
-    // SAFETY: as in raw_syscall2, with the third argument in rdx.
+    // SAFETY: the x86_64 Linux system call convention: number in rax, arguments in rdi,
+    // rsi and rdx, result in rax; the kernel clobbers rcx and r11 and nothing else. What
+    // the call does with the arguments is the caller's contract.
     unsafe {
         std::arch::asm!(
             "syscall",
@@ -476,13 +464,9 @@ impl CpuSet {
         CpuSet(set)
     }
 
-    /// A set holding only `cpu` (which must be below CPU_SETSIZE).
+    /// A set holding only `cpu` (empty if it is at or above CPU_SETSIZE).
     pub fn only(cpu: usize) -> CpuSet {
-        // SAFETY: an all-zero cpu_set_t is the empty set.
-        let mut set: libc::cpu_set_t = unsafe { zeroed() };
-        // SAFETY: CPU_SET writes one bit of `set`; the caller keeps `cpu` in range.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-        CpuSet(set)
+        CpuSet::of(&[cpu])
     }
 }
 

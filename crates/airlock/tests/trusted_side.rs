@@ -338,3 +338,59 @@ fn a_reader_that_stops_early_is_not_an_error() {
         assert!(!said.contains("panicked"), "{args:?}: {said}");
     }
 }
+
+#[test]
+fn a_state_dir_other_users_can_write_to_refuses_the_run() {
+    require_cells!();
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("shared");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let run = Command::new(airlock_bin())
+        .args(["run", "--state-dir"])
+        .arg(&state)
+        .args(["--", "echo", "PAYLOAD-RAN"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(125), "{said}");
+    assert!(said.contains("writable by other users"), "{said}");
+    assert!(!String::from_utf8_lossy(&run.stdout).contains("PAYLOAD-RAN"));
+    assert!(
+        !state.join("airlock.db").exists(),
+        "no store was created there"
+    );
+}
+
+#[test]
+fn a_link_planted_in_the_state_dir_is_not_written_through() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "victim").unwrap();
+    let run = |argv: &[&str]| {
+        Command::new(airlock_bin())
+            .args(["run", "--state-dir"])
+            .arg(&state)
+            .arg("--")
+            .args(argv)
+            .output()
+            .unwrap()
+    };
+    assert!(run(&["true"]).status.success());
+    // Whoever could write there could make root write through a journal's name.
+    let wal = state.join("airlock.db-wal");
+    let _ = std::fs::remove_file(&wal);
+    std::os::unix::fs::symlink(&victim, &wal).unwrap();
+    let refused = run(&["echo", "PAYLOAD-RAN"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(125), "{said}");
+    assert!(
+        said.contains("airlock.db-wal is not a plain file"),
+        "{said}"
+    );
+    assert!(!String::from_utf8_lossy(&refused.stdout).contains("PAYLOAD-RAN"));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "victim");
+}

@@ -50,7 +50,7 @@ impl InputHasher {
             let label = target.display().to_string();
             self.add_part(
                 &label,
-                format!("{}\0{identity:?}", source.display()).as_bytes(),
+                format!("{}\0{}", source.display(), identity.key()).as_bytes(),
             );
         }
         Ok(())

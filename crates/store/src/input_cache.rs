@@ -36,8 +36,10 @@ impl FileIdentity {
         }
     }
 
-    /// SQLite integers are 64-bit; the key is stored as text so nothing is truncated.
-    fn key(&self) -> String {
+    /// `dev:ino:size:mtime_ns:ctime_ns`: the cache's key (text, because SQLite integers
+    /// are 64-bit and nothing may be truncated) and the identity the start's input hash
+    /// covers. A fixed format, unlike `Debug`, so hashes stay comparable across builds.
+    pub fn key(&self) -> String {
         format!(
             "{}:{}:{}:{}:{}",
             self.dev, self.ino, self.size, self.mtime_ns, self.ctime_ns

@@ -148,7 +148,8 @@ fn an_interactive_shell_answers_a_typed_line_and_ctrl_c_reaches_the_payload() {
         serde_json::json!([
             ["expect", "cell\\$ "],
             ["send", "echo $((6 * 7))\n"],
-            ["expect", "[\r\n]42\r\n"],
+            // The next line only once the prompt is back (see the python test below).
+            ["expect", "[\r\n]42\r\n[\\s\\S]*cell\\$ "],
             // Ctrl-C ends the shell's foreground job, not airlock.
             ["send", "sleep 30\n"],
             ["sleep", 0.5],
@@ -174,7 +175,9 @@ fn a_python_repl_in_the_cell_answers_through_the_pty() {
         serde_json::json!([
             ["expect", ">>> "],
             ["send", "print(6 * 7)\n"],
-            ["expect", "[\r\n]42\r\n"],
+            // Ctrl-D only once the next prompt is up: readline may flush typed-ahead
+            // input when it takes the terminal again (TCSAFLUSH).
+            ["expect", "[\r\n]42\r\n>>> "],
             ["send", "\u{4}"],
         ]),
         &["python3", "-q", "-i"],

@@ -15,6 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "AIRLOCK_SERVE_TEST_PLAN";
+/// `<idle_timeout ms>,<max_lifetime ms>` for a session; absent for a one-shot cell.
+const SESSION: &str = "AIRLOCK_SERVE_TEST_SESSION";
 
 fn main() {
     if let Ok(plan) = std::env::var(ROLE) {
@@ -29,7 +31,7 @@ fn main() {
         println!("serve: skipped (not root)");
         return;
     }
-    let scenarios: [(&str, fn()); 6] = [
+    let scenarios: [(&str, fn()); 11] = [
         (
             "a_parked_cell_runs_its_command_into_the_sink",
             runs_a_command,
@@ -48,6 +50,23 @@ fn main() {
             "a_command_above_the_plans_limits_is_refused",
             above_plan_refused,
         ),
+        (
+            "a_sessions_writable_paths_persist_between_commands",
+            session_files_persist,
+        ),
+        (
+            "a_daemon_does_not_outlive_the_sessions_close",
+            session_daemon_dies,
+        ),
+        (
+            "an_idle_session_expires_on_time_and_says_why",
+            session_expires,
+        ),
+        (
+            "a_commands_deadline_kills_that_command_only",
+            session_deadline_is_per_command,
+        ),
+        ("kill_ends_a_background_command_of_a_session", session_kill),
     ];
     for (name, scenario) in scenarios {
         scenario();
@@ -67,6 +86,16 @@ fn is_root() -> bool {
 fn supervise(plan: &Path) {
     let plan: CellPlan = serde_json::from_slice(&std::fs::read(plan).unwrap()).unwrap();
     let control = std::io::stdin().as_fd().try_clone_to_owned().unwrap();
+    let mode = match std::env::var(SESSION) {
+        Ok(limits) => {
+            let ms: Vec<u64> = limits.split(',').map(|n| n.parse().unwrap()).collect();
+            ServeMode::Session {
+                idle_timeout: Duration::from_millis(ms[0]),
+                max_lifetime: Duration::from_millis(ms[1]),
+            }
+        }
+        Err(_) => ServeMode::OneShot,
+    };
     serve_cell(
         &plan,
         ServeOptions {
@@ -74,7 +103,7 @@ fn supervise(plan: &Path) {
             credentials: &[],
             egress: None,
             artifacts: None,
-            mode: ServeMode::OneShot,
+            mode,
         },
     );
 }
@@ -97,14 +126,24 @@ fn plan() -> CellPlan {
 }
 
 fn serve(plan: &CellPlan) -> Served {
+    serve_as(plan, None)
+}
+
+/// A session cell with `idle_timeout` and `max_lifetime` in ms.
+fn session(idle_ms: u64, lifetime_ms: u64) -> Served {
+    serve_as(&plan(), Some(format!("{idle_ms},{lifetime_ms}")))
+}
+
+fn serve_as(plan: &CellPlan, session: Option<String>) -> Served {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), serde_json::to_vec(plan).unwrap()).unwrap();
     let (ours, theirs) = socket_pair().unwrap();
-    let supervisor = Command::new(std::env::current_exe().unwrap())
-        .env(ROLE, file.path())
-        .stdin(Stdio::from(theirs))
-        .spawn()
-        .unwrap();
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.env(ROLE, file.path()).stdin(Stdio::from(theirs));
+    if let Some(limits) = session {
+        command.env(SESSION, limits);
+    }
+    let supervisor = command.spawn().unwrap();
     Served {
         engine: EngineControl::new(ours),
         supervisor,
@@ -282,4 +321,127 @@ fn above_plan_refused() {
     assert!(closed.cleanup.ok);
     assert!(gone_within(&cgroups, Duration::from_secs(1)));
     exits_cleanly(served);
+}
+
+/// Runs `command` as command `id` of a session with a file as its stdout sink.
+fn run_into_file(served: &Served, id: u64, command: CommandSpec) -> tempfile::NamedTempFile {
+    let sink = tempfile::NamedTempFile::new().unwrap();
+    let out = OwnedFd::from(sink.reopen().unwrap());
+    served
+        .engine
+        .run(
+            id,
+            &format!("run-{id}"),
+            command,
+            None,
+            out.as_fd(),
+            null().as_fd(),
+        )
+        .unwrap();
+    sink
+}
+
+/// The next `CommandEnded` (skipping `CommandStarted`), with its id.
+fn next_ended(engine: &EngineControl) -> (u64, RunReport) {
+    loop {
+        match engine.recv().unwrap() {
+            Some(ToEngine::CommandStarted { .. }) => {}
+            Some(ToEngine::CommandEnded { id, report }) => return (id, *report),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+fn close_and_check(served: Served, cgroups: &[PathBuf]) -> RunReport {
+    served.engine.close().unwrap();
+    let (_, closed) = until_closed(&served.engine);
+    assert!(closed.cleanup.ok, "{:?}", closed.cleanup);
+    assert!(gone_within(cgroups, Duration::from_secs(1)));
+    exits_cleanly(served);
+    closed
+}
+
+fn session_files_persist() {
+    let served = session(5_000, 30_000);
+    let (_, cgroups) = parked(&served.engine);
+    run_into_file(&served, 1, spec(&["sh", "-c", "echo kept > /tmp/f"]));
+    let (id, first) = next_ended(&served.engine);
+    assert_eq!((id, first.status), (1, ResultClass::Ok), "{first:?}");
+    let sink = run_into_file(&served, 2, spec(&["cat", "/tmp/f"]));
+    let (id, second) = next_ended(&served.engine);
+    assert_eq!((id, second.status), (2, ResultClass::Ok), "{second:?}");
+    assert_eq!(std::fs::read_to_string(sink.path()).unwrap(), "kept\n");
+    close_and_check(served, &cgroups);
+}
+
+fn session_daemon_dies() {
+    let served = session(5_000, 30_000);
+    let (pid, cgroups) = parked(&served.engine);
+    let daemon = "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo started";
+    let sink = run_into_file(&served, 1, spec(&["sh", "-c", daemon]));
+    let (_, report) = next_ended(&served.engine);
+    assert_eq!(report.status, ResultClass::Ok, "{report:?}");
+    assert_eq!(std::fs::read_to_string(sink.path()).unwrap(), "started\n");
+    // The daemon runs on in the cell after its command ended.
+    let running: Vec<String> = cgroups.iter().flat_map(|c| procs(c)).collect();
+    assert!(
+        running.iter().any(|p| *p != pid.to_string()),
+        "the daemon is running: {running:?}"
+    );
+    close_and_check(served, &cgroups);
+}
+
+fn session_expires() {
+    let served = session(300, 30_000);
+    let (_, cgroups) = parked(&served.engine);
+    let parked_at = Instant::now();
+    let (ended, closed) = until_closed(&served.engine);
+    let after = parked_at.elapsed();
+    assert!(ended.is_none());
+    assert!(
+        after >= Duration::from_millis(250) && after < Duration::from_millis(1500),
+        "expired after {after:?}"
+    );
+    assert!(
+        closed.notes.iter().any(|n| n.contains("idle_timeout")),
+        "{:?}",
+        closed.notes
+    );
+    assert!(gone_within(&cgroups, Duration::from_secs(1)));
+    exits_cleanly(served);
+}
+
+fn session_deadline_is_per_command() {
+    let served = session(5_000, 30_000);
+    let (_, cgroups) = parked(&served.engine);
+    let mut slow = spec(&["sleep", "5"]);
+    slow.wall_time_ms = Some(300);
+    run_into_file(&served, 1, slow);
+    let (id, report) = next_ended(&served.engine);
+    assert_eq!(id, 1);
+    assert_eq!(report.status, ResultClass::CapacityExceeded, "{report:?}");
+    assert_eq!(report.limit_fired, Some(Ceiling::WallTime));
+    // The session goes on.
+    let sink = run_into_file(&served, 2, spec(&["echo", "still here"]));
+    let (id, report) = next_ended(&served.engine);
+    assert_eq!((id, report.status), (2, ResultClass::Ok), "{report:?}");
+    assert_eq!(
+        std::fs::read_to_string(sink.path()).unwrap(),
+        "still here\n"
+    );
+    close_and_check(served, &cgroups);
+}
+
+fn session_kill() {
+    let served = session(5_000, 30_000);
+    let (_, cgroups) = parked(&served.engine);
+    run_into_file(&served, 1, spec(&["sleep", "100"]));
+    run_into_file(&served, 2, spec(&["echo", "meanwhile"]));
+    let (id, report) = next_ended(&served.engine);
+    assert_eq!((id, report.status), (2, ResultClass::Ok), "{report:?}");
+    served.engine.kill(1).unwrap();
+    let (id, report) = next_ended(&served.engine);
+    assert_eq!(id, 1);
+    assert_eq!(report.exit.signal, Some(libc::SIGKILL), "{report:?}");
+    close_and_check(served, &cgroups);
 }

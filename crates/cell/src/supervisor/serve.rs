@@ -140,7 +140,7 @@ fn serve(
         };
         let ran = cell.supervise_with(
             |_| {},
-            |supervision| serve_session(supervision, control, credentials, egress, limits),
+            |supervision| serve_session(supervision, control, credentials, limits),
         );
         let report = cell.finish(ran, egress, started);
         control.send(&ToEngine::Closed {

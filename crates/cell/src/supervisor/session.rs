@@ -7,7 +7,7 @@ use super::classify::{classify, Observed};
 use super::deadline::{poll_timeout, Deadline, Step};
 use super::serve::{command_io, command_limits};
 use super::supervise::{poll_in, poll_out, pump_stream, readable, Supervision};
-use super::{command_environment, ms_since, EgressSession};
+use super::{command_environment, ms_since};
 use crate::cgroup::CgroupUsage;
 use crate::control::{CommandSpec, SupervisorControl, ToEngine, ToSupervisor};
 use crate::error::CellError;
@@ -70,7 +70,6 @@ pub fn serve_session(
     supervision: &mut Supervision<'_>,
     control: &SupervisorControl,
     credentials: &[(String, String)],
-    egress: &mut Option<&mut dyn EgressSession>,
     limits: SessionLimits,
 ) -> Result<(), CellError> {
     let mut session = Session {
@@ -103,7 +102,7 @@ pub fn serve_session(
             command.pump(entries, &mut buf);
         }
         if readable(&fds[0]) {
-            session.on_cell_message(supervision, egress);
+            session.on_cell_message(supervision);
         }
         if readable(&fds[2]) {
             session.on_control(supervision);
@@ -111,7 +110,7 @@ pub fn serve_session(
         if readable(&fds[1]) {
             // pid 1 is gone: what it said before is still queued.
             while supervision.sync.is_some() {
-                session.on_cell_message(supervision, egress);
+                session.on_cell_message(supervision);
             }
             supervision.reap_pid1();
             session.end_unfinished(supervision, &mut buf);
@@ -262,11 +261,7 @@ impl Session<'_> {
         }
     }
 
-    fn on_cell_message(
-        &mut self,
-        supervision: &mut Supervision<'_>,
-        egress: &mut Option<&mut dyn EgressSession>,
-    ) {
+    fn on_cell_message(&mut self, supervision: &mut Supervision<'_>) {
         let Some(sync) = supervision.sync.take() else {
             return;
         };
@@ -276,7 +271,6 @@ impl Session<'_> {
             Ok(None) | Err(_) => return,
         };
         supervision.sync = Some(sync);
-        let _ = egress;
         match message {
             FromCell::CommandStarted { id } => {
                 if let Some(command) = self.running.iter_mut().find(|c| c.id == id) {

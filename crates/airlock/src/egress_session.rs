@@ -1,5 +1,6 @@
 //! Connects the cell runtime's egress hook to the proxy of `airlock-egress`.
 
+use airlock_cell::report::{EgressDecision, EgressRecord};
 use airlock_cell::{EgressListeners, EgressSession, EgressSummary};
 use airlock_egress::address::{classify, AddressClass};
 use airlock_egress::{
@@ -67,10 +68,30 @@ impl EgressSession for ProxySession {
             .filter(|r| r.decision == Decision::Denied)
             .collect();
         EgressSummary {
-            records: serde_json::to_value(&self.records).unwrap_or_default(),
+            records: self.records.iter().map(egress_record).collect(),
             denials: denied.len(),
             metadata_probes: denied.iter().filter(|r| targets_metadata(r)).count(),
         }
+    }
+}
+
+/// The proxy's record as the cell's result records it (the same fields: the JSON of the
+/// result is unchanged).
+fn egress_record(record: &ConnectionRecord) -> EgressRecord {
+    EgressRecord {
+        protocol: record.protocol.to_string(),
+        host: record.host.clone(),
+        port: record.port,
+        address: record.address,
+        decision: match record.decision {
+            Decision::Allowed => EgressDecision::Allowed,
+            Decision::Denied => EgressDecision::Denied,
+        },
+        reason: record.reason.map(str::to_string),
+        bytes_up: record.bytes_up,
+        bytes_down: record.bytes_down,
+        duration_ms: record.duration_ms,
+        started_at_unix_ms: record.started_at_unix_ms,
     }
 }
 

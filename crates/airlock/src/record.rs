@@ -103,14 +103,18 @@ fn limit_name(report: &RunReport) -> Option<String> {
     report.limit_fired.map(|l| l.as_str().to_string())
 }
 
+fn value_of<T: serde::Serialize>(item: &T) -> Value {
+    serde_json::to_value(item).unwrap_or_default()
+}
+
 /// The run's decisions as events: egress, ceilings, artifacts, errors, cleanup.
 fn events_of(report: &RunReport) -> Vec<(String, Value)> {
     let mut events = Vec::new();
     let mut push = |kind: &str, body: Value| events.push((kind.to_string(), body));
-    for record in report.egress.as_array().into_iter().flatten() {
-        let mut body = record.clone();
-        if let Some(reason) = record.get("reason").cloned() {
-            body["reason_code"] = reason;
+    for record in report.egress.iter().flatten() {
+        let mut body = value_of(record);
+        if let Some(reason) = &record.reason {
+            body["reason_code"] = json!(reason);
         }
         push(kinds::EGRESS_DECISION, body);
     }
@@ -130,37 +134,20 @@ fn events_of(report: &RunReport) -> Vec<(String, Value)> {
             json!({ "limit": hit.as_str(), "status": report.status.as_str() }),
         );
     }
-    for artifact in report
-        .artifacts
-        .get("kept")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        push(kinds::ARTIFACT_KEPT, artifact.clone());
+    let artifacts = report.artifacts.iter();
+    for artifact in artifacts.clone().flat_map(|a| &a.kept) {
+        push(kinds::ARTIFACT_KEPT, value_of(artifact));
     }
-    for artifact in report
-        .artifacts
-        .get("rejected")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let mut body = artifact.clone();
+    for artifact in artifacts.clone().flat_map(|a| &a.rejected) {
+        let mut body = value_of(artifact);
         body["decision"] = json!("rejected");
-        body["reason_code"] = artifact.get("reason").cloned().unwrap_or(Value::Null);
+        body["reason_code"] = json!(artifact.reason);
         push(kinds::ARTIFACT_REJECTED, body);
     }
-    for artifact in report
-        .artifacts
-        .get("undelivered")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let mut body = artifact.clone();
+    for artifact in artifacts.flat_map(|a| &a.undelivered) {
+        let mut body = value_of(artifact);
         body["decision"] = json!("undelivered");
-        body["reason_code"] = artifact.get("reason").cloned().unwrap_or(Value::Null);
+        body["reason_code"] = json!(artifact.reason);
         push(ARTIFACT_UNDELIVERED, body);
     }
     if let Some(error) = &report.error {

@@ -393,7 +393,9 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             started,
             egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
             artifacts,
-            stream_output: true,
+            // The payload's output streams to ours as it arrives.
+            stdout_sink: std::io::stdout().as_fd().try_clone_to_owned().ok(),
+            stderr_sink: std::io::stderr().as_fd().try_clone_to_owned().ok(),
             stdin,
             credentials: &credentials,
         },

@@ -12,7 +12,7 @@ use crate::host_files::{escaped, HostDir, WriteRefusal};
 use crate::sys;
 use crate::CellError;
 use airlock_contract::{CellPlan, MountPlan};
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 use sha2::{Digest, Sha256};
 use std::ffi::OsStr;
 use std::fs::File;
@@ -36,6 +36,31 @@ pub mod reason {
     pub const TOTAL_TOO_LARGE: &str = "artifact.total_too_large";
     pub const UNREADABLE: &str = "artifact.unreadable";
     pub const TOO_MANY: &str = "artifact.too_many_entries";
+    /// Every code the cell side gives.
+    pub const ALL: [&str; 8] = [
+        UNDECLARED,
+        SYMLINK,
+        NOT_REGULAR,
+        HARDLINK,
+        TOO_LARGE,
+        TOTAL_TOO_LARGE,
+        UNREADABLE,
+        TOO_MANY,
+    ];
+}
+
+/// A reason code read back from a report: one of [`reason::ALL`] or a host-side
+/// [`WriteRefusal`]'s.
+fn reason_code<'de, D: Deserializer<'de>>(deserializer: D) -> Result<&'static str, D::Error> {
+    let host_side = [
+        WriteRefusal::Exists,
+        WriteRefusal::UnsafePath,
+        WriteRefusal::DirectoryUnusable,
+        WriteRefusal::WriteFailed,
+    ]
+    .map(WriteRefusal::artifact_reason);
+    let known: Vec<&'static str> = reason::ALL.into_iter().chain(host_side).collect();
+    crate::report::known_name(deserializer, &known)
 }
 
 /// Where accepted artifacts go and how large they may be.
@@ -48,7 +73,7 @@ pub struct ArtifactRequest {
 
 /// Paths in these records are the cell's bytes, written as [`escaped`] writes them
 /// (lossless: `\\` for a backslash, `\xHH` for a byte that is not printable UTF-8).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ArtifactKept {
     /// Path inside the cell.
     pub path: String,
@@ -66,22 +91,24 @@ pub struct ArtifactKept {
 }
 
 /// An artifact refused by policy: it never leaves the cell.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ArtifactRejection {
     pub path: String,
-    pub reason: &'static str,
+    #[serde(deserialize_with = "reason_code")]
+    pub reason: crate::report::Name,
 }
 
 /// An artifact policy accepted but the host side could not write: lost, which makes the
 /// run `delivery_failed`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ArtifactUndelivered {
     pub path: String,
-    pub reason: &'static str,
+    #[serde(deserialize_with = "reason_code")]
+    pub reason: crate::report::Name,
     pub error: String,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct ArtifactReport {
     pub kept: Vec<ArtifactKept>,
     pub rejected: Vec<ArtifactRejection>,

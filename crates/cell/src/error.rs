@@ -42,6 +42,22 @@ pub enum CellError {
         refusal: crate::host_files::WriteRefusal,
         source: std::io::Error,
     },
+    /// A message between the supervisor and the cell, or on a serving cell's control
+    /// socket, that is not one of the protocol's (crates/cell/src/protocol.rs,
+    /// crates/cell/src/control.rs).
+    #[error("protocol: {message}")]
+    Protocol { message: String },
+    /// A command asked for more than the plan allows: a command's limits may only lower
+    /// the plan's.
+    #[error("the command asks for {limit} = {asked}, above the plan's {allowed}")]
+    AbovePlan {
+        limit: &'static str,
+        asked: u64,
+        allowed: u64,
+    },
+    /// What a serving cell was asked cannot be done with this plan or in this state.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl CellError {
@@ -50,12 +66,16 @@ impl CellError {
             CellError::Unavailable { .. } | CellError::Seccomp(_) => {
                 ResultClass::SandboxUnavailable
             }
-            CellError::MissingCredential { .. } => ResultClass::PolicyDenied,
+            CellError::MissingCredential { .. } | CellError::AbovePlan { .. } => {
+                ResultClass::PolicyDenied
+            }
             CellError::Cgroup { .. }
             | CellError::Launch { .. }
             | CellError::Io { .. }
             | CellError::NotSingleThreaded(_)
-            | CellError::Refused(_) => ResultClass::RuntimeFault,
+            | CellError::Refused(_)
+            | CellError::Protocol { .. }
+            | CellError::Unsupported(_) => ResultClass::RuntimeFault,
             CellError::HostWrite { .. } => ResultClass::DeliveryFailed,
         }
     }

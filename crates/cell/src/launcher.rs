@@ -9,11 +9,15 @@
 //! (seccomp program + mount trees) -> cgroup namespace -> the release's mounts -> egress
 //! listeners -> setsid -> the payload's terminal, if the plan has one -> stdio ->
 //! rlimits -> capabilities and securebits -> no_new_privs -> Landlock -> close-on-exec for fds >= 3 -> seccomp (last) -> the old
-//! root is detached -> wait for START (the audit record exists; the setup above overlaps
-//! its commit) -> spawn the payload (a vfork-style child that only execs, after taking the
-//! terminal as its controlling one in a session of its own when there is one).
+//! root is detached -> park: tell the supervisor, wait for START, which carries the
+//! command (argv, environment, stdio descriptors; the audit record exists, the setup above
+//! overlapped its commit) -> resolve it on the command's PATH and spawn it (a vfork-style
+//! child that only execs, in a process group of its own, after taking the terminal as its
+//! controlling one in a session of its own when there is one).
 
-use crate::protocol::{self, LaunchFailure, PayloadEnded};
+use crate::protocol::{
+    self, CellCommand, CommandStdio, ExecFailure, LaunchFailure, PayloadEnded, Pid1Channel, ToCell,
+};
 use crate::{landlock_policy, rootfs, sys};
 use airlock_contract::{CellPlan, NetworkPlan, HTTP_PROXY_PORT, SOCKS_PROXY_PORT};
 use std::ffi::CString;
@@ -47,16 +51,16 @@ impl Stage {
     }
 }
 
-/// Everything the child needs, prepared by the supervisor before `clone`.
+/// Everything the child needs, prepared by the supervisor before `clone`. The command
+/// is not among it: it arrives with START.
 pub struct ChildSetup<'a> {
     pub plan: &'a CellPlan,
-    pub env: &'a [CString],
-    pub sync: OwnedFd,
-    pub exec_notify: OwnedFd,
-    pub stdin: OwnedFd,
-    pub stdout: OwnedFd,
-    pub stderr: OwnedFd,
+    pub sync: Pid1Channel,
+    /// The null device: pid 1's own stdin, stdout and stderr.
+    pub null: OwnedFd,
     pub has_artifacts: bool,
+    /// A session's pid 1 serves further commands after the first, until CLOSE.
+    pub session: bool,
     /// Where the setup runs (see the supervisor's `other_cpu`).
     pub setup_cpu: Option<usize>,
     /// The window size of the payload's terminal, for a plan with one: the caller's,
@@ -77,22 +81,96 @@ pub fn run(setup: ChildSetup<'_>) -> ! {
             Stage::io("rootfs.detach_old_root", Path::new("/"), err),
         );
     }
-    let launch = match PayloadLaunch::prepare(&setup) {
-        Ok(launch) => launch,
-        Err(err) => fail(&setup, Stage::errno("spawn_payload", err)),
-    };
-    // Nothing of the payload runs before its audit record exists.
-    if let Err(stage) = wait_for(&setup, protocol::START) {
-        fail(&setup, stage);
+    // The payload must not inherit the runtime's ignored SIGPIPE; pid 1 is not
+    // affected: the kernel does not deliver default-action signals to a pid namespace's
+    // init.
+    if let Err(err) = sys::reset_signal_state() {
+        fail(&setup, Stage::errno("spawn_payload", err));
     }
-    let payload = match launch.spawn(&setup, terminal.as_ref()) {
+    // Parked: nothing of the payload runs before START (its audit record exists).
+    setup.sync.parked();
+    let (command, stdio) = match wait_for_start(&setup) {
+        Ok(start) => start,
+        Err(stage) => fail(&setup, stage),
+    };
+    let payload = match spawn_command(&setup, &command, &stdio, terminal.as_ref()) {
         Ok(pid) => pid,
         Err(err) => fail(&setup, Stage::errno("spawn_payload", err)),
     };
+    // pid 1 keeps no end of the payload's pipes: their EOF is the payload's.
+    drop(stdio);
+    if setup.session {
+        serve_session(setup, (command.id, payload))
+    }
     // The payload and its descendants hold the terminal now; when the last of them
     // closes it, the supervisor's master reads the end.
     drop(terminal);
     reap(setup, payload)
+}
+
+/// How often a session's pid 1 looks for ended commands while it waits for messages.
+const SESSION_REAP_MS: i32 = 10;
+
+/// pid 1 of a session after its first command started: spawns each further command
+/// (EXEC) in a process group of its own, reports each command's end, kills a command's
+/// group on KILL, and on CLOSE kills everything, reports the session's end, waits for
+/// the artifacts' collection and exits. The supervisor's death (EOF) ends the cell.
+fn serve_session(setup: ChildSetup<'_>, first: (u64, libc::pid_t)) -> ! {
+    let mut commands = vec![first];
+    loop {
+        reap_commands(&setup, &mut commands);
+        let mut state = [libc::pollfd {
+            fd: setup.sync.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        if sys::poll(&mut state, SESSION_REAP_MS).unwrap_or(0) == 0 {
+            continue;
+        }
+        match receive(&setup) {
+            Ok((ToCell::Exec(command), fds)) if !command.argv.is_empty() => {
+                match spawn_command(&setup, &command, &fds, None) {
+                    Ok(pid) => commands.push((command.id, pid)),
+                    Err(err) => setup.sync.exec_failed(
+                        command.id,
+                        ExecFailure {
+                            status: 126,
+                            path: command.argv[0].clone(),
+                            reason: err.to_string(),
+                        },
+                    ),
+                }
+            }
+            Ok((ToCell::Kill { id, signal }, _)) => {
+                if let Some((_, group)) = commands.iter().find(|(c, _)| *c == id) {
+                    let _ = sys::kill(-group, signal);
+                }
+            }
+            Ok((ToCell::Close, _)) => break,
+            // Anything else has no meaning in a running session.
+            Ok(_) | Err(_) => {}
+        }
+    }
+    end_session(setup)
+}
+
+/// Reaps every child that ended (commands and orphans the cell inherited) and reports
+/// the commands' ends.
+fn reap_commands(setup: &ChildSetup<'_>, commands: &mut Vec<(u64, libc::pid_t)>) {
+    while let Ok(Some(reaped)) = sys::wait_child(-1, true) {
+        if let Some(at) = commands.iter().position(|(_, pid)| *pid == reaped.pid) {
+            let (id, _) = commands.remove(at);
+            setup.sync.command_ended(id, reaped.status);
+        }
+    }
+}
+
+/// CLOSE: every process of the cell goes (daemons included), then the session's end is
+/// reported like a one-shot payload's.
+fn end_session(setup: ChildSetup<'_>) -> ! {
+    let _ = sys::kill(-1, libc::SIGKILL);
+    while let Ok(Some(_)) = sys::wait_child(-1, false) {}
+    report_end(setup, 0)
 }
 
 /// Tells the supervisor which setup step failed and why, and ends the cell.
@@ -102,19 +180,8 @@ fn fail(setup: &ChildSetup<'_>, stage: Stage) -> ! {
         message: stage.message,
         unavailable: stage.unavailable,
     };
-    send(
-        &setup.sync,
-        protocol::FAILED,
-        &serde_json::to_vec(&failure).unwrap_or_default(),
-    );
+    setup.sync.setup_failed(failure);
     sys::exit_now(125);
-}
-
-fn send(sync: &OwnedFd, kind: u8, body: &[u8]) {
-    let mut message = Vec::with_capacity(body.len() + 1);
-    message.push(kind);
-    message.extend_from_slice(body);
-    let _ = sys::send_with_fds(sync.as_fd(), &message, &[]);
 }
 
 /// Everything up to seccomp. Returns the detaching of the host's root, which runs in the
@@ -137,28 +204,31 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
     sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
     // The supervisor may already be gone (the death signal only covers later deaths):
     // waiting for its go-ahead settles it - EOF means it died.
-    let (message, fds) = receive(setup);
-    let wire = protocol::decode_mapped(&message).ok_or_else(|| malformed(&message))?;
-    let devices = rootfs::from_wire(wire, fds)?;
+    let devices = match receive(setup)? {
+        (ToCell::Mapped { devices }, fds) => rootfs::from_wire(devices, fds)?,
+        _ => return Err(unexpected("the id maps")),
+    };
     sys::set_ids(plan.identity.uid, plan.identity.gid).map_err(|e| Stage::errno("identity", e))?;
     // Changing ids clears the parent-death signal: set it again, then make sure the
     // supervisor did not die in between (its end of the socket would have hung up).
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
         .map_err(|e| Stage::errno("pdeathsig", e))?;
-    let mut sync_state = [libc::pollfd {
-        fd: setup.sync.as_raw_fd(),
-        events: 0,
-        revents: 0,
-    }];
-    if sys::poll(&mut sync_state, 0).is_ok_and(|_| sync_state[0].revents & libc::POLLHUP != 0) {
+    if setup.sync.hung_up() {
         sys::exit_now(125);
     }
     // Built while the supervisor prepares the release; nothing of the payload runs
     // before START.
     let old_root_detach = rootfs::build_skeleton(plan, devices)?;
-    let (message, fds) = receive(setup);
-    let (program, wire) = protocol::decode_release(&message).ok_or_else(|| malformed(&message))?;
-    let mounts = rootfs::from_wire(wire, fds)?;
+    let (program, mounts) = match receive(setup)? {
+        (ToCell::Release { program, mounts }, fds) => (
+            program
+                .into_iter()
+                .map(protocol::unpack)
+                .collect::<Vec<_>>(),
+            rootfs::from_wire(mounts, fds)?,
+        ),
+        _ => return Err(unexpected("the release")),
+    };
     // The supervisor has placed us in the cell cgroup; make it our cgroup root.
     sys::unshare(libc::CLONE_NEWCGROUP).map_err(|e| Stage::errno("cgroup_namespace", e))?;
     rootfs::finish(plan, mounts)?;
@@ -172,9 +242,11 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
     } else {
         None
     };
-    sys::dup2(setup.stdin.as_raw_fd(), 0).map_err(|e| Stage::errno("stdio", e))?;
-    sys::dup2(setup.stdout.as_raw_fd(), 1).map_err(|e| Stage::errno("stdio", e))?;
-    sys::dup2(setup.stderr.as_raw_fd(), 2).map_err(|e| Stage::errno("stdio", e))?;
+    // pid 1's own stdio is the null device; a command gets its own with START. Fds 0-2
+    // stay taken, so that descriptors received later never land on them.
+    for target in 0..3 {
+        sys::dup2(setup.null.as_raw_fd(), target).map_err(|e| Stage::errno("stdio", e))?;
+    }
     set_rlimits(plan)?;
     drop_privileges()?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| Stage::errno("no_new_privs", e))?;
@@ -191,52 +263,46 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
 fn open_terminal(setup: &ChildSetup<'_>) -> Result<OwnedFd, Stage> {
     let (master, slave) = sys::open_pty_pair().map_err(|e| Stage::errno("terminal", e))?;
     sys::set_window_size(master.as_fd(), &setup.window).map_err(|e| Stage::errno("terminal", e))?;
-    sys::send_with_fds(
-        setup.sync.as_fd(),
-        &[protocol::TERMINAL],
-        &[master.as_raw_fd()],
-    )
-    .map_err(|e| Stage::errno("terminal", e))?;
+    setup
+        .sync
+        .terminal(master.as_fd())
+        .map_err(|e| Stage::errno("terminal", e))?;
     // Our copy of the master closes here: the supervisor's is the only one.
     Ok(slave)
 }
 
 /// Receives the next supervisor message (with its descriptors). EOF, the supervisor's
 /// death, ends the cell quietly.
-fn receive(setup: &ChildSetup<'_>) -> (Vec<u8>, Vec<OwnedFd>) {
-    match sys::recv_message(setup.sync.as_fd(), protocol::MAX_RELEASE_FDS) {
-        Ok(Some(message)) => message,
-        _ => sys::exit_now(125),
+fn receive(setup: &ChildSetup<'_>) -> Result<(ToCell, Vec<OwnedFd>), Stage> {
+    match setup.sync.recv() {
+        Ok(Some(message)) => Ok(message),
+        Ok(None) => sys::exit_now(125),
+        Err(err) => Err(Stage::new("sync", err.to_string())),
     }
 }
 
-fn malformed(message: &[u8]) -> Stage {
+fn unexpected(waiting_for: &str) -> Stage {
     Stage::new(
         "sync",
-        format!("malformed message {:?}", message[0] as char),
+        format!("another message than {waiting_for} arrived"),
     )
 }
 
-/// Blocks until the supervisor sends `kind`; its death (EOF) ends the cell quietly.
-fn wait_for(setup: &ChildSetup<'_>, kind: u8) -> Result<(), Stage> {
-    let mut message = [0u8; 1];
-    match sys::read(setup.sync.as_fd(), &mut message) {
-        Ok(1) if message[0] == kind => Ok(()),
-        Ok(0) | Err(_) => sys::exit_now(125),
-        Ok(_) => Err(Stage::new(
-            "sync",
-            format!(
-                "expected message {:?}, got {:?}",
-                kind as char, message[0] as char
-            ),
-        )),
+/// Blocks until START arrives with the command and its stdio descriptors.
+fn wait_for_start(setup: &ChildSetup<'_>) -> Result<(CellCommand, Vec<OwnedFd>), Stage> {
+    match receive(setup)? {
+        (ToCell::Start(command), fds) if !command.argv.is_empty() => Ok((command, fds)),
+        (ToCell::Start(_), _) => Err(Stage::new("sync", "START without a command".into())),
+        // Closed before any command: the cell ends without running anything.
+        (ToCell::Close, _) => sys::exit_now(0),
+        _ => Err(unexpected("START")),
     }
 }
 
 /// Binds the proxies, the resolver's socket and the transparent listeners inside the
 /// cell's network namespace (still privileged in it: port 53 and the allowlisted ports
 /// below 1024 need that) and hands them to the supervisor.
-fn pass_egress_listeners(sync: &OwnedFd, plan: &CellPlan) -> Result<(), Stage> {
+fn pass_egress_listeners(sync: &Pid1Channel, plan: &CellPlan) -> Result<(), Stage> {
     let failed = |addr: &dyn std::fmt::Display, e: std::io::Error| {
         Stage::new("egress_listeners", format!("{addr}: {e}"))
     };
@@ -257,7 +323,7 @@ fn pass_egress_listeners(sync: &OwnedFd, plan: &CellPlan) -> Result<(), Stage> {
         .into_iter()
         .chain(transparent.iter().map(|l| l.as_raw_fd()))
         .collect();
-    sys::send_with_fds(sync.as_fd(), &protocol::encode_listeners(&wire), &fds)
+    sync.listeners(wire, &fds)
         .map_err(|e| Stage::errno("egress_listeners", e))
     // Our copies close here; the supervisor's proxy owns the sockets.
 }
@@ -319,7 +385,7 @@ fn drop_privileges() -> Result<(), Stage> {
     sys::clear_capability_sets().map_err(|e| Stage::errno("capabilities", e))
 }
 
-fn plan_path_var(env: &[CString]) -> Vec<PathBuf> {
+fn path_var(env: &[CString]) -> Vec<PathBuf> {
     env.iter()
         .find_map(|e| e.as_bytes().strip_prefix(b"PATH="))
         .map(|p| {
@@ -330,12 +396,12 @@ fn plan_path_var(env: &[CString]) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// Resolves argv[0] against the *cell's* PATH (execvp would use the supervisor's).
+/// Resolves argv[0] against the *command's* PATH (execvp would use the supervisor's).
 fn resolve_command(command: &str, env: &[CString]) -> Option<PathBuf> {
     if command.contains('/') {
         return Some(PathBuf::from(command));
     }
-    plan_path_var(env)
+    path_var(env)
         .into_iter()
         .map(|dir| dir.join(command))
         .find(|candidate| {
@@ -344,65 +410,73 @@ fn resolve_command(command: &str, env: &[CString]) -> Option<PathBuf> {
         })
 }
 
-/// The payload's command, resolved and encoded while the audit record is being written,
-/// so that START is followed by the spawn alone.
-struct PayloadLaunch {
-    argv: Vec<CString>,
-    /// `None`: not found on the plan's PATH.
-    path: Option<CString>,
+fn cstrings(items: &[String]) -> Vec<CString> {
+    items
+        .iter()
+        .map(|a| CString::new(a.as_bytes()).unwrap_or_default())
+        .collect()
 }
 
-impl PayloadLaunch {
-    /// Resolves the command and gives every signal its default action (the payload must
-    /// not inherit the runtime's ignored SIGPIPE; pid 1 is not affected: the kernel does
-    /// not deliver default-action signals to a pid namespace's init).
-    fn prepare(setup: &ChildSetup<'_>) -> std::io::Result<PayloadLaunch> {
-        let argv = setup
-            .plan
-            .argv
-            .iter()
-            .map(|a| CString::new(a.as_bytes()).unwrap_or_default())
-            .collect();
-        let path = resolve_command(&setup.plan.argv[0], setup.env)
-            .map(|p| CString::new(p.as_os_str().as_bytes()).unwrap_or_default());
-        sys::reset_signal_state()?;
-        Ok(PayloadLaunch { argv, path })
-    }
-
-    /// Spawns a child that only execs the payload and, if that failed, says why on the
-    /// exec notification pipe (the supervisor reads it as the payload's launch error; the
-    /// child's exit status is 126 or 127).
-    fn spawn(
-        self,
-        setup: &ChildSetup<'_>,
-        terminal: Option<&OwnedFd>,
-    ) -> std::io::Result<libc::pid_t> {
-        let terminal = terminal.map(|t| t.as_fd());
-        let spawned = sys::spawn_exec(self.path.as_deref(), &self.argv, setup.env, terminal)?;
-        let problem = match (&self.path, spawned.exec_error) {
-            (None, _) => Some(format!("127 {}: command not found", setup.plan.argv[0])),
-            (Some(path), Some(err)) => Some(exec_problem(path, &err)),
-            (Some(_), None) => None,
-        };
-        if let Some(problem) = problem {
-            let _ = sys::write(setup.exec_notify.as_fd(), problem.as_bytes());
+/// Spawns a child that only execs `command` (resolved on its PATH) with `stdio` (stdin,
+/// stdout, stderr) or the terminal, and tells the supervisor whether the exec happened:
+/// [`Pid1Channel::command_started`], or the [`ExecFailure`] (the child's exit status is
+/// then 126 or 127).
+fn spawn_command(
+    setup: &ChildSetup<'_>,
+    command: &CellCommand,
+    stdio: &[OwnedFd],
+    terminal: Option<&OwnedFd>,
+) -> std::io::Result<libc::pid_t> {
+    let argv = cstrings(&command.argv);
+    let env = cstrings(&command.env);
+    let path = resolve_command(&command.argv[0], &env)
+        .map(|p| CString::new(p.as_os_str().as_bytes()).unwrap_or_default());
+    let io = match (command.stdio, stdio) {
+        (CommandStdio::Terminal, _) => sys::ExecStdio::Terminal(
+            terminal
+                .ok_or_else(|| std::io::Error::other("the plan has no terminal"))?
+                .as_fd(),
+        ),
+        (CommandStdio::Passed, [stdin, stdout, stderr]) => {
+            sys::ExecStdio::Fds([stdin.as_fd(), stdout.as_fd(), stderr.as_fd()])
         }
-        Ok(spawned.pid)
+        (CommandStdio::Passed, _) => {
+            return Err(std::io::Error::other(
+                "START without three stdio descriptors",
+            ))
+        }
+    };
+    let spawned = sys::spawn_exec(path.as_deref(), &argv, &env, io)?;
+    let failure = match (&path, spawned.exec_error) {
+        (None, _) => Some(ExecFailure {
+            status: 127,
+            path: command.argv[0].clone(),
+            reason: "command not found".into(),
+        }),
+        (Some(path), Some(err)) => Some(exec_failure(path, &err)),
+        (Some(_), None) => None,
+    };
+    match failure {
+        Some(failure) => setup.sync.exec_failed(command.id, failure),
+        None => setup.sync.command_started(command.id),
     }
+    Ok(spawned.pid)
 }
 
-/// Why the payload's exec failed, as `<status> <path>: <reason>`. The kernel answers
-/// EACCES for a directory too; "Permission denied" would send the user looking for a
-/// permission problem.
-fn exec_problem(path: &CString, err: &std::io::Error) -> String {
+/// Why the payload's exec failed. The kernel answers EACCES for a directory too;
+/// "Permission denied" would send the user looking for a permission problem.
+fn exec_failure(path: &CString, err: &std::io::Error) -> ExecFailure {
     let status = sys::exec_failure_status(err.raw_os_error().unwrap_or(0));
-    let shown = path.to_string_lossy();
     let is_dir =
         std::fs::metadata(std::ffi::OsStr::from_bytes(path.as_bytes())).is_ok_and(|m| m.is_dir());
-    if is_dir {
-        format!("{status} {shown}: is a directory, not a command")
-    } else {
-        format!("{status} {shown}: {err}")
+    ExecFailure {
+        status,
+        path: path.to_string_lossy().into_owned(),
+        reason: if is_dir {
+            "is a directory, not a command".into()
+        } else {
+            err.to_string()
+        },
     }
 }
 
@@ -410,9 +484,6 @@ fn exec_problem(path: &CString, err: &std::io::Error) -> String {
 /// it left behind, report, wait for artifact collection and exit (which tears the pid
 /// namespace down).
 fn reap(setup: ChildSetup<'_>, payload: libc::pid_t) -> ! {
-    // The payload's copy of the exec notification pipe closed at its exec; closing ours
-    // gives the supervisor EOF, its sign that the payload runs.
-    drop(setup.exec_notify);
     let wait_status = loop {
         match sys::wait_child(-1, false) {
             Ok(Some(reaped)) if reaped.pid == payload => break reaped.status,
@@ -423,20 +494,22 @@ fn reap(setup: ChildSetup<'_>, payload: libc::pid_t) -> ! {
     // Daemons, double forks and stopped processes go with the payload.
     let _ = sys::kill(-1, libc::SIGKILL);
     while let Ok(Some(_)) = sys::wait_child(-1, false) {}
+    report_end(setup, wait_status)
+}
+
+/// Reports the payload's end (with what pid 1 sees of the cell's mounts), waits for the
+/// artifacts' collection and exits, which tears the pid namespace down.
+fn report_end(setup: ChildSetup<'_>, wait_status: i32) -> ! {
     let ended = PayloadEnded {
         wait_status,
         full_mounts: rootfs::full_writable_mounts(setup.plan),
         shm_full: rootfs::shm_is_full(),
     };
-    send(
-        &setup.sync,
-        protocol::ENDED,
-        &serde_json::to_vec(&ended).unwrap_or_default(),
-    );
+    setup.sync.payload_ended(ended);
     if setup.has_artifacts {
-        // The supervisor reads artifacts through /proc/<pid>/root while we are alive.
-        let mut done = [0u8; 1];
-        let _ = sys::read(setup.sync.as_fd(), &mut done);
+        // The supervisor reads artifacts through /proc/<pid>/root while we are alive:
+        // COLLECTED (or its death) lets us go.
+        let _ = setup.sync.recv();
     }
     sys::exit_now(0)
 }

@@ -2,10 +2,15 @@
 //! namespaces, root filesystem, capabilities, Landlock, seccomp, cgroup ceilings, the
 //! deadline, output capture, artifact collection and teardown.
 //!
+//! Two entry points: [`run_cell`] (the CLI's cold path: build a cell, run `plan.argv`,
+//! destroy it) and [`serve_cell`] (the engine's: build a cell ahead of its command, park
+//! it, run the command the engine sends on its control socket, see [`control`]).
+//!
 //! All `unsafe` code lives in [`sys`].
 
 pub mod artifacts;
 pub mod cgroup;
+pub mod control;
 mod default_filter;
 pub mod doctor;
 mod error;
@@ -26,6 +31,6 @@ mod terminal;
 pub use error::CellError;
 pub use protocol::EgressListeners;
 pub use supervisor::{
-    credential_env, run_cell, BeforeStart, EgressSession, EgressSummary, PayloadStdin, RunOptions,
-    HOST_ID_BASE, TERM_GRACE,
+    credential_env, run_cell, serve_cell, BeforeStart, EgressSession, EgressSummary, PayloadStdin,
+    RunOptions, ServeMode, ServeOptions, HOST_ID_BASE, PID1_NAME, TERM_GRACE,
 };

@@ -2,20 +2,26 @@
 //! supervisor keeps at most `HEAD_BYTES + TAIL_BYTES` per stream in memory and forwards
 //! at most the contract's `output_bytes` (both streams together) to the caller.
 
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::VecDeque;
 
 pub const HEAD_BYTES: usize = 4096;
 pub const TAIL_BYTES: usize = 4096;
 
 /// One stream's record for the result: the first and last bytes and how many were seen.
-#[derive(Debug, Default, Clone, Serialize)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct StreamCapture {
     pub bytes_seen: u64,
-    #[serde(serialize_with = "lossy")]
+    #[serde(serialize_with = "lossy", deserialize_with = "text_bytes")]
     pub head: Vec<u8>,
-    #[serde(serialize_with = "lossy_deque")]
+    #[serde(serialize_with = "lossy_deque", deserialize_with = "text_bytes")]
     pub tail: VecDeque<u8>,
+}
+
+/// The bytes of a captured text, as [`lossy`] wrote them (already lossy: what the
+/// result shows).
+fn text_bytes<'de, D: Deserializer<'de>, T: From<Vec<u8>>>(d: D) -> Result<T, D::Error> {
+    Ok(T::from(String::deserialize(d)?.into_bytes()))
 }
 
 fn lossy<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -52,7 +58,7 @@ impl StreamCapture {
 }
 
 /// Both streams plus the shared forwarding budget.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OutputCapture {
     pub limit_bytes: u64,
     pub forwarded_bytes: u64,

@@ -1,94 +1,107 @@
-//! Messages on the SOCK_SEQPACKET pair between the supervisor and the cell's pid 1.
-//! One message per packet; the first byte is the kind.
+//! Messages on the SOCK_SEQPACKET pair between the supervisor and the cell's pid 1: one
+//! typed enum per direction ([`ToCell`], [`FromCell`]), one message per packet, its body
+//! JSON and its descriptors SCM_RIGHTS, each variant saying how many it carries. They are
+//! encoded and decoded here only; each side holds a channel whose methods are named for
+//! what they mean ([`CellChannel`] for the supervisor, [`Pid1Channel`] for the cell).
 
+use crate::error::CellError;
 use crate::rootfs::{self, Prepared, PreparedWire};
-use airlock_contract::{CellPlan, TransparentEndpoint, MAX_TRANSPARENT_LISTENERS, TRANSPARENT_DNS};
+use crate::sys;
+use airlock_contract::{CellPlan, TransparentEndpoint, TRANSPARENT_DNS};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::net::{SocketAddr, SocketAddrV4};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
-/// `[MAPPED][device nodes: JSON]`, the device trees as SCM_RIGHTS.
-pub fn encode_mapped(devices: Vec<Prepared>) -> (Vec<u8>, Vec<OwnedFd>) {
-    let (wire, fds) = rootfs::to_wire(devices);
-    let mut message = vec![MAPPED];
-    message.extend_from_slice(&serde_json::to_vec(&wire).unwrap_or_default());
-    (message, fds)
+/// Most descriptors one message may carry (a release's mount trees are the most).
+pub const MAX_FDS: usize = 250;
+
+/// Supervisor -> the cell's pid 1.
+#[derive(Serialize, Deserialize)]
+pub enum ToCell {
+    /// The user namespace maps are written: the cell may build the parts of its root it
+    /// creates itself. Descriptors: the device nodes' trees, in the order of `devices`.
+    Mapped { devices: Vec<PreparedWire> },
+    /// The cell joined its cgroup: finish the setup (root, privileges, Landlock, seccomp)
+    /// and park. Descriptors: the mount trees, in the order of `mounts`.
+    Release {
+        /// The seccomp program, one [`pack`]ed instruction each.
+        program: Vec<u64>,
+        mounts: Vec<PreparedWire>,
+    },
+    /// The audit record exists: start the cell's first command. Descriptors: its stdin,
+    /// stdout and stderr, unless the command uses the cell's terminal.
+    Start(CellCommand),
+    /// A further command of a session (descriptors as for `Start`).
+    Exec(CellCommand),
+    /// Send `signal` to the process group of command `id`.
+    Kill { id: u64, signal: i32 },
+    /// End the session: kill every process of the cell and report [`FromCell::Ended`].
+    Close,
+    /// The artifacts are collected: pid 1 may exit.
+    Collected,
 }
 
-/// The inverse of [`encode_mapped`]; `None` for a malformed message.
-pub fn decode_mapped(message: &[u8]) -> Option<Vec<PreparedWire>> {
-    let (&kind, rest) = message.split_first()?;
-    if kind != MAPPED {
-        return None;
+/// The cell's pid 1 -> supervisor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FromCell {
+    /// A setup step failed; pid 1 exits.
+    Failed(LaunchFailure),
+    /// The egress listeners bound in the cell's network namespace. Descriptors: HTTP,
+    /// SOCKS, then the resolver's and the transparent sockets the body names.
+    Listeners(ListenersWire),
+    /// The master of the payload's terminal (one descriptor), for a plan with one; sent
+    /// before any command can start.
+    Terminal,
+    /// The setup is complete (seccomp applied, the host's root detached): pid 1 waits for
+    /// [`ToCell::Start`].
+    Parked,
+    /// Command `id` was exec'd.
+    CommandStarted { id: u64 },
+    /// Command `id` could not be exec'd (its process exited with `failure.status`).
+    ExecFailed { id: u64, failure: ExecFailure },
+    /// Command `id` of a session ended (raw wait status).
+    CommandEnded { id: u64, wait_status: i32 },
+    /// The cell's payload (a one-shot cell's command, or a session's last process) ended.
+    Ended(PayloadEnded),
+}
+
+/// One command for the cell to run, resolved on the cell's PATH by pid 1.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellCommand {
+    pub id: u64,
+    pub argv: Vec<String>,
+    /// `NAME=value`: the plan's environment, the credential values and the command's own.
+    pub env: Vec<String>,
+    pub stdio: CommandStdio,
+}
+
+/// Where a command's stdin, stdout and stderr are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandStdio {
+    /// The three descriptors that travel with the message (pipes of the supervisor).
+    Passed,
+    /// The cell's terminal, which the command takes as its controlling one.
+    Terminal,
+}
+
+/// Why a command could not be exec'd, as a shell reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecFailure {
+    /// 127: not found; 126: found but not executable.
+    pub status: i32,
+    pub path: String,
+    pub reason: String,
+}
+
+impl ExecFailure {
+    /// The text of the run's error: `<path>: <reason>`.
+    pub fn describe(&self) -> String {
+        format!("{}: {}", self.path, self.reason)
     }
-    serde_json::from_slice(rest).ok()
 }
 
-/// `[GO][program length: u32 LE][program: 8 bytes per instruction][mounts: JSON]`
-pub fn encode_release(
-    program: &[libc::sock_filter],
-    mounts: Vec<Prepared>,
-) -> (Vec<u8>, Vec<OwnedFd>) {
-    let (wire, fds) = rootfs::to_wire(mounts);
-    let mut message = vec![GO];
-    message.extend_from_slice(&(program.len() as u32).to_le_bytes());
-    for insn in program {
-        message.extend_from_slice(&insn.code.to_le_bytes());
-        message.extend_from_slice(&[insn.jt, insn.jf]);
-        message.extend_from_slice(&insn.k.to_le_bytes());
-    }
-    message.extend_from_slice(&serde_json::to_vec(&wire).unwrap_or_default());
-    (message, fds)
-}
-
-/// The inverse of [`encode_release`]; `None` for a malformed message.
-pub fn decode_release(message: &[u8]) -> Option<(Vec<libc::sock_filter>, Vec<PreparedWire>)> {
-    let (&kind, rest) = message.split_first()?;
-    if kind != GO || rest.len() < 4 {
-        return None;
-    }
-    let count = u32::from_le_bytes(rest[..4].try_into().ok()?) as usize;
-    let program_bytes = rest.get(4..4 + count * 8)?;
-    let program = program_bytes
-        .chunks_exact(8)
-        .map(|c| libc::sock_filter {
-            code: u16::from_le_bytes([c[0], c[1]]),
-            jt: c[2],
-            jf: c[3],
-            k: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
-        })
-        .collect();
-    let wire = serde_json::from_slice(&rest[4 + count * 8..]).ok()?;
-    Some((program, wire))
-}
-
-/// Supervisor -> cell: the user namespace maps are written; the cell may build the parts
-/// of its root it creates itself. The message carries the device nodes.
-pub const MAPPED: u8 = b'M';
-/// Supervisor -> cell: cgroup joined; finish the setup (root, privileges, Landlock,
-/// seccomp). The message carries the seccomp program and the mount plan, the mount trees
-/// as SCM_RIGHTS.
-pub const GO: u8 = b'G';
-/// Supervisor -> cell: the audit record exists; start the payload.
-pub const START: u8 = b'S';
-/// Most descriptors one release message may carry.
-pub const MAX_RELEASE_FDS: usize = 250;
-/// Supervisor -> cell: artifacts collected; pid 1 may exit.
-pub const COLLECTED: u8 = b'D';
-/// Cell -> supervisor: a setup step failed (body: [`LaunchFailure`] as JSON).
-pub const FAILED: u8 = b'E';
-/// Cell -> supervisor: the egress listeners (body: [`ListenersWire`] as JSON), passed as
-/// SCM_RIGHTS: HTTP, SOCKS, then the resolver's and the transparent sockets it names.
-pub const LISTENERS: u8 = b'L';
-/// Cell -> supervisor: the master of the payload's terminal (SCM_RIGHTS), for a plan
-/// with a terminal; sent before the payload can start.
-pub const TERMINAL: u8 = b'T';
-/// Most descriptors one LISTENERS message may carry.
-pub const MAX_LISTENER_FDS: usize = 3 + MAX_TRANSPARENT_LISTENERS;
-/// Cell -> supervisor: the payload ended (body: [`PayloadEnded`] as JSON).
-pub const ENDED: u8 = b'X';
-
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchFailure {
     pub stage: String,
     pub message: String,
@@ -96,7 +109,7 @@ pub struct LaunchFailure {
     pub unavailable: bool,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PayloadEnded {
     /// Raw wait status of the payload process.
     pub wait_status: i32,
@@ -105,6 +118,232 @@ pub struct PayloadEnded {
     /// `/dev/shm` had no free space or inodes left when the payload ended.
     #[serde(default)]
     pub shm_full: bool,
+}
+
+/// A message type of this protocol: how many descriptors travel with each message.
+trait Message: Serialize + DeserializeOwned {
+    fn descriptors(&self) -> usize;
+}
+
+impl Message for ToCell {
+    fn descriptors(&self) -> usize {
+        match self {
+            ToCell::Mapped { devices } => trees(devices),
+            ToCell::Release { mounts, .. } => trees(mounts),
+            ToCell::Start(command) | ToCell::Exec(command) => match command.stdio {
+                CommandStdio::Passed => 3,
+                CommandStdio::Terminal => 0,
+            },
+            ToCell::Kill { .. } | ToCell::Close | ToCell::Collected => 0,
+        }
+    }
+}
+
+impl Message for FromCell {
+    fn descriptors(&self) -> usize {
+        match self {
+            FromCell::Listeners(wire) => 3 + wire.transparent.len(),
+            FromCell::Terminal => 1,
+            FromCell::Failed(_)
+            | FromCell::Parked
+            | FromCell::CommandStarted { .. }
+            | FromCell::ExecFailed { .. }
+            | FromCell::CommandEnded { .. }
+            | FromCell::Ended(_) => 0,
+        }
+    }
+}
+
+fn trees(items: &[PreparedWire]) -> usize {
+    items
+        .iter()
+        .filter(|i| matches!(i, PreparedWire::Tree { .. }))
+        .count()
+}
+
+/// The body of one packet.
+fn encode<M: Message>(message: &M) -> Vec<u8> {
+    // These types serialise infallibly (no maps with non-string keys, no custom code).
+    serde_json::to_vec(message).unwrap_or_default()
+}
+
+/// The inverse of [`encode`], with the packet's descriptors: a body that is not a
+/// message, or the wrong number of descriptors for it, is refused.
+fn decode<M: Message>(body: &[u8], fds: Vec<OwnedFd>) -> Result<(M, Vec<OwnedFd>), CellError> {
+    let message: M = serde_json::from_slice(body).map_err(|e| CellError::Protocol {
+        message: format!("malformed message: {e}"),
+    })?;
+    if message.descriptors() != fds.len() {
+        return Err(CellError::Protocol {
+            message: format!(
+                "a message with {} descriptors, {} expected",
+                fds.len(),
+                message.descriptors()
+            ),
+        });
+    }
+    Ok((message, fds))
+}
+
+fn send<M: Message>(sock: &OwnedFd, message: &M, fds: &[RawFd]) -> std::io::Result<()> {
+    sys::send_with_fds(sock.as_fd(), &encode(message), fds)
+}
+
+/// The next message; `None` when the peer closed its end (or the socket broke).
+fn recv<M: Message>(sock: &OwnedFd) -> Result<Option<(M, Vec<OwnedFd>)>, CellError> {
+    match sys::recv_message(sock.as_fd(), MAX_FDS) {
+        Ok(Some((body, fds))) => decode(&body, fds).map(Some),
+        Ok(None) | Err(_) => Ok(None),
+    }
+}
+
+/// One seccomp instruction in a `u64`: code, jt, jf, k.
+pub fn pack(insn: &libc::sock_filter) -> u64 {
+    (insn.code as u64) << 48 | (insn.jt as u64) << 40 | (insn.jf as u64) << 32 | insn.k as u64
+}
+
+/// The inverse of [`pack`].
+pub fn unpack(word: u64) -> libc::sock_filter {
+    libc::sock_filter {
+        code: (word >> 48) as u16,
+        jt: (word >> 40) as u8,
+        jf: (word >> 32) as u8,
+        k: word as u32,
+    }
+}
+
+fn raw_fds(fds: &[OwnedFd]) -> Vec<RawFd> {
+    fds.iter().map(|f| f.as_raw_fd()).collect()
+}
+
+/// The supervisor's end of the socket pair: one method per message it sends.
+pub struct CellChannel {
+    sock: OwnedFd,
+}
+
+impl CellChannel {
+    pub fn new(sock: OwnedFd) -> CellChannel {
+        CellChannel { sock }
+    }
+
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    /// The id maps are written; the device nodes go with the message.
+    pub fn maps_written(&self, devices: Vec<Prepared>) -> std::io::Result<()> {
+        let (devices, fds) = rootfs::to_wire(devices);
+        send(&self.sock, &ToCell::Mapped { devices }, &raw_fds(&fds))
+    }
+
+    /// Releases the cell into the rest of its setup: the seccomp program and the mount
+    /// trees.
+    pub fn release(
+        &self,
+        program: &[libc::sock_filter],
+        mounts: Vec<Prepared>,
+    ) -> std::io::Result<()> {
+        let (mounts, fds) = rootfs::to_wire(mounts);
+        let program = program.iter().map(pack).collect();
+        send(
+            &self.sock,
+            &ToCell::Release { program, mounts },
+            &raw_fds(&fds),
+        )
+    }
+
+    /// Starts the cell's first command (`stdio`: stdin, stdout, stderr, for
+    /// [`CommandStdio::Passed`]).
+    pub fn start(&self, command: CellCommand, stdio: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+        let fds: Vec<RawFd> = stdio.iter().map(|f| f.as_raw_fd()).collect();
+        send(&self.sock, &ToCell::Start(command), &fds)
+    }
+
+    /// Starts a further command of a session.
+    pub fn exec(&self, command: CellCommand, stdio: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+        let fds: Vec<RawFd> = stdio.iter().map(|f| f.as_raw_fd()).collect();
+        send(&self.sock, &ToCell::Exec(command), &fds)
+    }
+
+    pub fn kill_command(&self, id: u64, signal: i32) -> std::io::Result<()> {
+        send(&self.sock, &ToCell::Kill { id, signal }, &[])
+    }
+
+    pub fn close_session(&self) -> std::io::Result<()> {
+        send(&self.sock, &ToCell::Close, &[])
+    }
+
+    pub fn artifacts_collected(&self) -> std::io::Result<()> {
+        send(&self.sock, &ToCell::Collected, &[])
+    }
+
+    /// The cell's next message with its descriptors; `None` once pid 1 closed its end.
+    pub fn recv(&self) -> Result<Option<(FromCell, Vec<OwnedFd>)>, CellError> {
+        recv(&self.sock)
+    }
+}
+
+/// pid 1's end of the socket pair: one method per message it sends. Send errors are the
+/// supervisor's death, which the parent-death signal and the next receive handle.
+pub struct Pid1Channel {
+    sock: OwnedFd,
+}
+
+impl Pid1Channel {
+    pub fn new(sock: OwnedFd) -> Pid1Channel {
+        Pid1Channel { sock }
+    }
+
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    pub fn setup_failed(&self, failure: LaunchFailure) {
+        let _ = send(&self.sock, &FromCell::Failed(failure), &[]);
+    }
+
+    pub fn listeners(&self, wire: ListenersWire, fds: &[RawFd]) -> std::io::Result<()> {
+        send(&self.sock, &FromCell::Listeners(wire), fds)
+    }
+
+    pub fn terminal(&self, master: BorrowedFd<'_>) -> std::io::Result<()> {
+        send(&self.sock, &FromCell::Terminal, &[master.as_raw_fd()])
+    }
+
+    pub fn parked(&self) {
+        let _ = send(&self.sock, &FromCell::Parked, &[]);
+    }
+
+    pub fn command_started(&self, id: u64) {
+        let _ = send(&self.sock, &FromCell::CommandStarted { id }, &[]);
+    }
+
+    pub fn exec_failed(&self, id: u64, failure: ExecFailure) {
+        let _ = send(&self.sock, &FromCell::ExecFailed { id, failure }, &[]);
+    }
+
+    pub fn command_ended(&self, id: u64, wait_status: i32) {
+        let _ = send(&self.sock, &FromCell::CommandEnded { id, wait_status }, &[]);
+    }
+
+    pub fn payload_ended(&self, ended: PayloadEnded) {
+        let _ = send(&self.sock, &FromCell::Ended(ended), &[]);
+    }
+
+    /// The supervisor's next message; `None` once it closed its end (it died).
+    pub fn recv(&self) -> Result<Option<(ToCell, Vec<OwnedFd>)>, CellError> {
+        recv(&self.sock)
+    }
+
+    /// Whether the supervisor's end is closed already.
+    pub fn hung_up(&self) -> bool {
+        let mut state = [libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: 0,
+            revents: 0,
+        }];
+        sys::poll(&mut state, 0).is_ok_and(|_| state[0].revents & libc::POLLHUP != 0)
+    }
 }
 
 /// What a LISTENERS message carries after the two proxy listeners, in the order of its
@@ -141,25 +380,16 @@ pub struct EgressListeners {
     pub transparent: Vec<(TransparentEndpoint, OwnedFd)>,
 }
 
-/// `[LISTENERS][ListenersWire: JSON]`.
-pub fn encode_listeners(wire: &ListenersWire) -> Vec<u8> {
-    let mut message = vec![LISTENERS];
-    message.extend_from_slice(&serde_json::to_vec(wire).unwrap_or_default());
-    message
-}
-
-/// The inverse of [`encode_listeners`], checked against the plan: the sockets must be
+/// Checks the sockets of a [`FromCell::Listeners`] message against the plan: they must be
 /// exactly the ones the plan asks for, each bound where the plan says, so that no
 /// listener is ever served as another name's. `None` for anything else.
-pub fn decode_listeners(
-    message: &[u8],
+pub fn checked_listeners(
+    announced: &ListenersWire,
     fds: Vec<OwnedFd>,
     plan: &CellPlan,
 ) -> Option<EgressListeners> {
-    let (&kind, rest) = message.split_first()?;
-    let announced: ListenersWire = serde_json::from_slice(rest).ok()?;
     let expected = ListenersWire::for_plan(plan);
-    if kind != LISTENERS || fds.len() != 3 + expected.transparent.len() {
+    if fds.len() != 3 + expected.transparent.len() {
         return None;
     }
     let mut fds = fds.into_iter();
@@ -172,7 +402,7 @@ pub fn decode_listeners(
             .map(|fd| v4(bound_tcp(fd)?))
             .collect::<Option<_>>()?,
     };
-    if !matches_plan(&expected, &announced, &bound) {
+    if !matches_plan(&expected, announced, &bound) {
         return None;
     }
     Some(EgressListeners {
@@ -260,17 +490,209 @@ mod tests {
         };
         let mut plan = test_plan();
         plan.network = network;
-        let message = encode_listeners(&ListenersWire::for_plan(&plan));
+        let announced = ListenersWire::for_plan(&plan);
         let tcp = || OwnedFd::from(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
         let udp = OwnedFd::from(std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
         // The right message, but the sockets are bound on other addresses.
-        assert!(decode_listeners(&message, vec![tcp(), tcp(), udp, tcp()], &plan).is_none());
+        assert!(checked_listeners(&announced, vec![tcp(), tcp(), udp, tcp()], &plan).is_none());
         // Too few descriptors.
-        assert!(decode_listeners(&message, vec![tcp(), tcp()], &plan).is_none());
-        // Another message kind.
-        let mut other = message.clone();
-        other[0] = GO;
-        assert!(decode_listeners(&other, Vec::new(), &plan).is_none());
+        assert!(checked_listeners(&announced, vec![tcp(), tcp()], &plan).is_none());
+    }
+
+    fn fd() -> OwnedFd {
+        OwnedFd::from(std::fs::File::open("/dev/null").unwrap())
+    }
+
+    fn fds(n: usize) -> Vec<OwnedFd> {
+        (0..n).map(|_| fd()).collect()
+    }
+
+    /// Encodes `message`, decodes it with `n` descriptors and encodes the result again.
+    fn round_trip<M: Message>(message: &M, n: usize) -> (M, Vec<u8>) {
+        let body = encode(message);
+        let (decoded, received) = decode::<M>(&body, fds(n)).expect("decodes");
+        assert_eq!(received.len(), n);
+        let again = encode(&decoded);
+        assert_eq!(body, again, "a round trip keeps every field");
+        (decoded, body)
+    }
+
+    fn command(stdio: CommandStdio) -> CellCommand {
+        CellCommand {
+            id: 7,
+            argv: vec!["/bin/echo".into(), "hi there".into()],
+            env: vec!["PATH=/usr/bin:/bin".into(), "TOKEN=s3cret".into()],
+            stdio,
+        }
+    }
+
+    #[test]
+    fn every_message_to_the_cell_survives_a_round_trip() {
+        let tree = |t: &str| PreparedWire::Tree {
+            target: t.into(),
+            is_dir: true,
+        };
+        let link = PreparedWire::Symlink {
+            target: "/bin".into(),
+            link: "usr/bin".into(),
+        };
+        let program = [
+            libc::sock_filter {
+                code: 0x20,
+                jt: 0,
+                jf: 0,
+                k: 4,
+            },
+            libc::sock_filter {
+                code: 0x15,
+                jt: 1,
+                jf: 2,
+                k: 0xc000_003e,
+            },
+        ];
+        let packed: Vec<u64> = program.iter().map(pack).collect();
+        for (message, n) in [
+            (
+                ToCell::Mapped {
+                    devices: vec![tree("/dev/null"), tree("/dev/zero")],
+                },
+                2,
+            ),
+            (
+                ToCell::Release {
+                    program: packed.clone(),
+                    mounts: vec![tree("/usr"), link],
+                },
+                1,
+            ),
+            (ToCell::Start(command(CommandStdio::Passed)), 3),
+            (ToCell::Start(command(CommandStdio::Terminal)), 0),
+            (ToCell::Exec(command(CommandStdio::Passed)), 3),
+            (ToCell::Kill { id: 3, signal: 15 }, 0),
+            (ToCell::Close, 0),
+            (ToCell::Collected, 0),
+        ] {
+            let (decoded, body) = round_trip(&message, n);
+            let text = String::from_utf8_lossy(&body).into_owned();
+            match (&message, &decoded) {
+                (ToCell::Start(a), ToCell::Start(b)) | (ToCell::Exec(a), ToCell::Exec(b)) => {
+                    assert_eq!(a, b)
+                }
+                (ToCell::Kill { id: a, signal: x }, ToCell::Kill { id: b, signal: y }) => {
+                    assert_eq!((a, x), (b, y))
+                }
+                (ToCell::Release { program, .. }, ToCell::Release { program: got, .. }) => {
+                    assert_eq!(program, got);
+                    let insns: Vec<libc::sock_filter> = got.iter().copied().map(unpack).collect();
+                    assert_eq!(
+                        insns
+                            .iter()
+                            .map(|i| (i.code, i.jt, i.jf, i.k))
+                            .collect::<Vec<_>>(),
+                        [(0x20, 0, 0, 4), (0x15, 1, 2, 0xc000_003e)]
+                    );
+                }
+                (ToCell::Mapped { .. }, ToCell::Mapped { .. })
+                | (ToCell::Close, ToCell::Close)
+                | (ToCell::Collected, ToCell::Collected) => {}
+                _ => panic!("decoded as another message: {text}"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_message_from_the_cell_survives_a_round_trip() {
+        let wire = ListenersWire {
+            dns: TRANSPARENT_DNS,
+            transparent: vec!["127.100.0.1:443".parse().unwrap()],
+        };
+        for (message, n) in [
+            (
+                FromCell::Failed(LaunchFailure {
+                    stage: "seccomp".into(),
+                    message: "EINVAL".into(),
+                    unavailable: true,
+                }),
+                0,
+            ),
+            (FromCell::Listeners(wire), 4),
+            (FromCell::Terminal, 1),
+            (FromCell::Parked, 0),
+            (FromCell::CommandStarted { id: 1 }, 0),
+            (
+                FromCell::ExecFailed {
+                    id: 2,
+                    failure: ExecFailure {
+                        status: 127,
+                        path: "nope".into(),
+                        reason: "command not found".into(),
+                    },
+                },
+                0,
+            ),
+            (
+                FromCell::CommandEnded {
+                    id: 3,
+                    wait_status: 9,
+                },
+                0,
+            ),
+            (
+                FromCell::Ended(PayloadEnded {
+                    wait_status: 256,
+                    full_mounts: vec!["/tmp".into()],
+                    shm_full: true,
+                }),
+                0,
+            ),
+        ] {
+            let (decoded, _) = round_trip(&message, n);
+            assert_eq!(decoded, message);
+        }
+    }
+
+    #[test]
+    fn a_message_with_the_wrong_number_of_descriptors_is_refused() {
+        let body = encode(&ToCell::Start(command(CommandStdio::Passed)));
+        assert!(decode::<ToCell>(&body, fds(2)).is_err());
+        assert!(decode::<ToCell>(&body, fds(4)).is_err());
+        let body = encode(&FromCell::Terminal);
+        assert!(decode::<FromCell>(&body, Vec::new()).is_err());
+        let body = encode(&FromCell::Parked);
+        assert!(decode::<FromCell>(&body, fds(1)).is_err());
+    }
+
+    #[test]
+    fn a_body_that_is_no_message_is_refused() {
+        assert!(decode::<ToCell>(b"S", Vec::new()).is_err());
+        assert!(decode::<FromCell>(b"{\"Launch\":1}", Vec::new()).is_err());
+        // A message of the other direction is not one of this one.
+        assert!(decode::<FromCell>(&encode(&ToCell::Close), Vec::new()).is_err());
+    }
+
+    #[test]
+    fn messages_travel_through_a_socket_pair_with_their_descriptors() {
+        let (a, b) = sys::seqpacket_pair().unwrap();
+        let (supervisor, cell) = (CellChannel::new(a), Pid1Channel::new(b));
+        let (r, w) = sys::pipe_cloexec().unwrap();
+        let null = fd();
+        supervisor
+            .start(
+                command(CommandStdio::Passed),
+                &[null.as_fd(), w.as_fd(), w.as_fd()],
+            )
+            .unwrap();
+        let (message, received) = cell.recv().unwrap().unwrap();
+        assert!(matches!(message, ToCell::Start(c) if c == command(CommandStdio::Passed)));
+        // The received write end is the pipe's.
+        sys::write(received[1].as_fd(), b"x").unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(sys::read(r.as_fd(), &mut buf).unwrap(), 1);
+        cell.command_started(7);
+        let (message, _) = supervisor.recv().unwrap().unwrap();
+        assert_eq!(message, FromCell::CommandStarted { id: 7 });
+        drop(cell);
+        assert!(supervisor.recv().unwrap().is_none(), "EOF is None");
     }
 
     fn test_plan() -> CellPlan {

@@ -2,11 +2,13 @@
 //! cgroup counters, the deadline timer, the output counter, tmpfs free space, seccomp
 //! kills), never from the payload's output.
 
+use crate::artifacts::{ArtifactKept, ArtifactReport};
 use crate::cgroup::CgroupUsage;
 use crate::output::OutputCapture;
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
+use std::net::SocketAddr;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ResultClass {
     Ok,
@@ -78,7 +80,7 @@ impl ResultClass {
 /// A ceiling of the contract. `limit_fired` names the one that decided the run's class
 /// (it killed something, or the payload failed after hitting it); `limits_hit` every one
 /// the run reached, fatal or not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Ceiling {
     Memory,
@@ -109,13 +111,13 @@ impl Ceiling {
     }
 }
 
-#[derive(Debug, Default, Clone, Copy, Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitInfo {
     pub code: Option<i32>,
     pub signal: Option<i32>,
 }
 
-#[derive(Debug, Default, Clone, Copy, Serialize)]
+#[derive(Debug, Default, Clone, Copy, Serialize, Deserialize)]
 pub struct Timings {
     /// Milestones of the start, each in ms from the start of `run`: the cell was cloned
     /// and its cgroup created and joined, its seccomp program and mount trees were ready,
@@ -134,7 +136,7 @@ pub struct Timings {
     pub teardown_ms: f64,
 }
 
-#[derive(Debug, Default, Clone, Copy, Serialize)]
+#[derive(Debug, Default, Clone, Copy, Serialize, Deserialize)]
 pub struct Usage {
     pub cpu_user_ms: f64,
     pub cpu_system_ms: f64,
@@ -158,7 +160,7 @@ impl Usage {
     }
 }
 
-#[derive(Debug, Default, Clone, Serialize)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct CleanupReport {
     pub ok: bool,
     /// Anything that could not be removed (cgroup dirs, processes).
@@ -172,14 +174,61 @@ const MAX_HOSTS_SHOWN: usize = 3;
 /// Longest host name shown in a summary, in characters of its escaped form.
 const MAX_HOST_CHARS: usize = 80;
 
-/// The text of a record's field. Artifact paths are escaped by the collector and reason
-/// codes are airlock's own; host names are the cell's and are escaped where used.
-fn json_text(value: &serde_json::Value, key: &str) -> String {
-    value
-        .get(key)
-        .and_then(|t| t.as_str())
-        .unwrap_or("")
-        .to_string()
+/// A name from one of the report's fixed vocabularies (a reason code, a mode). An
+/// alias, so that serde does not take the field for data borrowed from its input.
+pub type Name = &'static str;
+
+/// One of `known`, by name: the report's fixed vocabularies (reason codes, modes) are
+/// `&'static str` on the side that produces them, and a report read back from another
+/// process holds only names that side could have produced.
+pub(crate) fn known_name<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    known: &[&'static str],
+) -> Result<&'static str, D::Error> {
+    let name = String::deserialize(deserializer)?;
+    known
+        .iter()
+        .find(|k| **k == name)
+        .copied()
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown name {name:?}")))
+}
+
+fn cgroup_version<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Name>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        None => Ok(None),
+        Some(v) => known_name(serde_json::Value::String(v), &["v1", "v2"])
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+    }
+}
+
+/// What the proxy decided about one connection attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EgressDecision {
+    Allowed,
+    Denied,
+}
+
+/// One connection attempt through the egress proxy, as the result records it. The cell
+/// does not know the proxy (the crates' direction is contract <- cell, egress <- airlock):
+/// the caller's [`crate::EgressSession`] turns its proxy's records into these.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressRecord {
+    /// `http`, `connect`, `socks5`, `transparent` or `dns`.
+    pub protocol: String,
+    /// Requested host, as the proxy normalised it (the cell's bytes: escape to print).
+    pub host: String,
+    pub port: u16,
+    /// The address actually connected to (or the offending one).
+    pub address: Option<SocketAddr>,
+    pub decision: EgressDecision,
+    /// A reason code (`egress.*`): why it was denied or cut short.
+    pub reason: Option<String>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration_ms: u64,
+    pub started_at_unix_ms: u64,
 }
 
 /// `text` cut to [`MAX_HOST_CHARS`] characters.
@@ -190,8 +239,9 @@ fn shortened(text: &str) -> String {
     }
 }
 
-/// Everything `airlock run` reports about one run.
-#[derive(Debug, Serialize)]
+/// Everything `airlock run` reports about one run. It crosses a process boundary (a
+/// serving cell's supervisor sends it to the engine), so it reads back what it writes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunReport {
     pub run_id: String,
     pub status: ResultClass,
@@ -207,19 +257,22 @@ pub struct RunReport {
     pub timings: Timings,
     pub usage: Usage,
     pub output: Option<OutputCapture>,
-    pub cgroup_version: Option<&'static str>,
-    pub egress: serde_json::Value,
-    pub artifacts: serde_json::Value,
+    #[serde(deserialize_with = "cgroup_version")]
+    pub cgroup_version: Option<Name>,
+    /// One record per connection attempt; `None` for a cell without egress.
+    pub egress: Option<Vec<EgressRecord>>,
+    /// `None` when no artifacts were asked for or the plan declares none.
+    pub artifacts: Option<ArtifactReport>,
     pub cleanup: CleanupReport,
     /// Cgroups of dead supervisors' cells that this run's start could not remove.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stale_cgroups_left: Vec<String>,
     /// What the payload got on stdin: set by the supervisor when it relayed a pipe, by
     /// the caller otherwise (it knows what it passed).
     pub stdin: Option<crate::stdin_relay::StdinRecord>,
     /// What the cell got differently from its plan without weakening a control (a
     /// read-only input on a filesystem without idmapped mounts keeps its host owners).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
 }
 
@@ -238,8 +291,8 @@ impl RunReport {
             usage: Usage::default(),
             output: None,
             cgroup_version: None,
-            egress: serde_json::Value::Null,
-            artifacts: serde_json::Value::Null,
+            egress: None,
+            artifacts: None,
             cleanup: CleanupReport {
                 ok: true,
                 leftovers: Vec::new(),
@@ -253,19 +306,14 @@ impl RunReport {
     /// One line per artifact the host side could not write (`artifacts.undelivered`),
     /// with the path as the collector escaped it: safe to print on a terminal.
     pub fn undelivered_artifacts(&self) -> Vec<String> {
-        let undelivered = self.artifacts.get("undelivered").and_then(|u| u.as_array());
-        let text = |v: &serde_json::Value, key: &str| {
-            v.get(key)
-                .and_then(|t| t.as_str())
-                .unwrap_or("")
-                .to_string()
-        };
-        undelivered
-            .into_iter()
-            .flatten()
+        self.artifacts
+            .iter()
+            .flat_map(|a| &a.undelivered)
             .map(|a| {
-                let (path, reason, error) = (text(a, "path"), text(a, "reason"), text(a, "error"));
-                format!("artifact {path} not delivered ({reason}): {error}")
+                format!(
+                    "artifact {} not delivered ({}): {}",
+                    a.path, a.reason, a.error
+                )
             })
             .collect()
     }
@@ -275,23 +323,19 @@ impl RunReport {
     /// `file_size_mb`; undeclared files are only counted in [`RunReport::summary`]. Paths
     /// are as the collector escaped them; at most [`MAX_ARTIFACT_LINES`] lines.
     pub fn artifacts_of_note(&self) -> Vec<String> {
-        let rejected = self.artifact_list("rejected").filter_map(|a| {
-            let reason = json_text(a, "reason");
-            (reason != crate::artifacts::reason::UNDECLARED).then(|| {
-                let path = json_text(a, "path");
-                format!("artifact {path} was not delivered ({reason})")
-            })
-        });
-        let truncated = self
-            .artifact_list("kept")
-            .filter(|a| a.get("truncated").and_then(|t| t.as_bool()) == Some(true))
-            .map(|a| {
-                let path = json_text(a, "path");
-                format!(
-                    "artifact {path} is exactly file_size_mb long: a write past it was refused, \
+        let artifacts = self.artifacts.iter();
+        let rejected = artifacts
+            .clone()
+            .flat_map(|a| &a.rejected)
+            .filter(|a| a.reason != crate::artifacts::reason::UNDECLARED)
+            .map(|a| format!("artifact {} was not delivered ({})", a.path, a.reason));
+        let truncated = self.kept_artifacts().filter(|a| a.truncated).map(|a| {
+            let path = &a.path;
+            format!(
+                "artifact {path} is exactly file_size_mb long: a write past it was refused, \
                      so it may be cut short"
-                )
-            });
+            )
+        });
         let mut lines: Vec<String> = rejected.chain(truncated).collect();
         if lines.len() > MAX_ARTIFACT_LINES {
             let more = lines.len() - MAX_ARTIFACT_LINES + 1;
@@ -335,12 +379,11 @@ impl RunReport {
     }
 
     fn egress_summary(&self) -> Option<String> {
-        let denied: Vec<&serde_json::Value> = self
+        let denied: Vec<&EgressRecord> = self
             .egress
-            .as_array()
-            .into_iter()
+            .iter()
             .flatten()
-            .filter(|r| r.get("decision").and_then(|d| d.as_str()) == Some("denied"))
+            .filter(|r| r.decision == EgressDecision::Denied)
             .collect();
         if denied.is_empty() {
             return None;
@@ -348,11 +391,9 @@ impl RunReport {
         // (reason, attempts, distinct hosts in order of first attempt)
         let mut reasons: Vec<(String, usize, Vec<String>)> = Vec::new();
         for record in &denied {
-            let reason = json_text(record, "reason");
+            let reason = record.reason.clone().unwrap_or_default();
             // The name the payload asked for: anything, a terminal escape included.
-            let host = shortened(&crate::host_files::escaped(
-                json_text(record, "host").as_bytes(),
-            ));
+            let host = shortened(&crate::host_files::escaped(record.host.as_bytes()));
             let entry = match reasons.iter().position(|(r, _, _)| *r == reason) {
                 Some(i) => &mut reasons[i],
                 None => {
@@ -388,18 +429,15 @@ impl RunReport {
 
     fn artifact_summary(&self) -> Option<String> {
         let mut rejected: Vec<(String, usize)> = Vec::new();
-        for artifact in self.artifact_list("rejected") {
-            let reason = json_text(artifact, "reason");
+        for artifact in self.artifacts.iter().flat_map(|a| &a.rejected) {
+            let reason = artifact.reason.to_string();
             match rejected.iter_mut().find(|(r, _)| *r == reason) {
                 Some(entry) => entry.1 += 1,
                 None => rejected.push((reason, 1)),
             }
         }
-        let truncated = self
-            .artifact_list("kept")
-            .filter(|a| a.get("truncated").and_then(|t| t.as_bool()) == Some(true))
-            .count();
-        let undelivered = self.artifact_list("undelivered").count();
+        let truncated = self.kept_artifacts().filter(|a| a.truncated).count();
+        let undelivered = self.artifacts.iter().flat_map(|a| &a.undelivered).count();
         let mut parts = Vec::new();
         if !rejected.is_empty() {
             let total: usize = rejected.iter().map(|(_, n)| n).sum();
@@ -415,12 +453,8 @@ impl RunReport {
         (!parts.is_empty()).then(|| format!("artifacts: {}", parts.join(", ")))
     }
 
-    fn artifact_list(&self, key: &str) -> impl Iterator<Item = &serde_json::Value> {
-        self.artifacts
-            .get(key)
-            .and_then(|list| list.as_array())
-            .into_iter()
-            .flatten()
+    fn kept_artifacts(&self) -> impl Iterator<Item = &ArtifactKept> {
+        self.artifacts.iter().flat_map(|a| &a.kept)
     }
 
     /// Records that something the caller asked for was not delivered: `cause` joins the
@@ -439,8 +473,42 @@ impl RunReport {
 
 #[cfg(test)]
 mod tests {
-    use super::{Ceiling, ResultClass, RunReport};
+    use super::{Ceiling, EgressDecision, EgressRecord, ResultClass, RunReport};
+    use crate::artifacts::{reason, ArtifactKept, ArtifactRejection, ArtifactReport};
     use serde_json::json;
+
+    fn attempt(decision: EgressDecision, host: &str, reason: Option<&str>) -> EgressRecord {
+        EgressRecord {
+            protocol: "connect".into(),
+            host: host.into(),
+            port: 443,
+            address: None,
+            decision,
+            reason: reason.map(str::to_string),
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 1,
+            started_at_unix_ms: 1,
+        }
+    }
+
+    fn kept(path: &str, truncated: bool) -> ArtifactKept {
+        ArtifactKept {
+            path: path.into(),
+            size_bytes: 1,
+            sha256: String::new(),
+            stored_at: String::new(),
+            truncated,
+            executable: false,
+        }
+    }
+
+    fn rejected(path: &str, reason: &'static str) -> ArtifactRejection {
+        ArtifactRejection {
+            path: path.into(),
+            reason,
+        }
+    }
 
     fn finished(status: ResultClass, exit_code: i32) -> RunReport {
         let mut report = RunReport::refused("r", status, String::new());
@@ -452,9 +520,11 @@ mod tests {
     #[test]
     fn a_run_with_nothing_to_say_has_no_summary() {
         let mut report = finished(ResultClass::Ok, 0);
-        report.egress = json!([{ "decision": "allowed", "host": "api.test", "reason": null }]);
-        report.artifacts = json!({ "kept": [{ "path": "/output/a", "truncated": false }],
-                                   "rejected": [], "undelivered": [] });
+        report.egress = Some(vec![attempt(EgressDecision::Allowed, "api.test", None)]);
+        report.artifacts = Some(ArtifactReport {
+            kept: vec![kept("/output/a", false)],
+            ..ArtifactReport::default()
+        });
         assert_eq!(report.summary(), None);
         assert!(report.artifacts_of_note().is_empty());
     }
@@ -473,8 +543,8 @@ mod tests {
     #[test]
     fn egress_denials_are_counted_by_reason_with_their_hosts_escaped() {
         let mut report = finished(ResultClass::Ok, 0);
-        let denied = |host: &str, reason: &str| json!({ "decision": "denied", "host": host, "reason": reason });
-        report.egress = json!([
+        let denied = |host: &str, reason: &str| attempt(EgressDecision::Denied, host, Some(reason));
+        report.egress = Some(vec![
             denied("evil.test", "egress.not_allowlisted"),
             denied("evil.test", "egress.not_allowlisted"),
             denied("\u{1b}[2Jx.test\n", "egress.not_allowlisted"),
@@ -492,13 +562,13 @@ mod tests {
     #[test]
     fn artifacts_that_did_not_leave_or_may_be_cut_short_are_lines_of_their_own() {
         let mut report = finished(ResultClass::Ok, 0);
-        report.artifacts = json!({
-            "kept": [{ "path": "/output/log", "truncated": true }],
-            "rejected": [
-                { "path": "/output/big", "reason": "artifact.too_large" },
-                { "path": "/output/tmp", "reason": "artifact.undeclared" },
+        report.artifacts = Some(ArtifactReport {
+            kept: vec![kept("/output/log", true)],
+            rejected: vec![
+                rejected("/output/big", reason::TOO_LARGE),
+                rejected("/output/tmp", reason::UNDECLARED),
             ],
-            "undelivered": [],
+            undelivered: Vec::new(),
         });
         assert_eq!(
             report.artifacts_of_note(),
@@ -521,15 +591,51 @@ mod tests {
     fn at_most_ten_artifact_lines_are_printed() {
         let mut report = finished(ResultClass::Ok, 0);
         let rejected: Vec<_> = (0..50)
-            .map(|i| json!({ "path": format!("/output/{i}"), "reason": "artifact.symlink" }))
+            .map(|i| rejected(&format!("/output/{i}"), reason::SYMLINK))
             .collect();
-        report.artifacts = json!({ "kept": [], "rejected": rejected, "undelivered": [] });
+        report.artifacts = Some(ArtifactReport {
+            rejected,
+            ..ArtifactReport::default()
+        });
         let lines = report.artifacts_of_note();
         assert_eq!(lines.len(), super::MAX_ARTIFACT_LINES);
         assert_eq!(
             lines.last().unwrap(),
             "41 more artifacts of note: see the result's artifacts"
         );
+    }
+
+    #[test]
+    fn a_report_reads_back_what_it_writes() {
+        let mut report = finished(ResultClass::CapacityExceeded, 137);
+        report.limit_fired = Some(Ceiling::Memory);
+        report.limits_hit = vec![Ceiling::Memory, Ceiling::Shm];
+        report.cgroup_version = Some("v1");
+        report.egress = Some(vec![attempt(
+            EgressDecision::Denied,
+            "evil.test",
+            Some("egress.not_allowlisted"),
+        )]);
+        report.artifacts = Some(ArtifactReport {
+            kept: vec![kept("/output/a", true)],
+            rejected: vec![rejected("/output/l", reason::SYMLINK)],
+            undelivered: Vec::new(),
+        });
+        report.stdin = Some(crate::stdin_relay::StdinRecord::none());
+        report.output = Some(crate::output::OutputCapture::new(10));
+        let text = serde_json::to_string(&report).unwrap();
+        let back: RunReport = serde_json::from_str(&text).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), text);
+    }
+
+    #[test]
+    fn a_report_with_a_name_outside_its_vocabulary_is_refused() {
+        let mut report = serde_json::to_value(finished(ResultClass::Ok, 0)).unwrap();
+        report["cgroup_version"] = json!("v3");
+        assert!(serde_json::from_value::<RunReport>(report).is_err());
+        let artifacts = json!({ "kept": [], "undelivered": [],
+            "rejected": [{ "path": "/output/x", "reason": "artifact.made_up" }] });
+        assert!(serde_json::from_value::<ArtifactReport>(artifacts).is_err());
     }
 
     #[test]

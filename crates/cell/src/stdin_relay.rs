@@ -8,7 +8,7 @@
 //! covers exactly the bytes read from the caller; `eof` says whether that was all of it.
 
 use crate::sys;
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 use sha2::{Digest, Sha256};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
@@ -16,12 +16,13 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 const CHUNK: usize = 64 * 1024;
 
 /// What the payload was given on stdin, recorded when the run ends.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct StdinRecord {
     /// `relayed` (streamed into the cell), `terminal` (streamed into the payload's
     /// terminal, for a plan with one), `null` (the caller's stdin was /dev/null) or
     /// `none` (a terminal, or no stdin: the payload got /dev/null).
-    pub mode: &'static str,
+    #[serde(deserialize_with = "stdin_mode")]
+    pub mode: crate::report::Name,
     /// Bytes read from the caller.
     pub bytes: u64,
     /// sha256 of those bytes; empty when nothing was relayed.
@@ -29,6 +30,10 @@ pub struct StdinRecord {
     /// Whether the caller's stdin reached its end. `false` when the payload ended (or
     /// closed its stdin) first: the hash then covers the part that was read.
     pub eof: bool,
+}
+
+fn stdin_mode<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    crate::report::known_name(d, &["relayed", "terminal", "null", "none"])
 }
 
 impl StdinRecord {

@@ -37,12 +37,16 @@ fn check_long(ret: libc::c_long) -> io::Result<libc::c_long> {
 /// [`process_stat`]). Done right after the clone, where the child is known to run alone:
 /// a clone without exec would otherwise show whoever can read its /proc files the
 /// caller's command line and, to those allowed, its environment.
-pub fn clone_cell_named(
+///
+/// # Safety
+/// As [`clone_cell`]: the process must be single-threaded.
+pub unsafe fn clone_cell_named(
     namespace_flags: libc::c_ulong,
     command_line: &CommandLineArea,
     name: &CStr,
 ) -> io::Result<CloneOutcome> {
-    let outcome = clone_cell(namespace_flags)?;
+    // SAFETY: the caller guarantees that the process is single-threaded.
+    let outcome = unsafe { clone_cell(namespace_flags) }?;
     if let CloneOutcome::Child = outcome {
         // SAFETY: a fork-like child has exactly one thread, this one, and nothing of
         // airlock keeps a reference into the argument or environment strings.
@@ -63,16 +67,18 @@ pub enum CloneOutcome {
 /// `clone(2)` with fork semantics (no shared memory, child runs on a copy of our stack)
 /// plus `flags` (namespaces) and a pidfd for the parent.
 ///
+/// # Safety
 /// The caller must be single-threaded: the child is a copy of this one thread, and any
 /// lock held by another thread (malloc, stdio) would stay locked forever in the child.
-pub fn clone_cell(namespace_flags: libc::c_ulong) -> io::Result<CloneOutcome> {
+/// [`SingleThreaded`] is the checked way to say so ([`clone_single_threaded`]).
+pub unsafe fn clone_cell(namespace_flags: libc::c_ulong) -> io::Result<CloneOutcome> {
     let mut pidfd: libc::c_int = -1;
     let flags =
         namespace_flags | libc::CLONE_PIDFD as libc::c_ulong | libc::SIGCHLD as libc::c_ulong;
     // SAFETY: raw clone with a null stack pointer duplicates the calling thread like fork();
     // `pidfd` is a valid out-pointer for CLONE_PIDFD (x86_64 argument order: flags, stack,
     // parent_tid, child_tid, tls). The caller guarantees the process is single-threaded
-    // (checked by `assert_single_threaded` on the run path).
+    // (this function's precondition).
     let ret = unsafe {
         libc::syscall(
             libc::SYS_clone,
@@ -133,6 +139,9 @@ struct ExecRequest {
     /// A terminal to make the child's stdin, stdout, stderr and controlling terminal
     /// before the exec; -1 for none.
     terminal: RawFd,
+    /// Without a terminal: the child's stdin, stdout and stderr, put in place (and made
+    /// inheritable) in a process group of its own.
+    stdio: [RawFd; 3],
     argv: *const *const libc::c_char,
     env: *const *const libc::c_char,
     errno: std::sync::atomic::AtomicI32,
@@ -146,14 +155,17 @@ extern "C" fn exec_child(request: *mut libc::c_void) -> libc::c_int {
         // SAFETY: _exit only ends this child; it runs no handlers in the shared memory.
         unsafe { libc::_exit(127) }
     }
-    if request.terminal >= 0 {
-        if let Err(errno) = take_terminal(request.terminal) {
-            request
-                .errno
-                .store(errno, std::sync::atomic::Ordering::Relaxed);
-            // SAFETY: as above.
-            unsafe { libc::_exit(exec_failure_status(errno)) }
-        }
+    let placed = if request.terminal >= 0 {
+        take_terminal(request.terminal)
+    } else {
+        take_stdio(&request.stdio)
+    };
+    if let Err(errno) = placed {
+        request
+            .errno
+            .store(errno, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { libc::_exit(exec_failure_status(errno)) }
     }
     // SAFETY: path, argv and env are NUL-terminated strings and NULL-terminated arrays
     // owned by the suspended parent. The raw system call touches no libc state.
@@ -199,6 +211,43 @@ fn take_terminal(terminal: RawFd) -> Result<(), i32> {
     Ok(())
 }
 
+/// In the command's child, before its exec: a process group of its own (a session's
+/// commands are killed by group) and `stdio` as fds 0-2, without close-on-exec. Raw
+/// system calls only, as in [`take_terminal`].
+fn take_stdio(stdio: &[RawFd; 3]) -> Result<(), i32> {
+    let failed = |ret: libc::c_long| -> Result<(), i32> {
+        if ret < 0 {
+            Err(-ret as i32)
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: setpgid(0, 0) takes integers only.
+    failed(unsafe { raw_syscall2(libc::SYS_setpgid, 0, 0) })?;
+    for (target, fd) in stdio.iter().enumerate() {
+        if *fd == target as RawFd {
+            // Already in place: only the close-on-exec flag goes.
+            // SAFETY: F_SETFD with an integer argument, no pointer.
+            failed(unsafe {
+                raw_syscall3(libc::SYS_fcntl, *fd as usize, libc::F_SETFD as usize, 0)
+            })?;
+        } else {
+            // SAFETY: dup3 of two descriptor numbers, no pointer; without O_CLOEXEC the
+            // copy is inherited by the exec.
+            failed(unsafe { raw_syscall3(libc::SYS_dup3, *fd as usize, target, 0) })?;
+        }
+    }
+    Ok(())
+}
+
+/// Where a command's stdio comes from, for [`spawn_exec`].
+pub enum ExecStdio<'a> {
+    /// stdin, stdout, stderr.
+    Fds([BorrowedFd<'a>; 3]),
+    /// A terminal: stdin, stdout, stderr and the controlling terminal of a new session.
+    Terminal(BorrowedFd<'a>),
+}
+
 /// The exit status of a failed exec, as shells report it: 127 for a missing file, 126
 /// for anything else.
 pub fn exec_failure_status(errno: i32) -> i32 {
@@ -216,7 +265,7 @@ pub fn spawn_exec(
     path: Option<&CStr>,
     argv: &[CString],
     env: &[CString],
-    terminal: Option<BorrowedFd<'_>>,
+    stdio: ExecStdio<'_>,
 ) -> io::Result<SpawnedExec> {
     let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     argv_ptrs.push(std::ptr::null());
@@ -224,7 +273,14 @@ pub fn spawn_exec(
     env_ptrs.push(std::ptr::null());
     let request = ExecRequest {
         path: path.map_or(std::ptr::null(), |p| p.as_ptr()),
-        terminal: terminal.map_or(-1, |t| t.as_raw_fd()),
+        terminal: match &stdio {
+            ExecStdio::Terminal(t) => t.as_raw_fd(),
+            ExecStdio::Fds(_) => -1,
+        },
+        stdio: match &stdio {
+            ExecStdio::Fds(fds) => fds.map(|f| f.as_raw_fd()),
+            ExecStdio::Terminal(_) => [-1; 3],
+        },
         argv: argv_ptrs.as_ptr(),
         env: env_ptrs.as_ptr(),
         errno: std::sync::atomic::AtomicI32::new(0),
@@ -1494,6 +1550,68 @@ pub fn die_of(signal: libc::c_int) -> ! {
     }
     // A signal whose default action does not end the process (not one of ours).
     exit_now(128 + signal)
+}
+
+// ---- cell runtime: the single-threaded precondition of a clone ----
+
+/// Proof that the process had exactly one thread, this one, when it was made. Only this
+/// thread can create another, so the proof holds until it does: it is not `Send`, and
+/// [`clone_single_threaded`] consumes it. Use it right away, before starting any thread.
+pub struct SingleThreaded {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl SingleThreaded {
+    /// The proof, if `stat` (this process's, just read) counts one thread.
+    pub fn from_stat(stat: &ProcessStat) -> Option<SingleThreaded> {
+        (stat.threads == 1 && stat_is_own(stat)).then_some(SingleThreaded {
+            _not_send: std::marker::PhantomData,
+        })
+    }
+}
+
+/// Whether `stat` is this process's (a stat of another process proves nothing here):
+/// only this process's own stat has a command line area.
+fn stat_is_own(stat: &ProcessStat) -> bool {
+    stat.command_line != CommandLineArea::default()
+}
+
+/// [`clone_cell_named`] for a process shown to be single-threaded.
+pub fn clone_single_threaded(
+    proof: SingleThreaded,
+    namespace_flags: libc::c_ulong,
+    command_line: &CommandLineArea,
+    name: &CStr,
+) -> io::Result<CloneOutcome> {
+    let SingleThreaded { .. } = proof;
+    // SAFETY: `proof` showed the process single-threaded, and this thread has not started
+    // another since (the proof is consumed here and cannot cross threads).
+    unsafe { clone_cell_named(namespace_flags, command_line, name) }
+}
+
+/// Closes every descriptor of this process from 3 up except those in `keep`. For the
+/// cell right after its clone: it inherits every descriptor of the supervisor's process
+/// (the caller's output sinks, an engine's control socket), and a clone never execs, so
+/// close-on-exec does not close them.
+pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
+    let mut keep: Vec<u32> = keep
+        .iter()
+        .filter(|fd| **fd >= 3)
+        .map(|fd| *fd as u32)
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut from = 3u32;
+    for fd in keep.into_iter().chain([u32::MAX]) {
+        if fd > from {
+            // SAFETY: integer arguments only; the descriptors closed are this process's
+            // and nothing of it uses them any more (see above).
+            let ret = unsafe { libc::syscall(libc::SYS_close_range, from, fd - 1, 0u32) };
+            check_long(ret)?;
+        }
+        from = fd.saturating_add(1);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,344 @@
+//! The control protocol of a serving cell ([`crate::serve_cell`]): typed messages on a
+//! SOCK_SEQPACKET socket between the engine and the cell's supervisor process, one
+//! message per packet, its body JSON, its descriptors SCM_RIGHTS. The engine runs in
+//! another process and holds only its end of the socket: [`EngineControl`] is that end,
+//! [`SupervisorControl`] the supervisor's.
+//!
+//! Order: the supervisor sends [`ToEngine::Parked`] once the cell is built and waits
+//! (or [`ToEngine::Failed`] if it could not be built); the engine sends
+//! [`ToSupervisor::Run`] with the command's stdio; the supervisor answers
+//! [`ToEngine::CommandStarted`], then [`ToEngine::CommandEnded`] with the command's
+//! report, and [`ToEngine::Closed`] with the final one once the cell is destroyed.
+//! [`ToSupervisor::Close`], or EOF on the socket (the engine died), destroys the cell at
+//! once.
+
+use crate::error::CellError;
+use crate::report::RunReport;
+use crate::sys;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+/// Most descriptors a control message carries (stdin, stdout sink, stderr sink).
+pub const MAX_CONTROL_FDS: usize = 3;
+
+/// One command for a serving cell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandSpec {
+    pub argv: Vec<String>,
+    /// Added to the plan's environment and the credentials (a name given twice: the
+    /// command's value wins).
+    pub env: Vec<(String, String)>,
+    /// May only lower the plan's `wall_time_ms`; a higher one is refused.
+    pub wall_time_ms: Option<u64>,
+    /// May only lower the plan's `output_bytes`; a higher one is refused.
+    pub output_bytes: Option<u64>,
+    /// A stdin descriptor travels with the message (otherwise the command reads the null
+    /// device).
+    pub stdin: bool,
+}
+
+/// Engine -> supervisor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToSupervisor {
+    /// Run `command`. Descriptors: stdin (if `command.stdin`), then the stdout and stderr
+    /// sinks the output is forwarded to. For a one-shot cell the first and only command.
+    Run {
+        id: u64,
+        /// The audit record's id, for the report.
+        run_id: String,
+        command: CommandSpec,
+    },
+    /// Kill command `id` (of a one-shot cell: the cell).
+    Kill { id: u64 },
+    /// Destroy the cell.
+    Close,
+}
+
+/// Supervisor -> engine.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ToEngine {
+    /// The cell is built and parked before its first command.
+    Parked {
+        /// pid 1 of the cell, in the supervisor's pid namespace.
+        pid: i32,
+        /// The cell's cgroup directories on the host (one per hierarchy on v1).
+        cgroups: Vec<PathBuf>,
+    },
+    CommandStarted {
+        id: u64,
+    },
+    CommandEnded {
+        id: u64,
+        report: Box<RunReport>,
+    },
+    /// The cell is destroyed: the final report, cleanup included.
+    Closed {
+        report: Box<RunReport>,
+    },
+    /// The cell could not be built (or was refused before it parked).
+    Failed {
+        report: Box<RunReport>,
+    },
+}
+
+/// How many descriptors travel with a message.
+trait Message: Serialize + DeserializeOwned {
+    fn descriptors(&self) -> usize;
+}
+
+impl Message for ToSupervisor {
+    fn descriptors(&self) -> usize {
+        match self {
+            ToSupervisor::Run { command, .. } => 2 + usize::from(command.stdin),
+            ToSupervisor::Kill { .. } | ToSupervisor::Close => 0,
+        }
+    }
+}
+
+impl Message for ToEngine {
+    fn descriptors(&self) -> usize {
+        0
+    }
+}
+
+/// The body of one control packet.
+pub fn encode<M: Serialize>(message: &M) -> Vec<u8> {
+    // These types serialise infallibly (no maps with non-string keys).
+    serde_json::to_vec(message).unwrap_or_default()
+}
+
+/// The inverse of [`encode`], with the packet's descriptors, checked against what the
+/// message says it carries.
+fn decode<M: Message>(body: &[u8], fds: Vec<OwnedFd>) -> Result<(M, Vec<OwnedFd>), CellError> {
+    let message: M = serde_json::from_slice(body).map_err(|e| CellError::Protocol {
+        message: format!("malformed control message: {e}"),
+    })?;
+    if message.descriptors() != fds.len() {
+        return Err(CellError::Protocol {
+            message: format!(
+                "a control message with {} descriptors, {} expected",
+                fds.len(),
+                message.descriptors()
+            ),
+        });
+    }
+    Ok((message, fds))
+}
+
+fn send<M: Message>(sock: BorrowedFd<'_>, message: &M, fds: &[RawFd]) -> Result<(), CellError> {
+    sys::send_with_fds(sock, &encode(message), fds).map_err(|e| CellError::io("control socket", e))
+}
+
+/// The next message; `Ok(None)` when the peer closed its end.
+fn recv<M: Message>(sock: BorrowedFd<'_>) -> Result<Option<(M, Vec<OwnedFd>)>, CellError> {
+    match sys::recv_message(sock, MAX_CONTROL_FDS) {
+        Ok(Some((body, fds))) => decode(&body, fds).map(Some),
+        Ok(None) => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => Ok(None),
+        Err(e) => Err(CellError::io("control socket", e)),
+    }
+}
+
+/// A control socket pair (SOCK_SEQPACKET, close-on-exec): the engine keeps one end and
+/// gives the other to the process that calls [`crate::serve_cell`].
+pub fn socket_pair() -> Result<(OwnedFd, OwnedFd), CellError> {
+    sys::seqpacket_pair().map_err(|e| CellError::io("control socket pair", e))
+}
+
+/// The engine's end of a serving cell's control socket.
+pub struct EngineControl {
+    sock: OwnedFd,
+}
+
+impl EngineControl {
+    pub fn new(sock: OwnedFd) -> EngineControl {
+        EngineControl { sock }
+    }
+
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    /// Runs `command` with `stdin` (when `command.stdin`) and the output sinks.
+    pub fn run(
+        &self,
+        id: u64,
+        run_id: &str,
+        command: CommandSpec,
+        stdin: Option<BorrowedFd<'_>>,
+        stdout: BorrowedFd<'_>,
+        stderr: BorrowedFd<'_>,
+    ) -> Result<(), CellError> {
+        if command.stdin != stdin.is_some() {
+            return Err(CellError::Protocol {
+                message: "a command's stdin flag and descriptor disagree".into(),
+            });
+        }
+        let fds: Vec<RawFd> = stdin
+            .into_iter()
+            .chain([stdout, stderr])
+            .map(|f| f.as_raw_fd())
+            .collect();
+        let message = ToSupervisor::Run {
+            id,
+            run_id: run_id.to_string(),
+            command,
+        };
+        send(self.sock.as_fd(), &message, &fds)
+    }
+
+    pub fn kill(&self, id: u64) -> Result<(), CellError> {
+        send(self.sock.as_fd(), &ToSupervisor::Kill { id }, &[])
+    }
+
+    pub fn close(&self) -> Result<(), CellError> {
+        send(self.sock.as_fd(), &ToSupervisor::Close, &[])
+    }
+
+    /// The supervisor's next message; `None` once its process is gone.
+    pub fn recv(&self) -> Result<Option<ToEngine>, CellError> {
+        Ok(recv::<ToEngine>(self.sock.as_fd())?.map(|(message, _)| message))
+    }
+}
+
+/// The supervisor's end of a serving cell's control socket.
+pub struct SupervisorControl {
+    sock: OwnedFd,
+}
+
+impl SupervisorControl {
+    pub fn new(sock: OwnedFd) -> SupervisorControl {
+        SupervisorControl { sock }
+    }
+
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    /// Send errors mean the engine is gone: the next receive sees EOF and destroys the
+    /// cell, so they are not reported twice.
+    pub fn send(&self, message: &ToEngine) {
+        let _ = send(self.sock.as_fd(), message, &[]);
+    }
+
+    /// The engine's next message with its descriptors; `None` once it closed its end.
+    pub fn recv(&self) -> Result<Option<(ToSupervisor, Vec<OwnedFd>)>, CellError> {
+        recv(self.sock.as_fd())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::ResultClass;
+
+    fn spec(stdin: bool) -> CommandSpec {
+        CommandSpec {
+            argv: vec!["/bin/echo".into(), "hi".into()],
+            env: vec![("LANG".into(), "C.UTF-8".into())],
+            wall_time_ms: Some(500),
+            output_bytes: None,
+            stdin,
+        }
+    }
+
+    fn null() -> OwnedFd {
+        OwnedFd::from(std::fs::File::open("/dev/null").unwrap())
+    }
+
+    #[test]
+    fn every_message_to_the_supervisor_survives_a_round_trip() {
+        for (message, n) in [
+            (
+                ToSupervisor::Run {
+                    id: 1,
+                    run_id: "r1".into(),
+                    command: spec(true),
+                },
+                3,
+            ),
+            (
+                ToSupervisor::Run {
+                    id: 2,
+                    run_id: "r2".into(),
+                    command: spec(false),
+                },
+                2,
+            ),
+            (ToSupervisor::Kill { id: 4 }, 0),
+            (ToSupervisor::Close, 0),
+        ] {
+            let fds = (0..n).map(|_| null()).collect();
+            let (decoded, fds) = decode::<ToSupervisor>(&encode(&message), fds).unwrap();
+            assert_eq!(decoded, message);
+            assert_eq!(fds.len(), n);
+        }
+    }
+
+    #[test]
+    fn every_message_to_the_engine_survives_a_round_trip() {
+        let report = || {
+            Box::new(RunReport::refused(
+                "r",
+                ResultClass::RuntimeFault,
+                "x".into(),
+            ))
+        };
+        for message in [
+            ToEngine::Parked {
+                pid: 42,
+                cgroups: vec!["/sys/fs/cgroup/pids/airlock/c".into()],
+            },
+            ToEngine::CommandStarted { id: 1 },
+            ToEngine::CommandEnded {
+                id: 1,
+                report: report(),
+            },
+            ToEngine::Closed { report: report() },
+            ToEngine::Failed { report: report() },
+        ] {
+            let body = encode(&message);
+            let (decoded, _) = decode::<ToEngine>(&body, Vec::new()).unwrap();
+            assert_eq!(encode(&decoded), body);
+        }
+    }
+
+    #[test]
+    fn a_run_without_its_sinks_is_refused() {
+        let message = ToSupervisor::Run {
+            id: 1,
+            run_id: String::new(),
+            command: spec(true),
+        };
+        assert!(decode::<ToSupervisor>(&encode(&message), vec![null(), null()]).is_err());
+        assert!(decode::<ToSupervisor>(b"{}", Vec::new()).is_err());
+    }
+
+    #[test]
+    fn the_engine_and_the_supervisor_talk_through_a_socket_pair() {
+        let (a, b) = sys::seqpacket_pair().unwrap();
+        let (engine, supervisor) = (EngineControl::new(a), SupervisorControl::new(b));
+        let (out, err) = (null(), null());
+        engine
+            .run(7, "run", spec(false), None, out.as_fd(), err.as_fd())
+            .unwrap();
+        let (message, fds) = supervisor.recv().unwrap().unwrap();
+        assert!(matches!(message, ToSupervisor::Run { id: 7, .. }));
+        assert_eq!(fds.len(), 2);
+        assert!(
+            engine
+                .run(8, "run", spec(true), None, out.as_fd(), err.as_fd())
+                .is_err(),
+            "a stdin flag without a descriptor is not sent"
+        );
+        supervisor.send(&ToEngine::CommandStarted { id: 7 });
+        assert!(matches!(
+            engine.recv().unwrap(),
+            Some(ToEngine::CommandStarted { id: 7 })
+        ));
+        drop(supervisor);
+        assert!(engine.recv().unwrap().is_none());
+    }
+}

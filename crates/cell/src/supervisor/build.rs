@@ -1,0 +1,514 @@
+//! Driving a cell: the checks before it, the clone, the id maps and the cgroup, the
+//! release, its command's start and, whatever happened, its destruction and report.
+
+use super::classify::{classify, Observed};
+use super::cpu::{other_cpu, place_payload};
+use super::deadline::Deadline;
+use super::supervise::{Sinks, Supervision};
+use super::{ms_since, CommandIo, EgressSession, HOST_ID_BASE, PID1_NAME};
+use crate::artifacts::ArtifactRequest;
+use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout};
+use crate::control::SupervisorControl;
+use crate::error::CellError;
+use crate::launcher::{self, ChildSetup, Stage};
+use crate::output::OutputCapture;
+use crate::protocol::{CellChannel, CellCommand, Pid1Channel};
+use crate::report::{CleanupReport, RunReport};
+use crate::terminal::{CallerTerminal, DEFAULT_WINDOW};
+use crate::{rootfs, seccomp, sys};
+use airlock_contract::{CellPlan, SeccompPlan};
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Namespaces created by `clone`. The network namespace, the most expensive to create,
+/// is unshared by the child itself while the supervisor writes its id maps and cgroup
+/// membership, so the two costs overlap.
+const CELL_NAMESPACES: libc::c_ulong = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS) as libc::c_ulong;
+
+/// What must hold before a cell is cloned, checked once.
+pub struct Preflight {
+    supervisor: sys::ProcessStat,
+    single: sys::SingleThreaded,
+    layout: CgroupLayout,
+}
+
+impl Preflight {
+    /// The process is single-threaded (one read of /proc/self/stat serves the check and
+    /// the cgroup's name), the cgroups are usable and Landlock is new enough.
+    pub fn check() -> Result<Preflight, CellError> {
+        let supervisor = sys::process_stat(std::process::id())
+            .map_err(|e| CellError::io("/proc/self/stat", e))?;
+        let Some(single) = sys::SingleThreaded::from_stat(&supervisor) else {
+            return Err(CellError::NotSingleThreaded(supervisor.threads));
+        };
+        let layout = CgroupLayout::detect()?;
+        let abi = crate::landlock_policy::kernel_abi();
+        let required = crate::landlock_policy::REQUIRED_ABI as i64;
+        if abi < required {
+            return Err(CellError::Unavailable {
+                control: "landlock",
+                reason: format!(
+                    "kernel offers Landlock ABI {abi}, the cell needs ABI {required} (Linux 6.12)"
+                ),
+            });
+        }
+        Ok(Preflight {
+            supervisor,
+            single,
+            layout,
+        })
+    }
+}
+
+/// Start milestones measured before the payload's start, in ms since the run started.
+#[derive(Default)]
+pub struct Milestones {
+    pub spawned_ms: f64,
+    pub prepared_ms: f64,
+    pub recorded_ms: f64,
+}
+
+/// A cell cloned and released: it finishes its setup on its own and parks at START.
+pub struct Cell<'a> {
+    pub supervision: Supervision<'a>,
+    layout: CgroupLayout,
+    /// A reference to the cell's mount namespace (see CellMounts).
+    cell_mounts: Option<File>,
+    /// The CPUs the payload may use: the supervisor's own.
+    payload_cpus: Option<sys::CpuSet>,
+    pub milestones: Milestones,
+}
+
+/// Clones the cell, writes its maps, creates and joins its cgroup, and releases it.
+pub fn build<'a>(
+    plan: &'a CellPlan,
+    preflight: Preflight,
+    started: Instant,
+    artifacts: Option<ArtifactRequest>,
+    mut caller_terminal: Option<CallerTerminal>,
+    session: bool,
+) -> Result<Cell<'a>, CellError> {
+    let Preflight {
+        supervisor,
+        single,
+        layout,
+    } = preflight;
+    // The cell is cloned next: while it creates its network namespace (the costliest
+    // step of a cell start), the supervisor prepares what the release message carries.
+    let payload_cpus = sys::allowed_cpus().ok();
+    let spawned = spawn_cell(
+        single,
+        plan,
+        artifacts.is_some(),
+        session,
+        payload_cpus.as_ref(),
+        caller_terminal.as_mut(),
+        &supervisor.command_line,
+    )?;
+    // The cgroup is created while the cell builds its network namespace; the cell only
+    // runs airlock's setup until it has joined it.
+    let cgroup =
+        match CellCgroup::create(&layout, &cgroup_name(supervisor.start_time), &plan.limits) {
+            Ok(cgroup) => cgroup,
+            Err(err) => {
+                kill_and_reap(&spawned.pidfd, spawned.pid);
+                return Err(err);
+            }
+        };
+    // A reference to the cell's mount namespace: pid 1's exit then does not unmount the
+    // cell's ~30 mounts (an RCU grace period among them) before the supervisor learns of
+    // it; see CellMounts.
+    let cell_mounts = File::open(format!("/proc/{}/ns/mnt", spawned.pid)).ok();
+    let abandon = |spawned: &SpawnedCell, cgroup: CellCgroup, err: CellError| {
+        kill_and_reap(&spawned.pidfd, spawned.pid);
+        cgroup.destroy();
+        err
+    };
+    // The device nodes go with the maps: the cell builds /dev and masks /proc with them
+    // before the release.
+    let mapped = rootfs::prepare_devices()
+        .map_err(launch_error)
+        .and_then(|devices| {
+            write_id_maps(spawned.pid, plan)?;
+            spawned
+                .sync
+                .maps_written(devices)
+                .map_err(|e| CellError::io("signalling the cell", e))
+        })
+        // The cell joins its cgroup now; it only runs airlock's setup until the release.
+        .and_then(|_| cgroup.add_process(spawned.pid));
+    if let Err(err) = mapped {
+        return Err(abandon(&spawned, cgroup, err));
+    }
+    let spawned_ms = ms_since(started);
+    let prepared = seccomp_program(plan).and_then(|program| {
+        let (mut mounts, notes) = rootfs::prepare_sources(plan).map_err(launch_error)?;
+        mounts.extend(rootfs::prepare_cgroup_view(&cgroup.view()).map_err(launch_error)?);
+        Ok((program, mounts, notes))
+    });
+    let prepared_ms = ms_since(started);
+    let (program, mounts, notes) = match prepared {
+        Ok(prepared) => prepared,
+        Err(err) => return Err(abandon(&spawned, cgroup, err)),
+    };
+    // The cell finishes its setup (root, privileges, Landlock, seccomp) on its own CPU
+    // while this thread goes on (the CLI writes the audit record); only the payload's
+    // start waits. A failed send means the cell already ended (its setup failed, and it
+    // said why on the socket): the supervision loop reads that and reports it.
+    let _ = spawned.sync.release(&program, mounts);
+    let released_ms = ms_since(started);
+    let supervision = Supervision {
+        plan,
+        pid: spawned.pid,
+        pidfd: spawned.pidfd,
+        sync: Some(spawned.sync),
+        cgroup,
+        stdout: None,
+        stderr: None,
+        sinks: Sinks::default(),
+        output: OutputCapture::new(plan.limits.output_bytes),
+        observed: Observed {
+            released_ms,
+            notes,
+            shm_bytes: plan.limits.shm_bytes,
+            ..Observed::default()
+        },
+        deadline: Deadline::Unset,
+        stdin_relay: None,
+        terminal_input: None,
+        terminal: None,
+        caller_terminal,
+        artifacts,
+        parked: false,
+    };
+    Ok(Cell {
+        supervision,
+        layout,
+        cell_mounts,
+        payload_cpus,
+        milestones: Milestones {
+            spawned_ms,
+            prepared_ms,
+            recorded_ms: 0.0,
+        },
+    })
+}
+
+impl Cell<'_> {
+    /// Kills a cell whose command must not start and removes its cgroup; `err` says why.
+    pub fn abandon(self, err: CellError) -> CellError {
+        kill_and_reap(&self.supervision.pidfd, self.supervision.pid);
+        let _ = self.supervision.cgroup.wait_empty(Duration::from_secs(5));
+        self.supervision.cgroup.destroy();
+        err
+    }
+
+    /// Starts `command` (the audit record `run_id` exists) with `limits` (wall time,
+    /// output bytes) and supervises it until pid 1 is gone. Returns the cgroups of dead
+    /// supervisors' cells that could not be removed meanwhile.
+    pub fn run_command(
+        &mut self,
+        run_id: String,
+        command: CellCommand,
+        io: CommandIo,
+        limits: (u64, u64),
+        egress: &mut Option<&mut dyn EgressSession>,
+        control: Option<&SupervisorControl>,
+    ) -> Result<Vec<PathBuf>, CellError> {
+        self.supervise_with(
+            |supervision| {
+                supervision.observed.run_id = run_id;
+                supervision.start(command, io, limits.0, limits.1);
+            },
+            |supervision| supervision.run(egress, control),
+        )
+    }
+
+    /// Gives the payload its CPUs, runs `start` (which may start the cell's first
+    /// command), then `supervise` (which returns once pid 1 is gone) while the cell's
+    /// mounts are held and the cells of dead supervisors are reaped. Returns the cgroups
+    /// of those that could not be removed.
+    pub fn supervise_with(
+        &mut self,
+        start: impl FnOnce(&mut Supervision<'_>),
+        supervise: impl FnOnce(&mut Supervision<'_>) -> Result<(), CellError>,
+    ) -> Result<Vec<PathBuf>, CellError> {
+        let supervision = &mut self.supervision;
+        if let Some(cpus) = &self.payload_cpus {
+            place_payload(supervision.pid, cpus, supervision.plan.limits.cpu_millis);
+        }
+        start(supervision);
+        // Started while the payload starts: the helper has reported its thread id long
+        // before it is needed.
+        let cell_mounts = self.cell_mounts.take().and_then(CellMounts::hold);
+        // Cells of supervisors that died must not keep running or holding resources;
+        // reaped while the payload runs, off the start's path.
+        let stale = crate::cgroup::reap_leftovers(&self.layout);
+        let ran = supervise(supervision);
+        // pid 1 is gone: the mounts go while the cgroup is torn down and the result is
+        // recorded.
+        if let Some(mounts) = cell_mounts {
+            mounts.release(self.payload_cpus.as_ref());
+        }
+        ran.map(|()| stale)
+    }
+
+    /// Tears the cell's cgroup down and turns what was observed into the report.
+    /// Whatever happened, nothing of the cell outlives this function.
+    pub fn finish(
+        self,
+        ran: Result<Vec<PathBuf>, CellError>,
+        egress: &mut Option<&mut dyn EgressSession>,
+        started: Instant,
+    ) -> RunReport {
+        let Cell {
+            mut supervision,
+            layout,
+            milestones,
+            ..
+        } = self;
+        let teardown_started = Instant::now();
+        // Usually pid 1's exit already emptied the cgroup; `wait_empty` only kills (and on
+        // v1 freezes, which is costly) when something is left.
+        let emptied = supervision.cgroup.wait_empty(Duration::from_secs(5));
+        let usage_counters = supervision.cgroup.usage();
+        let mut leftovers: Vec<String> = Vec::new();
+        if !emptied {
+            leftovers.extend(
+                supervision
+                    .cgroup
+                    .pids()
+                    .iter()
+                    .map(|p| format!("process {p}")),
+            );
+        }
+        supervision.collect_after_cell_died();
+        let egress = egress.as_mut().map(|session| session.finish());
+        let Supervision {
+            cgroup,
+            observed,
+            output,
+            ..
+        } = supervision;
+        leftovers.extend(
+            cgroup
+                .destroy()
+                .into_iter()
+                .map(|d| format!("cgroup {}", d.display())),
+        );
+        let mut report = match ran {
+            Ok(stale) => {
+                let mut report = classify(started, observed, output, usage_counters, egress);
+                report.cgroup_version = Some(layout.version());
+                report.stale_cgroups_left = stale.iter().map(|d| d.display().to_string()).collect();
+                report
+            }
+            Err(err) => RunReport::refused("", err.class(), err.to_string()),
+        };
+        report.cleanup = CleanupReport {
+            ok: leftovers.is_empty(),
+            leftovers,
+        };
+        report.timings.spawned_ms = milestones.spawned_ms;
+        report.timings.recorded_ms = milestones.recorded_ms;
+        report.timings.prepared_ms = milestones.prepared_ms;
+        report.timings.teardown_ms = ms_since(teardown_started);
+        report.timings.wall_ms = ms_since(started);
+        report
+    }
+}
+
+/// The last reference to the cell's mount namespace, held by a helper thread until the
+/// cell is gone. Dropping it unmounts the cell's mounts and shuts their file systems
+/// down (about 0.3 ms with an RCU grace period, on this project's VM); on the helper, on
+/// another CPU, that overlaps the teardown and the result's record instead of delaying
+/// the process's exit. Should the process exit first, the kernel drops the reference.
+struct CellMounts {
+    helper_tid: std::sync::mpsc::Receiver<libc::pid_t>,
+    release: std::sync::mpsc::SyncSender<()>,
+}
+
+impl CellMounts {
+    fn hold(mounts: File) -> Option<CellMounts> {
+        let (tid_sender, helper_tid) = std::sync::mpsc::sync_channel(1);
+        let (release, released) = std::sync::mpsc::sync_channel::<()>(1);
+        std::thread::Builder::new()
+            .name("cell-mounts".into())
+            .spawn(move || {
+                let _ = tid_sender.send(sys::gettid());
+                // Released, or the supervisor is done with it (its end dropped): either
+                // way the reference goes now.
+                let _ = released.recv();
+                drop(mounts);
+            })
+            .ok()?;
+        Some(CellMounts {
+            helper_tid,
+            release,
+        })
+    }
+
+    /// Moves the helper to another of `cpus` (see [`other_cpu`]: queued behind the
+    /// supervisor, it would run only when the supervisor exits, which then waits for it),
+    /// then wakes it.
+    fn release(self, cpus: Option<&sys::CpuSet>) {
+        if let (Ok(tid), Some(cpu)) = (self.helper_tid.try_recv(), cpus.and_then(other_cpu)) {
+            let _ = sys::set_affinity(tid, &sys::CpuSet::only(cpu));
+        }
+        let _ = self.release.send(());
+    }
+}
+
+fn seccomp_program(plan: &CellPlan) -> Result<Vec<libc::sock_filter>, CellError> {
+    let policy = match &plan.seccomp {
+        SeccompPlan::Default => return Ok(seccomp::default_program()),
+        SeccompPlan::DockerJson { path } => {
+            let json = std::fs::read_to_string(path)
+                .map_err(|e| CellError::io(format!("seccomp profile {}", path.display()), e))?;
+            seccomp::policy_from_docker_json(&json)?
+        }
+    };
+    Ok(seccomp::compile(&policy)?)
+}
+
+fn launch_error(stage: Stage) -> CellError {
+    if stage.unavailable {
+        CellError::Unavailable {
+            control: "kernel",
+            reason: format!("{}: {}", stage.name, stage.message),
+        }
+    } else {
+        CellError::Launch {
+            stage: stage.name,
+            message: stage.message,
+        }
+    }
+}
+
+/// Writes the user namespace maps of the child: the cell identity maps to one host id,
+/// which is never root.
+fn write_id_maps(pid: libc::pid_t, plan: &CellPlan) -> Result<(), CellError> {
+    let (host_uid, host_gid) = host_ids(plan);
+    let write = |file: &str, text: String| {
+        std::fs::write(format!("/proc/{pid}/{file}"), text)
+            .map_err(|e| CellError::io(format!("writing {file} of the cell"), e))
+    };
+    write("setgroups", "deny".into())?;
+    write("uid_map", format!("{} {host_uid} 1\n", plan.identity.uid))?;
+    write("gid_map", format!("{} {host_gid} 1\n", plan.identity.gid))
+}
+
+/// The host uid and gid the cell identity maps to.
+pub(crate) fn host_ids(plan: &CellPlan) -> (u32, u32) {
+    if sys::geteuid() == 0 {
+        (
+            HOST_ID_BASE + plan.identity.uid,
+            HOST_ID_BASE + plan.identity.gid,
+        )
+    } else {
+        (sys::geteuid(), sys::getegid())
+    }
+}
+
+/// Gives the cell's ends of a command's stdio pipes to the cell identity. A pipe is
+/// created owned by its creator with mode 0600, and re-opening it through `/dev/stdin`
+/// (that is, `/proc/self/fd/0`) checks that mode: owned by root outside the cell's maps,
+/// a payload could use its fd 0/1/2 but not `/dev/stdin`, `/dev/stdout` or
+/// `/dev/stderr`. Owned by the cell identity, still 0600, nobody else gains access.
+pub(crate) fn give_pipes_to_cell(plan: &CellPlan, ends: &[&OwnedFd]) -> Result<(), CellError> {
+    if sys::geteuid() != 0 {
+        // Created by the caller's uid, which is what the cell identity maps to.
+        return Ok(());
+    }
+    let (uid, gid) = host_ids(plan);
+    for end in ends.iter() {
+        sys::fchown(end.as_fd(), uid, gid).map_err(|e| CellError::io("chown of a pipe", e))?;
+    }
+    Ok(())
+}
+
+/// A cloned cell waiting for its maps, with the supervisor's end of its socket.
+struct SpawnedCell {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    sync: CellChannel,
+}
+
+/// Kills a cell whose payload must not start (or that will not even be released) and
+/// reaps its pid 1.
+fn kill_and_reap(pidfd: &OwnedFd, pid: libc::pid_t) {
+    let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+    let _ = sys::wait_child(pid, false);
+}
+
+fn spawn_cell(
+    single: sys::SingleThreaded,
+    plan: &CellPlan,
+    has_artifacts: bool,
+    session: bool,
+    payload_cpus: Option<&sys::CpuSet>,
+    caller_terminal: Option<&mut CallerTerminal>,
+    supervisor_command_line: &sys::CommandLineArea,
+) -> Result<SpawnedCell, CellError> {
+    let window = caller_terminal
+        .as_ref()
+        .map_or(DEFAULT_WINDOW, |t| t.window());
+    let (sync_parent, sync_child) =
+        sys::seqpacket_pair().map_err(|e| CellError::io("socketpair", e))?;
+    let null: OwnedFd = File::open("/dev/null")
+        .map_err(|e| CellError::io("/dev/null", e))?
+        .into();
+    if sys::geteuid() == 0 {
+        // Supplementary groups survive into the user namespace and cannot be dropped there.
+        sys::clear_supplementary_groups().map_err(|e| CellError::io("setgroups", e))?;
+    }
+    let setup_cpu = payload_cpus.and_then(other_cpu);
+    // pid 1 is a clone of this process, not an exec: without a name of its own its
+    // /proc/1/cmdline would show the payload this process's command line, host paths of
+    // the contract, the operator config and the state dir among it.
+    match sys::clone_single_threaded(single, CELL_NAMESPACES, supervisor_command_line, PID1_NAME) {
+        Ok(sys::CloneOutcome::Child) => {
+            // No handle to the caller's stdin, terminal or output, or to an engine's
+            // control socket, stays in the cell: only its socket and the null device.
+            if let Some(terminal) = caller_terminal {
+                terminal.forget();
+            }
+            let keep = [sync_child.as_raw_fd(), null.as_raw_fd()];
+            if sys::close_fds_except(&keep).is_err() {
+                sys::exit_now(125);
+            }
+            std::mem::forget(sync_parent);
+            launcher::run(ChildSetup {
+                plan,
+                sync: Pid1Channel::new(sync_child),
+                null,
+                has_artifacts,
+                session,
+                setup_cpu,
+                window,
+            })
+        }
+        Ok(sys::CloneOutcome::Parent { pid, pidfd }) => {
+            if let Some(cpu) = setup_cpu {
+                let _ = sys::set_affinity(pid, &sys::CpuSet::only(cpu));
+            }
+            Ok(SpawnedCell {
+                pid,
+                pidfd,
+                sync: CellChannel::new(sync_parent),
+            })
+        }
+        Err(e) => Err(CellError::Unavailable {
+            control: "namespaces",
+            reason: format!(
+                "clone of a cell with user, mount, pid, ipc and uts namespaces failed: {e}"
+            ),
+        }),
+    }
+}

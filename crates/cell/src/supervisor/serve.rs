@@ -1,0 +1,383 @@
+//! A cell driven by the engine through its control socket ([`crate::control`]): built
+//! ahead of its command and parked at START (a warm cell), then given its command.
+
+use super::build::{self, Cell, Preflight};
+use super::session::{serve_session, SessionLimits};
+use super::supervise::{Parking, Sinks};
+use super::{command_environment, wanted_artifacts, CommandIo, EgressSession, PayloadStdin};
+use crate::artifacts::ArtifactRequest;
+use crate::control::{CommandSpec, SupervisorControl, ToEngine, ToSupervisor};
+use crate::error::CellError;
+use crate::protocol::CellCommand;
+use crate::report::RunReport;
+use crate::sys;
+use airlock_contract::CellPlan;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// How long a serving cell lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServeMode {
+    /// The cell ends with its one command, artifacts collected, exactly like
+    /// [`crate::run_cell`].
+    OneShot,
+    /// One cell serves several commands of one job, each in a process group of its own
+    /// with its own stdio, limits and report; writable paths persist between them.
+    Session {
+        /// Destroyed when no command ran for this long.
+        idle_timeout: Duration,
+        /// Destroyed this long after it was built, whatever runs.
+        max_lifetime: Duration,
+    },
+}
+
+pub struct ServeOptions<'a> {
+    /// SOCK_SEQPACKET, the engine's peer (see [`crate::control`]). EOF on it destroys
+    /// the cell at once.
+    pub control: OwnedFd,
+    /// `(variable, value)` of every credential of the plan.
+    pub credentials: &'a [(String, String)],
+    pub egress: Option<&'a mut dyn EgressSession>,
+    pub artifacts: Option<ArtifactRequest>,
+    pub mode: ServeMode,
+}
+
+/// Builds a cell for `plan`, parks it before its command (namespaces, mounts, cgroup
+/// with limits, seccomp and Landlock applied to pid 1, egress listeners bound and the
+/// proxy started), tells the engine ([`ToEngine::Parked`]) and is then driven by the
+/// messages on `options.control` until the cell is destroyed; the last message is
+/// [`ToEngine::Closed`] (or [`ToEngine::Failed`] for a cell that could not be built).
+///
+/// Preconditions: the process must be single-threaded, since it clones the cell (the
+/// engine's cell factory forks one process per cell and calls this in it); this is
+/// checked, and a multi-threaded caller gets [`ToEngine::Failed`]. A plan with a
+/// terminal is refused. The call returns once the cell is gone; the process then exits
+/// (the egress proxy's thread, if any, is stopped).
+pub fn serve_cell(plan: &CellPlan, options: ServeOptions<'_>) {
+    let started = Instant::now();
+    let ServeOptions {
+        control,
+        credentials,
+        mut egress,
+        artifacts,
+        mode,
+    } = options;
+    let control = SupervisorControl::new(control);
+    let served = serve(
+        plan,
+        &control,
+        credentials,
+        &mut egress,
+        artifacts,
+        mode,
+        started,
+    );
+    if let Err(err) = served {
+        let mut report = RunReport::refused("", err.class(), err.to_string());
+        report.timings.wall_ms = super::ms_since(started);
+        control.send(&ToEngine::Failed {
+            report: Box::new(report),
+        });
+    }
+}
+
+/// Refusals that need no cell.
+fn check_servable(plan: &CellPlan) -> Result<(), CellError> {
+    if plan.terminal {
+        return Err(CellError::Unsupported(
+            "a serving cell has no terminal: run plans with a terminal through run_cell".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn serve(
+    plan: &CellPlan,
+    control: &SupervisorControl,
+    credentials: &[(String, String)],
+    egress: &mut Option<&mut dyn EgressSession>,
+    artifacts: Option<ArtifactRequest>,
+    mode: ServeMode,
+    started: Instant,
+) -> Result<(), CellError> {
+    check_servable(plan)?;
+    let preflight = Preflight::check()?;
+    // A credential without a value refuses the cell before it is built.
+    command_environment(plan, credentials, &[])?;
+    let artifacts = wanted_artifacts(plan, artifacts.as_ref());
+    let session = matches!(mode, ServeMode::Session { .. });
+    let mut cell = build::build(plan, preflight, started, artifacts, None, session)?;
+    match cell.supervision.wait_parked(egress, control)? {
+        Parking::Parked => {}
+        Parking::Gone => {
+            let report = cell.finish(Ok(Vec::new()), egress, started);
+            control.send(&ToEngine::Failed {
+                report: Box::new(report),
+            });
+            return Ok(());
+        }
+        Parking::Closed(why) => return close(cell, why, control, egress, started),
+    }
+    control.send(&ToEngine::Parked {
+        pid: cell.supervision.pid,
+        cgroups: cell
+            .supervision
+            .cgroup
+            .view()
+            .into_iter()
+            .map(|(_, host)| host)
+            .collect(),
+    });
+    if let ServeMode::Session {
+        idle_timeout,
+        max_lifetime,
+    } = mode
+    {
+        let limits = SessionLimits {
+            idle_timeout,
+            max_lifetime,
+            built: started,
+        };
+        let ran = cell.supervise_with(
+            |_| {},
+            |supervision| serve_session(supervision, control, credentials, limits),
+        );
+        let report = cell.finish(ran, egress, started);
+        control.send(&ToEngine::Closed {
+            report: Box::new(report),
+        });
+        return Ok(());
+    }
+    let (id, run_id, spec, fds) = match wait_for_run(&cell, control)? {
+        Waited::Run {
+            id,
+            run_id,
+            spec,
+            fds,
+        } => (id, run_id, spec, fds),
+        Waited::End(why) => return close(cell, why, control, egress, started),
+    };
+    let prepared = command_limits(plan, &spec).and_then(|limits| {
+        let env = command_environment(plan, credentials, &spec.env)?;
+        let io = command_io(plan, spec.stdin, fds)?;
+        let command = CellCommand {
+            id,
+            argv: spec.argv.clone(),
+            env,
+            stdio: io.stdio,
+        };
+        Ok((limits, command, io))
+    });
+    let (limits, command, io) = match prepared {
+        Ok(prepared) => prepared,
+        Err(err) => {
+            let mut refused = RunReport::refused(&run_id, err.class(), err.to_string());
+            refused.timings.wall_ms = super::ms_since(started);
+            control.send(&ToEngine::CommandEnded {
+                id,
+                report: Box::new(refused),
+            });
+            return close(cell, "its command was refused", control, egress, started);
+        }
+    };
+    // START goes next: the command is started as far as the engine is concerned (a
+    // failed exec is the command's report).
+    control.send(&ToEngine::CommandStarted { id });
+    let ran = cell.run_command(run_id, command, io, limits, egress, Some(control));
+    let report = cell.finish(ran, egress, started);
+    control.send(&ToEngine::CommandEnded {
+        id,
+        report: Box::new(report.clone()),
+    });
+    control.send(&ToEngine::Closed {
+        report: Box::new(report),
+    });
+    Ok(())
+}
+
+/// Destroys the cell and sends its final report.
+fn close(
+    mut cell: Cell<'_>,
+    why: &str,
+    control: &SupervisorControl,
+    egress: &mut Option<&mut dyn EgressSession>,
+    started: Instant,
+) -> Result<(), CellError> {
+    cell.supervision.destroy(why);
+    let _ = sys::wait_child(cell.supervision.pid, false);
+    let report = cell.finish(Ok(Vec::new()), egress, started);
+    control.send(&ToEngine::Closed {
+        report: Box::new(report),
+    });
+    Ok(())
+}
+
+/// What the engine said to a parked cell.
+enum Waited {
+    Run {
+        id: u64,
+        run_id: String,
+        spec: CommandSpec,
+        fds: Vec<OwnedFd>,
+    },
+    /// The cell must go (Close, the engine's EOF, or the cell died while parked).
+    End(&'static str),
+}
+
+/// Blocks until the engine sends the command, closes, or goes away, or the parked cell
+/// dies.
+fn wait_for_run(cell: &Cell<'_>, control: &SupervisorControl) -> Result<Waited, CellError> {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: control.as_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: cell.supervision.pidfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        sys::poll(&mut fds, -1).map_err(|e| CellError::io("poll", e))?;
+        if fds[1].revents != 0 {
+            return Ok(Waited::End("the parked cell died"));
+        }
+        if fds[0].revents == 0 {
+            continue;
+        }
+        return Ok(match control.recv() {
+            Ok(None) => Waited::End("the engine went away"),
+            Err(_) => Waited::End("the engine broke the control protocol"),
+            Ok(Some((ToSupervisor::Close, _))) => Waited::End("closed by the engine"),
+            Ok(Some((ToSupervisor::Kill { .. }, _))) => Waited::End("killed by the engine"),
+            Ok(Some((
+                ToSupervisor::Run {
+                    id,
+                    run_id,
+                    command,
+                },
+                fds,
+            ))) => Waited::Run {
+                id,
+                run_id,
+                spec: command,
+                fds,
+            },
+        });
+    }
+}
+
+/// The command's wall time and output budget: the plan's, or lower ones the command
+/// asks for. A higher one is refused.
+pub(super) fn command_limits(plan: &CellPlan, spec: &CommandSpec) -> Result<(u64, u64), CellError> {
+    if spec.argv.is_empty() {
+        return Err(CellError::Protocol {
+            message: "a command without argv".into(),
+        });
+    }
+    let lowered = |limit: &'static str, asked: Option<u64>, allowed: u64| match asked {
+        Some(asked) if asked > allowed => Err(CellError::AbovePlan {
+            limit,
+            asked,
+            allowed,
+        }),
+        Some(asked) => Ok(asked),
+        None => Ok(allowed),
+    };
+    Ok((
+        lowered("wall_time_ms", spec.wall_time_ms, plan.limits.wall_time_ms)?,
+        lowered("output_bytes", spec.output_bytes, plan.limits.output_bytes)?,
+    ))
+}
+
+/// The command's pipes, around the descriptors that came with `Run`: stdin (if any),
+/// then the stdout and stderr sinks.
+pub(super) fn command_io(
+    plan: &CellPlan,
+    stdin: bool,
+    fds: Vec<OwnedFd>,
+) -> Result<CommandIo, CellError> {
+    let mut fds = fds.into_iter();
+    let stdin = match stdin {
+        true => PayloadStdin::Relayed(fds.next().ok_or_else(missing_fd)?),
+        false => PayloadStdin::Null,
+    };
+    let sinks = Sinks {
+        stdout: Some(fds.next().ok_or_else(missing_fd)?),
+        stderr: Some(fds.next().ok_or_else(missing_fd)?),
+    };
+    CommandIo::open(plan, stdin, sinks)
+}
+
+fn missing_fd() -> CellError {
+    CellError::Protocol {
+        message: "a command without its descriptors".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> CellPlan {
+        airlock_contract::compile(
+            &airlock_contract::default_contract(),
+            &airlock_contract::CompileInput {
+                base_dir: std::path::Path::new("/"),
+                argv: &["true".to_string()],
+            },
+        )
+        .unwrap()
+    }
+
+    fn spec(wall_time_ms: Option<u64>, output_bytes: Option<u64>) -> CommandSpec {
+        CommandSpec {
+            argv: vec!["true".into()],
+            env: Vec::new(),
+            wall_time_ms,
+            output_bytes,
+            stdin: false,
+        }
+    }
+
+    #[test]
+    fn a_command_may_lower_the_plans_limits() {
+        let plan = plan();
+        let (wall, out) = (plan.limits.wall_time_ms, plan.limits.output_bytes);
+        assert_eq!(
+            command_limits(&plan, &spec(None, None)).unwrap(),
+            (wall, out)
+        );
+        assert_eq!(
+            command_limits(&plan, &spec(Some(5), Some(7))).unwrap(),
+            (5, 7)
+        );
+    }
+
+    #[test]
+    fn a_command_asking_for_more_than_the_plan_is_refused() {
+        let plan = plan();
+        let wall = plan.limits.wall_time_ms;
+        let err = command_limits(&plan, &spec(Some(wall + 1), None)).unwrap_err();
+        assert!(matches!(
+            err,
+            CellError::AbovePlan {
+                limit: "wall_time_ms",
+                ..
+            }
+        ));
+        assert_eq!(err.class(), crate::report::ResultClass::PolicyDenied);
+        let out = plan.limits.output_bytes;
+        assert!(command_limits(&plan, &spec(None, Some(out + 1))).is_err());
+    }
+
+    #[test]
+    fn terminals_are_refused_before_any_cell_is_built() {
+        let mut plan = plan();
+        assert!(check_servable(&plan).is_ok());
+        plan.terminal = true;
+        assert!(check_servable(&plan).is_err());
+    }
+}

@@ -1,0 +1,545 @@
+//! The poll loop of a released cell: its messages, its command's output, stdin relay and
+//! terminal, pid 1's pidfd, the deadline and, for a serving cell, the engine's control
+//! socket.
+
+use super::classify::Observed;
+use super::deadline::{poll_timeout, Deadline, Step};
+use super::{CommandIo, EgressSession};
+use crate::artifacts::{self, ArtifactRequest};
+use crate::cgroup::CellCgroup;
+use crate::control::{SupervisorControl, ToSupervisor};
+use crate::error::CellError;
+use crate::output::{OutputCapture, Stream};
+use crate::protocol::{self, CellChannel, CellCommand, FromCell};
+use crate::stdin_relay::StdinRelay;
+use crate::sys;
+use crate::terminal::CallerTerminal;
+use airlock_contract::CellPlan;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// Longest we wait for the cell's pipes to close after its pid 1 is gone.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bytes read from the payload's stdout or stderr at a time (a full pipe).
+const OUTPUT_CHUNK: usize = 64 * 1024;
+
+/// Where a command's output goes as it arrives: descriptors the caller passed (the CLI
+/// passes copies of its stdout and stderr). Nothing is written to this process's own
+/// stdout or stderr.
+#[derive(Default)]
+pub struct Sinks {
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+}
+
+impl Sinks {
+    /// Writes all of `data` to the stream's sink; a sink that fails (the reader went
+    /// away) is dropped, the output is still counted and captured.
+    fn write(&mut self, stream: Stream, data: &[u8]) {
+        let slot = match stream {
+            Stream::Stdout => &mut self.stdout,
+            Stream::Stderr => &mut self.stderr,
+        };
+        if let Some(fd) = slot.as_ref() {
+            if write_all(fd.as_fd(), data).is_err() {
+                *slot = None;
+            }
+        }
+    }
+}
+
+fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) -> std::io::Result<()> {
+    while !data.is_empty() {
+        match sys::write(fd, data) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads one chunk of a command's stream into its capture and sink; closes the stream at
+/// EOF (or an error: the cell's end is gone).
+pub fn pump_stream(
+    slot: &mut Option<OwnedFd>,
+    stream: Stream,
+    output: &mut OutputCapture,
+    sinks: &mut Sinks,
+    buf: &mut Vec<u8>,
+) -> bool {
+    if buf.is_empty() {
+        buf.resize(OUTPUT_CHUNK, 0);
+    }
+    let Some(fd) = slot.as_ref() else {
+        return false;
+    };
+    match sys::read(fd.as_fd(), buf) {
+        Ok(0) | Err(_) => {
+            *slot = None;
+            false
+        }
+        Ok(n) => {
+            forward_chunk(output, sinks, stream, &buf[..n]);
+            true
+        }
+    }
+}
+
+/// Counts `chunk` against the command's `output_bytes` and forwards what the budget
+/// allows.
+pub fn forward_chunk(output: &mut OutputCapture, sinks: &mut Sinks, stream: Stream, chunk: &[u8]) {
+    let is_stdout = matches!(stream, Stream::Stdout);
+    let forward = output.accept(stream, chunk);
+    if !forward.is_empty() {
+        let stream = if is_stdout {
+            Stream::Stdout
+        } else {
+            Stream::Stderr
+        };
+        sinks.write(stream, forward);
+    }
+}
+
+/// How waiting for a cell to park ended.
+pub enum Parking {
+    /// The cell is ready for its command.
+    Parked,
+    /// The cell ended (its setup failed, or it was killed) before it parked.
+    Gone,
+    /// The engine closed the control socket (or asked to close) first.
+    Closed(&'static str),
+}
+
+pub struct Supervision<'a> {
+    pub plan: &'a CellPlan,
+    pub pid: libc::pid_t,
+    pub pidfd: OwnedFd,
+    /// `None` once the cell closed its end (pid 1 is exiting), like the pipes below: a
+    /// closed socket would make every poll return at once.
+    pub sync: Option<CellChannel>,
+    pub cgroup: CellCgroup,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+    pub sinks: Sinks,
+    pub output: OutputCapture,
+    pub observed: Observed,
+    pub deadline: Deadline,
+    /// `None` unless the caller's stdin is relayed; taken when pid 1 is gone.
+    pub stdin_relay: Option<StdinRelay>,
+    /// The caller's stdin, waiting for the payload's terminal (then relayed into it).
+    pub terminal_input: Option<OwnedFd>,
+    /// The master of the payload's terminal, once the cell sent it; `None` again at its
+    /// end (every holder of the slave is gone).
+    pub terminal: Option<OwnedFd>,
+    /// The caller's terminal, raw until the run ends (restored when this is dropped).
+    pub caller_terminal: Option<CallerTerminal>,
+    /// What the caller asked to collect, if the plan declares outputs.
+    pub artifacts: Option<ArtifactRequest>,
+    /// The cell said it is parked at START.
+    pub parked: bool,
+}
+
+/// A `poll` entry waiting for input on `fd` (negative fds are ignored by poll).
+pub fn poll_in(fd: i32) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// A `poll` entry waiting for room to write on `fd` (errors and hang-ups are always
+/// reported).
+pub fn poll_out(fd: i32) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    }
+}
+
+fn raw(fd: &Option<OwnedFd>) -> i32 {
+    fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+}
+
+pub fn readable(entry: &libc::pollfd) -> bool {
+    entry.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+impl Supervision<'_> {
+    fn sync_raw(&self) -> i32 {
+        self.sync.as_ref().map_or(-1, |s| s.as_fd().as_raw_fd())
+    }
+
+    /// Sends START with `command` and its descriptors; the command's deadline and output
+    /// budget run from here. A failed send means the cell already ended; the supervision
+    /// loop reads why.
+    pub fn start(
+        &mut self,
+        command: CellCommand,
+        io: CommandIo,
+        wall_time_ms: u64,
+        output_bytes: u64,
+    ) {
+        if let Some(sync) = &self.sync {
+            let ends: Vec<BorrowedFd<'_>> = io.cell_ends.iter().map(|f| f.as_fd()).collect();
+            let _ = sync.start(command, &ends);
+        }
+        // The cell's ends close here, or the pipes would never report EOF.
+        drop(io.cell_ends);
+        self.stdout = io.stdout;
+        self.stderr = io.stderr;
+        self.stdin_relay = io.stdin_relay;
+        self.terminal_input = io.terminal_input;
+        self.sinks = io.sinks;
+        self.output = OutputCapture::new(output_bytes);
+        self.deadline = Deadline::from_start(Instant::now(), wall_time_ms);
+        self.relay_into_terminal();
+    }
+
+    /// Until the cell parks at START (or ends, or the engine goes away): its setup
+    /// messages (a failure, the egress listeners, the terminal).
+    pub fn wait_parked(
+        &mut self,
+        egress: &mut Option<&mut dyn EgressSession>,
+        control: &SupervisorControl,
+    ) -> Result<Parking, CellError> {
+        loop {
+            let mut fds = [
+                poll_in(self.sync_raw()),
+                poll_in(self.pidfd.as_raw_fd()),
+                // Only its hang-up matters here: a command is read once the cell parked.
+                libc::pollfd {
+                    fd: control.as_fd().as_raw_fd(),
+                    events: 0,
+                    revents: 0,
+                },
+            ];
+            sys::poll(&mut fds, -1).map_err(|e| CellError::io("poll", e))?;
+            if readable(&fds[0]) {
+                self.read_message(egress)?;
+                if self.parked {
+                    return Ok(Parking::Parked);
+                }
+            }
+            if fds[1].revents != 0 {
+                self.reap_pid1();
+                return Ok(Parking::Gone);
+            }
+            if fds[2].revents != 0 {
+                return Ok(Parking::Closed("the engine went away"));
+            }
+        }
+    }
+
+    /// Supervises the running command until pid 1 is gone. With `control`, the engine
+    /// may close the cell meanwhile (or go away, which destroys it at once).
+    pub fn run(
+        &mut self,
+        egress: &mut Option<&mut dyn EgressSession>,
+        mut control: Option<&SupervisorControl>,
+    ) -> Result<(), CellError> {
+        // The output buffer is allocated on first output: most tool calls print little,
+        // and every fresh page costs a fault.
+        let mut buf = Vec::new();
+        loop {
+            let timeout = poll_timeout(self.deadline.next_wake());
+            let relay = self.stdin_relay.as_ref().map(StdinRelay::interest);
+            let mut fds = [
+                poll_in(raw(&self.stdout)),
+                poll_in(raw(&self.stderr)),
+                poll_in(self.sync_raw()),
+                poll_in(self.pidfd.as_raw_fd()),
+                poll_in(relay.as_ref().map_or(-1, |r| r.source)),
+                poll_out(relay.as_ref().map_or(-1, |r| r.sink)),
+                poll_in(raw(&self.terminal)),
+                poll_in(
+                    self.caller_terminal
+                        .as_ref()
+                        .and_then(CallerTerminal::signals)
+                        .map_or(-1, |fd| fd.as_raw_fd()),
+                ),
+                poll_in(control.map_or(-1, |c| c.as_fd().as_raw_fd())),
+            ];
+            sys::poll(&mut fds, timeout).map_err(|e| CellError::io("poll", e))?;
+            if readable(&fds[0]) {
+                self.pump(Stream::Stdout, &mut buf);
+            }
+            if readable(&fds[1]) {
+                self.pump(Stream::Stderr, &mut buf);
+            }
+            if readable(&fds[2]) {
+                self.read_message(egress)?;
+            }
+            if let Some(relay) = self.stdin_relay.as_mut() {
+                if readable(&fds[4]) {
+                    relay.on_source_ready();
+                }
+                if fds[5].revents != 0 {
+                    relay.on_sink_ready();
+                }
+            }
+            if readable(&fds[6]) {
+                self.pump_terminal(&mut buf);
+            }
+            if fds[7].revents != 0 {
+                if let Some(caller) = self.caller_terminal.as_mut() {
+                    caller.on_signals(self.terminal.as_ref().map(|t| t.as_fd()));
+                }
+            }
+            if readable(&fds[8]) {
+                if let Some(why) = control.and_then(control_ends_cell) {
+                    self.destroy(why);
+                    control = None;
+                }
+            }
+            if readable(&fds[3]) {
+                // pid 1 is gone, and with it every process of the pid namespace. What it
+                // said before it went is still queued (its end is closed: no read
+                // blocks).
+                while self.sync.is_some() {
+                    self.read_message(egress)?;
+                }
+                self.reap_pid1();
+                self.drain(&mut buf);
+                // Restored before anything else is printed.
+                drop(self.caller_terminal.take());
+                return Ok(());
+            }
+            self.enforce_deadline();
+        }
+    }
+
+    /// pid 1 is gone: its status and CPU time, and the end of the stdin relay.
+    pub fn reap_pid1(&mut self) {
+        self.observed.ended_at = Some(Instant::now());
+        self.observed.stdin = self.stdin_relay.take().map(StdinRelay::finish);
+        if let Ok(Some(reaped)) = sys::wait_child(self.pid, false) {
+            self.observed.pid1_status = Some(reaped.status);
+            self.observed.rusage = Some(reaped.usage);
+        }
+    }
+
+    /// Destroys the cell at once: SIGKILL to pid 1 (which takes the pid namespace) and
+    /// to the cgroup. `why` explains the run's end unless its command already ended.
+    pub fn destroy(&mut self, why: &str) {
+        if self.observed.ended.is_none() {
+            self.observed.destroyed = Some(why.to_string());
+        }
+        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+        let _ = self.cgroup.kill_all();
+    }
+
+    fn enforce_deadline(&mut self) {
+        let (deadline, step) = self.deadline.advance(Instant::now());
+        self.deadline = deadline;
+        match step {
+            None => {}
+            Some(Step::Terminate) => {
+                self.observed.deadline_fired = true;
+                // pid 1 ignores SIGTERM from outside its namespace; the payload and its
+                // children get the chance to finish cleanly.
+                self.cgroup.signal_all(libc::SIGTERM);
+            }
+            Some(Step::KillAllButPid1) => {
+                // pid 1 reaps the payload (so its status and CPU time are accounted) and
+                // reports before it goes too.
+                let _ = self.cgroup.kill_all_except(self.pid);
+            }
+            Some(Step::KillPid1) => {
+                // Killing pid 1 kills the whole pid namespace; the cgroup kill catches
+                // anything in between.
+                let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+                let _ = self.cgroup.kill_all();
+            }
+        }
+    }
+
+    /// Reads one chunk of a stream; closes it at EOF.
+    fn pump(&mut self, stream: Stream, buf: &mut Vec<u8>) -> bool {
+        let slot = match stream {
+            Stream::Stdout => &mut self.stdout,
+            Stream::Stderr => &mut self.stderr,
+        };
+        pump_stream(slot, stream, &mut self.output, &mut self.sinks, buf)
+    }
+
+    fn forward(&mut self, stream: Stream, chunk: &[u8]) {
+        forward_chunk(&mut self.output, &mut self.sinks, stream, chunk);
+    }
+
+    /// Reads one chunk of the payload's terminal: its stdout and stderr, merged as a
+    /// terminal merges them. EIO (the last holder of the slave closed it) is its end.
+    fn pump_terminal(&mut self, buf: &mut Vec<u8>) {
+        if buf.is_empty() {
+            buf.resize(OUTPUT_CHUNK, 0);
+        }
+        let Some(master) = self.terminal.as_ref() else {
+            return;
+        };
+        match sys::read(master.as_fd(), buf) {
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(0) | Err(_) => self.terminal = None,
+            Ok(n) => self.forward(Stream::Stdout, &buf[..n]),
+        }
+    }
+
+    /// Once both the payload's terminal and the caller's stdin are here: relay the one
+    /// into the other. Without a relay the payload's terminal gets no input; its output
+    /// still counts.
+    fn relay_into_terminal(&mut self) {
+        if let Some(master) = &self.terminal {
+            if let Some(source) = self.terminal_input.take() {
+                self.stdin_relay = StdinRelay::into_terminal(source, master).ok();
+            }
+        }
+    }
+
+    /// After pid 1 exited: read what is left in the pipes, bounded in time.
+    fn drain(&mut self, buf: &mut Vec<u8>) {
+        let until = Instant::now() + DRAIN_TIMEOUT;
+        while self.stdout.is_some() || self.stderr.is_some() || self.terminal.is_some() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let mut fds = [
+                poll_in(raw(&self.stdout)),
+                poll_in(raw(&self.stderr)),
+                poll_in(raw(&self.terminal)),
+            ];
+            if sys::poll(&mut fds, left.as_millis() as i32).unwrap_or(0) == 0 {
+                continue;
+            }
+            if fds[0].revents != 0 {
+                self.pump(Stream::Stdout, buf);
+            }
+            if fds[1].revents != 0 {
+                self.pump(Stream::Stderr, buf);
+            }
+            if fds[2].revents != 0 {
+                self.pump_terminal(buf);
+            }
+        }
+    }
+
+    /// Once the payload runs, the cell's mounts are final: opens the ones that hold
+    /// declared outputs, so they can be collected even if pid 1 dies with the payload.
+    fn hold_output_mounts(&mut self) {
+        if self.artifacts.is_some() {
+            self.observed.output_mounts = artifacts::OutputMounts::open(self.pid, self.plan);
+        }
+    }
+
+    fn read_message(
+        &mut self,
+        egress: &mut Option<&mut dyn EgressSession>,
+    ) -> Result<(), CellError> {
+        // EOF or a broken socket leaves `sync` at None: the cell is gone.
+        let Some(sync) = self.sync.take() else {
+            return Ok(());
+        };
+        let (message, mut fds) = match sync.recv() {
+            Ok(Some(message)) => message,
+            Ok(None) => return Ok(()),
+            Err(err) => {
+                // Not the protocol: the cell is not airlock's any more.
+                self.observed.launch_failure = Some(protocol::LaunchFailure {
+                    stage: "sync".into(),
+                    message: err.to_string(),
+                    unavailable: false,
+                });
+                self.destroy("the cell broke the protocol");
+                return Ok(());
+            }
+        };
+        self.sync = Some(sync);
+        match message {
+            FromCell::Failed(failure) => self.observed.launch_failure = Some(failure),
+            FromCell::Listeners(announced) => self.start_egress(&announced, fds, egress),
+            FromCell::Terminal => {
+                self.terminal = fds.pop();
+                self.relay_into_terminal();
+            }
+            FromCell::Parked => self.parked = true,
+            FromCell::CommandStarted { .. } => {
+                self.observed.exec_done_at = Some(Instant::now());
+                self.hold_output_mounts();
+            }
+            FromCell::ExecFailed { failure, .. } => self.observed.exec_failure = Some(failure),
+            FromCell::CommandEnded { .. } => {}
+            FromCell::Ended(ended) => {
+                self.observed.ended = Some(ended);
+                self.collect_artifacts();
+            }
+        }
+        Ok(())
+    }
+
+    pub fn start_egress(
+        &mut self,
+        announced: &protocol::ListenersWire,
+        fds: Vec<OwnedFd>,
+        egress: &mut Option<&mut dyn EgressSession>,
+    ) {
+        let started = match (
+            protocol::checked_listeners(announced, fds, self.plan),
+            egress.as_mut(),
+        ) {
+            (None, _) => Err("the cell's egress sockets are not the plan's".to_string()),
+            (Some(listeners), Some(session)) => session.start(listeners),
+            (Some(_), None) => {
+                Err("the plan allows egress but no proxy was configured".to_string())
+            }
+        };
+        if let Err(err) = started {
+            // Fail closed: no proxy means the cell must not run at all.
+            self.observed.egress_error = Some(err);
+            let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+        }
+    }
+
+    /// The payload ended and pid 1 waits: collect, then let it go.
+    pub fn collect_artifacts(&mut self) {
+        let Some(request) = self.artifacts.clone() else {
+            return;
+        };
+        if self.observed.output_mounts.is_empty() {
+            // The payload's exec failed: nothing was held, pid 1 is alive.
+            self.observed.output_mounts = artifacts::OutputMounts::open(self.pid, self.plan);
+        }
+        let mounts = std::mem::take(&mut self.observed.output_mounts);
+        self.observed.artifacts = Some(artifacts::collect(&mounts, self.plan, &request));
+        if let Some(sync) = &self.sync {
+            let _ = sync.artifacts_collected();
+        }
+    }
+
+    /// Collects the artifacts of a cell whose pid 1 died before it could report the
+    /// payload's end (a memory kill of the whole cell), through the mounts held since the
+    /// payload started. Called once the cgroup is empty: nothing of the cell runs any more.
+    pub fn collect_after_cell_died(&mut self) {
+        if self.observed.artifacts.is_some() || self.observed.output_mounts.is_empty() {
+            return;
+        }
+        if let Some(request) = &self.artifacts {
+            let mounts = std::mem::take(&mut self.observed.output_mounts);
+            self.observed.artifacts = Some(artifacts::collect(&mounts, self.plan, request));
+        }
+    }
+}
+
+/// What a control message means for a one-shot cell's running command: `Some(why)` to
+/// destroy the cell now. A further `Run` is not for a one-shot cell and is ignored.
+fn control_ends_cell(control: &SupervisorControl) -> Option<&'static str> {
+    match control.recv() {
+        Ok(None) => Some("the engine went away"),
+        Err(_) => Some("the engine broke the control protocol"),
+        Ok(Some((ToSupervisor::Close, _))) => Some("closed by the engine"),
+        Ok(Some((ToSupervisor::Kill { .. }, _))) => Some("killed by the engine"),
+        Ok(Some((ToSupervisor::Run { .. }, _))) => None,
+    }
+}

@@ -3,9 +3,6 @@
 
 mod audit;
 mod config;
-mod egress_session;
-mod inputs;
-mod record;
 mod run;
 
 use clap::{Parser, Subcommand};

@@ -13,6 +13,7 @@ pub mod host_files;
 mod landlock_policy;
 mod launcher;
 pub mod output;
+pub mod process;
 mod protocol;
 pub mod report;
 mod rootfs;

@@ -18,6 +18,7 @@ fn start(class: &str) -> RunStart {
         contract_sha256: "b".repeat(64),
         workload_class: class.into(),
         plan_json: json!({"net": "none"}),
+        session_id: None,
     }
 }
 

@@ -9,6 +9,8 @@
 //! one supervisor process per cell for a threaded caller.
 
 pub mod egress_session;
+pub mod factory;
+pub mod host;
 mod error;
 pub mod inputs;
 mod lifecycle;

@@ -88,6 +88,7 @@ impl Engine {
                 .unwrap_or_default(),
             workload_class: refusal.workload_class.to_string(),
             plan_json: serde_json::to_value(refusal.plan).unwrap_or_default(),
+            session_id: None,
         };
         let recorded = self.open_store().and_then(|store| {
             let handle = store
@@ -207,6 +208,7 @@ impl Engine {
                 contract_sha256: plan.contract_sha256.clone(),
                 workload_class: request.workload_class.clone(),
                 plan_json: serde_json::to_value(plan).unwrap_or_default(),
+                session_id: None,
             },
             secrets: record::secrets_of(plan, &request.credentials),
         })

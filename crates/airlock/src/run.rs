@@ -115,6 +115,12 @@ fn prepare_stdin(plan: &CellPlan) -> anyhow::Result<(PayloadStdin, StdinKind)> {
     Ok((PayloadStdin::Relayed(fd), StdinKind::Stream))
 }
 
+/// A copy of one of this process's output descriptors, for the payload's output; none
+/// when it is closed.
+fn caller_output(fd: std::os::fd::BorrowedFd<'_>) -> Option<std::os::fd::OwnedFd> {
+    fd.try_clone_to_owned().ok()
+}
+
 /// What the payload got on stdin, for the record.
 fn stdin_record(kind: &StdinKind, relayed: Option<StdinRecord>) -> StdinRecord {
     match kind {
@@ -211,7 +217,8 @@ fn prepare(
         credentials,
         stdin,
         artifacts,
-        stream_output: true,
+        stdout: caller_output(std::io::stdout().as_fd()),
+        stderr: caller_output(std::io::stderr().as_fd()),
         started,
     };
     Ok((request, stdin_kind))
@@ -226,10 +233,10 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             return report_refusal(&args, &report, None, &[]);
         }
     };
-    let engine = Engine::new(EngineConfig {
-        state_dir: config.state_dir(args.state_dir.as_deref()),
-        egress: config.egress.clone(),
-    });
+    let engine = Engine::new(EngineConfig::new(
+        config.state_dir(args.state_dir.as_deref()),
+        config.egress.clone(),
+    ));
     let (request, stdin_kind) = match prepare(&args, &config, &engine, started) {
         Ok(prepared) => prepared,
         Err(code) => return code,

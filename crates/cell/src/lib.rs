@@ -5,6 +5,7 @@
 //! All `unsafe` code lives in [`sys`].
 
 pub mod artifacts;
+pub mod census;
 pub mod cgroup;
 mod default_filter;
 pub mod doctor;

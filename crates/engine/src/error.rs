@@ -15,6 +15,15 @@ pub enum EngineError {
     },
     #[error("cell factory: {0}")]
     FactoryProtocol(String),
+    /// Every cell the engine may keep alive (`max_cells`, parked ones included) is.
+    #[error("engine.capacity: all {max_cells} cells this engine may keep alive are in use")]
+    Capacity { max_cells: usize },
+    #[error("the session's cell could not be built: {0}")]
+    SessionFailed(String),
+    #[error("the session is closed")]
+    SessionClosed,
+    #[error("the session has no command {0}")]
+    NoSuchCommand(u64),
 }
 
 impl EngineError {
@@ -25,6 +34,10 @@ impl EngineError {
             | EngineError::NotRecorded(_)
             | EngineError::Factory { .. }
             | EngineError::FactoryProtocol(_) => ResultClass::RuntimeFault,
+            EngineError::Capacity { .. } => ResultClass::CapacityExceeded,
+            EngineError::SessionFailed(_)
+            | EngineError::SessionClosed
+            | EngineError::NoSuchCommand(_) => ResultClass::RuntimeFault,
         }
     }
 }

@@ -11,6 +11,7 @@ use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::{EgressSession, PayloadStdin, RunOptions};
 use airlock_contract::{CellPlan, NetworkPlan};
 use airlock_store::{RunHandle, RunStart, Store};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -24,8 +25,10 @@ pub struct RunRequest {
     pub credentials: Vec<(String, String)>,
     pub stdin: PayloadStdin,
     pub artifacts: Option<ArtifactRequest>,
-    /// Forward the payload's output to this process's stdout/stderr as it arrives.
-    pub stream_output: bool,
+    /// Where the payload's output is forwarded as it arrives (it is captured, bounded, in
+    /// the report either way).
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
     /// When the caller started handling the request (the start-up figure covers it).
     pub started: Instant,
 }
@@ -40,10 +43,45 @@ pub struct FinishedRun {
     pub inputs: Option<InputContents>,
     /// Values that must never reach the store or a result file.
     pub secrets: Vec<String>,
+    /// For a run through the factory: when its command was sent, started and ended.
+    pub latency: Option<CommandLatency>,
     record: Result<(Store, RunHandle), String>,
 }
 
+/// The milestones of a command sent to a parked cell, as the engine saw them.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandLatency {
+    pub command_sent: Instant,
+    /// The supervisor confirmed the payload's exec.
+    pub exec_confirmed: Instant,
+    /// The command's report arrived: its exit is known.
+    pub exit_known: Instant,
+    /// The cell is destroyed and its final report arrived.
+    pub closed: Instant,
+}
+
 impl FinishedRun {
+    pub(crate) fn new(
+        report: RunReport,
+        plan: CellPlan,
+        inputs: Option<InputContents>,
+        secrets: Vec<String>,
+        record: Result<(Store, RunHandle), String>,
+    ) -> FinishedRun {
+        let mut report = report;
+        if let Ok((_, handle)) = &record {
+            report.run_id = handle.run_id();
+        }
+        FinishedRun {
+            report,
+            plan,
+            inputs,
+            secrets,
+            latency: None,
+            record,
+        }
+    }
+
     /// Why no audit record exists, if none does: then nothing ran (the payload never
     /// got its start), and the run cannot be completed.
     pub fn audit_error(&self) -> Option<&str> {
@@ -130,7 +168,7 @@ impl Engine {
             credentials,
             stdin,
             artifacts,
-            stream_output,
+            stdout,
             started,
             ..
         } = request;
@@ -150,7 +188,7 @@ impl Engine {
                 started,
                 egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
                 artifacts,
-                stream_output,
+                stream_output: stdout.is_some(),
                 stdin,
                 credentials: &credentials,
             },
@@ -175,7 +213,7 @@ impl Engine {
 
     /// Every check of a request that needs no cell: the credentials and the identity of
     /// the read-only inputs. A refusal is recorded.
-    fn prepare(&self, request: &RunRequest) -> Result<PreparedRun, Box<RecordedRefusal>> {
+    pub(crate) fn prepare(&self, request: &RunRequest) -> Result<PreparedRun, Box<RecordedRefusal>> {
         let plan = &request.plan;
         let refuse = |status, error: String| {
             Box::new(self.refuse(Refusal {
@@ -235,9 +273,9 @@ impl Engine {
     }
 }
 
-struct PreparedRun {
-    start: RunStart,
-    secrets: Vec<String>,
+pub(crate) struct PreparedRun {
+    pub start: RunStart,
+    pub secrets: Vec<String>,
 }
 
 /// The run's audit record, begun by the cell runtime's hook once the cell is released
@@ -300,6 +338,7 @@ impl Recorder<'_> {
             plan,
             inputs,
             secrets: self.secrets,
+            latency: None,
             record,
         }
     }

@@ -127,13 +127,14 @@ impl Engine {
         start: airlock_store::RunStart,
         secrets: &[String],
     ) -> Result<(Store, RunHandle), String> {
-        // One store per record: a connection is not shared between threads, and opening
-        // one is cheap next to a cell (the file is already in the page cache).
         let store = self.open_store().map_err(|e| e.to_string())?;
-        let handle = store
-            .begin_run(start, secrets.to_vec())
-            .map_err(|e| e.to_string())?;
-        Ok((store, handle))
+        match store.begin_run(start, secrets.to_vec()) {
+            Ok(handle) => Ok((store, handle)),
+            Err(err) => {
+                self.stores.give_back(store);
+                Err(err.to_string())
+            }
+        }
     }
 
     fn hash_inputs_in_background(

@@ -18,6 +18,7 @@ mod lifecycle;
 mod pool;
 pub mod record;
 mod session;
+mod stores;
 
 pub use error::EngineError;
 pub use lifecycle::{CommandLatency, FinishedRun, RecordedRefusal, Refusal, RunRequest};
@@ -62,11 +63,13 @@ pub struct Engine {
     /// Started on the first run, session or pool that needs it.
     factory: OnceLock<Result<Arc<CellFactory>, String>>,
     pools: pool::Pools,
+    stores: Arc<stores::StorePool>,
 }
 
 impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
         Engine {
+            stores: Arc::new(stores::StorePool::new(config.state_dir.clone())),
             config,
             factory: OnceLock::new(),
             pools: pool::Pools::default(),

@@ -136,7 +136,9 @@ impl Engine {
                 RunReport::refused(&handle.run_id(), refusal.status, refusal.error.clone());
             report.cleanup.ok = true;
             let stored = serde_json::to_value(&report).unwrap_or_default();
-            record::finish(&store, &handle, &report, &stored).map_err(EngineError::Store)?;
+            let finished = record::finish(&store, &handle, &report, &stored);
+            self.stores.give_back(store);
+            finished.map_err(EngineError::Store)?;
             Ok(report)
         });
         let report = recorded.unwrap_or_else(|err| {
@@ -207,7 +209,9 @@ impl Engine {
         if let Some(inputs) = &finished.inputs {
             stored["inputs"] = serde_json::json!(inputs);
         }
-        record::finish(&store, &handle, &finished.report, &stored).map_err(EngineError::Store)?;
+        let finished_record = record::finish(&store, &handle, &finished.report, &stored);
+        self.stores.give_back(store);
+        finished_record.map_err(EngineError::Store)?;
         Ok(finished.report)
     }
 
@@ -264,12 +268,9 @@ impl Engine {
         }
     }
 
-    /// Opens the audit store and marks runs of dead supervisors as aborted.
+    /// A connection to the audit store (see stores.rs).
     pub(crate) fn open_store(&self) -> Result<Store, EngineError> {
-        let store = Store::open(&self.config.state_dir).map_err(EngineError::Store)?;
-        // A failure here loses nothing of this run; the next run retries it.
-        let _ = store.reap_aborted();
-        Ok(store)
+        self.stores.take()
     }
 }
 

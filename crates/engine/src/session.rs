@@ -12,6 +12,7 @@ use crate::cells::{supervisor_gone, wait_parked, Stdio};
 use crate::factory::CellHost;
 use crate::host::{ArtifactsWanted, HostMode, HostRequest};
 use crate::record::{self, InputHasher};
+use crate::stores::StorePool;
 use crate::{Engine, EngineError};
 use airlock_cell::artifacts::ArtifactRequest;
 use airlock_cell::control::{CommandSpec, ToEngine};
@@ -112,15 +113,15 @@ pub struct Session {
     workload_class: String,
 }
 
-/// What a session needs of its engine, without borrowing it.
+/// What a session needs of its engine, without borrowing it: its store connections.
 #[derive(Clone)]
 struct EngineHandle {
-    state_dir: std::path::PathBuf,
+    stores: Arc<StorePool>,
 }
 
 impl EngineHandle {
     fn open_store(&self) -> Result<Store, String> {
-        Store::open(&self.state_dir).map_err(|e| e.to_string())
+        self.stores.take().map_err(|e| e.to_string())
     }
 }
 
@@ -174,9 +175,10 @@ impl Engine {
         let reader = {
             let host = Arc::clone(&host);
             let shared = Arc::clone(&shared);
+            let stores = Arc::clone(&self.stores);
             std::thread::Builder::new()
                 .name("session-reports".into())
-                .spawn(move || read_reports(&host, &shared, store, handle))
+                .spawn(move || read_reports(&host, &shared, &stores, (store, handle)))
                 .map_err(|source| EngineError::Factory {
                     context: "starting a session's reader thread".into(),
                     source,
@@ -184,7 +186,7 @@ impl Engine {
         };
         Ok(Session {
             engine: EngineHandle {
-                state_dir: self.config.state_dir.clone(),
+                stores: Arc::clone(&self.stores),
             },
             host,
             run_id: session_id,
@@ -335,13 +337,18 @@ impl Drop for Session {
 
 /// The reader thread: completes each command's record as its report arrives, and the
 /// session's when the cell is destroyed.
-fn read_reports(host: &CellHost, shared: &Shared, store: Store, handle: RunHandle) {
+fn read_reports(
+    host: &CellHost,
+    shared: &Shared,
+    stores: &StorePool,
+    (store, handle): (Store, RunHandle),
+) {
     let (state, changed) = &**shared;
     let final_report = loop {
         match host.control.recv() {
             Ok(Some(ToEngine::CommandEnded { id, report })) => {
                 let mut guard = state.lock().unwrap_or_else(|p| p.into_inner());
-                end_command(&mut guard, id, report);
+                end_command(&mut guard, id, report, stores);
                 drop(guard);
                 changed.notify_all();
             }
@@ -364,24 +371,31 @@ fn read_reports(host: &CellHost, shared: &Shared, store: Store, handle: RunHandl
         let run_id = guard.run_ids.get(&id).cloned().unwrap_or_default();
         let mut report = final_report.clone();
         report.run_id = run_id;
-        end_command(&mut guard, id, report);
+        end_command(&mut guard, id, report, stores);
     }
     let mut report = final_report;
     report.run_id = handle.run_id();
     let _ = record::finish(&store, &handle, &report, &stored(&report));
+    stores.give_back(store);
     guard.closed = Some(report);
     drop(guard);
     changed.notify_all();
 }
 
 /// Records the end of command `id` and keeps its report for [`Session::wait`].
-fn end_command(state: &mut SessionState, id: u64, mut report: Box<RunReport>) {
+fn end_command(
+    state: &mut SessionState,
+    id: u64,
+    mut report: Box<RunReport>,
+    stores: &StorePool,
+) {
     let Some(CommandState::Running { argv, record }) = state.commands.remove(&id) else {
         return;
     };
     report.run_id = state.run_ids.get(&id).cloned().unwrap_or_default();
     if let Some((store, handle)) = record {
         let _ = record::finish(&store, &handle, &report, &stored(&report));
+        stores.give_back(store);
     }
     state
         .commands

@@ -107,3 +107,39 @@ echo "== supervisor memory"
 
 echo "== egress proxy (loopback)"
 cargo run -q --release -p airlock-egress --example egress_bench
+
+echo "== engine (one process, cells through the cell factory)"
+# Claim-to-exec and request-to-exit of /bin/true from a warm pool, one claim at a time,
+# then ENGINE_THREADS threads driving runs for ENGINE_SECONDS; the same number of bwrap
+# loops in parallel for the same time is the baseline (runs per second).
+ENGINE_THREADS=${ENGINE_THREADS:-16}
+ENGINE_SECONDS=${ENGINE_SECONDS:-30}
+cargo build -q --release -p airlock-engine --example engine_bench
+ENGINE_BENCH=$BIN/engine_bench
+install -m 0755 target/x86_64-unknown-linux-gnu/release/examples/engine_bench "$ENGINE_BENCH"
+"$ENGINE_BENCH" claim "${ENGINE_CLAIMS:-300}"
+"$ENGINE_BENCH" threads "$ENGINE_THREADS" "$ENGINE_SECONDS"
+python3 - "$ENGINE_THREADS" "$ENGINE_SECONDS" <<'PY'
+import subprocess, sys, threading, time
+threads, seconds = int(sys.argv[1]), float(sys.argv[2])
+argv = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "/bin/true"]
+until = time.monotonic() + seconds
+latencies = []
+lock = threading.Lock()
+def loop():
+    mine = []
+    while time.monotonic() < until:
+        t = time.monotonic()
+        subprocess.run(argv, check=True)
+        mine.append((time.monotonic() - t) * 1000)
+    with lock:
+        latencies.extend(mine)
+started = time.monotonic()
+workers = [threading.Thread(target=loop) for _ in range(threads)]
+for w in workers: w.start()
+for w in workers: w.join()
+elapsed = time.monotonic() - started
+latencies.sort()
+p = lambda q: latencies[round((len(latencies) - 1) * q)]
+print(f'{{"baseline": "{threads} bwrap loops", "runs": {len(latencies)}, "runs_per_second": {len(latencies)/elapsed:.1f}, "p50_ms": {p(0.5):.2f}, "p99_ms": {p(0.99):.2f}}}')
+PY

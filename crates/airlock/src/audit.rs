@@ -51,6 +51,9 @@ pub enum RunsCommand {
         /// Include runs started by other users (and runs recorded before callers were).
         #[arg(long)]
         all_users: bool,
+        /// Only the commands of this session (its run id).
+        #[arg(long)]
+        session: Option<String>,
     },
     /// Show one run with its events.
     Show {
@@ -167,6 +170,7 @@ pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
                 limit,
                 json,
                 all_users,
+                session,
             } => {
                 let filter = RunFilter {
                     status,
@@ -183,6 +187,7 @@ pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
                         .map(unix_ms_ago),
                     limit: Some(limit),
                     caller_uid: own_runs_only(all_users),
+                    session_id: session,
                 };
                 let runs = store.list_runs(&filter)?;
                 if json {

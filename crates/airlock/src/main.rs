@@ -3,9 +3,6 @@
 
 mod audit;
 mod config;
-mod egress_session;
-mod inputs;
-mod record;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -72,6 +69,8 @@ enum ConfigCommand {
 
 fn main() -> ExitCode {
     let started = Instant::now();
+    // Started as the engine's cell factory: that is all this process does.
+    airlock_engine::factory::run_factory_if_requested();
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run::run(args, started),
@@ -107,7 +106,14 @@ fn config_command(command: ConfigCommand) -> ExitCode {
 }
 
 fn doctor(json: bool) -> ExitCode {
-    let checks = airlock_cell::doctor::run_checks();
+    let mut checks = airlock_cell::doctor::run_checks();
+    // Not a check: what lives now, parked warm cells included.
+    let cells = airlock_cell::census::live_cells();
+    checks.push(airlock_cell::doctor::Check {
+        control: "cells.live",
+        ok: true,
+        detail: airlock_cell::census::summary(&cells),
+    });
     if json {
         println!(
             "{}",

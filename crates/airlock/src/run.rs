@@ -1,18 +1,19 @@
-//! `airlock run`: contract -> plan -> audit record -> cell -> result.
+//! `airlock run`: contract -> plan, then the engine's lifecycle (audit record -> cell ->
+//! completion -> record); this module decides what only the command line knows (its
+//! stdin, its environment's credentials, the result file) and reports on stderr.
 
 use crate::config::OperatorConfig;
-use crate::egress_session::ProxySession;
-use crate::inputs::InputContents;
-use crate::record::{self, InputHasher};
 use airlock_cell::artifacts::ArtifactRequest;
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::stdin_relay::StdinRecord;
-use airlock_cell::{EgressSession, PayloadStdin, RunOptions};
+use airlock_cell::PayloadStdin;
 use airlock_contract::{
     compile, default_contract, load_contract_file, CellPlan, CompileInput, ContractError,
     NetworkPlan,
 };
-use airlock_store::{RunHandle, RunStart, Store};
+use airlock_engine::inputs::InputContents;
+use airlock_engine::record;
+use airlock_engine::{Engine, EngineConfig, FinishedRun, Refusal, RunRequest};
 use clap::Args;
 use serde_json::{json, Value};
 use std::os::fd::AsFd;
@@ -114,6 +115,12 @@ fn prepare_stdin(plan: &CellPlan) -> anyhow::Result<(PayloadStdin, StdinKind)> {
     Ok((PayloadStdin::Relayed(fd), StdinKind::Stream))
 }
 
+/// A copy of one of this process's output descriptors, for the payload's output; none
+/// when it is closed.
+fn caller_output(fd: std::os::fd::BorrowedFd<'_>) -> Option<std::os::fd::OwnedFd> {
+    fd.try_clone_to_owned().ok()
+}
+
 /// What the payload got on stdin, for the record.
 fn stdin_record(kind: &StdinKind, relayed: Option<StdinRecord>) -> StdinRecord {
     match kind {
@@ -136,108 +143,54 @@ fn stdin_record(kind: &StdinKind, relayed: Option<StdinRecord>) -> StdinRecord {
     }
 }
 
-/// A run refused before any cell existed: report it (stderr, result file) and exit 125.
+/// A run refused before any cell existed: record it (when the store can be opened),
+/// report it (stderr, result file) and exit 125.
 fn refuse(
+    engine: &Engine,
     args: &RunArgs,
-    run_id: &str,
     status: ResultClass,
     error: String,
     plan: Option<&CellPlan>,
 ) -> ExitCode {
-    eprintln!("airlock: {}: {error}", status.as_str());
-    let report = RunReport::refused(run_id, status, error);
-    let secrets = plan.map(|p| record::secrets_of(p, &[])).unwrap_or_default();
-    if let Err(err) = write_result(args, &result_record(&report, plan, None), &secrets) {
+    let refused = engine.refuse(Refusal {
+        argv: &args.command,
+        workload_class: &args.workload_class,
+        status,
+        error,
+        plan,
+    });
+    report_refusal(args, &refused.report, plan, &refused.secrets)
+}
+
+/// Reports a refused run on stderr and in the result file; exit 125.
+fn report_refusal(
+    args: &RunArgs,
+    report: &RunReport,
+    plan: Option<&CellPlan>,
+    secrets: &[String],
+) -> ExitCode {
+    if let Some(error) = &report.error {
+        eprintln!("airlock: {}: {error}", report.status.as_str());
+    }
+    if let Err(err) = write_result(args, &result_record(report, plan, None), secrets) {
         eprintln!("airlock: {err}");
     }
     ExitCode::from(125)
 }
 
-/// Records a run refused before its cell existed (bad contract, missing credential, ...)
-/// so that refusals are audited too, then reports it.
-fn refuse_recorded(
-    store: &Store,
+/// Every refusal the command line itself decides before a cell: the contract, the
+/// allowlist's resolution, the credentials in this process's environment, stdin.
+fn prepare(
     args: &RunArgs,
-    status: ResultClass,
-    error: String,
-    plan: Option<&CellPlan>,
-) -> ExitCode {
-    let start = RunStart {
-        argv: args.command.clone(),
-        input_sha256: InputHasher::new(&args.command).finish(),
-        contract_sha256: plan.map(|p| p.contract_sha256.clone()).unwrap_or_default(),
-        workload_class: args.workload_class.clone(),
-        plan_json: json!(plan),
-    };
-    // The plan holds the secret env values; credentials were not resolved.
-    let secrets = plan.map(|p| record::secrets_of(p, &[])).unwrap_or_default();
-    let recorded = store.begin_run(start, secrets).and_then(|handle| {
-        let mut report = RunReport::refused(&handle.run_id(), status, error.clone());
-        report.cleanup.ok = true;
-        record::finish(
-            store,
-            &handle,
-            &report,
-            &serde_json::to_value(&report).unwrap_or_default(),
-        )?;
-        Ok(handle.run_id())
-    });
-    match recorded {
-        Ok(run_id) => refuse(args, &run_id, status, error, plan),
-        Err(err) => refuse(
-            args,
-            "",
-            status,
-            format!("{error}; recording the refusal failed: {err}"),
-            plan,
-        ),
-    }
-}
-
-/// Opens the audit store and marks runs of dead supervisors as aborted.
-fn open_store(config: &OperatorConfig, args: &RunArgs) -> Result<Store, String> {
-    let store =
-        Store::open(&config.state_dir(args.state_dir.as_deref())).map_err(|err| err.to_string())?;
-    if let Err(err) = store.reap_aborted() {
-        eprintln!("airlock: warning: marking runs of dead supervisors as aborted failed: {err}");
-    }
-    Ok(store)
-}
-
-/// A run refused before its cell was cloned, recorded when the store can be opened.
-fn refuse_early(
     config: &OperatorConfig,
-    args: &RunArgs,
-    status: ResultClass,
-    error: String,
-    plan: Option<&CellPlan>,
-) -> ExitCode {
-    match open_store(config, args) {
-        Ok(store) => refuse_recorded(&store, args, status, error, plan),
-        Err(store_error) => refuse(args, "", status, format!("{error}; {store_error}"), plan),
-    }
-}
-
-/// What a run needs once every check before the cell passed.
-struct Prepared {
-    plan: CellPlan,
-    credentials: Vec<(String, String)>,
-    stdin: PayloadStdin,
-    stdin_kind: StdinKind,
-    start: RunStart,
-    secrets: Vec<String>,
-}
-
-/// Every refusal that needs no cell: the contract, the allowlist's resolution, the
-/// credentials, stdin and the inputs. A refusal is recorded and reported; its exit code
-/// is the error.
-fn prepare(args: &RunArgs, config: &OperatorConfig) -> Result<Prepared, ExitCode> {
+    engine: &Engine,
+    started: Instant,
+) -> Result<(RunRequest, StdinKind), ExitCode> {
     let plan = load_plan(args).map_err(|err| {
         let status = ResultClass::from_name(err.class()).unwrap_or(ResultClass::RuntimeFault);
-        refuse_early(config, args, status, format!("contract: {err}"), None)
+        refuse(engine, args, status, format!("contract: {err}"), None)
     })?;
-    let refuse_plan =
-        |status, error: String| refuse_early(config, args, status, error, Some(&plan));
+    let refuse_plan = |status, error: String| refuse(engine, args, status, error, Some(&plan));
     if let NetworkPlan::Allowlist { destinations } = &plan.network {
         let unresolvable = config.unresolvable(destinations);
         if !unresolvable.is_empty() {
@@ -247,101 +200,28 @@ fn prepare(args: &RunArgs, config: &OperatorConfig) -> Result<Prepared, ExitCode
     }
     let credentials = airlock_cell::credential_env(&plan)
         .map_err(|err| refuse_plan(err.class(), err.to_string()))?;
-    let mut hasher = InputHasher::new(&args.command);
-    let (stdin, stdin_kind) = prepare_stdin(&plan)
-        .and_then(|s| hasher.add_plan_inputs(&plan).map(|_| s).map_err(Into::into))
-        .map_err(|err| {
-            refuse_plan(
-                ResultClass::RuntimeFault,
-                format!("reading inputs: {err:#}"),
-            )
-        })?;
-    let start = RunStart {
-        argv: args.command.clone(),
-        input_sha256: hasher.finish(),
-        contract_sha256: plan.contract_sha256.clone(),
-        workload_class: args.workload_class.clone(),
-        plan_json: serde_json::to_value(&plan).unwrap_or_default(),
-    };
-    let secrets = record::secrets_of(&plan, &credentials);
-    Ok(Prepared {
+    let (stdin, stdin_kind) = prepare_stdin(&plan).map_err(|err| {
+        refuse_plan(
+            ResultClass::RuntimeFault,
+            format!("reading inputs: {err:#}"),
+        )
+    })?;
+    let artifacts = args.output_dir.as_ref().map(|dir| ArtifactRequest {
+        output_dir: dir.clone(),
+        max_file_bytes: args.max_artifact_bytes,
+        max_total_bytes: args.max_artifact_bytes.saturating_mul(16),
+    });
+    let request = RunRequest {
         plan,
+        workload_class: args.workload_class.clone(),
         credentials,
         stdin,
-        stdin_kind,
-        start,
-        secrets,
-    })
-}
-
-/// The run's audit record, begun by the cell runtime's hook once the cell is released
-/// (fail closed: no record, no payload) and finished at the end; and the content hash of
-/// the read-only inputs, started at the same moment.
-struct Recorder<'a> {
-    config: &'a OperatorConfig,
-    args: &'a RunArgs,
-    start: RunStart,
-    secrets: Vec<String>,
-    store: Option<Store>,
-    handle: Option<RunHandle>,
-    audit_error: Option<String>,
-    unhashed_inputs: Option<Vec<(PathBuf, PathBuf)>>,
-    input_contents: Option<std::thread::JoinHandle<InputContents>>,
-}
-
-impl Recorder<'_> {
-    fn begin(&mut self) -> Result<String, String> {
-        let begun = self.open_and_begin();
-        if let Err(err) = &begun {
-            self.audit_error = Some(err.clone());
-        }
-        begun
-    }
-
-    fn open_and_begin(&mut self) -> Result<String, String> {
-        let store = self.store.insert(open_store(self.config, self.args)?);
-        let handle = store
-            .begin_run(self.start.clone(), self.secrets.clone())
-            .map_err(|err| err.to_string())?;
-        let run_id = handle.run_id();
-        self.handle = Some(handle);
-        // The cell is cloned: a thread may start now. It reads the inputs while the
-        // payload runs (see inputs.rs).
-        let state_dir = self.config.state_dir(self.args.state_dir.as_deref());
-        self.input_contents = self
-            .unhashed_inputs
-            .take()
-            .filter(|inputs| !inputs.is_empty())
-            .map(|inputs| {
-                std::thread::spawn(move || crate::inputs::hash_contents(&inputs, &state_dir))
-            });
-        Ok(run_id)
-    }
-
-    /// The store and the run's handle; a run that failed before its cell was released
-    /// is recorded now, so it is not lost.
-    fn store_and_handle(&mut self) -> Result<(Store, RunHandle), String> {
-        let store = match self.store.take() {
-            Some(store) => store,
-            None => open_store(self.config, self.args)?,
-        };
-        let handle = match self.handle.take() {
-            Some(handle) => handle,
-            None => store
-                .begin_run(self.start.clone(), self.secrets.clone())
-                .map_err(|err| err.to_string())?,
-        };
-        Ok((store, handle))
-    }
-
-    fn input_contents(&mut self) -> Option<InputContents> {
-        self.input_contents.take().map(|hashing| {
-            hashing.join().unwrap_or_else(|_| InputContents {
-                error: Some("hashing the read-only inputs panicked".to_string()),
-                ..InputContents::default()
-            })
-        })
-    }
+        artifacts,
+        stdout: caller_output(std::io::stdout().as_fd()),
+        stderr: caller_output(std::io::stderr().as_fd()),
+        started,
+    };
+    Ok((request, stdin_kind))
 }
 
 pub fn run(args: RunArgs, started: Instant) -> ExitCode {
@@ -349,91 +229,47 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
         Ok(c) => c,
         Err(err) => {
             let error = crate::user_message(&err);
-            return refuse(&args, "", ResultClass::RuntimeFault, error, None);
+            let report = RunReport::refused("", ResultClass::RuntimeFault, error);
+            return report_refusal(&args, &report, None, &[]);
         }
     };
-    let prepared = match prepare(&args, &config) {
+    let engine = Engine::new(EngineConfig::new(
+        config.state_dir(args.state_dir.as_deref()),
+        config.egress.clone(),
+    ));
+    let (request, stdin_kind) = match prepare(&args, &config, &engine, started) {
         Ok(prepared) => prepared,
         Err(code) => return code,
     };
-    let Prepared {
-        plan,
-        credentials,
-        stdin,
-        stdin_kind,
-        start,
-        secrets,
-    } = prepared;
-    let mut recorder = Recorder {
-        config: &config,
-        args: &args,
-        start,
-        secrets: secrets.clone(),
-        store: None,
-        handle: None,
-        audit_error: None,
-        unhashed_inputs: Some(crate::inputs::readonly_inputs(&plan)),
-        input_contents: None,
-    };
-    let mut proxy = match &plan.network {
-        NetworkPlan::Allowlist { destinations } => {
-            Some(ProxySession::new(config.egress.clone(), destinations))
+    // This process is single-threaded: the cell is cloned here (the cold start).
+    let mut finished = match engine.run_here(request) {
+        Ok(finished) => finished,
+        Err(refused) => {
+            let plan = refused.plan.as_ref();
+            return report_refusal(&args, &refused.report, plan, &refused.secrets);
         }
-        NetworkPlan::Deny => None,
     };
-    let artifacts = args.output_dir.as_ref().map(|dir| ArtifactRequest {
-        output_dir: dir.clone(),
-        max_file_bytes: args.max_artifact_bytes,
-        max_total_bytes: args.max_artifact_bytes.saturating_mul(16),
-    });
-    let mut report = airlock_cell::run_cell(
-        &plan,
-        RunOptions {
-            before_start: Some(&mut || recorder.begin()),
-            started,
-            egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
-            artifacts,
-            // The payload's output streams to ours as it arrives.
-            stdout_sink: std::io::stdout().as_fd().try_clone_to_owned().ok(),
-            stderr_sink: std::io::stderr().as_fd().try_clone_to_owned().ok(),
-            stdin,
-            credentials: &credentials,
-        },
-    );
-    report.stdin = Some(stdin_record(&stdin_kind, report.stdin.take()));
-    print_problems(&report);
-    if recorder.audit_error.is_some() {
+    finished.report.stdin = Some(stdin_record(&stdin_kind, finished.report.stdin.take()));
+    print_problems(&finished.report);
+    if finished.audit_error().is_some() {
         // No record could be written, so nothing ran.
-        let record = result_record(&report, Some(&plan), None);
-        if let Err(err) = write_result(&args, &record, &secrets) {
+        let record = result_record(&finished.report, Some(&finished.plan), None);
+        if let Err(err) = write_result(&args, &record, &finished.secrets) {
             eprintln!("airlock: {err}");
         }
         return ExitCode::from(125);
     }
-    let (store, handle) = match recorder.store_and_handle() {
-        Ok(both) => both,
+    deliver(&args, &mut finished);
+    print_summary(&finished.report, &finished.secrets);
+    match engine.complete(finished) {
+        Ok(report) => ExitCode::from(report.exit_code.clamp(0, 255) as u8),
         Err(err) => {
-            eprintln!("airlock: {err}");
-            return ExitCode::from(125);
+            eprintln!(
+                "airlock: audit store: the run finished but its record could not be completed: {err}"
+            );
+            ExitCode::from(125)
         }
-    };
-    report.run_id = handle.run_id();
-    let inputs = recorder.input_contents();
-    deliver(&args, &plan, &secrets, &mut report, inputs.as_ref());
-    print_summary(&report, &secrets);
-    // The plan is already in the run's begin record; the stored result leaves it out, the
-    // caller's result file has it.
-    let mut stored_result = serde_json::to_value(&report).unwrap_or_default();
-    if let Some(inputs) = &inputs {
-        stored_result["inputs"] = json!(inputs);
     }
-    if let Err(err) = record::finish(&store, &handle, &report, &stored_result) {
-        eprintln!(
-            "airlock: audit store: the run finished but its record could not be completed: {err}"
-        );
-        return ExitCode::from(125);
-    }
-    ExitCode::from(report.exit_code.clamp(0, 255) as u8)
 }
 
 /// What went wrong around the payload, before the summary: leftovers of dead cells that
@@ -512,13 +348,14 @@ fn write_result(args: &RunArgs, record: &Value, secrets: &[String]) -> Result<()
 /// file that could not be written make it `delivery_failed` (exit 123), in the result
 /// file when there is one and in the store. stderr says what was lost, escaped and
 /// redacted.
-fn deliver(
-    args: &RunArgs,
-    plan: &CellPlan,
-    secrets: &[String],
-    report: &mut RunReport,
-    inputs: Option<&InputContents>,
-) {
+fn deliver(args: &RunArgs, finished: &mut FinishedRun) {
+    let FinishedRun {
+        report,
+        plan,
+        inputs,
+        secrets,
+        ..
+    } = finished;
     let redactor = airlock_store::Redactor::new(secrets.to_vec());
     let lost = report.undelivered_artifacts();
     for line in &lost {
@@ -531,7 +368,8 @@ fn deliver(
             lost.len()
         ));
     }
-    if let Err(err) = write_result(args, &result_record(report, Some(plan), inputs), secrets) {
+    let record = result_record(report, Some(plan), inputs.as_ref());
+    if let Err(err) = write_result(args, &record, secrets) {
         eprintln!("airlock: {}", redactor.text(&err));
         report.mark_delivery_failed(err);
     }

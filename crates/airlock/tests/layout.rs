@@ -1,6 +1,7 @@
 //! House rules that are cheap to check mechanically: all `unsafe` code lives in
 //! `crates/cell/src/sys.rs`, and crates depend on each other only in the documented
-//! direction (contract <- cell, egress <- airlock; store stands alone).
+//! direction (contract <- cell, egress; cell, egress, store <- engine <- airlock; store
+//! stands alone).
 
 use std::path::{Path, PathBuf};
 
@@ -119,4 +120,17 @@ fn crates_depend_in_the_documented_direction() {
             "egress may only depend on the contract"
         );
     }
+    let mut engine = airlock_dependencies("engine");
+    engine.sort();
+    assert_eq!(
+        engine,
+        [
+            "airlock-cell",
+            "airlock-contract",
+            "airlock-egress",
+            "airlock-store"
+        ],
+        "the engine sits on the cell, the egress proxy and the store; nothing below it \
+         knows of it"
+    );
 }

@@ -9,6 +9,7 @@
 //! All `unsafe` code lives in [`sys`].
 
 pub mod artifacts;
+pub mod census;
 pub mod cgroup;
 pub mod control;
 mod default_filter;
@@ -18,6 +19,7 @@ pub mod host_files;
 mod landlock_policy;
 mod launcher;
 pub mod output;
+pub mod process;
 mod protocol;
 pub mod report;
 mod rootfs;

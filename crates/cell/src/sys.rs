@@ -1614,6 +1614,39 @@ pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------
+// The engine's cell factory: forking supervisor processes (crates/engine/src/factory.rs).
+
+/// `fork(2)` of a single-threaded process: `Ok(None)` in the child, `Ok(Some(pid))` in
+/// the parent. Refused when the process has more than one thread: the child is a copy of
+/// this one thread, and a lock another thread held (malloc's, stdio's) would stay locked
+/// forever in it.
+pub fn fork_single_threaded() -> io::Result<Option<libc::pid_t>> {
+    let threads = process_stat(std::process::id())?.threads;
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "fork from a process with {threads} threads; only a single-threaded process forks"
+        )));
+    }
+    // SAFETY: the process has one thread, this one (counted just now, and nothing between
+    // the count and the fork starts a thread).
+    let pid = check(unsafe { libc::fork() })?;
+    Ok((pid != 0).then_some(pid))
+}
+
+/// Closes `fd` by number, for a forked child that inherited a descriptor an owner of
+/// its parent's still holds (the child never runs that owner's drop: it exits).
+pub fn close_raw(fd: RawFd) {
+    // SAFETY: closing a number only affects this process's table; the caller's contract
+    // is that nothing in this process uses `fd` afterwards.
+    unsafe { libc::close(fd) };
+}
+
+pub fn getppid() -> libc::pid_t {
+    // SAFETY: no arguments; always succeeds.
+    unsafe { libc::getppid() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,7 +78,7 @@ use serde::{Deserialize, Serialize};
 pub use proxy::{ProxyHandle, MAX_RECORDS};
 
 /// The operator's `[egress]` table (trusted; never from the contract or the model).
-#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EgressConfig {
     /// Static host map, like `curl --resolve`: `resolve = { "api.test" = "127.0.0.2" }`.

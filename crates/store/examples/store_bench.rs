@@ -16,6 +16,7 @@ fn start() -> RunStart {
         contract_sha256: "b".repeat(64),
         workload_class: "bench".into(),
         plan_json: json!({"net": "none", "memory": "256M", "pids": 64}),
+        session_id: None,
     }
 }
 

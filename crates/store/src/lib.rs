@@ -127,6 +127,10 @@ pub struct RunStart {
     /// Empty means `"default"`.
     pub workload_class: String,
     pub plan_json: Value,
+    /// The run id of the session this run is a command of (see airlock-engine's
+    /// sessions); `None` for a run of its own or a session's own record.
+    #[serde(default)]
+    pub session_id: Option<String>,
 }
 
 /// What the caller knows when a run ends.
@@ -188,6 +192,8 @@ pub struct RunRecord {
     /// Real uid of the process that started the run; `None` for runs recorded before
     /// schema version 3.
     pub caller_uid: Option<u32>,
+    /// The session this run is a command of (schema version 4).
+    pub session_id: Option<String>,
 }
 
 /// One entry of the audit chain.
@@ -221,6 +227,8 @@ pub struct RunFilter {
     pub limit: Option<usize>,
     /// Only runs started by this real uid.
     pub caller_uid: Option<u32>,
+    /// Only the commands of this session.
+    pub session_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -377,7 +385,7 @@ const RUN_COLUMNS: &str = "run_id, started_at, finished_at, argv_json, input_sha
     contract_sha256, workload_class, plan_json, status, exit_code, exit_signal, limit_fired, \
     usage_json, startup_ms, wall_ms, stdout_head, stdout_tail, stderr_head, stderr_tail, \
     cleanup_ok, cleanup_leftovers_json, result_json, supervisor_pid, supervisor_start_time, boot_id, \
-    caller_uid";
+    caller_uid, session_id";
 
 fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     let argv: Option<String> = r.get(3)?;
@@ -410,6 +418,7 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         supervisor_start_time: r.get::<_, i64>(23)? as u64,
         boot_id: r.get(24)?,
         caller_uid: r.get(25)?,
+        session_id: r.get(26)?,
     })
 }
 
@@ -702,6 +711,7 @@ impl Store {
             "supervisor_start_time": me.start_time,
             "boot_id": me.boot_id,
             "caller_uid": proc_info::real_uid(),
+            "session_id": start.session_id,
         }));
         // Columns are taken from the redacted body, so row and audit entry agree.
         let s = |k: &str| body[k].as_str().unwrap_or_default().to_string();
@@ -711,8 +721,8 @@ impl Store {
             c.prepare_cached(
                 "INSERT INTO runs (run_id, started_at, argv_json, input_sha256, contract_sha256,
                     workload_class, plan_json, status, supervisor_pid, supervisor_start_time,
-                    boot_id, caller_uid)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                    boot_id, caller_uid, session_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             )?
             .execute(params![
                 run_id,
@@ -727,6 +737,7 @@ impl Store {
                 me.start_time as i64,
                 s("boot_id"),
                 body["caller_uid"].as_u64(),
+                body["session_id"].as_str(),
             ])?;
             Ok(())
         })?;
@@ -918,6 +929,10 @@ impl Store {
         if let Some(uid) = filter.caller_uid {
             sql.push_str(" AND caller_uid = ?");
             args.push(i64::from(uid).into());
+        }
+        if let Some(session) = &filter.session_id {
+            sql.push_str(" AND session_id = ?");
+            args.push(session.clone().into());
         }
         sql.push_str(" ORDER BY started_at DESC, run_id DESC");
         if let Some(n) = filter.limit {

@@ -68,7 +68,13 @@ const V3: &str = r#"
 ALTER TABLE runs ADD COLUMN caller_uid INTEGER;
 "#;
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
+/// Version 4: the session a run is a command of (NULL for a run of its own), so that a
+/// session's commands are listed together.
+const V4: &str = r#"
+ALTER TABLE runs ADD COLUMN session_id TEXT;
+"#;
+
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
 
 pub fn version(conn: &Connection) -> rusqlite::Result<i64> {

@@ -1,0 +1,288 @@
+//! Runs for threaded callers: through the cell factory, from a warm pool when one is
+//! kept for the plan's shape. The begin record is written before the command is sent to
+//! the cell (fail closed: no record, no payload); for a cell built on demand it is
+//! written while the supervisor builds the cell.
+
+use crate::factory::{CellFactory, CellHost};
+use crate::host::{ArtifactsWanted, HostMode, HostRequest};
+use crate::inputs::{self, InputContents};
+use crate::lifecycle::{CommandLatency, FinishedRun, RecordedRefusal, RunRequest};
+use crate::pool::PlanShape;
+use crate::{Engine, EngineError};
+use airlock_cell::control::{CommandSpec, EngineControl, ToEngine};
+use airlock_cell::report::{ResultClass, RunReport};
+use airlock_cell::PayloadStdin;
+use airlock_store::{RunHandle, Store};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The id of the one command of a one-shot cell.
+const ONLY_COMMAND: u64 = 1;
+
+impl Engine {
+    /// Runs `request` in a cell cloned by the cell factory: callable from any thread of
+    /// any process. A warm cell of the plan's shape is claimed when a pool keeps one
+    /// (see [`Engine::keep_warm`]); otherwise a cell is built for the request.
+    pub fn run(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
+        let prepared = match self.prepare(&request) {
+            Ok(prepared) => prepared,
+            Err(mut refused) => {
+                refused.plan = Some(request.plan);
+                return Err(refused);
+            }
+        };
+        let RunRequest {
+            plan,
+            credentials,
+            stdin,
+            stdout,
+            stderr,
+            artifacts,
+            ..
+        } = request;
+        // A parked cell has no credentials and no artifact destination of its own: only
+        // requests without either are served warm.
+        let shape = PlanShape::of(&plan);
+        let warm = (credentials.is_empty() && artifacts.is_none())
+            .then(|| self.pools.claim(&shape))
+            .flatten();
+        let parked = warm.is_some();
+        let host = match warm {
+            Some(host) => Ok(host),
+            None => self.spawn_host(HostRequest {
+                plan: plan.clone(),
+                credentials,
+                artifacts: artifacts.map(|a| ArtifactsWanted {
+                    output_dir: a.output_dir,
+                    max_file_bytes: a.max_file_bytes,
+                    max_total_bytes: a.max_total_bytes,
+                }),
+                mode: HostMode::OneShot,
+            }),
+        };
+        let secrets = prepared.secrets.clone();
+        let record = self.begin_record(prepared.start.clone(), &secrets);
+        let mut latency = None;
+        let (report, inputs) = match (host, &record) {
+            (Err(err), _) => (RunReport::refused("", err.class(), err.to_string()), None),
+            (Ok(host), Err(err)) => {
+                // No record: the cell is destroyed before its command could start.
+                drop(host);
+                (
+                    RunReport::refused("", ResultClass::RuntimeFault, err.clone()),
+                    None,
+                )
+            }
+            (Ok(host), Ok((_, handle))) => {
+                let hashing = self.hash_inputs_in_background(&plan);
+                let stdio = Stdio::of(stdin, stdout, stderr);
+                let run_id = handle.run_id();
+                let driven = match (stdio, parked) {
+                    (Err(err), _) => Err(Box::new(RunReport::refused(
+                        &run_id,
+                        err.class(),
+                        err.to_string(),
+                    ))),
+                    (Ok(stdio), true) => drive_one_shot(&host, &run_id, &plan.argv, stdio),
+                    // Built for this run: the record was written while it was built.
+                    (Ok(stdio), false) => match wait_parked(&host.control) {
+                        Ok(()) => drive_one_shot(&host, &run_id, &plan.argv, stdio),
+                        Err(report) => Err(report),
+                    },
+                };
+                let report = match driven {
+                    Ok((report, milestones)) => {
+                        latency = Some(milestones);
+                        report
+                    }
+                    Err(report) => *report,
+                };
+                let inputs = hashing.map(join_hashing);
+                (report, inputs)
+            }
+        };
+        let mut finished = FinishedRun::new(report, plan, inputs, secrets, record);
+        finished.latency = latency;
+        Ok(finished)
+    }
+
+    /// Asks the factory (started on first use) for a supervisor process, counted against
+    /// the engine's capacity while it lives.
+    pub(crate) fn spawn_host(&self, request: HostRequest) -> Result<CellHost, EngineError> {
+        self.factory()?.spawn(request)
+    }
+
+    pub(crate) fn factory(&self) -> Result<Arc<CellFactory>, EngineError> {
+        let started = self.factory.get_or_init(|| {
+            CellFactory::start(&self.config.program, &self.config)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        });
+        started
+            .as_ref()
+            .map(Arc::clone)
+            .map_err(|err| EngineError::FactoryProtocol(err.clone()))
+    }
+
+    /// Begins the audit record of a run on the engine's shared store.
+    pub(crate) fn begin_record(
+        &self,
+        start: airlock_store::RunStart,
+        secrets: &[String],
+    ) -> Result<(Store, RunHandle), String> {
+        let store = self.open_store().map_err(|e| e.to_string())?;
+        match store.begin_run(start, secrets.to_vec()) {
+            Ok(handle) => Ok((store, handle)),
+            Err(err) => {
+                self.stores.give_back(store);
+                Err(err.to_string())
+            }
+        }
+    }
+
+    fn hash_inputs_in_background(
+        &self,
+        plan: &airlock_contract::CellPlan,
+    ) -> Option<std::thread::JoinHandle<InputContents>> {
+        let inputs = inputs::readonly_inputs(plan);
+        if inputs.is_empty() {
+            return None;
+        }
+        let state_dir = self.config.state_dir.clone();
+        Some(std::thread::spawn(move || {
+            inputs::hash_contents(&inputs, &state_dir)
+        }))
+    }
+}
+
+pub(crate) fn join_hashing(hashing: std::thread::JoinHandle<InputContents>) -> InputContents {
+    hashing.join().unwrap_or_else(|_| InputContents {
+        error: Some("hashing the read-only inputs panicked".to_string()),
+        ..InputContents::default()
+    })
+}
+
+/// A command's descriptors as the control protocol sends them.
+pub(crate) struct Stdio {
+    pub stdin: Option<OwnedFd>,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+impl Stdio {
+    /// Output nobody asked for goes to the null device (it is still captured, bounded,
+    /// in the report).
+    pub fn of(
+        stdin: PayloadStdin,
+        stdout: Option<OwnedFd>,
+        stderr: Option<OwnedFd>,
+    ) -> Result<Stdio, EngineError> {
+        let null = || -> Result<OwnedFd, EngineError> {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .map(OwnedFd::from)
+                .map_err(|source| EngineError::Factory {
+                    context: "/dev/null".into(),
+                    source,
+                })
+        };
+        Ok(Stdio {
+            stdin: match stdin {
+                PayloadStdin::Null => None,
+                PayloadStdin::Relayed(fd) => Some(fd),
+            },
+            stdout: stdout.map_or_else(null, Ok)?,
+            stderr: stderr.map_or_else(null, Ok)?,
+        })
+    }
+
+    pub fn send(
+        &self,
+        control: &EngineControl,
+        id: u64,
+        run_id: &str,
+        command: CommandSpec,
+    ) -> Result<(), airlock_cell::CellError> {
+        control.run(
+            id,
+            run_id,
+            command,
+            self.stdin.as_ref().map(|f| f.as_fd()),
+            self.stdout.as_fd(),
+            self.stderr.as_fd(),
+        )
+    }
+}
+
+/// Gives a parked cell its one command and reads its reports: the command's, then the
+/// final one (with the cleanup of the destroyed cell), and when each arrived.
+fn drive_one_shot(
+    host: &CellHost,
+    run_id: &str,
+    argv: &[String],
+    stdio: Stdio,
+) -> Result<(RunReport, CommandLatency), Box<RunReport>> {
+    let control = &host.control;
+    let command = CommandSpec {
+        argv: argv.to_vec(),
+        env: Vec::new(),
+        wall_time_ms: None,
+        output_bytes: None,
+        stdin: stdio.stdin.is_some(),
+    };
+    let command_sent = Instant::now();
+    if let Err(err) = stdio.send(control, ONLY_COMMAND, run_id, command) {
+        return Err(Box::new(RunReport::refused(
+            run_id,
+            err.class(),
+            err.to_string(),
+        )));
+    }
+    drop(stdio);
+    let mut exec_confirmed = None;
+    let mut exit_known = None;
+    loop {
+        match control.recv() {
+            Ok(Some(ToEngine::CommandStarted { .. })) => exec_confirmed = Some(Instant::now()),
+            Ok(Some(ToEngine::CommandEnded { .. })) => exit_known = Some(Instant::now()),
+            Ok(Some(ToEngine::Closed { report })) => {
+                let closed = Instant::now();
+                let exit_known = exit_known.unwrap_or(closed);
+                let latency = CommandLatency {
+                    command_sent,
+                    exec_confirmed: exec_confirmed.unwrap_or(exit_known),
+                    exit_known,
+                    closed,
+                };
+                return Ok((*report, latency));
+            }
+            Ok(Some(ToEngine::Failed { report })) => return Err(report),
+            Ok(Some(ToEngine::Parked { .. })) => {}
+            Ok(None) | Err(_) => return Err(Box::new(supervisor_gone(run_id))),
+        }
+    }
+}
+
+/// Blocks until the cell is parked; a cell that could not be built is its report.
+pub(crate) fn wait_parked(control: &EngineControl) -> Result<(), Box<RunReport>> {
+    loop {
+        match control.recv() {
+            Ok(Some(ToEngine::Parked { .. })) => return Ok(()),
+            Ok(Some(ToEngine::Failed { report })) | Ok(Some(ToEngine::Closed { report })) => {
+                return Err(report)
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return Err(Box::new(supervisor_gone(""))),
+        }
+    }
+}
+
+pub(crate) fn supervisor_gone(run_id: &str) -> RunReport {
+    RunReport::refused(
+        run_id,
+        ResultClass::RuntimeFault,
+        "the cell's supervisor process ended without a report".to_string(),
+    )
+}

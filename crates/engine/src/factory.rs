@@ -1,0 +1,301 @@
+//! The cell factory: cells for threaded callers. A cell is cloned, and a supervisor
+//! forked, only by a single-threaded process; a server or an engine driven from many
+//! threads is not one. So the engine starts one small process of the same binary (this
+//! module's [`serve_factory`], entered through [`run_factory_if_requested`] first thing
+//! in `main`), and asks it over a SOCK_SEQPACKET pair to fork one supervisor process per
+//! cell. The supervisor's end of the cell's control socket travels with the request as
+//! SCM_RIGHTS; from then on the engine talks to the supervisor directly
+//! (airlock_cell::control), and the factory only reaps.
+//!
+//! Deaths: the factory holds its socket to the engine; EOF on it (the engine exited or
+//! was killed) makes it kill every supervisor it forked and exit. Each supervisor dies
+//! with the factory (parent-death signal) and sees EOF on its control socket when the
+//! engine dies; each cell dies with its supervisor. Nothing outlives the caller.
+
+use crate::host::{self, HostRequest};
+use crate::{EngineConfig, EngineError};
+use airlock_cell::control::EngineControl;
+use airlock_cell::process::{self, Forked};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The argument that makes a binary the factory (see [`run_factory_if_requested`]);
+/// `airlock doctor` finds the factory's cells by it.
+pub use airlock_cell::census::FACTORY_ARG;
+
+/// Most descriptors one factory request carries: the supervisor's control socket.
+const MAX_REQUEST_FDS: usize = 1;
+
+/// Engine -> factory, one per packet.
+#[derive(Debug, Serialize, Deserialize)]
+enum ToFactory {
+    /// The first message: what every supervisor needs of the operator's configuration.
+    Configure {
+        egress: airlock_egress::EgressConfig,
+    },
+    /// Fork a supervisor for `request`; the packet carries its control socket.
+    Spawn { request: Box<HostRequest> },
+}
+
+/// Factory -> engine, one per request.
+#[derive(Debug, Serialize, Deserialize)]
+enum FromFactory {
+    Spawned { pid: i32 },
+    Refused { error: String },
+}
+
+/// The engine's handle on its factory process. Requests are serialised: a fork takes a
+/// fraction of a millisecond, and the cell is built by the supervisor afterwards.
+pub struct CellFactory {
+    sock: Mutex<OwnedFd>,
+    child: Mutex<Child>,
+    /// Supervisor processes alive (their [`CellHost`]s not dropped yet).
+    live: Arc<AtomicUsize>,
+    max_cells: usize,
+}
+
+/// A supervisor process the factory forked, and the engine's end of its control socket.
+/// Dropping it closes the socket, which destroys the cell if it still exists.
+pub struct CellHost {
+    pub pid: i32,
+    pub control: EngineControl,
+    _counted: LiveCell,
+}
+
+/// One unit of the engine's capacity, given back when the host is dropped.
+struct LiveCell(Arc<AtomicUsize>);
+
+impl Drop for LiveCell {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl CellFactory {
+    /// Starts `program FACTORY_ARG` (a binary that calls [`run_factory_if_requested`]),
+    /// its stdin the factory's end of the socket, and configures it. Safe from any
+    /// thread: the standard library spawns with exec.
+    pub fn start(program: &Path, config: &EngineConfig) -> Result<CellFactory, EngineError> {
+        let io = |context: &str| {
+            let context = context.to_string();
+            move |source| EngineError::Factory { context, source }
+        };
+        let (ours, theirs) = process::seqpacket_pair().map_err(io("socketpair"))?;
+        let child = Command::new(program)
+            .arg(FACTORY_ARG)
+            .stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(io(&format!("starting {}", program.display())))?;
+        let factory = CellFactory {
+            sock: Mutex::new(ours),
+            child: Mutex::new(child),
+            live: Arc::new(AtomicUsize::new(0)),
+            max_cells: config.max_cells,
+        };
+        let configure = ToFactory::Configure {
+            egress: config.egress.clone(),
+        };
+        factory.send(&configure, &[])?;
+        Ok(factory)
+    }
+
+    /// Asks for a supervisor process serving `request`; returns once it is forked (the
+    /// cell is then being built: [`EngineControl::recv`] gives `Parked` or `Failed`).
+    pub fn spawn(&self, request: HostRequest) -> Result<CellHost, EngineError> {
+        let counted = self.count_one()?;
+        let (engine_end, supervisor_end) =
+            process::seqpacket_pair().map_err(|source| EngineError::Factory {
+                context: "socketpair".into(),
+                source,
+            })?;
+        let message = ToFactory::Spawn {
+            request: Box::new(request),
+        };
+        let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+        send(&sock, &message, &[supervisor_end.as_raw_fd()])?;
+        drop(supervisor_end);
+        let reply = process::recv_message(sock.as_fd(), 0)
+            .map_err(|source| EngineError::Factory {
+                context: "reading the factory's reply".into(),
+                source,
+            })?
+            .ok_or_else(|| EngineError::FactoryProtocol("the factory process is gone".into()))?;
+        match serde_json::from_slice(&reply.0) {
+            Ok(FromFactory::Spawned { pid }) => Ok(CellHost {
+                pid,
+                control: EngineControl::new(engine_end),
+                _counted: counted,
+            }),
+            Ok(FromFactory::Refused { error }) => Err(EngineError::FactoryProtocol(error)),
+            Err(err) => Err(EngineError::FactoryProtocol(format!(
+                "malformed reply from the factory: {err}"
+            ))),
+        }
+    }
+
+    /// Takes one unit of capacity, or refuses when every one is in use.
+    fn count_one(&self) -> Result<LiveCell, EngineError> {
+        let taken = self
+            .live
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.max_cells).then_some(n + 1)
+            });
+        match taken {
+            Ok(_) => Ok(LiveCell(Arc::clone(&self.live))),
+            Err(_) => Err(EngineError::Capacity {
+                max_cells: self.max_cells,
+            }),
+        }
+    }
+
+    /// Cells alive now: parked, running or serving a session.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// The factory's pid (for tests and `doctor`).
+    pub fn pid(&self) -> u32 {
+        self.child.lock().unwrap_or_else(|p| p.into_inner()).id()
+    }
+
+    fn send(&self, message: &ToFactory, fds: &[i32]) -> Result<(), EngineError> {
+        let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+        send(&sock, message, fds)
+    }
+}
+
+impl Drop for CellFactory {
+    /// Closing the socket is the factory's signal to kill what it forked and exit.
+    fn drop(&mut self) {
+        let sock = self.sock.get_mut().unwrap_or_else(|p| p.into_inner());
+        // The descriptor is replaced by a fresh null one so that the real one closes now.
+        if let Ok(null) = std::fs::File::open("/dev/null") {
+            drop(std::mem::replace(sock, OwnedFd::from(null)));
+        }
+        let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = child.wait();
+    }
+}
+
+fn send(sock: &OwnedFd, message: &ToFactory, fds: &[i32]) -> Result<(), EngineError> {
+    let body =
+        serde_json::to_vec(message).map_err(|e| EngineError::FactoryProtocol(e.to_string()))?;
+    process::send_with_fds(sock.as_fd(), &body, fds).map_err(|source| EngineError::Factory {
+        context: "writing to the factory".into(),
+        source,
+    })
+}
+
+/// Becomes the factory if this process was started as one (`argv[1] == FACTORY_ARG`);
+/// returns otherwise. Call it first thing in `main`, before any thread exists.
+pub fn run_factory_if_requested() {
+    if std::env::args_os().nth(1).is_some_and(|a| a == FACTORY_ARG) {
+        // fd 0 was set up by CellFactory::start as the factory's socket.
+        serve_factory(take_stdin_socket())
+    }
+}
+
+/// Fd 0 as an owned socket, and the null device in its place.
+fn take_stdin_socket() -> OwnedFd {
+    let duplicate = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .unwrap_or_else(|_| process::exit_now(125));
+    if process::null_stdin().is_err() {
+        process::exit_now(125);
+    }
+    duplicate
+}
+
+/// The factory's loop: one fork per request, reaping exited supervisors as it goes.
+fn serve_factory(sock: OwnedFd) -> ! {
+    let me = std::process::id() as i32;
+    let mut children = BTreeSet::new();
+    let mut egress = None;
+    loop {
+        reap(&mut children);
+        let Ok(Some((body, mut fds))) = recv_polled(&sock, &mut children) else {
+            // The engine is gone: so is everything it asked for.
+            for pid in &children {
+                let _ = process::kill(*pid, libc::SIGKILL);
+            }
+            process::exit_now(0)
+        };
+        match serde_json::from_slice::<ToFactory>(&body) {
+            Ok(ToFactory::Configure { egress: config }) => egress = Some(config),
+            Ok(ToFactory::Spawn { request }) if fds.len() == 1 => {
+                let control = fds.pop().expect("one descriptor");
+                let reply = match &egress {
+                    None => FromFactory::Refused {
+                        error: "the factory was not configured".into(),
+                    },
+                    Some(egress) => fork_supervisor(me, &sock, *request, control, egress),
+                };
+                if let FromFactory::Spawned { pid } = reply {
+                    children.insert(pid);
+                }
+                let body = serde_json::to_vec(&reply).unwrap_or_default();
+                let _ = process::send_with_fds(sock.as_fd(), &body, &[]);
+            }
+            _ => {
+                let reply = FromFactory::Refused {
+                    error: "malformed factory request".into(),
+                };
+                let body = serde_json::to_vec(&reply).unwrap_or_default();
+                let _ = process::send_with_fds(sock.as_fd(), &body, &[]);
+            }
+        }
+    }
+}
+
+/// Waits for the next request, reaping exited supervisors once a second meanwhile.
+fn recv_polled(
+    sock: &OwnedFd,
+    children: &mut BTreeSet<i32>,
+) -> std::io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    while !process::readable_within(sock.as_fd(), 1000)? {
+        reap(children);
+    }
+    process::recv_message(sock.as_fd(), MAX_REQUEST_FDS)
+}
+
+fn reap(children: &mut BTreeSet<i32>) {
+    while let Some((pid, _)) = process::reap_exited() {
+        children.remove(&pid);
+    }
+}
+
+/// Forks the supervisor of one cell. The child closes the factory's socket, dies with
+/// the factory, serves the cell and exits; the parent keeps nothing of the cell.
+fn fork_supervisor(
+    factory: i32,
+    sock: &OwnedFd,
+    request: HostRequest,
+    control: OwnedFd,
+    egress: &airlock_egress::EgressConfig,
+) -> FromFactory {
+    match process::fork() {
+        Ok(Forked::Child) => {
+            // The factory's socket is the parent's; this child never returns to the loop
+            // that owns it, so it closes the descriptor itself.
+            process::close_inherited(sock.as_raw_fd());
+            process::die_with_parent(factory);
+            host::serve(request, control, egress.clone());
+            process::exit_now(0)
+        }
+        Ok(Forked::Parent(pid)) => {
+            drop(control);
+            FromFactory::Spawned { pid }
+        }
+        Err(err) => FromFactory::Refused {
+            error: format!("fork: {err}"),
+        },
+    }
+}

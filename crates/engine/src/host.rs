@@ -1,0 +1,73 @@
+//! A cell's supervisor process, forked by the factory ([`crate::factory`]): it serves one
+//! cell (airlock_cell::serve_cell) for the engine on the other end of its control socket,
+//! with the egress proxy of an allowlisted plan running in this process, and exits.
+
+use crate::egress_session::ProxySession;
+use airlock_cell::artifacts::ArtifactRequest;
+use airlock_cell::{EgressSession, ServeMode, ServeOptions};
+use airlock_contract::{CellPlan, NetworkPlan};
+use serde::{Deserialize, Serialize};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What a supervisor process serves.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostRequest {
+    pub plan: CellPlan,
+    /// `(variable, value)` of every credential of the plan.
+    pub credentials: Vec<(String, String)>,
+    pub artifacts: Option<ArtifactsWanted>,
+    pub mode: HostMode,
+}
+
+/// Where a cell's declared artifacts go, and how large they may be.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArtifactsWanted {
+    pub output_dir: PathBuf,
+    pub max_file_bytes: u64,
+    pub max_total_bytes: u64,
+}
+
+/// One command (a cold or warm run), or a session of several.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub enum HostMode {
+    OneShot,
+    Session {
+        idle_timeout_ms: u64,
+        max_lifetime_ms: u64,
+    },
+}
+
+/// Serves `request` on `control` until the cell is destroyed.
+pub fn serve(request: HostRequest, control: OwnedFd, egress: airlock_egress::EgressConfig) {
+    let mut proxy = match &request.plan.network {
+        NetworkPlan::Allowlist { destinations } => Some(ProxySession::new(egress, destinations)),
+        NetworkPlan::Deny => None,
+    };
+    let mode = match request.mode {
+        HostMode::OneShot => ServeMode::OneShot,
+        HostMode::Session {
+            idle_timeout_ms,
+            max_lifetime_ms,
+        } => ServeMode::Session {
+            idle_timeout: Duration::from_millis(idle_timeout_ms),
+            max_lifetime: Duration::from_millis(max_lifetime_ms),
+        },
+    };
+    let artifacts = request.artifacts.map(|a| ArtifactRequest {
+        output_dir: a.output_dir,
+        max_file_bytes: a.max_file_bytes,
+        max_total_bytes: a.max_total_bytes,
+    });
+    airlock_cell::serve_cell(
+        &request.plan,
+        ServeOptions {
+            control,
+            credentials: &request.credentials,
+            egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
+            artifacts,
+            mode,
+        },
+    );
+}

@@ -1,0 +1,122 @@
+//! airlock-engine: the run lifecycle under every front end (the CLI, the service, MCP,
+//! the agent loop). A run goes plan -> audit begin record (fail closed) -> cell ->
+//! supervision -> completion sequence -> final record -> result; refusals before any
+//! cell are recorded too.
+//!
+//! Cells are cloned only by single-threaded processes: [`Engine::run_here`] by the
+//! caller itself (the CLI, which is single-threaded), everything else by the cell
+//! factory ([`factory`]), a small single-threaded process of the same binary that forks
+//! one supervisor process per cell for a threaded caller.
+
+mod cells;
+pub mod egress_session;
+mod error;
+pub mod factory;
+pub mod host;
+pub mod inputs;
+mod lifecycle;
+mod pool;
+pub mod record;
+mod session;
+mod stores;
+
+pub use error::EngineError;
+pub use lifecycle::{CommandLatency, FinishedRun, RecordedRefusal, Refusal, RunRequest};
+pub use pool::{PlanShape, PoolStatus};
+pub use session::{CommandRequest, Session, SessionRequest};
+
+use factory::CellFactory;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+/// What the engine needs of the operator's configuration.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The audit store's directory.
+    pub state_dir: PathBuf,
+    /// The egress proxy's configuration (resolvers, host map, exempt CIDRs, ceilings).
+    pub egress: airlock_egress::EgressConfig,
+    /// The binary started as the cell factory (it calls
+    /// [`factory::run_factory_if_requested`] first thing in `main`); usually this one.
+    pub program: PathBuf,
+    /// Most cells alive at once, parked ones included; a run beyond it is refused with
+    /// `capacity_exceeded`.
+    pub max_cells: usize,
+}
+
+impl EngineConfig {
+    /// The defaults for a state directory and an egress configuration: this binary as the
+    /// factory, at most 64 cells.
+    pub fn new(state_dir: PathBuf, egress: airlock_egress::EgressConfig) -> EngineConfig {
+        EngineConfig {
+            state_dir,
+            egress,
+            program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
+            max_cells: 64,
+        }
+    }
+}
+
+/// The run lifecycle. One engine per process; shared by reference between threads.
+pub struct Engine {
+    config: EngineConfig,
+    /// Started on the first run, session or pool that needs it.
+    factory: OnceLock<Result<Arc<CellFactory>, String>>,
+    pools: pool::Pools,
+    stores: Arc<stores::StorePool>,
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> Engine {
+        Engine {
+            stores: Arc::new(stores::StorePool::new(config.state_dir.clone())),
+            config,
+            factory: OnceLock::new(),
+            pools: pool::Pools::default(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Keeps `size` warm cells of `template`'s shape (its command is ignored) parked for
+    /// [`Engine::run`]; 0 removes the pool.
+    pub fn keep_warm(
+        &self,
+        template: airlock_contract::CellPlan,
+        size: usize,
+    ) -> Result<(), EngineError> {
+        let factory = self.factory()?;
+        self.pools.keep(factory, template, size);
+        Ok(())
+    }
+
+    /// The pools and their parked cells.
+    pub fn pool_status(&self) -> Vec<PoolStatus> {
+        self.pools.status()
+    }
+
+    /// The factory process's pid, once it is started.
+    pub fn factory_pid(&self) -> Option<u32> {
+        match self.factory.get() {
+            Some(Ok(factory)) => Some(factory.pid()),
+            _ => None,
+        }
+    }
+
+    /// Cells alive now (parked, running, or in a session).
+    pub fn live_cells(&self) -> usize {
+        match self.factory.get() {
+            Some(Ok(factory)) => factory.live(),
+            _ => 0,
+        }
+    }
+}
+
+impl Drop for Engine {
+    /// Parked cells are destroyed, then the factory kills whatever else it forked.
+    fn drop(&mut self) {
+        self.pools.shut_down();
+    }
+}

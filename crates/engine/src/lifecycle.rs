@@ -1,0 +1,355 @@
+//! One run from plan to record: the audit begin record (fail closed: no record, no
+//! payload), the cell, the completion sequence, the final record. Refusals before any
+//! cell existed are recorded too.
+
+use crate::egress_session::ProxySession;
+use crate::inputs::{self, InputContents};
+use crate::record::{self, InputHasher};
+use crate::{Engine, EngineError};
+use airlock_cell::artifacts::ArtifactRequest;
+use airlock_cell::report::{ResultClass, RunReport};
+use airlock_cell::{EgressSession, PayloadStdin, RunOptions};
+use airlock_contract::{CellPlan, NetworkPlan};
+use airlock_store::{RunHandle, RunStart, Store};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// A command to run in a fresh cell, with everything decided: the compiled plan (its
+/// `argv` is the command), the credential values, stdin and where declared artifacts go.
+pub struct RunRequest {
+    pub plan: CellPlan,
+    /// Recorded with the run (for the per-class figures of `airlock stats`).
+    pub workload_class: String,
+    /// `(variable, value)` of every credential of the plan.
+    pub credentials: Vec<(String, String)>,
+    pub stdin: PayloadStdin,
+    pub artifacts: Option<ArtifactRequest>,
+    /// Where the payload's output is forwarded as it arrives (it is captured, bounded, in
+    /// the report either way).
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+    /// When the caller started handling the request (the start-up figure covers it).
+    pub started: Instant,
+}
+
+/// A run whose cell is gone and whose record is not complete yet: the caller delivers
+/// what it promised (artifacts, a result file) and then [`Engine::complete`]s it, so
+/// that a failed delivery is part of the record.
+pub struct FinishedRun {
+    pub report: RunReport,
+    pub plan: CellPlan,
+    /// The content hash of the read-only inputs, computed while the payload ran.
+    pub inputs: Option<InputContents>,
+    /// Values that must never reach the store or a result file.
+    pub secrets: Vec<String>,
+    /// For a run through the factory: when its command was sent, started and ended.
+    pub latency: Option<CommandLatency>,
+    record: Result<(Store, RunHandle), String>,
+}
+
+/// The milestones of a command sent to a parked cell, as the engine saw them.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandLatency {
+    pub command_sent: Instant,
+    /// The supervisor confirmed the payload's exec.
+    pub exec_confirmed: Instant,
+    /// The command's report arrived: its exit is known.
+    pub exit_known: Instant,
+    /// The cell is destroyed and its final report arrived.
+    pub closed: Instant,
+}
+
+impl FinishedRun {
+    pub(crate) fn new(
+        report: RunReport,
+        plan: CellPlan,
+        inputs: Option<InputContents>,
+        secrets: Vec<String>,
+        record: Result<(Store, RunHandle), String>,
+    ) -> FinishedRun {
+        let mut report = report;
+        if let Ok((_, handle)) = &record {
+            report.run_id = handle.run_id();
+        }
+        FinishedRun {
+            report,
+            plan,
+            inputs,
+            secrets,
+            latency: None,
+            record,
+        }
+    }
+
+    /// Why no audit record exists, if none does: then nothing ran (the payload never
+    /// got its start), and the run cannot be completed.
+    pub fn audit_error(&self) -> Option<&str> {
+        self.record.as_ref().err().map(String::as_str)
+    }
+}
+
+/// A run refused before its cell existed.
+pub struct Refusal<'a> {
+    pub argv: &'a [String],
+    pub workload_class: &'a str,
+    pub status: ResultClass,
+    pub error: String,
+    /// The plan, when the contract compiled.
+    pub plan: Option<&'a CellPlan>,
+}
+
+/// The record of a refusal: its run id, or why it could not be recorded.
+pub struct RecordedRefusal {
+    pub report: RunReport,
+    pub secrets: Vec<String>,
+    /// The refused request's plan, when the engine refused a compiled plan.
+    pub plan: Option<CellPlan>,
+}
+
+impl Engine {
+    /// Records a run refused before any cell existed (a bad contract, a missing
+    /// credential, an unresolvable allowlist, ...) so that refusals are audited too. When
+    /// the store cannot be opened the refusal's error says so as well.
+    pub fn refuse(&self, refusal: Refusal<'_>) -> RecordedRefusal {
+        // The plan holds the secret env values; credentials were not resolved.
+        let secrets = refusal
+            .plan
+            .map(|p| record::secrets_of(p, &[]))
+            .unwrap_or_default();
+        let start = RunStart {
+            argv: refusal.argv.to_vec(),
+            input_sha256: InputHasher::new(refusal.argv).finish(),
+            contract_sha256: refusal
+                .plan
+                .map(|p| p.contract_sha256.clone())
+                .unwrap_or_default(),
+            workload_class: refusal.workload_class.to_string(),
+            plan_json: serde_json::to_value(refusal.plan).unwrap_or_default(),
+            session_id: None,
+        };
+        let recorded = self.open_store().and_then(|store| {
+            let handle = store
+                .begin_run(start, secrets.clone())
+                .map_err(EngineError::Store)?;
+            let mut report =
+                RunReport::refused(&handle.run_id(), refusal.status, refusal.error.clone());
+            report.cleanup.ok = true;
+            let stored = serde_json::to_value(&report).unwrap_or_default();
+            let finished = record::finish(&store, &handle, &report, &stored);
+            self.stores.give_back(store);
+            finished.map_err(EngineError::Store)?;
+            Ok(report)
+        });
+        let report = recorded.unwrap_or_else(|err| {
+            let error = format!("{}; recording the refusal failed: {err}", refusal.error);
+            RunReport::refused("", refusal.status, error)
+        });
+        RecordedRefusal {
+            report,
+            secrets,
+            plan: None,
+        }
+    }
+
+    /// Runs `request` in a cell cloned by this process, which must be single-threaded
+    /// (checked: a threaded caller gets a `runtime_fault` report and nothing runs; see
+    /// [`Engine::run`] for threaded callers). The audit record is begun by the cell
+    /// runtime's hook once the cell is released, overlapping the write with the cell's
+    /// own setup: the cold start of `airlock run`.
+    pub fn run_here(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
+        let prepared = match self.prepare(&request) {
+            Ok(prepared) => prepared,
+            Err(mut refused) => {
+                refused.plan = Some(request.plan);
+                return Err(refused);
+            }
+        };
+        let RunRequest {
+            plan,
+            credentials,
+            stdin,
+            artifacts,
+            stdout,
+            stderr,
+            started,
+            ..
+        } = request;
+        let mut recorder = Recorder {
+            engine: self,
+            start: prepared.start,
+            secrets: prepared.secrets.clone(),
+            record: None,
+            unhashed_inputs: Some(inputs::readonly_inputs(&plan)),
+            input_contents: None,
+        };
+        let mut proxy = self.proxy_for(&plan);
+        let report = airlock_cell::run_cell(
+            &plan,
+            RunOptions {
+                before_start: Some(&mut || recorder.begin()),
+                started,
+                egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
+                artifacts,
+                stdout_sink: stdout,
+                stderr_sink: stderr,
+                stdin,
+                credentials: &credentials,
+            },
+        );
+        Ok(recorder.finished(report, plan))
+    }
+
+    /// Completes the record of a finished run (after the caller's delivery, which may
+    /// have made it `delivery_failed`). The plan is already in the begin record; the
+    /// stored result leaves it out.
+    pub fn complete(&self, finished: FinishedRun) -> Result<RunReport, EngineError> {
+        let (store, handle) = finished
+            .record
+            .map_err(|err| EngineError::NotRecorded(err.clone()))?;
+        let mut stored = serde_json::to_value(&finished.report).unwrap_or_default();
+        if let Some(inputs) = &finished.inputs {
+            stored["inputs"] = serde_json::json!(inputs);
+        }
+        let finished_record = record::finish(&store, &handle, &finished.report, &stored);
+        self.stores.give_back(store);
+        finished_record.map_err(EngineError::Store)?;
+        Ok(finished.report)
+    }
+
+    /// Every check of a request that needs no cell: the credentials and the identity of
+    /// the read-only inputs. A refusal is recorded.
+    pub(crate) fn prepare(
+        &self,
+        request: &RunRequest,
+    ) -> Result<PreparedRun, Box<RecordedRefusal>> {
+        let plan = &request.plan;
+        let refuse = |status, error: String| {
+            Box::new(self.refuse(Refusal {
+                argv: &plan.argv,
+                workload_class: &request.workload_class,
+                status,
+                error,
+                plan: Some(plan),
+            }))
+        };
+        if let Some(missing) = plan
+            .credentials
+            .iter()
+            .find(|c| !request.credentials.iter().any(|(env, _)| *env == c.env))
+        {
+            let err = airlock_cell::CellError::MissingCredential {
+                name: missing.name.clone(),
+                from_env: missing.from_env.clone(),
+            };
+            return Err(refuse(err.class(), err.to_string()));
+        }
+        let mut hasher = InputHasher::new(&plan.argv);
+        hasher
+            .add_plan_inputs(plan)
+            .map_err(|err| refuse(ResultClass::RuntimeFault, format!("reading inputs: {err}")))?;
+        Ok(PreparedRun {
+            start: RunStart {
+                argv: plan.argv.clone(),
+                input_sha256: hasher.finish(),
+                contract_sha256: plan.contract_sha256.clone(),
+                workload_class: request.workload_class.clone(),
+                plan_json: serde_json::to_value(plan).unwrap_or_default(),
+                session_id: None,
+            },
+            secrets: record::secrets_of(plan, &request.credentials),
+        })
+    }
+
+    /// The egress proxy of an allowlisted plan (started when the cell hands over its
+    /// listeners).
+    pub(crate) fn proxy_for(&self, plan: &CellPlan) -> Option<ProxySession> {
+        match &plan.network {
+            NetworkPlan::Allowlist { destinations } => {
+                Some(ProxySession::new(self.config.egress.clone(), destinations))
+            }
+            NetworkPlan::Deny => None,
+        }
+    }
+
+    /// A connection to the audit store (see stores.rs).
+    pub(crate) fn open_store(&self) -> Result<Store, EngineError> {
+        self.stores.take()
+    }
+}
+
+pub(crate) struct PreparedRun {
+    pub start: RunStart,
+    pub secrets: Vec<String>,
+}
+
+/// The run's audit record, begun by the cell runtime's hook once the cell is released
+/// and finished at the end; and the content hash of the read-only inputs, started at the
+/// same moment.
+struct Recorder<'a> {
+    engine: &'a Engine,
+    start: RunStart,
+    secrets: Vec<String>,
+    /// `None` until the hook ran; then the store and handle, or why there are none.
+    record: Option<Result<(Store, RunHandle), String>>,
+    unhashed_inputs: Option<Vec<(PathBuf, PathBuf)>>,
+    input_contents: Option<std::thread::JoinHandle<InputContents>>,
+}
+
+impl Recorder<'_> {
+    fn begin(&mut self) -> Result<String, String> {
+        let begun = self.open_and_begin();
+        let run_id = begun
+            .as_ref()
+            .map(|(_, h)| h.run_id())
+            .map_err(Clone::clone);
+        self.record = Some(begun);
+        if run_id.is_ok() {
+            // The cell is cloned: a thread may start now. It reads the inputs while the
+            // payload runs (see inputs.rs).
+            let state_dir = self.engine.config.state_dir.clone();
+            self.input_contents = self
+                .unhashed_inputs
+                .take()
+                .filter(|inputs| !inputs.is_empty())
+                .map(|inputs| {
+                    std::thread::spawn(move || inputs::hash_contents(&inputs, &state_dir))
+                });
+        }
+        run_id
+    }
+
+    fn open_and_begin(&self) -> Result<(Store, RunHandle), String> {
+        let store = self.engine.open_store().map_err(|e| e.to_string())?;
+        let handle = store
+            .begin_run(self.start.clone(), self.secrets.clone())
+            .map_err(|err| err.to_string())?;
+        Ok((store, handle))
+    }
+
+    /// The run at its end. A run that failed before its cell was released (the hook never
+    /// ran) is recorded now, so it is not lost; a hook that failed means nothing ran.
+    fn finished(mut self, mut report: RunReport, plan: CellPlan) -> FinishedRun {
+        let record = match self.record.take() {
+            Some(record) => record,
+            None => self.open_and_begin(),
+        };
+        if let Ok((_, handle)) = &record {
+            report.run_id = handle.run_id();
+        }
+        let inputs = self.input_contents.take().map(|hashing| {
+            hashing.join().unwrap_or_else(|_| InputContents {
+                error: Some("hashing the read-only inputs panicked".to_string()),
+                ..InputContents::default()
+            })
+        });
+        FinishedRun {
+            report,
+            plan,
+            inputs,
+            secrets: self.secrets,
+            latency: None,
+            record,
+        }
+    }
+}

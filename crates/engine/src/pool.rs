@@ -1,0 +1,181 @@
+//! Warm cells: cells built up to just before their payload's exec and parked, so that a
+//! run of the same plan shape starts by handing the parked cell its command. Kept in
+//! pools keyed by plan shape (everything but the command), refilled in the background
+//! by one thread, each cell used once and destroyed. Parked cells count against the
+//! engine's capacity like running ones, and die with the engine (their supervisors see
+//! EOF on their control sockets; the factory kills what it forked).
+
+use crate::cells::wait_parked;
+use crate::factory::{CellFactory, CellHost};
+use crate::host::{HostMode, HostRequest};
+use airlock_contract::CellPlan;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// What two plans must share for a cell built for one to serve the other: all of the
+/// plan but its command (argv). The environment, mounts, limits, network and identity
+/// are part of the shape.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PlanShape(String);
+
+impl PlanShape {
+    pub fn of(plan: &CellPlan) -> PlanShape {
+        let mut shape = plan.clone();
+        shape.argv.clear();
+        let json = serde_json::to_vec(&shape).unwrap_or_default();
+        PlanShape(hex::encode(Sha256::digest(json)))
+    }
+}
+
+struct Pool {
+    template: CellPlan,
+    size: usize,
+    parked: VecDeque<CellHost>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    pools: BTreeMap<PlanShape, Pool>,
+    stopping: bool,
+}
+
+/// The engine's pools and their refill thread.
+#[derive(Default)]
+pub(crate) struct Pools {
+    shared: Arc<(Mutex<PoolState>, Condvar)>,
+    refill: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// What `doctor` and the benchmarks see of a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub shape: PlanShape,
+    pub size: usize,
+    pub parked: usize,
+    /// The supervisor processes of the parked cells.
+    pub supervisors: Vec<i32>,
+}
+
+impl Pools {
+    /// Keeps `size` cells of `template`'s shape parked (0 removes the pool and destroys
+    /// its cells).
+    pub fn keep(&self, factory: Arc<CellFactory>, template: CellPlan, size: usize) {
+        let shape = PlanShape::of(&template);
+        let (state, wake) = &*self.shared;
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        if size == 0 {
+            state.pools.remove(&shape);
+            return;
+        }
+        state
+            .pools
+            .entry(shape)
+            .and_modify(|pool| pool.size = size)
+            .or_insert(Pool {
+                template,
+                size,
+                parked: VecDeque::new(),
+            });
+        drop(state);
+        wake.notify_all();
+        let mut refill = self.refill.lock().unwrap_or_else(|p| p.into_inner());
+        if refill.is_none() {
+            let shared = Arc::clone(&self.shared);
+            *refill = Some(
+                std::thread::Builder::new()
+                    .name("warm-pool-refill".into())
+                    .spawn(move || refill_loop(&shared, &factory))
+                    .expect("spawning the pool refill thread"),
+            );
+        }
+    }
+
+    /// A parked cell of `shape`, if one is ready.
+    pub fn claim(&self, shape: &PlanShape) -> Option<CellHost> {
+        let (state, wake) = &*self.shared;
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        let host = state.pools.get_mut(shape)?.parked.pop_front();
+        drop(state);
+        wake.notify_all();
+        host
+    }
+
+    pub fn status(&self) -> Vec<PoolStatus> {
+        let (state, _) = &*self.shared;
+        let state = state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .pools
+            .iter()
+            .map(|(shape, pool)| PoolStatus {
+                shape: shape.clone(),
+                size: pool.size,
+                parked: pool.parked.len(),
+                supervisors: pool.parked.iter().map(|h| h.pid).collect(),
+            })
+            .collect()
+    }
+
+    /// Stops refilling and destroys every parked cell.
+    pub fn shut_down(&self) {
+        let (state, wake) = &*self.shared;
+        let pools = {
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.stopping = true;
+            std::mem::take(&mut state.pools)
+        };
+        wake.notify_all();
+        drop(pools);
+        if let Some(refill) = self.refill.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = refill.join();
+        }
+    }
+}
+
+/// The refill thread: builds one cell at a time for the pool furthest below its size.
+fn refill_loop(shared: &(Mutex<PoolState>, Condvar), factory: &CellFactory) {
+    let (state, wake) = shared;
+    loop {
+        let wanted = {
+            let mut guard = state.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if guard.stopping {
+                    return;
+                }
+                if let Some(wanted) = most_wanted(&guard) {
+                    break wanted;
+                }
+                guard = wake.wait(guard).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let (shape, template) = wanted;
+        let built = factory
+            .spawn(HostRequest {
+                plan: template,
+                credentials: Vec::new(),
+                artifacts: None,
+                mode: HostMode::OneShot,
+            })
+            .ok()
+            .filter(|host| wait_parked(&host.control).is_ok());
+        let mut guard = state.lock().unwrap_or_else(|p| p.into_inner());
+        let stopping = guard.stopping;
+        match (built, guard.pools.get_mut(&shape)) {
+            (Some(host), Some(pool)) if !stopping => pool.parked.push_back(host),
+            // A cell that could not be built (capacity, a host problem): wait for the
+            // next claim or change before trying again, instead of spinning.
+            (None, _) => drop(wake.wait_timeout(guard, std::time::Duration::from_millis(200))),
+            _ => {}
+        }
+    }
+}
+
+/// The pool with the most missing cells, and its template.
+fn most_wanted(state: &PoolState) -> Option<(PlanShape, CellPlan)> {
+    state
+        .pools
+        .iter()
+        .filter(|(_, pool)| pool.parked.len() < pool.size)
+        .max_by_key(|(_, pool)| pool.size - pool.parked.len())
+        .map(|(shape, pool)| (shape.clone(), pool.template.clone()))
+}

@@ -1,0 +1,398 @@
+//! Sessions: one cell serving several commands of one job (its writable paths persist
+//! between them), never shared between jobs. The session has a record of its own, begun
+//! when its cell is built and completed when it is destroyed (closed, idle too long or
+//! past its lifetime, all enforced from outside by its supervisor); each command has its
+//! own record, begun before the command is sent to the cell and naming the session.
+//!
+//! One reader thread per session reads the supervisor's reports and completes each
+//! command's record as it ends, whether or not anyone waits for it (a background
+//! command's end is recorded too).
+
+use crate::cells::{supervisor_gone, wait_parked, Stdio};
+use crate::factory::CellHost;
+use crate::host::{ArtifactsWanted, HostMode, HostRequest};
+use crate::record::{self, InputHasher};
+use crate::stores::StorePool;
+use crate::{Engine, EngineError};
+use airlock_cell::artifacts::ArtifactRequest;
+use airlock_cell::control::{CommandSpec, ToEngine};
+use airlock_cell::report::RunReport;
+use airlock_cell::PayloadStdin;
+use airlock_contract::CellPlan;
+use airlock_store::{RunHandle, RunStart, Store};
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// A session to open: the plan of its cell (its `argv` is not run), and how long it may
+/// live.
+pub struct SessionRequest {
+    pub plan: CellPlan,
+    pub workload_class: String,
+    pub credentials: Vec<(String, String)>,
+    /// Where the declared artifacts go when the session ends.
+    pub artifacts: Option<ArtifactRequest>,
+    /// Destroyed when no command ran for this long.
+    pub idle_timeout: Duration,
+    /// Destroyed this long after it was built, whatever runs.
+    pub max_lifetime: Duration,
+}
+
+/// One command of a session.
+pub struct CommandRequest {
+    pub argv: Vec<String>,
+    /// Added to the plan's environment.
+    pub env: Vec<(String, String)>,
+    pub stdin: PayloadStdin,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+    /// May only lower the plan's.
+    pub wall_time_ms: Option<u64>,
+    /// May only lower the plan's.
+    pub output_bytes: Option<u64>,
+}
+
+impl CommandRequest {
+    /// `argv` with no stdin, output captured only, the plan's limits.
+    pub fn new(argv: &[&str]) -> CommandRequest {
+        CommandRequest {
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            env: Vec::new(),
+            stdin: PayloadStdin::Null,
+            stdout: None,
+            stderr: None,
+            wall_time_ms: None,
+            output_bytes: None,
+        }
+    }
+}
+
+/// A command of a session, as [`Session::list`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandStatus {
+    pub id: u64,
+    pub run_id: String,
+    pub argv: Vec<String>,
+    pub running: bool,
+}
+
+enum CommandState {
+    Running {
+        argv: Vec<String>,
+        record: Option<(Store, RunHandle)>,
+    },
+    Ended {
+        argv: Vec<String>,
+        report: Box<RunReport>,
+    },
+}
+
+#[derive(Default)]
+struct SessionState {
+    commands: BTreeMap<u64, CommandState>,
+    run_ids: BTreeMap<u64, String>,
+    /// The session's final report, once its cell is destroyed.
+    closed: Option<Box<RunReport>>,
+}
+
+type Shared = Arc<(Mutex<SessionState>, Condvar)>;
+
+/// An open session. Dropping it without [`Session::close`] destroys the cell too (its
+/// supervisor sees EOF on its control socket).
+pub struct Session {
+    engine: EngineHandle,
+    host: Arc<CellHost>,
+    run_id: String,
+    secrets: Vec<String>,
+    shared: Shared,
+    reader: Option<std::thread::JoinHandle<()>>,
+    next_id: AtomicU64,
+    plan: CellPlan,
+    workload_class: String,
+}
+
+/// What a session needs of its engine, without borrowing it: its store connections.
+#[derive(Clone)]
+struct EngineHandle {
+    stores: Arc<StorePool>,
+}
+
+impl EngineHandle {
+    fn open_store(&self) -> Result<Store, String> {
+        self.stores.take().map_err(|e| e.to_string())
+    }
+}
+
+impl Engine {
+    /// Builds a session's cell and begins its record.
+    pub fn open_session(&self, request: SessionRequest) -> Result<Session, EngineError> {
+        let SessionRequest {
+            plan,
+            workload_class,
+            credentials,
+            artifacts,
+            idle_timeout,
+            max_lifetime,
+        } = request;
+        let secrets = record::secrets_of(&plan, &credentials);
+        let host = self.spawn_host(HostRequest {
+            plan: plan.clone(),
+            credentials,
+            artifacts: artifacts.map(|a| ArtifactsWanted {
+                output_dir: a.output_dir,
+                max_file_bytes: a.max_file_bytes,
+                max_total_bytes: a.max_total_bytes,
+            }),
+            mode: HostMode::Session {
+                idle_timeout_ms: idle_timeout.as_millis() as u64,
+                max_lifetime_ms: max_lifetime.as_millis() as u64,
+            },
+        })?;
+        let argv = vec!["<session>".to_string()];
+        let start = RunStart {
+            argv: argv.clone(),
+            input_sha256: InputHasher::new(&argv).finish(),
+            contract_sha256: plan.contract_sha256.clone(),
+            workload_class: workload_class.clone(),
+            plan_json: serde_json::to_value(&plan).unwrap_or_default(),
+            session_id: None,
+        };
+        // Written while the supervisor builds the cell.
+        let (store, handle) = self
+            .begin_record(start, &secrets)
+            .map_err(EngineError::NotRecorded)?;
+        if let Err(report) = wait_parked(&host.control) {
+            let _ = record::finish(&store, &handle, &report, &stored(&report));
+            return Err(EngineError::SessionFailed(
+                report.error.clone().unwrap_or_default(),
+            ));
+        }
+        let session_id = handle.run_id();
+        let host = Arc::new(host);
+        let shared: Shared = Arc::default();
+        let reader = {
+            let host = Arc::clone(&host);
+            let shared = Arc::clone(&shared);
+            let stores = Arc::clone(&self.stores);
+            std::thread::Builder::new()
+                .name("session-reports".into())
+                .spawn(move || read_reports(&host, &shared, &stores, (store, handle)))
+                .map_err(|source| EngineError::Factory {
+                    context: "starting a session's reader thread".into(),
+                    source,
+                })?
+        };
+        Ok(Session {
+            engine: EngineHandle {
+                stores: Arc::clone(&self.stores),
+            },
+            host,
+            run_id: session_id,
+            secrets,
+            shared,
+            reader: Some(reader),
+            next_id: AtomicU64::new(1),
+            plan,
+            workload_class,
+        })
+    }
+}
+
+fn stored(report: &RunReport) -> serde_json::Value {
+    serde_json::to_value(report).unwrap_or_default()
+}
+
+impl Session {
+    /// The session's own run id (its commands' records name it as their session).
+    pub fn id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// Starts a command and returns its id at once (a background command); its report is
+    /// [`Session::wait`]'s. The command's record is begun before it is sent to the cell.
+    pub fn exec(&self, command: CommandRequest) -> Result<u64, EngineError> {
+        if self.closed().is_some() {
+            return Err(EngineError::SessionClosed);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let start = RunStart {
+            argv: command.argv.clone(),
+            input_sha256: InputHasher::new(&command.argv).finish(),
+            contract_sha256: self.plan.contract_sha256.clone(),
+            workload_class: self.workload_class.clone(),
+            plan_json: serde_json::Value::Null,
+            session_id: Some(self.run_id.clone()),
+        };
+        let store = self.engine.open_store().map_err(EngineError::NotRecorded)?;
+        let handle = store
+            .begin_run(start, self.secrets.clone())
+            .map_err(EngineError::Store)?;
+        let run_id = handle.run_id();
+        {
+            let (state, _) = &*self.shared;
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.run_ids.insert(id, run_id.clone());
+            state.commands.insert(
+                id,
+                CommandState::Running {
+                    argv: command.argv.clone(),
+                    record: Some((store, handle)),
+                },
+            );
+        }
+        let stdio = Stdio::of(command.stdin, command.stdout, command.stderr)?;
+        let spec = CommandSpec {
+            argv: command.argv,
+            env: command.env,
+            wall_time_ms: command.wall_time_ms,
+            output_bytes: command.output_bytes,
+            stdin: stdio.stdin.is_some(),
+        };
+        stdio
+            .send(&self.host.control, id, &run_id, spec)
+            .map_err(|err| EngineError::FactoryProtocol(err.to_string()))?;
+        Ok(id)
+    }
+
+    /// Runs a command and waits for its report.
+    pub fn run(&self, command: CommandRequest) -> Result<RunReport, EngineError> {
+        let id = self.exec(command)?;
+        self.wait(id)
+    }
+
+    /// Waits until command `id` ended; its report (its record is complete by then).
+    pub fn wait(&self, id: u64) -> Result<RunReport, EngineError> {
+        let (state, ended) = &*self.shared;
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match state.commands.get(&id) {
+                None => return Err(EngineError::NoSuchCommand(id)),
+                Some(CommandState::Ended { report, .. }) => return Ok((**report).clone()),
+                Some(CommandState::Running { .. }) => {}
+            }
+            state = ended.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Kills command `id` (its process group in the cell); the session goes on.
+    pub fn kill(&self, id: u64) -> Result<(), EngineError> {
+        self.host
+            .control
+            .kill(id)
+            .map_err(|err| EngineError::FactoryProtocol(err.to_string()))
+    }
+
+    /// Every command so far, running or ended.
+    pub fn list(&self) -> Vec<CommandStatus> {
+        let (state, _) = &*self.shared;
+        let state = state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .commands
+            .iter()
+            .map(|(id, command)| {
+                let (argv, running) = match command {
+                    CommandState::Running { argv, .. } => (argv.clone(), true),
+                    CommandState::Ended { argv, .. } => (argv.clone(), false),
+                };
+                CommandStatus {
+                    id: *id,
+                    run_id: state.run_ids.get(id).cloned().unwrap_or_default(),
+                    argv,
+                    running,
+                }
+            })
+            .collect()
+    }
+
+    /// The session's final report, if its cell is already destroyed (closed or expired).
+    pub fn closed(&self) -> Option<RunReport> {
+        let (state, _) = &*self.shared;
+        let state = state.lock().unwrap_or_else(|p| p.into_inner());
+        state.closed.as_deref().cloned()
+    }
+
+    /// Destroys the session's cell (the completion sequence runs once, for the whole
+    /// session) and returns its final report; its record is complete by then.
+    pub fn close(mut self) -> Result<RunReport, EngineError> {
+        // Already gone (expired) is not an error: the report says why it ended.
+        let _ = self.host.control.close();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.closed()
+            .ok_or_else(|| EngineError::SessionFailed("no final report".into()))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            let _ = self.host.control.close();
+            let _ = reader.join();
+        }
+    }
+}
+
+/// The reader thread: completes each command's record as its report arrives, and the
+/// session's when the cell is destroyed.
+fn read_reports(
+    host: &CellHost,
+    shared: &Shared,
+    stores: &StorePool,
+    (store, handle): (Store, RunHandle),
+) {
+    let (state, changed) = &**shared;
+    let final_report = loop {
+        match host.control.recv() {
+            Ok(Some(ToEngine::CommandEnded { id, report })) => {
+                let mut guard = state.lock().unwrap_or_else(|p| p.into_inner());
+                end_command(&mut guard, id, report, stores);
+                drop(guard);
+                changed.notify_all();
+            }
+            Ok(Some(ToEngine::Closed { report })) | Ok(Some(ToEngine::Failed { report })) => {
+                break report;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break Box::new(supervisor_gone(&handle.run_id())),
+        }
+    };
+    let mut guard = state.lock().unwrap_or_else(|p| p.into_inner());
+    // Commands without an end report died with the cell.
+    let unfinished: Vec<u64> = guard
+        .commands
+        .iter()
+        .filter(|(_, c)| matches!(c, CommandState::Running { .. }))
+        .map(|(id, _)| *id)
+        .collect();
+    for id in unfinished {
+        let run_id = guard.run_ids.get(&id).cloned().unwrap_or_default();
+        let mut report = final_report.clone();
+        report.run_id = run_id;
+        end_command(&mut guard, id, report, stores);
+    }
+    let mut report = final_report;
+    report.run_id = handle.run_id();
+    let _ = record::finish(&store, &handle, &report, &stored(&report));
+    stores.give_back(store);
+    guard.closed = Some(report);
+    drop(guard);
+    changed.notify_all();
+}
+
+/// Records the end of command `id` and keeps its report for [`Session::wait`].
+fn end_command(state: &mut SessionState, id: u64, mut report: Box<RunReport>, stores: &StorePool) {
+    let Some(CommandState::Running { argv, record }) = state.commands.remove(&id) else {
+        return;
+    };
+    report.run_id = state.run_ids.get(&id).cloned().unwrap_or_default();
+    if let Some((store, handle)) = record {
+        let _ = record::finish(&store, &handle, &report, &stored(&report));
+        stores.give_back(store);
+    }
+    state
+        .commands
+        .insert(id, CommandState::Ended { argv, report });
+}

@@ -518,6 +518,28 @@ fn killing_the_factory_leaves_no_cell() {
     owner.wait().unwrap();
 }
 
+/// Waits until none of `pids` is alive; names those left (with their state and name).
+fn wait_until_gone(what: &str, pids: &[u32]) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left: Vec<String> = pids
+            .iter()
+            .filter(|p| alive(**p))
+            .map(|p| {
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                let cgroup =
+                    std::fs::read_to_string(format!("/proc/{p}/cgroup")).unwrap_or_default();
+                format!("{stat} {cgroup}")
+            })
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < until, "{what} is not gone: {left:#?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn unsafe_free_kill(pid: u32) {
     let status = std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])

@@ -4,11 +4,15 @@
 
 mod digest;
 mod error;
+pub mod import;
+pub mod layout;
 pub mod oci;
 mod reference;
+pub mod store;
 pub mod unpack;
 
 pub use digest::{Digest, HashingReader};
 pub use error::{ImageError, Result};
 pub use reference::ImageRef;
+pub use store::{GcReport, ImageRecord, ImageStore, LayerRecord, Lease};
 pub use unpack::{unpack_layer, Limits, Unpacked};

@@ -63,9 +63,27 @@ const WHITEOUT: &[u8] = b".wh.";
 pub fn unpack_layer(layer: impl Read, root: BorrowedFd<'_>, limits: &Limits) -> Result<Unpacked> {
     // One byte over the limit is enough to know it was exceeded.
     let mut stream = HashingReader::new(layer.take(limits.max_layer_bytes.saturating_add(1)));
+    let mut archive = tar::Archive::new(&mut stream);
+    let (entries, bytes) = unpack_entries(&mut archive, root, limits)?;
+    let (diff_id, count) = stream.finish().map_err(read_error)?;
+    if count > limits.max_layer_bytes {
+        return Err(layer_limit(limits));
+    }
+    Ok(Unpacked {
+        diff_id,
+        entries,
+        bytes,
+    })
+}
+
+/// Each entry in turn, counting entries and bytes against the limits.
+fn unpack_entries<R: Read>(
+    archive: &mut tar::Archive<R>,
+    root: BorrowedFd<'_>,
+    limits: &Limits,
+) -> Result<(u64, u64)> {
     let mut entries = 0u64;
     let mut bytes = 0u64;
-    let mut archive = tar::Archive::new(&mut stream);
     for entry in archive.entries().map_err(read_error)? {
         let mut entry = entry.map_err(read_error)?;
         entries += 1;
@@ -88,16 +106,7 @@ pub fn unpack_layer(layer: impl Read, root: BorrowedFd<'_>, limits: &Limits) -> 
         }
         unpack_entry(root, &mut entry)?;
     }
-    drop(archive);
-    let (diff_id, count) = stream.finish().map_err(read_error)?;
-    if count > limits.max_layer_bytes {
-        return Err(layer_limit(limits));
-    }
-    Ok(Unpacked {
-        diff_id,
-        entries,
-        bytes,
-    })
+    Ok((entries, bytes))
 }
 
 fn layer_limit(limits: &Limits) -> ImageError {
@@ -233,8 +242,9 @@ fn unpack_entry<R: Read>(root: BorrowedFd<'_>, entry: &mut tar::Entry<'_, R>) ->
 type Owner = (rustix::fs::Uid, rustix::fs::Gid);
 
 fn ownership(header: &tar::Header) -> std::result::Result<Owner, &'static str> {
-    let uid = header.uid().map_err(|_| "an unreadable uid")?;
-    let gid = header.gid().map_err(|_| "an unreadable gid")?;
+    let old = header.as_old();
+    let uid = numeric(header.uid(), &old.uid).ok_or("an unreadable uid")?;
+    let gid = numeric(header.gid(), &old.gid).ok_or("an unreadable gid")?;
     if uid > MAX_ID || gid > MAX_ID {
         return Err("an owner above 65535, which no cell can map");
     }
@@ -242,6 +252,16 @@ fn ownership(header: &tar::Header) -> std::result::Result<Owner, &'static str> {
         rustix::fs::Uid::from_raw(uid as u32),
         rustix::fs::Gid::from_raw(gid as u32),
     ))
+}
+
+/// A numeric header field; one left empty (all NUL or spaces, as some writers leave
+/// uid and gid) is 0, as GNU tar reads it.
+fn numeric(parsed: std::io::Result<u64>, raw: &[u8]) -> Option<u64> {
+    match parsed {
+        Ok(n) => Some(n),
+        Err(_) if raw.iter().all(|b| *b == 0 || *b == b' ') => Some(0),
+        Err(_) => None,
+    }
 }
 
 /// Never follows a symlink, never leaves `dir`, never crosses a mount.

@@ -13,6 +13,44 @@ pub struct OperatorConfig {
     /// Upstream resolvers, static host map, exempt CIDRs, upstream proxy, ceilings.
     pub egress: airlock_egress::EgressConfig,
     pub store: StoreConfig,
+    /// OCI images as cell roots: the default registry and the unpacker's ceilings.
+    pub images: ImagesConfig,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImagesConfig {
+    /// Registry for a reference that names none (`tools@sha256:...`), e.g.
+    /// `registry.internal:5000`. Unset: such a name is a local image's.
+    pub default_registry: Option<String>,
+    /// Ceiling of one layer's uncompressed size, bytes.
+    pub max_layer_bytes: u64,
+    /// Ceiling of one file of a layer, bytes.
+    pub max_file_bytes: u64,
+    /// Ceiling of the entries of one layer.
+    pub max_entries: u64,
+}
+
+impl Default for ImagesConfig {
+    fn default() -> Self {
+        let limits = airlock_images::Limits::default();
+        ImagesConfig {
+            default_registry: None,
+            max_layer_bytes: limits.max_layer_bytes,
+            max_file_bytes: limits.max_file_bytes,
+            max_entries: limits.max_entries,
+        }
+    }
+}
+
+impl ImagesConfig {
+    pub fn limits(&self) -> airlock_images::Limits {
+        airlock_images::Limits {
+            max_layer_bytes: self.max_layer_bytes,
+            max_file_bytes: self.max_file_bytes,
+            max_entries: self.max_entries,
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -32,7 +70,7 @@ struct Bound {
 
 /// The bounds of docs/config.md. A zero connection limit or timeout would make every
 /// allowlisted run fail inside the cell; a huge one would let one cell hold the proxy.
-fn bounds(egress: &airlock_egress::EgressConfig) -> [Bound; 4] {
+fn bounds(egress: &airlock_egress::EgressConfig, images: &ImagesConfig) -> [Bound; 7] {
     [
         Bound {
             key: "egress.max_connections",
@@ -58,6 +96,25 @@ fn bounds(egress: &airlock_egress::EgressConfig) -> [Bound; 4] {
             min: 1,
             max: 600_000,
         },
+        // A zero ceiling would refuse every layer; over 1 TiB is no ceiling.
+        Bound {
+            key: "images.max_layer_bytes",
+            value: images.max_layer_bytes,
+            min: 1,
+            max: 1 << 40,
+        },
+        Bound {
+            key: "images.max_file_bytes",
+            value: images.max_file_bytes,
+            min: 1,
+            max: 1 << 40,
+        },
+        Bound {
+            key: "images.max_entries",
+            value: images.max_entries,
+            min: 1,
+            max: 100_000_000,
+        },
     ]
 }
 
@@ -80,7 +137,7 @@ impl OperatorConfig {
     }
 
     fn check(&self) -> anyhow::Result<()> {
-        for bound in bounds(&self.egress) {
+        for bound in bounds(&self.egress, &self.images) {
             if !(bound.min..=bound.max).contains(&bound.value) {
                 bail!(
                     "{} = {}: must be between {} and {} (docs/config.md)",
@@ -88,6 +145,14 @@ impl OperatorConfig {
                     bound.value,
                     bound.min,
                     bound.max
+                );
+            }
+        }
+        if let Some(registry) = &self.images.default_registry {
+            if registry.is_empty() || registry.contains(['/', '@']) {
+                bail!(
+                    "images.default_registry = {registry:?}: a registry host, with a port if \
+                     any (registry.internal:5000)"
                 );
             }
         }
@@ -242,7 +307,11 @@ mod tests {
         let doc = std::fs::read_to_string(repo_file("docs/config.md")).unwrap();
         let schema = config_json_schema();
         let mut missing = Vec::new();
-        for (table, def) in [("egress", "EgressConfig"), ("store", "StoreConfig")] {
+        for (table, def) in [
+            ("egress", "EgressConfig"),
+            ("store", "StoreConfig"),
+            ("images", "ImagesConfig"),
+        ] {
             let properties = schema["$defs"][def]["properties"].as_object().unwrap();
             for key in properties.keys() {
                 if !doc.contains(&format!("`{table}.{key}`")) {

@@ -4,6 +4,7 @@
 mod audit;
 mod config;
 mod egress_session;
+mod image;
 mod inputs;
 mod record;
 mod run;
@@ -54,6 +55,8 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Import, list, inspect, remove and garbage-collect OCI images (cell roots).
+    Image(image::ImageArgs),
     /// Check that this host can enforce every control of a cell.
     Doctor {
         /// Print the checks as JSON.
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
         Command::Audit { store, command } => audit::audit(store, command),
         Command::Stats { store, json } => audit::stats(store, json),
         Command::Config { command } => config_command(command),
+        Command::Image(args) => image::image(args),
         Command::Doctor { json } => doctor(json),
     }
 }

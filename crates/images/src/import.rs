@@ -39,7 +39,7 @@ pub fn import(
     } else {
         Source::Tar(read_tar(store, path)?)
     };
-    if source.has("index.json") {
+    let result = if source.has("index.json") {
         import_layout(store, &lock, &source, name)
     } else if source.has("manifest.json") {
         import_docker(store, &lock, &source, name)
@@ -48,7 +48,9 @@ pub fn import(
             &path.display().to_string(),
             "neither an OCI layout (index.json) nor a docker save archive (manifest.json)",
         ))
-    }
+    };
+    source.discard_unreferenced(store)?;
+    result
 }
 
 impl Source<'_> {
@@ -75,9 +77,37 @@ impl Source<'_> {
         }
     }
 
+    /// A layout file by name (`index.json`, `manifest.json`): not content-addressed, so
+    /// it is read, never stored.
     fn json<T: serde::de::DeserializeOwned>(&self, store: &ImageStore, file: &str) -> Result<T> {
-        let (digest, _) = self.stored(store, file)?;
-        oci::parse_json(file, &store.read_blob(&digest)?)
+        let bytes = match self {
+            Source::Dir(dir) => {
+                let path = dir.join(file);
+                std::fs::read(&path).map_err(ImageError::io("reading", &path))?
+            }
+            Source::Tar(_) => store.read_blob(&self.stored(store, file)?.0)?,
+        };
+        oci::parse_json(file, &bytes)
+    }
+
+    /// Removes what a tar's scan stored that no image references (its `index.json`,
+    /// files of other platforms, blobs of a refused image).
+    fn discard_unreferenced(&self, store: &ImageStore) -> Result<()> {
+        let Source::Tar(files) = self else {
+            return Ok(());
+        };
+        let images = store.list()?;
+        for (digest, _) in files.values() {
+            let referenced = images.iter().any(|i| {
+                i.digest == *digest
+                    || i.config == *digest
+                    || i.layers.iter().any(|l| l.blob == *digest)
+            });
+            if !referenced {
+                let _ = std::fs::remove_file(store.blob_path(digest));
+            }
+        }
+        Ok(())
     }
 
     /// The layout blob a descriptor names, into the store: its content must hash to the

@@ -90,6 +90,12 @@ pub struct Lease {
 impl ImageStore {
     /// Opens (creating 0700) the store under `state_dir`.
     pub fn open(state_dir: &Path, limits: Limits) -> Result<ImageStore> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(state_dir)
+            .map_err(ImageError::io("creating", state_dir))?;
+        check_owner(state_dir)?;
         let root = state_dir.join("images");
         for dir in ["blobs/sha256", "layers", "leases", "tmp"] {
             let path = root.join(dir);
@@ -468,6 +474,22 @@ impl ImageStore {
             let _ = fs::remove_dir_all(entry.path()).or_else(|_| fs::remove_file(entry.path()));
         }
         Ok(report)
+    }
+}
+
+/// The state directory must be this user's and writable by nobody else: the layers in it
+/// become cells' roots, so whoever could write there could change what every cell runs.
+fn check_owner(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(dir).map_err(ImageError::io("reading", dir))?;
+    let ours = meta.uid() == rustix::process::geteuid().as_raw();
+    if ours && meta.mode() & 0o022 == 0 {
+        Ok(())
+    } else {
+        Err(ImageError::format(
+            &dir.display().to_string(),
+            "the state directory must be owned by this user and writable by nobody else",
+        ))
     }
 }
 

@@ -102,8 +102,14 @@ fn a_tar_of_a_layout_imports_like_the_directory() {
     let mut builder = tar::Builder::new(fs::File::create(&archive).unwrap());
     builder.append_dir_all(".", &layout).unwrap();
     builder.finish().unwrap();
-    let records = import(&store(state.path()), &archive, None).unwrap();
+    let s = store(state.path());
+    let records = import(&s, &archive, None).unwrap();
     assert_eq!(records[0].digest, written.manifest);
+    let blobs = fs::read_dir(s.root().join("blobs/sha256")).unwrap().count();
+    assert_eq!(
+        blobs, 3,
+        "the manifest, config and layer; the archive's index.json is not kept"
+    );
 }
 
 #[test]

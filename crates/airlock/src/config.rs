@@ -29,6 +29,24 @@ pub struct ImagesConfig {
     pub max_file_bytes: u64,
     /// Ceiling of the entries of one layer.
     pub max_entries: u64,
+    /// Whether a reference with a tag and no digest is accepted; it is resolved once to a
+    /// digest, which is what records carry.
+    pub allow_tags: bool,
+    /// PEM file of the only CA certificates trusted for registries (unset: the Mozilla
+    /// roots).
+    pub ca_file: Option<PathBuf>,
+    /// Registry accounts by host (`"host:port"`); they stay in airlock's process, never
+    /// in a cell.
+    pub registries: std::collections::BTreeMap<String, RegistryAccount>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryAccount {
+    pub username: String,
+    /// File holding the password (or token), read at pull time; not the secret itself,
+    /// so the configuration can be shown.
+    pub password_file: PathBuf,
 }
 
 impl Default for ImagesConfig {
@@ -39,11 +57,44 @@ impl Default for ImagesConfig {
             max_layer_bytes: limits.max_layer_bytes,
             max_file_bytes: limits.max_file_bytes,
             max_entries: limits.max_entries,
+            allow_tags: false,
+            ca_file: None,
+            registries: Default::default(),
         }
     }
 }
 
 impl ImagesConfig {
+    /// The registry client's options: the CA file and the passwords are read here.
+    pub fn client_options(&self) -> anyhow::Result<airlock_images::registry::ClientOptions> {
+        let ca_pem = match &self.ca_file {
+            Some(path) => std::fs::read(path)
+                .with_context(|| format!("images.ca_file: reading {}", path.display()))?,
+            None => Vec::new(),
+        };
+        let mut credentials = std::collections::BTreeMap::new();
+        for (host, account) in &self.registries {
+            let password = std::fs::read_to_string(&account.password_file).with_context(|| {
+                format!(
+                    "images.registries.{host:?}.password_file: reading {}",
+                    account.password_file.display()
+                )
+            })?;
+            credentials.insert(
+                host.clone(),
+                airlock_images::registry::Credentials {
+                    username: account.username.clone(),
+                    password: password.trim_end_matches(['\r', '\n']).to_string(),
+                },
+            );
+        }
+        Ok(airlock_images::registry::ClientOptions {
+            ca_pem,
+            credentials,
+            allow_tags: self.allow_tags,
+        })
+    }
+
     pub fn limits(&self) -> airlock_images::Limits {
         airlock_images::Limits {
             max_layer_bytes: self.max_layer_bytes,

@@ -2,10 +2,12 @@
 //! the state directory (crates/images holds the store and the unpacker).
 
 use crate::config::OperatorConfig;
-use airlock_images::{import::import, ImageError, ImageRecord, ImageRef, ImageStore};
+use airlock_images::registry::{Progress, Registry};
+use airlock_images::{import::import, Digest, ImageError, ImageRecord, ImageRef, ImageStore};
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde::Serialize;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -31,6 +33,9 @@ enum ImageCommand {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Pull an image from an OCI registry over HTTPS: `registry/name@sha256:...`, or a tag
+    /// when `images.allow_tags` is set.
+    Pull { reference: String },
     /// List the images.
     Ls {
         #[arg(long)]
@@ -70,6 +75,15 @@ fn run(args: ImageArgs) -> anyhow::Result<()> {
             for record in records {
                 println!("{}", record.pinned());
             }
+        }
+        ImageCommand::Pull { reference } => {
+            let reference = ImageRef::parse(&reference, registry)?;
+            let mut client = Registry::new(config.images.client_options()?)?;
+            let mut progress = Bars::new();
+            let record = client
+                .pull(&store, &reference, &mut progress)
+                .with_context(|| format!("pulling {reference}"))?;
+            println!("{}", record.pinned());
         }
         ImageCommand::Ls { json } => {
             let images = store.list()?;
@@ -134,6 +148,48 @@ struct Inspected<'a> {
     record: &'a ImageRecord,
     #[serde(rename = "image_config")]
     config: &'a airlock_images::oci::ImageConfig,
+}
+
+/// A progress bar per layer on a terminal (stderr); nothing otherwise, so scripts and
+/// logs see only the result line.
+struct Bars {
+    bar: Option<indicatif::ProgressBar>,
+    terminal: bool,
+}
+
+impl Bars {
+    fn new() -> Bars {
+        Bars {
+            bar: None,
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+}
+
+impl Progress for Bars {
+    fn blob_started(&mut self, digest: &Digest, size: u64) {
+        if !self.terminal {
+            return;
+        }
+        let bar = indicatif::ProgressBar::new(size);
+        let style = indicatif::ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        bar.set_style(style.progress_chars("=> "));
+        bar.set_prefix(format!("sha256:{}", &digest.hex()[..12]));
+        self.bar = Some(bar);
+    }
+    fn advanced(&mut self, bytes: u64) {
+        if let Some(bar) = &self.bar {
+            bar.inc(bytes);
+        }
+    }
+    fn blob_done(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish();
+        }
+    }
 }
 
 fn print_table(images: &[ImageRecord]) {

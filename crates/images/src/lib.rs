@@ -8,6 +8,7 @@ pub mod import;
 pub mod layout;
 pub mod oci;
 mod reference;
+pub mod registry;
 pub mod store;
 pub mod unpack;
 

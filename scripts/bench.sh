@@ -107,3 +107,6 @@ echo "== supervisor memory"
 
 echo "== egress proxy (loopback)"
 cargo run -q --release -p airlock-egress --example egress_bench
+
+echo "== images"
+AIRLOCK=$AIRLOCK scripts/bench-images.sh

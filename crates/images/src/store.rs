@@ -17,6 +17,7 @@
 use crate::digest::{Digest, HashingReader};
 use crate::error::{ImageError, Result};
 use crate::oci::{self, Compression, ImageConfig, Manifest, Platform};
+use crate::reference::ImageRef;
 use crate::unpack::{unpack_layer, Limits};
 use rustix::fs::FlockOperation;
 use serde::{Deserialize, Serialize};
@@ -385,6 +386,47 @@ impl ImageStore {
                 count: many.len(),
             }),
         }
+    }
+
+    /// The image a typed reference names, under the tag rule: a pinned reference must
+    /// match the recorded name and digest; a tag alone is refused unless `allow_tags`, and
+    /// then stands for the digest it was recorded with (never re-resolved here).
+    pub fn resolve(&self, reference: &ImageRef, allow_tags: bool) -> Result<ImageRecord> {
+        crate::registry::check_pinned(reference, allow_tags)?;
+        let name = reference.name();
+        let images = self.list()?;
+        let found = images.into_iter().find(|i| {
+            i.name == name
+                && match (&reference.digest, &reference.tag) {
+                    (Some(digest), _) => i.digest == *digest,
+                    (None, Some(tag)) => i.tags.iter().any(|t| t == tag),
+                    (None, None) => false,
+                }
+        });
+        found.ok_or_else(|| ImageError::NotFound(reference.to_string()))
+    }
+
+    /// The unpacked layer directories of `record`, top layer first (overlayfs's
+    /// `lowerdir` order). Every one must exist: a missing layer is an error, never an
+    /// image with a layer left out.
+    pub fn layer_dirs(&self, record: &ImageRecord) -> Result<Vec<PathBuf>> {
+        record
+            .layers
+            .iter()
+            .rev()
+            .map(|layer| {
+                let dir = self.layer_dir(&layer.diff_id);
+                if dir.is_dir() {
+                    Ok(dir)
+                } else {
+                    Err(ImageError::NotFound(format!(
+                        "layer {} of {}",
+                        layer.diff_id,
+                        record.pinned()
+                    )))
+                }
+            })
+            .collect()
     }
 
     fn lease_path(&self, digest: &Digest) -> PathBuf {

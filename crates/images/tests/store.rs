@@ -367,3 +367,44 @@ fn a_reference_names_the_registry_the_store_records() {
     .unwrap();
     assert_eq!(r.name(), "127.0.0.1:5000/tools");
 }
+
+#[test]
+fn a_typed_reference_resolves_by_digest_and_a_tag_only_when_allowed() {
+    if !require_root() {
+        return;
+    }
+    let (state, src) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let base = layer(&[("base", "1", 0o644)]);
+    let top = layer(&[("top", "2", 0o644)]);
+    write_layout(
+        src.path(),
+        &image("reg.test/tools:1", vec![base.clone(), top.clone()]),
+    )
+    .unwrap();
+    let s = store(state.path());
+    let record = import(&s, src.path(), None).unwrap().remove(0);
+    let pinned = ImageRef::parse(&record.pinned(), None).unwrap();
+    assert_eq!(s.resolve(&pinned, false).unwrap(), record);
+    let tagged = ImageRef::parse("reg.test/tools:1", None).unwrap();
+    let err = s.resolve(&tagged, false).unwrap_err();
+    assert!(err.to_string().contains("images.allow_tags"), "{err}");
+    assert_eq!(s.resolve(&tagged, true).unwrap(), record);
+    let other = ImageRef::parse(&format!("reg.test/other@{}", record.digest), None).unwrap();
+    assert!(matches!(
+        s.resolve(&other, false),
+        Err(ImageError::NotFound(_))
+    ));
+    let dirs = s.layer_dirs(&record).unwrap();
+    assert_eq!(
+        dirs,
+        [
+            s.layer_dir(&Digest::of(&top)),
+            s.layer_dir(&Digest::of(&base))
+        ]
+    );
+    fs::remove_dir_all(&dirs[1]).unwrap();
+    assert!(
+        s.layer_dirs(&record).is_err(),
+        "a missing layer is never left out"
+    );
+}

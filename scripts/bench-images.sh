@@ -15,21 +15,12 @@ if [ -z "${AIRLOCK:-}" ]; then
 fi
 cargo build -q -p airlock-images --example make-layout
 MAKE=target/x86_64-unknown-linux-gnu/debug/examples/make-layout
-IMAGES=$(scripts/test-images.sh)
+IMAGES=$(scripts/test-images.sh)  # the test images' root trees
 W=$(mktemp -d); REG_PID=
 trap '[ -n "$REG_PID" ] && kill $REG_PID; rm -rf "$W"' EXIT
 
-# The big image: the python tool image's tree plus 80 MB of incompressible data files.
-PYROOT=$W/pyroot; mkdir -p "$PYROOT"
-python3 - "$IMAGES/python" "$PYROOT" <<'PY'
-import json, sys, tarfile, gzip
-layout, out = sys.argv[1:]
-index = json.load(open(f"{layout}/index.json"))
-manifest = json.load(open(f"{layout}/blobs/sha256/{index['manifests'][0]['digest'][7:]}"))
-for layer in manifest["layers"]:
-    with tarfile.open(f"{layout}/blobs/sha256/{layer['digest'][7:]}", "r:gz") as t:
-        t.extractall(out, numeric_owner=True)
-PY
+# The big image: the python test image's tree plus 80 MB of incompressible data files.
+PYROOT=$IMAGES/python
 DATA=$W/data; mkdir -p "$DATA/opt/data"
 for i in $(seq 1 80); do head -c 1048576 /dev/urandom > "$DATA/opt/data/blob$i"; done
 EXTRA=$W/extra; mkdir -p "$EXTRA/opt"; echo second > "$EXTRA/opt/second.txt"

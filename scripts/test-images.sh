@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
-# Builds the test images as OCI layouts under target/test-images/ (cached: rebuilt only
-# when this script or the host's python3 changes). There is no public registry or docker
-# on the test machines, so the images are made from host files:
+# Builds the root trees of the test images under target/test-images/<key>/ (cached:
+# rebuilt only when this script or the host's python3 changes). There is no public
+# registry or docker on the test machines, so the images are made from host files; the
+# tests write them as OCI layouts in-process (crates/images/src/layout.rs), the
+# benchmark with `cargo run -p airlock-images --example make-layout`:
 #   distroless/  one static binary (gcc -static), no shell, no libc; plus a setuid-root
-#                copy of it (the unpacker must drop the bit), USER 1000:1000
+#                copy of it (the unpacker must drop the bit); meant for USER 1000:1000,
+#                ENTRYPOINT /bin/hello
 #   python/      the host's python3, its shared libraries and standard library, the
 #                seed's tool.py pattern (JSON on stdin, JSON on stdout), an /etc/shadow of
-#                the image's own, USER 1000:1000, ENTRYPOINT python3 /app/tool.py
-# Prints the directory that holds both layouts.
+#                the image's own; meant for USER 1000:1000, ENTRYPOINT python3 /app/tool.py
+# Prints the directory that holds both trees. (No cargo here: the tests call this script
+# while `cargo test` holds the build directory's lock.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=$(readlink -f /usr/bin/python3)
 KEY=$( (cat "$0"; echo "$PY"; "$PY" --version) | sha256sum | cut -c1-16)
 OUT=target/test-images/$KEY
+mkdir -p target/test-images
+# Tests run in parallel: one builds, the others wait for it.
+exec 9>target/test-images/.lock
+flock 9
 if [ -f "$OUT/done" ]; then echo "$PWD/$OUT"; exit 0; fi
 rm -rf "$OUT"; mkdir -p "$OUT"
-cargo build -q -p airlock-images --example make-layout
-MAKE=target/x86_64-unknown-linux-gnu/debug/examples/make-layout
-[ -x "$MAKE" ] || MAKE=target/debug/examples/make-layout
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 
 # distroless: a static program that reads stdin and answers one JSON line with its ids.
-mkdir -p "$WORK/d/bin" "$WORK/d/etc"
+mkdir -p "$OUT/distroless/bin" "$OUT/distroless/etc"
 cat > "$WORK/hello.c" <<'C'
 #include <stdio.h>
 #include <unistd.h>
@@ -32,15 +37,14 @@ int main(void) {
   return 0;
 }
 C
-gcc -static -O2 -o "$WORK/d/bin/hello" "$WORK/hello.c"
-cp "$WORK/d/bin/hello" "$WORK/d/bin/hello-setuid"
-chown 0:0 "$WORK/d/bin/hello-setuid"; chmod 4755 "$WORK/d/bin/hello-setuid"
-printf 'root:x:0:0::/:/nonexistent\ntool:x:1000:1000::/:/nonexistent\n' > "$WORK/d/etc/passwd"
-$MAKE "$OUT/distroless" --name airlock.test/distroless:1 --user 1000:1000 \
-  --entrypoint /bin/hello "$WORK/d" > "$OUT/distroless.digest"
+D=$OUT/distroless
+gcc -static -O2 -o "$D/bin/hello" "$WORK/hello.c"
+cp "$D/bin/hello" "$D/bin/hello-setuid"
+chown 0:0 "$D/bin/hello-setuid"; chmod 4755 "$D/bin/hello-setuid"
+printf 'root:x:0:0::/:/nonexistent\ntool:x:1000:1000::/:/nonexistent\n' > "$D/etc/passwd"
 
 # python: the interpreter, the libraries it links, its standard library, the tool.
-R=$WORK/p
+R=$OUT/python
 mkdir -p "$R/usr/bin" "$R/app" "$R/etc" "$R/tmp"
 cp -a "$PY" "$R/usr/bin/"; ln -s "$(basename "$PY")" "$R/usr/bin/python3"
 # ldd's lines: `libx.so => /path (addr)` and `/lib64/ld-linux... (addr)`.
@@ -65,8 +69,5 @@ PYTOOL
 printf 'root:x:0:0::/root:/nonexistent\ntool:x:1000:1000::/app:/nonexistent\n' > "$R/etc/passwd"
 printf 'root:image-shadow:19000::::::\n' > "$R/etc/shadow"; chmod 0644 "$R/etc/shadow"
 chmod 1777 "$R/tmp"
-$MAKE "$OUT/python" --name airlock.test/python-tool:1 --user 1000:1000 --workdir /app \
-  --env PYTHONDONTWRITEBYTECODE=1 --entrypoint python3 --entrypoint /app/tool.py \
-  "$R" > "$OUT/python.digest"
 touch "$OUT/done"
 echo "$PWD/$OUT"

@@ -6,19 +6,52 @@
 
 mod common;
 
+use airlock_images::layout::{write_layout, NewImage};
+use airlock_images::oci::ProcessDefaults;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-fn test_images() -> PathBuf {
+/// The trees of scripts/test-images.sh (built once, cached), as OCI layouts written here
+/// in-process: the script runs no cargo (this test runs under `cargo test`'s lock).
+fn test_images(out: &Path) -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-images.sh");
-    let out = Command::new("bash").arg(script).output().unwrap();
+    let built = Command::new("bash").arg(script).output().unwrap();
     assert!(
-        out.status.success(),
+        built.status.success(),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&built.stderr)
     );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    let trees = PathBuf::from(String::from_utf8(built.stdout).unwrap().trim());
+    let user = Some("1000:1000".to_string());
+    let images = [
+        ("distroless", vec!["/bin/hello"], None),
+        ("python", vec!["python3", "/app/tool.py"], Some("/app")),
+    ];
+    for (name, entrypoint, workdir) in images {
+        let image = NewImage {
+            name: Some(format!("airlock.test/{name}:1")),
+            layers: vec![tree_layer(&trees.join(name))],
+            gzip: false,
+            defaults: ProcessDefaults {
+                user: user.clone(),
+                entrypoint: Some(entrypoint.into_iter().map(String::from).collect()),
+                working_dir: workdir.map(String::from),
+                ..Default::default()
+            },
+        };
+        write_layout(&out.join(name), &image).unwrap();
+    }
+    out.to_path_buf()
+}
+
+/// A layer of a directory tree: symlinks as symlinks, owners, modes and times kept.
+fn tree_layer(tree: &Path) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.follow_symlinks(false);
+    builder.mode(tar::HeaderMode::Complete);
+    builder.append_dir_all(".", tree).unwrap();
+    builder.into_inner().unwrap()
 }
 
 /// Imports the layout and returns the (single) unpacked layer's directory.
@@ -80,8 +113,8 @@ fn chroot(root: &Path, argv: &[&str], stdin: &str) -> serde_json::Value {
 #[test]
 fn the_python_tool_image_unpacks_into_a_working_root_with_its_own_shadow() {
     require_cells!();
-    let images = test_images();
-    let state = tempfile::tempdir().unwrap();
+    let (state, layouts) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let images = test_images(layouts.path());
     let root = import(state.path(), &images.join("python"));
     let answer = chroot(&root, &["/usr/bin/python3", "/app/tool.py"], r#"{"n": 1}"#);
     assert_eq!(answer["echo"]["n"], 1);
@@ -98,8 +131,8 @@ fn the_python_tool_image_unpacks_into_a_working_root_with_its_own_shadow() {
 #[test]
 fn the_distroless_image_has_no_shell_and_its_setuid_file_is_not_setuid() {
     require_cells!();
-    let images = test_images();
-    let state = tempfile::tempdir().unwrap();
+    let (state, layouts) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let images = test_images(layouts.path());
     let root = import(state.path(), &images.join("distroless"));
     assert!(!root.join("bin/sh").exists());
     use std::os::unix::fs::MetadataExt;

@@ -143,3 +143,6 @@ latencies.sort()
 p = lambda q: latencies[round((len(latencies) - 1) * q)]
 print(f'{{"baseline": "{threads} bwrap loops", "runs": {len(latencies)}, "runs_per_second": {len(latencies)/elapsed:.1f}, "p50_ms": {p(0.5):.2f}, "p99_ms": {p(0.99):.2f}}}')
 PY
+
+echo "== images"
+AIRLOCK=$AIRLOCK scripts/bench-images.sh

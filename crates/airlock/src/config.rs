@@ -13,6 +13,95 @@ pub struct OperatorConfig {
     /// Upstream resolvers, static host map, exempt CIDRs, upstream proxy, ceilings.
     pub egress: airlock_egress::EgressConfig,
     pub store: StoreConfig,
+    /// OCI images as cell roots: the default registry and the unpacker's ceilings.
+    pub images: ImagesConfig,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImagesConfig {
+    /// Registry for a reference that names none (`tools@sha256:...`), e.g.
+    /// `registry.internal:5000`. Unset: such a name is a local image's.
+    pub default_registry: Option<String>,
+    /// Ceiling of one layer's uncompressed size, bytes.
+    pub max_layer_bytes: u64,
+    /// Ceiling of one file of a layer, bytes.
+    pub max_file_bytes: u64,
+    /// Ceiling of the entries of one layer.
+    pub max_entries: u64,
+    /// Whether a reference with a tag and no digest is accepted; it is resolved once to a
+    /// digest, which is what records carry.
+    pub allow_tags: bool,
+    /// PEM file of the only CA certificates trusted for registries (unset: the Mozilla
+    /// roots).
+    pub ca_file: Option<PathBuf>,
+    /// Registry accounts by host (`"host:port"`); they stay in airlock's process, never
+    /// in a cell.
+    pub registries: std::collections::BTreeMap<String, RegistryAccount>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryAccount {
+    pub username: String,
+    /// File holding the password (or token), read at pull time; not the secret itself,
+    /// so the configuration can be shown.
+    pub password_file: PathBuf,
+}
+
+impl Default for ImagesConfig {
+    fn default() -> Self {
+        let limits = airlock_images::Limits::default();
+        ImagesConfig {
+            default_registry: None,
+            max_layer_bytes: limits.max_layer_bytes,
+            max_file_bytes: limits.max_file_bytes,
+            max_entries: limits.max_entries,
+            allow_tags: false,
+            ca_file: None,
+            registries: Default::default(),
+        }
+    }
+}
+
+impl ImagesConfig {
+    /// The registry client's options: the CA file and the passwords are read here.
+    pub fn client_options(&self) -> anyhow::Result<airlock_images::registry::ClientOptions> {
+        let ca_pem = match &self.ca_file {
+            Some(path) => std::fs::read(path)
+                .with_context(|| format!("images.ca_file: reading {}", path.display()))?,
+            None => Vec::new(),
+        };
+        let mut credentials = std::collections::BTreeMap::new();
+        for (host, account) in &self.registries {
+            let password = std::fs::read_to_string(&account.password_file).with_context(|| {
+                format!(
+                    "images.registries.{host:?}.password_file: reading {}",
+                    account.password_file.display()
+                )
+            })?;
+            credentials.insert(
+                host.clone(),
+                airlock_images::registry::Credentials {
+                    username: account.username.clone(),
+                    password: password.trim_end_matches(['\r', '\n']).to_string(),
+                },
+            );
+        }
+        Ok(airlock_images::registry::ClientOptions {
+            ca_pem,
+            credentials,
+            allow_tags: self.allow_tags,
+        })
+    }
+
+    pub fn limits(&self) -> airlock_images::Limits {
+        airlock_images::Limits {
+            max_layer_bytes: self.max_layer_bytes,
+            max_file_bytes: self.max_file_bytes,
+            max_entries: self.max_entries,
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -32,7 +121,7 @@ struct Bound {
 
 /// The bounds of docs/config.md. A zero connection limit or timeout would make every
 /// allowlisted run fail inside the cell; a huge one would let one cell hold the proxy.
-fn bounds(egress: &airlock_egress::EgressConfig) -> [Bound; 4] {
+fn bounds(egress: &airlock_egress::EgressConfig, images: &ImagesConfig) -> [Bound; 7] {
     [
         Bound {
             key: "egress.max_connections",
@@ -58,6 +147,25 @@ fn bounds(egress: &airlock_egress::EgressConfig) -> [Bound; 4] {
             min: 1,
             max: 600_000,
         },
+        // A zero ceiling would refuse every layer; over 1 TiB is no ceiling.
+        Bound {
+            key: "images.max_layer_bytes",
+            value: images.max_layer_bytes,
+            min: 1,
+            max: 1 << 40,
+        },
+        Bound {
+            key: "images.max_file_bytes",
+            value: images.max_file_bytes,
+            min: 1,
+            max: 1 << 40,
+        },
+        Bound {
+            key: "images.max_entries",
+            value: images.max_entries,
+            min: 1,
+            max: 100_000_000,
+        },
     ]
 }
 
@@ -80,7 +188,7 @@ impl OperatorConfig {
     }
 
     fn check(&self) -> anyhow::Result<()> {
-        for bound in bounds(&self.egress) {
+        for bound in bounds(&self.egress, &self.images) {
             if !(bound.min..=bound.max).contains(&bound.value) {
                 bail!(
                     "{} = {}: must be between {} and {} (docs/config.md)",
@@ -88,6 +196,14 @@ impl OperatorConfig {
                     bound.value,
                     bound.min,
                     bound.max
+                );
+            }
+        }
+        if let Some(registry) = &self.images.default_registry {
+            if registry.is_empty() || registry.contains(['/', '@']) {
+                bail!(
+                    "images.default_registry = {registry:?}: a registry host, with a port if \
+                     any (registry.internal:5000)"
                 );
             }
         }
@@ -242,7 +358,11 @@ mod tests {
         let doc = std::fs::read_to_string(repo_file("docs/config.md")).unwrap();
         let schema = config_json_schema();
         let mut missing = Vec::new();
-        for (table, def) in [("egress", "EgressConfig"), ("store", "StoreConfig")] {
+        for (table, def) in [
+            ("egress", "EgressConfig"),
+            ("store", "StoreConfig"),
+            ("images", "ImagesConfig"),
+        ] {
             let properties = schema["$defs"][def]["properties"].as_object().unwrap();
             for key in properties.keys() {
                 if !doc.contains(&format!("`{table}.{key}`")) {

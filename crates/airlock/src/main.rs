@@ -3,6 +3,7 @@
 
 mod audit;
 mod config;
+mod image;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +52,8 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Import, list, inspect, remove and garbage-collect OCI images (cell roots).
+    Image(image::ImageArgs),
     /// Check that this host can enforce every control of a cell.
     Doctor {
         /// Print the checks as JSON.
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         Command::Audit { store, command } => audit::audit(store, command),
         Command::Stats { store, json } => audit::stats(store, json),
         Command::Config { command } => config_command(command),
+        Command::Image(args) => image::image(args),
         Command::Doctor { json } => doctor(json),
     }
 }

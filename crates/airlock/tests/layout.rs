@@ -1,7 +1,7 @@
 //! House rules that are cheap to check mechanically: all `unsafe` code lives in
 //! `crates/cell/src/sys.rs`, and crates depend on each other only in the documented
 //! direction (contract <- cell, egress; cell, egress, store <- engine <- airlock; store
-//! stands alone).
+//! and images stand alone).
 
 use std::path::{Path, PathBuf};
 
@@ -113,6 +113,11 @@ fn crates_depend_in_the_documented_direction() {
     assert_eq!(
         airlock_dependencies("cell"),
         vec!["airlock-contract".to_string()]
+    );
+    assert_eq!(
+        airlock_dependencies("images"),
+        Vec::<String>::new(),
+        "images depends on nothing of ours (its file operations are rustix's safe calls)"
     );
     for dep in airlock_dependencies("egress") {
         assert_eq!(

@@ -497,11 +497,7 @@ fn killing_the_owner_leaves_no_cell() {
     let (mut owner, _, tree) = start_owner(state.path());
     owner.kill().unwrap();
     owner.wait().unwrap();
-    wait_until(
-        "every process of the owner is gone",
-        Duration::from_secs(5),
-        || tree.iter().all(|p| !alive(*p)),
-    );
+    wait_until_gone("every process of the owner", &tree);
 }
 
 fn killing_the_factory_leaves_no_cell() {
@@ -509,11 +505,7 @@ fn killing_the_factory_leaves_no_cell() {
     let (mut owner, factory, tree) = start_owner(state.path());
     let cells: Vec<u32> = tree.iter().copied().filter(|p| *p != factory).collect();
     unsafe_free_kill(factory);
-    wait_until(
-        "every cell of the factory is gone",
-        Duration::from_secs(5),
-        || cells.iter().all(|p| !alive(*p)),
-    );
+    wait_until_gone("every cell of the factory", &cells);
     owner.kill().unwrap();
     owner.wait().unwrap();
 }

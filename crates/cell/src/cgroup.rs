@@ -2,6 +2,7 @@
 //! The supervisor creates the cgroup before the cell starts, places the cell's pid 1 in it
 //! before releasing it, reads the ceilings' counters afterwards and removes it.
 
+pub use crate::counters::CgroupUsage;
 use crate::error::CellError;
 use airlock_contract::Limits;
 use std::fs;
@@ -151,16 +152,6 @@ fn write_file(path: &Path, value: &str) -> Result<(), CellError> {
         path: path.to_path_buf(),
         source,
     })
-}
-
-/// Counters read after the cell has ended.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct CgroupUsage {
-    pub memory_peak_bytes: u64,
-    pub oom_kills: u64,
-    /// How often a fork/clone was refused because of the pids limit.
-    pub pids_limit_hits: u64,
-    pub pids_peak: u64,
 }
 
 /// The cgroup(s) of one cell.

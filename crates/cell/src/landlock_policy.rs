@@ -11,7 +11,7 @@
 //! filter on top of it would add nothing but break the payload's own test servers,
 //! databases and kernels (docs/threat-model.md).
 
-use crate::launcher::Stage;
+use crate::stage::Stage;
 use airlock_contract::{CellPlan, MountPlan};
 use landlock::{
     Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
@@ -23,11 +23,7 @@ use std::path::Path;
 pub const REQUIRED_ABI: ABI = ABI::V6;
 
 fn unavailable(stage: &'static str, err: impl std::fmt::Display) -> Stage {
-    Stage {
-        name: stage.into(),
-        message: err.to_string(),
-        unavailable: true,
-    }
+    Stage::unavailable(stage, err.to_string())
 }
 
 /// Every filesystem right of [`REQUIRED_ABI`] except execute.

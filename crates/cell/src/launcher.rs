@@ -14,6 +14,7 @@
 //! terminal as its controlling one in a session of its own when there is one).
 
 use crate::protocol::{self, LaunchFailure, PayloadEnded};
+use crate::stage::Stage;
 use crate::{landlock_policy, rootfs, sys};
 use airlock_contract::{CellPlan, NetworkPlan, HTTP_PROXY_PORT, SOCKS_PROXY_PORT};
 use std::ffi::CString;
@@ -21,31 +22,6 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-
-/// A failed setup step: its name, what went wrong and whether it means the host cannot
-/// provide the control (as opposed to an error of airlock itself).
-#[derive(Debug)]
-pub struct Stage {
-    pub name: String,
-    pub message: String,
-    pub unavailable: bool,
-}
-
-impl Stage {
-    pub fn new(name: &str, message: String) -> Stage {
-        Stage {
-            name: name.into(),
-            message,
-            unavailable: false,
-        }
-    }
-    pub fn io(name: &str, path: &Path, err: std::io::Error) -> Stage {
-        Stage::new(name, format!("{}: {err}", path.display()))
-    }
-    fn errno(name: &str, err: std::io::Error) -> Stage {
-        Stage::new(name, err.to_string())
-    }
-}
 
 /// Everything the child needs, prepared by the supervisor before `clone`.
 pub struct ChildSetup<'a> {

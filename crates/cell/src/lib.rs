@@ -4,8 +4,18 @@
 //!
 //! All `unsafe` code lives in [`sys`].
 
+// The seccomp filter checks for AUDIT_ARCH_X86_64 and is keyed on x86-64 syscall numbers,
+// `sys` makes raw x86-64 system calls: built for another architecture the cell would
+// not be confined as planned, so it does not build at all.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+compile_error!(
+    "airlock-cell supports only x86-64 Linux: its seccomp filter (AUDIT_ARCH_X86_64, the x86-64 \
+     syscall table) and its raw system calls are x86-64's"
+);
+
 pub mod artifacts;
 pub mod cgroup;
+mod counters;
 mod default_filter;
 pub mod doctor;
 mod error;
@@ -17,6 +27,7 @@ mod protocol;
 pub mod report;
 mod rootfs;
 pub mod seccomp;
+mod stage;
 pub mod stdin_relay;
 mod supervisor;
 mod sys;

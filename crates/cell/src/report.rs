@@ -2,7 +2,7 @@
 //! cgroup counters, the deadline timer, the output counter, tmpfs free space, seccomp
 //! kills), never from the payload's output.
 
-use crate::cgroup::CgroupUsage;
+use crate::counters::CgroupUsage;
 use crate::output::OutputCapture;
 use serde::Serialize;
 

@@ -7,7 +7,7 @@
 //! Every clone is restricted (read-only, nosuid, nodev) with `mount_setattr(AT_RECURSIVE)`,
 //! which, unlike a bind remount, also covers submounts.
 
-use crate::launcher::Stage;
+use crate::stage::Stage;
 use crate::sys;
 use airlock_contract::{CellPlan, EtcEntry, MountPlan, NetworkPlan};
 use std::fs::{self, File};
@@ -139,9 +139,9 @@ struct InputOwners {
 }
 
 impl InputOwners {
-    fn new(plan: &CellPlan) -> InputOwners {
+    fn new(cell: Option<(u32, u32)>) -> InputOwners {
         InputOwners {
-            cell: (sys::geteuid() == 0).then(|| crate::supervisor::host_ids(plan)),
+            cell,
             namespaces: Vec::new(),
         }
     }
@@ -201,11 +201,15 @@ const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATT
 /// could not be done as planned (see [`InputOwners`]). Runs in the supervisor: as the
 /// invoking user it can reach inputs under private directories (a root-owned 0700 temp
 /// dir, say) that the cell's unprivileged identity could not traverse, and the detached
-/// trees it creates can be attached in the cell's mount namespace.
-pub fn prepare_sources(plan: &CellPlan) -> Result<(Vec<Prepared>, Vec<String>), Stage> {
+/// trees it creates can be attached in the cell's mount namespace. `cell_ids` is the cell
+/// identity's host uid and gid when airlock runs as root (see [`InputOwners`]).
+pub fn prepare_sources(
+    plan: &CellPlan,
+    cell_ids: Option<(u32, u32)>,
+) -> Result<(Vec<Prepared>, Vec<String>), Stage> {
     let mut prepared = Vec::new();
     let mut notes = Vec::new();
-    let mut owners = InputOwners::new(plan);
+    let mut owners = InputOwners::new(cell_ids);
     for mount in &plan.mounts {
         match mount {
             MountPlan::HostSystem { path, optional } => {

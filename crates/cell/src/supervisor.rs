@@ -7,7 +7,8 @@
 use crate::artifacts::{self, ArtifactRequest};
 use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout};
 use crate::error::CellError;
-use crate::launcher::{self, ChildSetup, Stage};
+use crate::launcher::{self, ChildSetup};
+use crate::stage::Stage;
 use crate::output::{OutputCapture, Stream};
 use crate::protocol::{self, EgressListeners, LaunchFailure, PayloadEnded};
 use crate::report::{Ceiling, CleanupReport, ExitInfo, ResultClass, RunReport, Timings, Usage};
@@ -412,7 +413,8 @@ fn start_and_supervise(
     }
     let spawned_ms = ms_since(started);
     let prepared = seccomp_program(plan).and_then(|program| {
-        let (mut mounts, notes) = rootfs::prepare_sources(plan).map_err(launch_error)?;
+        let cell_ids = (sys::geteuid() == 0).then(|| host_ids(plan));
+        let (mut mounts, notes) = rootfs::prepare_sources(plan, cell_ids).map_err(launch_error)?;
         mounts.extend(rootfs::prepare_cgroup_view(&cgroup.view()).map_err(launch_error)?);
         Ok(Release {
             program,

@@ -126,6 +126,7 @@ mod tests {
             &CompileInput {
                 base_dir: Path::new("/"),
                 argv: &argv,
+                seccomp_profile: None,
             },
         )
         .unwrap()

@@ -16,7 +16,6 @@ compile_error!(
 pub mod artifacts;
 pub mod cgroup;
 mod counters;
-mod default_filter;
 pub mod doctor;
 mod error;
 pub mod host_files;
@@ -31,7 +30,6 @@ mod stage;
 pub mod stdin_relay;
 mod supervisor;
 mod sys;
-mod syscalls;
 mod terminal;
 
 pub use error::CellError;

@@ -8,14 +8,14 @@ use crate::artifacts::{self, ArtifactRequest};
 use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout};
 use crate::error::CellError;
 use crate::launcher::{self, ChildSetup};
-use crate::stage::Stage;
 use crate::output::{OutputCapture, Stream};
 use crate::protocol::{self, EgressListeners, LaunchFailure, PayloadEnded};
 use crate::report::{Ceiling, CleanupReport, ExitInfo, ResultClass, RunReport, Timings, Usage};
+use crate::stage::Stage;
 use crate::stdin_relay::{StdinRecord, StdinRelay};
 use crate::terminal::{CallerTerminal, DEFAULT_WINDOW};
 use crate::{rootfs, seccomp, sys};
-use airlock_contract::{CellPlan, SeccompPlan};
+use airlock_contract::CellPlan;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
@@ -139,18 +139,6 @@ fn cell_environment(
         .chain(credentials.iter().map(|(n, v)| (n.as_str(), v.as_str())))
         .filter_map(|(n, v)| CString::new(format!("{n}={v}")).ok())
         .collect())
-}
-
-fn seccomp_program(plan: &CellPlan) -> Result<Vec<libc::sock_filter>, CellError> {
-    let policy = match &plan.seccomp {
-        SeccompPlan::Default => return Ok(seccomp::default_program()),
-        SeccompPlan::DockerJson { path } => {
-            let json = std::fs::read_to_string(path)
-                .map_err(|e| CellError::io(format!("seccomp profile {}", path.display()), e))?;
-            seccomp::policy_from_docker_json(&json)?
-        }
-    };
-    Ok(seccomp::compile(&policy)?)
 }
 
 fn launch_error(stage: Stage) -> CellError {
@@ -412,7 +400,7 @@ fn start_and_supervise(
         return Err(err);
     }
     let spawned_ms = ms_since(started);
-    let prepared = seccomp_program(plan).and_then(|program| {
+    let prepared = seccomp::program(&plan.seccomp).and_then(|program| {
         let cell_ids = (sys::geteuid() == 0).then(|| host_ids(plan));
         let (mut mounts, notes) = rootfs::prepare_sources(plan, cell_ids).map_err(launch_error)?;
         mounts.extend(rootfs::prepare_cgroup_view(&cgroup.view()).map_err(launch_error)?);

@@ -19,6 +19,7 @@ mod counters;
 pub mod doctor;
 mod error;
 pub mod host_files;
+mod kernel;
 mod landlock_policy;
 mod launcher;
 pub mod output;

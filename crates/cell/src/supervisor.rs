@@ -383,7 +383,7 @@ fn start_and_supervise(
     let hook = options.before_start.take();
     // The device nodes go with the maps: the cell builds /dev and masks /proc with them
     // before the release.
-    let mapped = rootfs::prepare_devices()
+    let mapped = rootfs::prepare_devices(plan)
         .map_err(launch_error)
         .and_then(|devices| {
             write_id_maps(cell.pid, plan)?;

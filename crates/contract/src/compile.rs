@@ -3,6 +3,7 @@
 
 use crate::contract::{Contract, NetworkMode, HOST_IMAGE};
 use crate::error::{ContractError, FieldError};
+use crate::layout::CellLayout;
 use crate::plan::*;
 use crate::seccomp;
 use crate::validate::{check, CheckedContract};
@@ -55,7 +56,7 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
     }
     check_input(input)?;
 
-    Ok(CellPlan {
+    let mut plan = CellPlan {
         contract_sha256: contract_sha256(contract),
         argv: input.argv.to_vec(),
         identity: CellIdentity {
@@ -91,7 +92,10 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
             })
             .collect(),
         terminal: contract.terminal,
-    })
+        layout: CellLayout::default(),
+    };
+    plan.layout = crate::layout::cell_layout(&plan);
+    Ok(plan)
 }
 
 /// sha256 (hex) of the contract's canonical JSON: field order is the struct's, maps are

@@ -6,6 +6,7 @@ mod compile;
 mod contract;
 mod error;
 mod etc;
+pub mod layout;
 mod parse;
 pub mod plan;
 pub mod seccomp;
@@ -16,6 +17,7 @@ pub use compile::{compile, contract_sha256, CompileInput};
 pub use contract::*;
 pub use error::{ContractError, ContractFormat, FieldError, FieldErrors};
 pub use etc::{ETC_DENIED, ETC_GENERATED, HOST_ETC_ENTRIES, HOST_ETC_EXCLUDED};
+pub use layout::*;
 pub use plan::*;
 pub use transparent::{
     transparent_endpoints, TransparentEndpoint, MAX_TRANSPARENT_LISTENERS, TRANSPARENT_DNS,

@@ -2,6 +2,7 @@
 //! [`crate::compile`] from a contract. The runtime (`airlock-cell`) only *applies* a plan;
 //! every decision about what a cell may do is made here, without I/O.
 
+use crate::layout::CellLayout;
 use crate::seccomp::{BpfInsn, FilterSummary};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -46,6 +47,8 @@ pub struct CellPlan {
     /// Without it the payload has no controlling terminal at all.
     #[serde(default)]
     pub terminal: bool,
+    /// How the cell builds its root and confines itself, step by step.
+    pub layout: CellLayout,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,6 +165,17 @@ pub struct SeccompPlan {
     /// that one (a plan read back without its program installs nothing).
     #[serde(skip)]
     pub program: std::borrow::Cow<'static, [BpfInsn]>,
+}
+
+impl Limits {
+    /// `pids.max` of a cell: the contract's `process_limit` counts the payload's processes
+    /// and threads; airlock's own pid 1 (the reaper) is added on top, so that a contract
+    /// that validates (`process_limit: 1`) can run. While the cell is set up, pid 1 and its
+    /// short-lived detach helper are the only tasks (two), and the helper is gone before
+    /// the payload starts, so the payload gets exactly `process_limit`.
+    pub fn cell_pids_max(&self) -> u64 {
+        u64::from(self.process_limit) + 1
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -461,17 +461,9 @@ pub fn reap_leftovers(layout: &CgroupLayout) -> Vec<PathBuf> {
     left
 }
 
-/// `pids.max` of a cell: the contract's `process_limit` counts the payload's processes
-/// and threads; airlock's own pid 1 (the reaper) is added on top, so that a contract
-/// that validates (`process_limit: 1`) can run. While the cell is set up, pid 1 and its
-/// short-lived detach helper are the only tasks (two), and the helper is gone before
-/// the payload starts, so the payload gets exactly `process_limit`.
-pub(crate) fn cell_pids_max(limits: &Limits) -> u64 {
-    u64::from(limits.process_limit) + 1
-}
-
+/// `pids.max` of a cell ([`Limits::cell_pids_max`]).
 fn pids_max(limits: &Limits) -> String {
-    cell_pids_max(limits).to_string()
+    limits.cell_pids_max().to_string()
 }
 
 #[cfg(test)]
@@ -571,7 +563,7 @@ mod tests {
         let (root, layout) = v2_fixture();
         let cgroup = CellCgroup::create(&layout, "cell-1", &limits()).unwrap();
         let dir = root.path().join("airlock/cell-1");
-        assert_eq!(cgroup.dirs, [dir.clone()]);
+        assert_eq!(cgroup.dirs, std::slice::from_ref(&dir));
         assert_eq!(
             read(&root.path().join("cgroup.subtree_control")),
             "+memory +pids +cpu"

@@ -185,7 +185,18 @@ fn mirror_or_clone(
     }))
 }
 
-const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+/// `MOUNT_ATTR_*` bits of `flags`, for `mount_setattr`.
+fn tree_attrs(flags: &MountFlags) -> u64 {
+    [
+        (flags.readonly, sys::MOUNT_ATTR_RDONLY),
+        (flags.nosuid, sys::MOUNT_ATTR_NOSUID),
+        (flags.nodev, sys::MOUNT_ATTR_NODEV),
+        (flags.noexec, sys::MOUNT_ATTR_NOEXEC),
+    ]
+    .into_iter()
+    .filter(|(set, _)| *set)
+    .fold(0, |all, (_, attr)| all | attr)
+}
 
 /// Opens and clones every host source of the plan, with notes for the result on what
 /// could not be done as planned (see [`InputOwners`]). Runs in the supervisor: as the
@@ -203,12 +214,14 @@ pub fn prepare_sources(
     for mount in &plan.mounts {
         match mount {
             MountPlan::HostSystem { path, optional } => {
-                prepared.extend(mirror_or_clone(path, path, RO, *optional)?);
+                let attrs = tree_attrs(&plan.layout.trees.system);
+                prepared.extend(mirror_or_clone(path, path, attrs, *optional)?);
             }
             MountPlan::ReadonlyInput { source, target } => {
                 // Inputs may be scripts the payload runs (`/input/convert.sh`), so they keep
                 // exec; they stay read-only, nosuid and nodev.
-                let (tree, owner) = restricted_clone_with_owner(source, RO, true)?;
+                let attrs = tree_attrs(&plan.layout.trees.inputs);
+                let (tree, owner) = restricted_clone_with_owner(source, attrs, true)?;
                 if let Err(why) = owners.show_as_cell(&tree, owner) {
                     notes.push(format!(
                         "readonly input {}: its files keep their host owners (shown as nobody): {why}",
@@ -225,23 +238,25 @@ pub fn prepare_sources(
         }
     }
     for entry in &plan.etc {
-        prepared.extend(prepare_etc_entry(entry)?);
+        prepared.extend(prepare_etc_entry(
+            entry,
+            tree_attrs(&plan.layout.trees.etc),
+        )?);
     }
     Ok((prepared, notes))
 }
 
 /// One entry of the cell's `/etc` (the plan's vetted host entries and the contract's
 /// additions), read-only and noexec: configuration, never code.
-fn prepare_etc_entry(entry: &EtcEntry) -> Result<Option<Prepared>, Stage> {
-    const ETC: u64 = RO | sys::MOUNT_ATTR_NOEXEC;
+fn prepare_etc_entry(entry: &EtcEntry, attrs: u64) -> Result<Option<Prepared>, Stage> {
     match entry {
         // The host's own layout, symlinks included (`os-release` -> `../usr/lib/...`);
         // what this host lacks is skipped.
-        EtcEntry::Host { path } => mirror_or_clone(path, path, ETC, true),
+        EtcEntry::Host { path } => mirror_or_clone(path, path, attrs, true),
         // The operator named the file: a symlink is followed, and it must exist.
         EtcEntry::Contract { source, target } => Ok(Some(Prepared {
             target: target.clone(),
-            source: restricted_clone(source, ETC, true)?,
+            source: restricted_clone(source, attrs, true)?,
         })),
     }
 }
@@ -251,15 +266,20 @@ fn prepare_etc_entry(entry: &EtcEntry) -> Result<Option<Prepared>, Stage> {
 /// `memory.limit_in_bytes` and `cpu.max` / `cpu.cfs_quota_us` there, found through
 /// `/proc/self/mountinfo` and `/proc/self/cgroup`, which the cell's cgroup namespace roots
 /// at this cgroup). `view` is `(target in the cell, host directory)`, from
-/// [`crate::cgroup::CellCgroup::view`]. Read-only, nosuid, nodev, noexec: the cell reads
-/// its own limits and usage and can change nothing (nor could it with write access: it
-/// has no capabilities, and Landlock grants only reads there).
-pub fn prepare_cgroup_view(view: &[(PathBuf, PathBuf)]) -> Result<Vec<Prepared>, Stage> {
+/// [`crate::cgroup::CellCgroup::view`]. Read-only, nosuid, nodev, noexec (the plan's
+/// `trees.cgroup_view`): the cell reads its own limits and usage and can change nothing
+/// (nor could it with write access: it has no capabilities, and Landlock grants only
+/// reads there).
+pub fn prepare_cgroup_view(
+    plan: &CellPlan,
+    view: &[(PathBuf, PathBuf)],
+) -> Result<Vec<Prepared>, Stage> {
+    let attrs = tree_attrs(&plan.layout.trees.cgroup_view);
     view.iter()
         .map(|(target, host)| {
             Ok(Prepared {
                 target: target.clone(),
-                source: restricted_clone(host, RO | sys::MOUNT_ATTR_NOEXEC, false)?,
+                source: restricted_clone(host, attrs, false)?,
             })
         })
         .collect()
@@ -268,14 +288,12 @@ pub fn prepare_cgroup_view(view: &[(PathBuf, PathBuf)]) -> Result<Vec<Prepared>,
 /// The host's device nodes for the cell's `/dev`, cloned by the supervisor. They travel
 /// with the id maps, so the cell can mask `/proc` (with `/dev/null`) before the release.
 pub fn prepare_devices(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
+    let attrs = tree_attrs(&plan.layout.trees.dev_nodes);
     plan.layout
         .dev_nodes
         .iter()
         .map(|host| {
-            // Device nodes must not be nodev, and read-only would not stop writes to them
-            // anyway; nosuid+noexec is what applies.
-            let source =
-                restricted_clone(host, sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC, false)?;
+            let source = restricted_clone(host, attrs, false)?;
             Ok(Prepared {
                 target: host.clone(),
                 source,
@@ -377,14 +395,18 @@ fn place<K: Kernel>(kernel: &mut K, item: Prepared) -> Result<(), Stage> {
 }
 
 /// Hides a `/proc` path (Docker's masks); a path this kernel lacks is skipped.
-fn mask_proc<K: Kernel>(kernel: &mut K, path: &Path, with: ProcMask) -> Result<(), Stage> {
-    const HIDDEN: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+fn mask_proc<K: Kernel>(
+    kernel: &mut K,
+    path: &Path,
+    with: ProcMask,
+    flags: &MountFlags,
+) -> Result<(), Stage> {
     let mounted = match with {
         ProcMask::EmptyDir => kernel.mount(
             Some(Path::new("tmpfs")),
             path,
             Some(c"tmpfs"),
-            HIDDEN | libc::MS_RDONLY,
+            mount_flags(flags),
             Some(c"size=4096,mode=0555"),
         ),
         ProcMask::DevNull => kernel.mount(
@@ -403,12 +425,8 @@ fn mask_proc<K: Kernel>(kernel: &mut K, path: &Path, with: ProcMask) -> Result<(
     }
 }
 
-fn readonly_proc<K: Kernel>(kernel: &mut K, path: &Path) -> Result<(), Stage> {
-    let attrs = sys::MOUNT_ATTR_RDONLY
-        | sys::MOUNT_ATTR_NOSUID
-        | sys::MOUNT_ATTR_NODEV
-        | sys::MOUNT_ATTR_NOEXEC;
-    match kernel.rebind_restricted(path, attrs) {
+fn readonly_proc<K: Kernel>(kernel: &mut K, path: &Path, flags: &MountFlags) -> Result<(), Stage> {
+    match kernel.rebind_restricted(path, tree_attrs(flags)) {
         Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
             Err(Stage::io("rootfs.proc_readonly", path, e))
         }
@@ -466,8 +484,8 @@ pub fn build_skeleton<K: Kernel>(
                     .write_file(path, text)
                     .map_err(|e| Stage::io("rootfs.write_etc", path, e))?
             }
-            RootStep::MaskProc { path, with } => mask_proc(kernel, path, *with)?,
-            RootStep::ReadonlyProc { path } => readonly_proc(kernel, path)?,
+            RootStep::MaskProc { path, with, flags } => mask_proc(kernel, path, *with, flags)?,
+            RootStep::ReadonlyProc { path, flags } => readonly_proc(kernel, path, flags)?,
         }
     }
     detach.ok_or_else(|| Stage::new("rootfs.pivot_root", "the plan has no pivot step".into()))
@@ -508,7 +526,7 @@ pub fn finish<K: Kernel>(
     }
     if plan.rootfs.readonly {
         kernel
-            .restrict_root(RO)
+            .restrict_root(tree_attrs(&plan.layout.trees.root))
             .map_err(|e| Stage::io("rootfs.readonly_root", Path::new("/"), e))?;
     }
     kernel
@@ -822,6 +840,22 @@ mod tests {
     }
 
     #[test]
+    fn the_supervisors_trees_get_the_plans_restrictions() {
+        let trees = plan("{}\n").layout.trees;
+        let ro = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+        assert_eq!(tree_attrs(&trees.system), ro);
+        assert_eq!(tree_attrs(&trees.inputs), ro, "inputs stay executable");
+        assert_eq!(tree_attrs(&trees.etc), ro | sys::MOUNT_ATTR_NOEXEC);
+        assert_eq!(tree_attrs(&trees.cgroup_view), ro | sys::MOUNT_ATTR_NOEXEC);
+        assert_eq!(
+            tree_attrs(&trees.dev_nodes),
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+            "device nodes must not be nodev"
+        );
+        assert_eq!(tree_attrs(&trees.root), ro);
+    }
+
+    #[test]
     fn finish_attaches_the_trees_then_makes_the_root_read_only_and_enters_the_workdir() {
         let plan = plan("filesystem:\n  readonly_inputs: [input]\n  writable_paths: [tmp]\n");
         let dir = File::open("/").unwrap();
@@ -851,7 +885,9 @@ mod tests {
                     target: "usr/lib".into(),
                     link: "/lib".into()
                 },
-                Call::RestrictRoot(RO),
+                Call::RestrictRoot(
+                    sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV
+                ),
                 Call::Chdir("/tmp".into()),
             ]
         );

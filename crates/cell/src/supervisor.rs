@@ -403,7 +403,7 @@ fn start_and_supervise(
     let prepared = seccomp::program(&plan.seccomp).and_then(|program| {
         let cell_ids = (sys::geteuid() == 0).then(|| host_ids(plan));
         let (mut mounts, notes) = rootfs::prepare_sources(plan, cell_ids).map_err(launch_error)?;
-        mounts.extend(rootfs::prepare_cgroup_view(&cgroup.view()).map_err(launch_error)?);
+        mounts.extend(rootfs::prepare_cgroup_view(plan, &cgroup.view()).map_err(launch_error)?);
         Ok(Release {
             program,
             mounts,

@@ -26,15 +26,17 @@ pub enum RootStep {
         path: PathBuf,
         text: String,
     },
-    /// Hides a `/proc` path; skipped when this kernel has no such path.
+    /// Hides a `/proc` path; skipped when this kernel has no such path. `flags` are
+    /// those of an [`ProcMask::EmptyDir`] tmpfs (a bind of `/dev/null` keeps its own).
     MaskProc {
         path: PathBuf,
         with: ProcMask,
+        flags: MountFlags,
     },
-    /// Re-binds a `/proc` path read-only, nosuid, nodev, noexec (with its submounts);
-    /// skipped when absent.
+    /// Re-binds a `/proc` path with `flags` (with its submounts); skipped when absent.
     ReadonlyProc {
         path: PathBuf,
+        flags: MountFlags,
     },
 }
 
@@ -98,6 +100,33 @@ impl MountFlags {
         nodev: true,
         noexec: true,
     };
+    const READONLY: MountFlags = MountFlags {
+        readonly: true,
+        ..MountFlags::NOSUID_NODEV
+    };
+    const READONLY_NOEXEC: MountFlags = MountFlags {
+        readonly: true,
+        ..MountFlags::HIDDEN
+    };
+}
+
+/// The restrictions of the mount trees the supervisor clones for the cell, set on each
+/// whole tree (submounts included), and of the root once it is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TreeFlags {
+    /// The host image's directories.
+    pub system: MountFlags,
+    /// Read-only inputs: executable, since an input may be the script the payload runs.
+    pub inputs: MountFlags,
+    /// `/etc` entries: configuration, never code.
+    pub etc: MountFlags,
+    /// The cell's own cgroup under `/sys/fs/cgroup`.
+    pub cgroup_view: MountFlags,
+    /// Device nodes must not be nodev, and read-only would not stop writes to them
+    /// anyway: nosuid and noexec are what apply.
+    pub dev_nodes: MountFlags,
+    /// The root after setup, when the plan's root is read-only (the root mount alone).
+    pub root: MountFlags,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -228,6 +257,7 @@ pub struct CellLayout {
     pub root_steps: Vec<RootStep>,
     /// Host device nodes cloned into `/dev` (nosuid, noexec: they must not be nodev).
     pub dev_nodes: Vec<PathBuf>,
+    pub trees: TreeFlags,
     pub rlimits: Vec<Rlimit>,
     pub securebits: Vec<Securebit>,
     pub landlock: LandlockPlan,
@@ -260,6 +290,14 @@ pub(crate) fn cell_layout(plan: &CellPlan) -> CellLayout {
             .iter()
             .map(|n| Path::new("/dev").join(n))
             .collect(),
+        trees: TreeFlags {
+            system: MountFlags::READONLY,
+            inputs: MountFlags::READONLY,
+            etc: MountFlags::READONLY_NOEXEC,
+            cgroup_view: MountFlags::READONLY_NOEXEC,
+            dev_nodes: MountFlags::NOSUID_NOEXEC,
+            root: MountFlags::READONLY,
+        },
         rlimits: rlimits(&plan.limits),
         securebits: vec![
             Securebit::Noroot,
@@ -366,13 +404,16 @@ fn proc_masks() -> Vec<RootStep> {
     let dirs = PROC_MASKED_DIRS.iter().map(|name| RootStep::MaskProc {
         path: proc_path(name),
         with: ProcMask::EmptyDir,
+        flags: MountFlags::READONLY_NOEXEC,
     });
     let files = PROC_MASKED_FILES.iter().map(|name| RootStep::MaskProc {
         path: proc_path(name),
         with: ProcMask::DevNull,
+        flags: MountFlags::default(),
     });
     let readonly = PROC_READONLY.iter().map(|name| RootStep::ReadonlyProc {
         path: proc_path(name),
+        flags: MountFlags::READONLY_NOEXEC,
     });
     dirs.chain(files).chain(readonly).collect()
 }
@@ -557,7 +598,7 @@ mod tests {
                 RootStep::DeviceNodes => "devices".into(),
                 RootStep::WriteFile { path, .. } => format!("write {}", path.display()),
                 RootStep::MaskProc { path, .. } => format!("mask {}", path.display()),
-                RootStep::ReadonlyProc { path } => format!("readonly {}", path.display()),
+                RootStep::ReadonlyProc { path, .. } => format!("readonly {}", path.display()),
             })
             .collect();
         assert_eq!(

@@ -454,6 +454,10 @@ pub fn reap_leftovers(layout: &CgroupLayout) -> Vec<PathBuf> {
             for pid in pids {
                 let _ = crate::sys::kill(pid, libc::SIGKILL);
             }
+            // A supervisor that died inside a freeze (`kill_all_except`) leaves its cell
+            // frozen, and a frozen v1 task never acts on the SIGKILL: thaw it. An
+            // incomplete leftover may have no freezer directory; that is no error here.
+            let _ = layout.backend().freeze(&cgroup.dirs, false);
             std::thread::sleep(Duration::from_millis(5));
         }
         left.extend(cgroup.destroy());
@@ -720,6 +724,24 @@ mod tests {
             "v1 has no cgroup.kill"
         );
         assert!(cgroup.wait_empty(Duration::from_millis(10)));
+    }
+
+    #[test]
+    fn a_leftover_frozen_by_a_dead_supervisor_is_thawed_so_its_kill_lands() {
+        let (root, layout) = v1_fixture();
+        // No supervisor has this pid (above any pid_max) and no process this pid: the
+        // kill reaches no one, and the member stays listed until the deadline.
+        let name = "4194304000-1-0";
+        for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
+            let dir = root.path().join(hierarchy).join("airlock").join(name);
+            touch(&dir.join("cgroup.procs"), "2147483646\n");
+        }
+        let freezer = root.path().join("freezer/airlock").join(name);
+        touch(&freezer.join("freezer.state"), "FROZEN\n");
+        let left = reap_leftovers(&layout);
+        assert_eq!(read(&freezer.join("freezer.state")), "THAWED");
+        // Plain directories with files cannot be removed: reported, not hidden.
+        assert_eq!(left.len(), 4, "{left:?}");
     }
 
     #[test]

@@ -8,8 +8,8 @@ use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::stdin_relay::StdinRecord;
 use airlock_cell::PayloadStdin;
 use airlock_contract::{
-    compile, default_contract, load_contract_file, CellPlan, CompileInput, ContractError,
-    NetworkPlan,
+    compile, default_contract, load_contract_file, read_seccomp_profile, CellPlan, CompileInput,
+    ContractError, NetworkPlan,
 };
 use airlock_engine::inputs::InputContents;
 use airlock_engine::record;
@@ -63,11 +63,13 @@ fn load_plan(args: &RunArgs) -> Result<CellPlan, ContractError> {
         }
         None => (default_contract(), crate::current_dir()),
     };
+    let seccomp_profile = read_seccomp_profile(&contract, &base_dir)?;
     compile(
         &contract,
         &CompileInput {
             base_dir: &base_dir,
             argv: &args.command,
+            seccomp_profile: seccomp_profile.as_deref(),
         },
     )
 }

@@ -139,3 +139,42 @@ fn crates_depend_in_the_documented_direction() {
          knows of it"
     );
 }
+
+/// The contract crate decides (compile is a pure function); only `lib.rs` loads files.
+/// It may name libc's constants (syscall numbers, errnos, flags) but cannot call libc:
+/// every libc function is `unsafe`, which lives only in `crates/cell/src/sys.rs`.
+#[test]
+fn the_contract_crate_does_no_io_outside_its_loaders() {
+    let root = workspace_root().join("crates/contract/src");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let mut offenders = Vec::new();
+    for file in files.iter().filter(|f| !f.ends_with("lib.rs")) {
+        let text = std::fs::read_to_string(file).unwrap();
+        // Tests may write fixtures (the generated default filter is blessed from one).
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for (n, line) in code.lines().enumerate() {
+            let line = line.split("//").next().unwrap_or("");
+            let io = [
+                "std::fs",
+                "std::env",
+                "std::process",
+                "std::io::std",
+                "TcpStream",
+                "UdpSocket",
+                "TcpListener",
+                " fs::",
+                "(fs::",
+            ];
+            if io.iter().any(|k| line.contains(k)) {
+                offenders.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "I/O in the contract crate outside lib.rs:\n{}",
+        offenders.join("\n")
+    );
+    assert!(files.len() > 10, "the scan found too few files");
+}

@@ -23,8 +23,10 @@ pub enum CellError {
         context: String,
         source: std::io::Error,
     },
-    #[error(transparent)]
-    Seccomp(#[from] crate::seccomp::SeccompProfileError),
+    /// The plan's seccomp program is not the filter it names (never a bad profile: those
+    /// are refused when the contract is compiled).
+    #[error("seccomp: {0}")]
+    Seccomp(String),
     #[error("credential {name}: the supervisor variable {from_env} is not set")]
     MissingCredential { name: String, from_env: String },
     #[error(
@@ -63,13 +65,12 @@ pub enum CellError {
 impl CellError {
     pub fn class(&self) -> ResultClass {
         match self {
-            CellError::Unavailable { .. } | CellError::Seccomp(_) => {
-                ResultClass::SandboxUnavailable
-            }
+            CellError::Unavailable { .. } => ResultClass::SandboxUnavailable,
             CellError::MissingCredential { .. } | CellError::AbovePlan { .. } => {
                 ResultClass::PolicyDenied
             }
             CellError::Cgroup { .. }
+            | CellError::Seccomp(_)
             | CellError::Launch { .. }
             | CellError::Io { .. }
             | CellError::NotSingleThreaded(_)

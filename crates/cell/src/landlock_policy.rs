@@ -1,8 +1,9 @@
-//! Landlock rules matching the mount plan: the payload can read and execute the system
-//! tree and inputs, write only its writable paths and device nodes, execute in a writable
-//! path only where the plan allows it, and neither signal nor reach abstract unix sockets
-//! outside the cell. Requires Landlock ABI 6 (Linux 6.12); anything less is refused, never
-//! silently weakened.
+//! Applies the plan's Landlock rules (`CellPlan::layout.landlock`, decided by the contract
+//! crate's `layout.rs`): the payload can read and execute the system tree and inputs,
+//! write only its writable paths and device nodes, execute in a writable path only where
+//! the plan allows it, and neither signal nor reach abstract unix sockets outside the
+//! cell. Requires Landlock ABI 6 (Linux 6.12); anything less is refused, never silently
+//! weakened.
 //!
 //! TCP is deliberately not restricted here. Landlock can only filter TCP by port, not by
 //! address, and the cell's network namespace holds nothing but `lo`: every TCP connect
@@ -11,105 +12,45 @@
 //! filter on top of it would add nothing but break the payload's own test servers,
 //! databases and kernels (docs/threat-model.md).
 
-use crate::launcher::Stage;
-use airlock_contract::{CellPlan, MountPlan};
-use landlock::{
-    Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
-};
-use std::path::Path;
+use crate::kernel::Kernel;
+use crate::stage::Stage;
+use airlock_contract::{FsAccess, LandlockPlan, LandlockRule};
+use landlock::ABI;
 
 /// The lowest ABI that has everything the cell relies on (fs rights and scopes).
 pub const REQUIRED_ABI: ABI = ABI::V6;
 
-fn unavailable(stage: &'static str, err: impl std::fmt::Display) -> Stage {
-    Stage {
-        name: stage.into(),
-        message: err.to_string(),
-        unavailable: true,
-    }
+fn bits(access: impl IntoIterator<Item = FsAccess>) -> u64 {
+    access.into_iter().fold(0, |all, a| all | a.bit())
 }
 
-/// Every filesystem right of [`REQUIRED_ABI`] except execute.
-fn all_but_execute() -> BitFlags<AccessFs> {
-    AccessFs::from_all(REQUIRED_ABI) & !AccessFs::Execute
-}
-
-/// The path rules of `plan`, in order: a path without a rule gets no access at all.
-/// `/dev/shm` is airlock's, not the contract's, and never executable.
-pub fn fs_rules(plan: &CellPlan) -> Vec<(String, BitFlags<AccessFs>)> {
-    let read_exec = AccessFs::ReadFile | AccessFs::ReadDir | AccessFs::Execute;
-    let read = AccessFs::ReadFile | AccessFs::ReadDir;
-    let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
-
-    let mut rules: Vec<(String, BitFlags<AccessFs>)> = vec![
-        ("/".into(), AccessFs::ReadDir.into()),
-        ("/etc".into(), read),
-        ("/proc".into(), read),
-        // The cell's own cgroup, read-only (rootfs::prepare_cgroup_view).
-        ("/sys/fs/cgroup".into(), read),
-        ("/dev".into(), AccessFs::ReadDir.into()),
-        ("/dev/pts".into(), device | AccessFs::ReadDir),
-        ("/dev/shm".into(), all_but_execute()),
-    ];
-    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
-        rules.push((format!("/dev/{node}"), device));
-    }
-    for mount in &plan.mounts {
-        let (path, access) = match mount {
-            MountPlan::HostSystem { path, .. } => (path, read_exec),
-            MountPlan::ReadonlyInput { target, .. } => (target, read_exec),
-            MountPlan::WritableTmpfs { target, exec, .. } if *exec => {
-                (target, AccessFs::from_all(REQUIRED_ABI))
-            }
-            MountPlan::WritableTmpfs { target, .. } => (target, all_but_execute()),
-        };
-        rules.push((path.display().to_string(), access));
-    }
-    rules
+/// A rule's rights as the kernel takes them: on a file (an input file, a device node)
+/// only the rights that apply to files.
+fn rule_bits(rule: &LandlockRule, is_dir: bool) -> u64 {
+    bits(
+        rule.access
+            .iter()
+            .copied()
+            .filter(|access| is_dir || access.on_file()),
+    )
 }
 
 /// Applies the ruleset to the calling process (and so to everything it execs).
-pub fn restrict(plan: &CellPlan) -> Result<(), Stage> {
-    let ruleset = Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(REQUIRED_ABI))
-        .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
-        .map_err(|e| unavailable("landlock.ruleset", e))?;
-    let mut created = ruleset
-        .create()
-        .map_err(|e| unavailable("landlock.create", e))?;
-    for (path, access) in fs_rules(plan) {
+pub fn restrict<K: Kernel>(kernel: &mut K, plan: &LandlockPlan) -> Result<(), Stage> {
+    kernel.landlock_create_ruleset(
+        bits(FsAccess::ALL),
+        plan.scope_signals,
+        plan.scope_abstract_unix_sockets,
+    )?;
+    for rule in &plan.rules {
         // Paths of the plan that did not materialise (optional host dirs such as /lib32)
         // simply get no rule: no rule means no access.
-        let Ok(fd) = PathFd::new(Path::new(&path)) else {
+        let Some(is_dir) = kernel.is_dir(&rule.path) else {
             continue;
         };
-        // A rule on a file (an input file, a device node) may only carry file rights.
-        let access = if Path::new(&path).is_dir() {
-            access
-        } else {
-            access & AccessFs::from_file(REQUIRED_ABI)
-        };
-        created = created
-            .add_rule(PathBeneath::new(fd, access))
-            .map_err(|e| Stage::new("landlock.add_rule", format!("{path}: {e}")))?;
+        kernel.landlock_add_rule(&rule.path, rule_bits(rule, is_dir))?;
     }
-    let status = created
-        .restrict_self()
-        .map_err(|e| unavailable("landlock.restrict_self", e))?;
-    if status.ruleset != RulesetStatus::FullyEnforced {
-        return Err(unavailable(
-            "landlock.restrict_self",
-            match status.ruleset {
-                RulesetStatus::PartiallyEnforced => {
-                    "the kernel enforced only part of the Landlock ruleset"
-                }
-                _ => "the kernel did not enforce the Landlock ruleset",
-            },
-        ));
-    }
-    Ok(())
+    kernel.landlock_restrict_self()
 }
 
 /// The Landlock ABI of the running kernel (0 when unsupported).
@@ -120,52 +61,150 @@ pub fn kernel_abi() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use airlock_contract::{compile, parse_contract, CompileInput, ContractFormat};
+    use crate::kernel::recording::{Call, RecordingKernel};
+    use airlock_contract::{compile, parse_contract, CellPlan, CompileInput, ContractFormat};
+    use landlock::{Access, AccessFs, BitFlags};
+    use std::path::{Path, PathBuf};
 
     fn plan(yaml: &str) -> CellPlan {
         let contract = parse_contract(yaml, ContractFormat::Yaml).unwrap();
-        let argv = ["true".to_owned()];
         compile(
             &contract,
             &CompileInput {
-                base_dir: Path::new("/"),
-                argv: &argv,
+                base_dir: Path::new("/jobs"),
+                argv: &["true".to_owned()],
+                seccomp_profile: None,
             },
         )
         .unwrap()
     }
 
-    fn access_of(rules: &[(String, BitFlags<AccessFs>)], path: &str) -> BitFlags<AccessFs> {
-        rules
+    /// The rules the kernel got, as `(path, rights)`.
+    fn applied(plan: &CellPlan, kernel: &mut RecordingKernel) -> Vec<(String, BitFlags<AccessFs>)> {
+        restrict(kernel, &plan.layout.landlock).unwrap();
+        assert_eq!(
+            kernel.calls.first(),
+            Some(&Call::LandlockCreateRuleset {
+                handled: AccessFs::from_all(REQUIRED_ABI).bits(),
+                scope_signals: true,
+                scope_abstract_unix_sockets: true,
+            })
+        );
+        assert_eq!(kernel.calls.last(), Some(&Call::LandlockRestrictSelf));
+        kernel.calls[1..kernel.calls.len() - 1]
             .iter()
-            .find(|(p, _)| p == path)
-            .map(|(_, access)| *access)
-            .unwrap_or_else(|| panic!("no rule for {path}"))
+            .map(|call| match call {
+                Call::LandlockAddRule { path, access } => (
+                    path.display().to_string(),
+                    BitFlags::<AccessFs>::from_bits(*access).unwrap(),
+                ),
+                other => panic!("not a rule: {other:?}"),
+            })
+            .collect()
+    }
+
+    const DEVICES: [&str; 6] = [
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/random",
+        "/dev/urandom",
+        "/dev/tty",
+    ];
+
+    fn device_kernel(more_files: &[&str], missing: &[&str]) -> RecordingKernel {
+        let files: Vec<&str> = DEVICES.iter().chain(more_files).copied().collect();
+        RecordingKernel::with_files(&files, missing)
     }
 
     #[test]
-    fn execute_is_granted_only_on_the_writable_paths_that_allow_it() {
-        let rules = fs_rules(&plan(
-            "filesystem:\n  writable_paths: [work, { path: data, exec: false }]\n",
-        ));
-        assert!(access_of(&rules, "/work").contains(AccessFs::Execute));
-        assert!(!access_of(&rules, "/data").contains(AccessFs::Execute));
-        assert!(access_of(&rules, "/data").contains(AccessFs::WriteFile));
-        assert!(!access_of(&rules, "/dev/shm").contains(AccessFs::Execute));
+    fn the_default_cell_gets_its_rules_in_order_with_file_rights_on_files() {
+        let plan = plan("{}\n");
+        let rules = applied(&plan, &mut device_kernel(&[], &["/lib32", "/libx32"]));
+        let read = AccessFs::ReadFile | AccessFs::ReadDir;
+        let read_exec = read | AccessFs::Execute;
+        let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
+        let all = AccessFs::from_all(REQUIRED_ABI);
+        let mut expected: Vec<(String, BitFlags<AccessFs>)> = vec![
+            ("/".into(), AccessFs::ReadDir.into()),
+            ("/etc".into(), read),
+            ("/proc".into(), read),
+            ("/sys/fs/cgroup".into(), read),
+            ("/dev".into(), AccessFs::ReadDir.into()),
+            ("/dev/pts".into(), device | AccessFs::ReadDir),
+            ("/dev/shm".into(), all & !AccessFs::Execute),
+        ];
+        expected.extend(DEVICES.iter().map(|d| (d.to_string(), device)));
+        // The optional system dirs this host lacks get no rule at all.
+        for dir in ["/usr", "/bin", "/sbin", "/lib", "/lib64"] {
+            expected.push((dir.into(), read_exec));
+        }
+        expected.push(("/tmp".into(), all));
+        assert_eq!(rules, expected);
     }
 
     #[test]
-    fn nothing_outside_the_writable_paths_is_writable() {
-        let rules = fs_rules(&plan("filesystem:\n  writable_paths: [work]\n"));
+    fn inputs_are_read_and_execute_and_writable_paths_execute_only_when_allowed() {
+        let plan = plan(
+            "filesystem:\n  readonly_inputs: [input/report.docx, tools]\n  writable_paths: [output, { path: data, exec: false }]\n  output_allowlist: [output/*.pdf]\n",
+        );
+        let rules = applied(&plan, &mut device_kernel(&["/input/report.docx"], &[]));
+        let tail = &rules[rules.len() - 4..];
+        let all = AccessFs::from_all(REQUIRED_ABI);
+        assert_eq!(
+            tail,
+            [
+                // A file input gets the file rights of read + execute.
+                (
+                    "/input/report.docx".into(),
+                    AccessFs::ReadFile | AccessFs::Execute
+                ),
+                (
+                    "/tools".into(),
+                    AccessFs::ReadFile | AccessFs::ReadDir | AccessFs::Execute
+                ),
+                ("/output".into(), all),
+                ("/data".into(), all & !AccessFs::Execute),
+            ]
+        );
         let write = AccessFs::WriteFile | AccessFs::MakeReg | AccessFs::RemoveFile;
         for (path, access) in &rules {
             let writable = access.intersects(write);
-            let expected =
-                matches!(path.as_str(), "/work" | "/dev/shm") || path.starts_with("/dev/");
+            let expected = matches!(path.as_str(), "/output" | "/data" | "/dev/shm")
+                || path.starts_with("/dev/");
             assert_eq!(writable, expected, "{path}: {access:?}");
         }
-        for path in ["/usr", "/etc", "/proc", "/"] {
-            assert!(!access_of(&rules, path).intersects(write), "{path}");
+    }
+
+    #[test]
+    fn terminal_and_allowlisted_cells_get_the_same_rules_as_the_default() {
+        let default = applied(&plan("{}\n"), &mut device_kernel(&[], &[]));
+        for yaml in [
+            "terminal: true\n",
+            "network:\n  mode: allowlist\n  allowed_domains: [api.test]\n",
+        ] {
+            // The pty is in /dev/pts, the proxies and resolver are reached over lo: neither
+            // needs a path of its own.
+            assert_eq!(
+                applied(&plan(yaml), &mut device_kernel(&[], &[])),
+                default,
+                "{yaml}"
+            );
         }
+        let paths: Vec<PathBuf> = default.iter().map(|(p, _)| PathBuf::from(p)).collect();
+        assert!(paths.contains(&PathBuf::from("/dev/pts")));
+    }
+
+    #[test]
+    fn the_plans_rights_are_the_kernels_bits_of_abi_6() {
+        let ours = BitFlags::<AccessFs>::from_bits(bits(FsAccess::ALL)).unwrap();
+        assert_eq!(ours, AccessFs::from_all(REQUIRED_ABI));
+        let on_file: Vec<FsAccess> = FsAccess::ALL.into_iter().filter(|a| a.on_file()).collect();
+        assert_eq!(
+            BitFlags::<AccessFs>::from_bits(bits(on_file)).unwrap(),
+            AccessFs::from_file(REQUIRED_ABI)
+        );
+        assert_eq!(FsAccess::Execute.bit(), AccessFs::Execute as u64);
+        assert_eq!(FsAccess::IoctlDev.bit(), AccessFs::IoctlDev as u64);
     }
 }

@@ -15,41 +15,20 @@
 //! child that only execs, in a process group of its own, after taking the terminal as its
 //! controlling one in a session of its own when there is one).
 
+use crate::kernel::RealKernel;
 use crate::protocol::{
     self, CellCommand, CommandStdio, ExecFailure, LaunchFailure, PayloadEnded, Pid1Channel, ToCell,
 };
+use crate::stage::Stage;
 use crate::{landlock_policy, rootfs, sys};
-use airlock_contract::{CellPlan, NetworkPlan, HTTP_PROXY_PORT, SOCKS_PROXY_PORT};
+use airlock_contract::{
+    CellPlan, NetworkPlan, Rlimit, RlimitResource, Securebit, HTTP_PROXY_PORT, SOCKS_PROXY_PORT,
+};
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-
-/// A failed setup step: its name, what went wrong and whether it means the host cannot
-/// provide the control (as opposed to an error of airlock itself).
-#[derive(Debug)]
-pub struct Stage {
-    pub name: String,
-    pub message: String,
-    pub unavailable: bool,
-}
-
-impl Stage {
-    pub fn new(name: &str, message: String) -> Stage {
-        Stage {
-            name: name.into(),
-            message,
-            unavailable: false,
-        }
-    }
-    pub fn io(name: &str, path: &Path, err: std::io::Error) -> Stage {
-        Stage::new(name, format!("{}: {err}", path.display()))
-    }
-    fn errno(name: &str, err: std::io::Error) -> Stage {
-        Stage::new(name, err.to_string())
-    }
-}
 
 /// Everything the child needs, prepared by the supervisor before `clone`. The command
 /// is not among it: it arrives with START.
@@ -218,7 +197,8 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
     }
     // Built while the supervisor prepares the release; nothing of the payload runs
     // before START.
-    let old_root_detach = rootfs::build_skeleton(plan, devices)?;
+    let mut kernel = RealKernel::default();
+    let old_root_detach = rootfs::build_skeleton(&mut kernel, plan, devices)?;
     let (program, mounts) = match receive(setup)? {
         (ToCell::Release { program, mounts }, fds) => (
             program
@@ -231,7 +211,7 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
     };
     // The supervisor has placed us in the cell cgroup; make it our cgroup root.
     sys::unshare(libc::CLONE_NEWCGROUP).map_err(|e| Stage::errno("cgroup_namespace", e))?;
-    rootfs::finish(plan, mounts)?;
+    rootfs::finish(&mut kernel, plan, mounts)?;
     if let NetworkPlan::Allowlist { .. } = plan.network {
         pass_egress_listeners(&setup.sync, plan)?;
     }
@@ -247,10 +227,10 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
     for target in 0..3 {
         sys::dup2(setup.null.as_raw_fd(), target).map_err(|e| Stage::errno("stdio", e))?;
     }
-    set_rlimits(plan)?;
-    drop_privileges()?;
+    set_rlimits(&plan.layout.rlimits)?;
+    drop_privileges(&plan.layout.securebits)?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| Stage::errno("no_new_privs", e))?;
-    landlock_policy::restrict(plan)?;
+    landlock_policy::restrict(&mut kernel, &plan.layout.landlock)?;
     sys::cloexec_from_3().map_err(|e| Stage::errno("close_fds", e))?;
     sys::install_seccomp_filter(&program).map_err(|e| Stage::errno("seccomp", e))?;
     Ok((old_root_detach, terminal))
@@ -328,44 +308,24 @@ fn pass_egress_listeners(sync: &Pid1Channel, plan: &CellPlan) -> Result<(), Stag
     // Our copies close here; the supervisor's proxy owns the sockets.
 }
 
-fn set_rlimits(plan: &CellPlan) -> Result<(), Stage> {
-    let limits = &plan.limits;
-    for (resource, value, name) in [
-        (libc::RLIMIT_CORE, 0, "core"),
-        (libc::RLIMIT_NOFILE, limits.open_files, "nofile"),
-        (libc::RLIMIT_FSIZE, limits.file_size_bytes, "fsize"),
-        // Backstop for the pids cgroup; counted per user namespace, so per cell. One above
-        // `pids.max`: the kernel checks the rlimit first, and the ceiling that fires
-        // must be the cgroup's, which is counted and reported as `pids`.
-        (
-            libc::RLIMIT_NPROC,
-            crate::cgroup::cell_pids_max(limits) + 1,
-            "nproc",
-        ),
-    ] {
-        sys::set_rlimit(resource, value)
+fn set_rlimits(rlimits: &[Rlimit]) -> Result<(), Stage> {
+    for rlimit in rlimits {
+        let (resource, name) = match rlimit.resource {
+            RlimitResource::Core => (libc::RLIMIT_CORE, "core"),
+            RlimitResource::Nofile => (libc::RLIMIT_NOFILE, "nofile"),
+            RlimitResource::Fsize => (libc::RLIMIT_FSIZE, "fsize"),
+            RlimitResource::Nproc => (libc::RLIMIT_NPROC, "nproc"),
+        };
+        sys::set_rlimit(resource, rlimit.value)
             .map_err(|e| Stage::new("rlimits", format!("{name}: {e}")))?;
     }
     Ok(())
 }
 
-/// Empties every capability set and locks the securebits so that no later execve (even of
-/// a file with capabilities, or as uid 0) can regain any.
-fn drop_privileges() -> Result<(), Stage> {
-    const SECBIT_NOROOT: u64 = 1 << 0;
-    const SECBIT_NOROOT_LOCKED: u64 = 1 << 1;
-    const SECBIT_NO_SETUID_FIXUP: u64 = 1 << 2;
-    const SECBIT_NO_SETUID_FIXUP_LOCKED: u64 = 1 << 3;
-    const SECBIT_KEEP_CAPS_LOCKED: u64 = 1 << 5;
-    const SECBIT_NO_CAP_AMBIENT_RAISE: u64 = 1 << 6;
-    const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: u64 = 1 << 7;
-    let bits = SECBIT_NOROOT
-        | SECBIT_NOROOT_LOCKED
-        | SECBIT_NO_SETUID_FIXUP
-        | SECBIT_NO_SETUID_FIXUP_LOCKED
-        | SECBIT_KEEP_CAPS_LOCKED
-        | SECBIT_NO_CAP_AMBIENT_RAISE
-        | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
+/// Empties every capability set and locks the plan's securebits so that no later execve
+/// (even of a file with capabilities, or as uid 0) can regain any.
+fn drop_privileges(securebits: &[Securebit]) -> Result<(), Stage> {
+    let bits = securebits.iter().fold(0, |all, bit| all | bit.bit());
     sys::prctl(libc::PR_SET_SECUREBITS, bits as libc::c_ulong)
         .map_err(|e| Stage::errno("securebits", e))?;
     sys::prctl3(

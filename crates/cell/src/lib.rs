@@ -8,14 +8,24 @@
 //!
 //! All `unsafe` code lives in [`sys`].
 
+// The seccomp filter checks for AUDIT_ARCH_X86_64 and is keyed on x86-64 syscall numbers,
+// `sys` makes raw x86-64 system calls: built for another architecture the cell would
+// not be confined as planned, so it does not build at all.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+compile_error!(
+    "airlock-cell supports only x86-64 Linux: its seccomp filter (AUDIT_ARCH_X86_64, the x86-64 \
+     syscall table) and its raw system calls are x86-64's"
+);
+
 pub mod artifacts;
 pub mod census;
 pub mod cgroup;
 pub mod control;
-mod default_filter;
+mod counters;
 pub mod doctor;
 mod error;
 pub mod host_files;
+mod kernel;
 mod landlock_policy;
 mod launcher;
 pub mod output;
@@ -24,10 +34,10 @@ mod protocol;
 pub mod report;
 mod rootfs;
 pub mod seccomp;
+mod stage;
 pub mod stdin_relay;
 mod supervisor;
 mod sys;
-mod syscalls;
 mod terminal;
 
 pub use error::CellError;

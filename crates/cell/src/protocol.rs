@@ -702,6 +702,7 @@ mod tests {
             &airlock_contract::CompileInput {
                 base_dir: std::path::Path::new("/"),
                 argv: &["true".to_string()],
+                seccomp_profile: None,
             },
         )
         .unwrap()

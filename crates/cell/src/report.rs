@@ -3,7 +3,7 @@
 //! kills), never from the payload's output.
 
 use crate::artifacts::{ArtifactKept, ArtifactReport};
-use crate::cgroup::CgroupUsage;
+use crate::counters::CgroupUsage;
 use crate::output::OutputCapture;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::net::SocketAddr;

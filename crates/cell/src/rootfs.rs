@@ -7,30 +7,20 @@
 //! Every clone is restricted (read-only, nosuid, nodev) with `mount_setattr(AT_RECURSIVE)`,
 //! which, unlike a bind remount, also covers submounts.
 
-use crate::launcher::Stage;
+use crate::kernel::Kernel;
+use crate::stage::Stage;
 use crate::sys;
-use airlock_contract::{CellPlan, EtcEntry, MountPlan, NetworkPlan};
+use airlock_contract::{
+    CellPlan, EtcEntry, MountFlags, MountKind, MountPlan, MountSpec, ProcMask, RootStep, SHM,
+};
+use std::ffi::CString;
 use std::fs::{self, File};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{symlink, DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Where the new root is assembled before `pivot_root`.
 const STAGING: &str = "/tmp";
-const DEVICE_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
-/// Docker's masked `/proc` paths: directories get an empty read-only tmpfs, files
-/// `/dev/null`. Paths this kernel lacks are skipped.
-const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi"];
-const PROC_MASKED_FILES: &[&str] = &[
-    "interrupts",
-    "kcore",
-    "keys",
-    "latency_stats",
-    "sched_debug",
-    "timer_list",
-    "timer_stats",
-];
-const PROC_READONLY: &[&str] = &["bus", "fs", "irq", "sys", "sysrq-trigger"];
 
 enum Source {
     Tree { fd: OwnedFd, is_dir: bool },
@@ -139,9 +129,9 @@ struct InputOwners {
 }
 
 impl InputOwners {
-    fn new(plan: &CellPlan) -> InputOwners {
+    fn new(cell: Option<(u32, u32)>) -> InputOwners {
         InputOwners {
-            cell: (sys::geteuid() == 0).then(|| crate::supervisor::host_ids(plan)),
+            cell,
             namespaces: Vec::new(),
         }
     }
@@ -195,26 +185,43 @@ fn mirror_or_clone(
     }))
 }
 
-const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+/// `MOUNT_ATTR_*` bits of `flags`, for `mount_setattr`.
+fn tree_attrs(flags: &MountFlags) -> u64 {
+    [
+        (flags.readonly, sys::MOUNT_ATTR_RDONLY),
+        (flags.nosuid, sys::MOUNT_ATTR_NOSUID),
+        (flags.nodev, sys::MOUNT_ATTR_NODEV),
+        (flags.noexec, sys::MOUNT_ATTR_NOEXEC),
+    ]
+    .into_iter()
+    .filter(|(set, _)| *set)
+    .fold(0, |all, (_, attr)| all | attr)
+}
 
 /// Opens and clones every host source of the plan, with notes for the result on what
 /// could not be done as planned (see [`InputOwners`]). Runs in the supervisor: as the
 /// invoking user it can reach inputs under private directories (a root-owned 0700 temp
 /// dir, say) that the cell's unprivileged identity could not traverse, and the detached
-/// trees it creates can be attached in the cell's mount namespace.
-pub fn prepare_sources(plan: &CellPlan) -> Result<(Vec<Prepared>, Vec<String>), Stage> {
+/// trees it creates can be attached in the cell's mount namespace. `cell_ids` is the cell
+/// identity's host uid and gid when airlock runs as root (see [`InputOwners`]).
+pub fn prepare_sources(
+    plan: &CellPlan,
+    cell_ids: Option<(u32, u32)>,
+) -> Result<(Vec<Prepared>, Vec<String>), Stage> {
     let mut prepared = Vec::new();
     let mut notes = Vec::new();
-    let mut owners = InputOwners::new(plan);
+    let mut owners = InputOwners::new(cell_ids);
     for mount in &plan.mounts {
         match mount {
             MountPlan::HostSystem { path, optional } => {
-                prepared.extend(mirror_or_clone(path, path, RO, *optional)?);
+                let attrs = tree_attrs(&plan.layout.trees.system);
+                prepared.extend(mirror_or_clone(path, path, attrs, *optional)?);
             }
             MountPlan::ReadonlyInput { source, target } => {
                 // Inputs may be scripts the payload runs (`/input/convert.sh`), so they keep
                 // exec; they stay read-only, nosuid and nodev.
-                let (tree, owner) = restricted_clone_with_owner(source, RO, true)?;
+                let attrs = tree_attrs(&plan.layout.trees.inputs);
+                let (tree, owner) = restricted_clone_with_owner(source, attrs, true)?;
                 if let Err(why) = owners.show_as_cell(&tree, owner) {
                     notes.push(format!(
                         "readonly input {}: its files keep their host owners (shown as nobody): {why}",
@@ -231,23 +238,25 @@ pub fn prepare_sources(plan: &CellPlan) -> Result<(Vec<Prepared>, Vec<String>), 
         }
     }
     for entry in &plan.etc {
-        prepared.extend(prepare_etc_entry(entry)?);
+        prepared.extend(prepare_etc_entry(
+            entry,
+            tree_attrs(&plan.layout.trees.etc),
+        )?);
     }
     Ok((prepared, notes))
 }
 
 /// One entry of the cell's `/etc` (the plan's vetted host entries and the contract's
 /// additions), read-only and noexec: configuration, never code.
-fn prepare_etc_entry(entry: &EtcEntry) -> Result<Option<Prepared>, Stage> {
-    const ETC: u64 = RO | sys::MOUNT_ATTR_NOEXEC;
+fn prepare_etc_entry(entry: &EtcEntry, attrs: u64) -> Result<Option<Prepared>, Stage> {
     match entry {
         // The host's own layout, symlinks included (`os-release` -> `../usr/lib/...`);
         // what this host lacks is skipped.
-        EtcEntry::Host { path } => mirror_or_clone(path, path, ETC, true),
+        EtcEntry::Host { path } => mirror_or_clone(path, path, attrs, true),
         // The operator named the file: a symlink is followed, and it must exist.
         EtcEntry::Contract { source, target } => Ok(Some(Prepared {
             target: target.clone(),
-            source: restricted_clone(source, ETC, true)?,
+            source: restricted_clone(source, attrs, true)?,
         })),
     }
 }
@@ -257,15 +266,20 @@ fn prepare_etc_entry(entry: &EtcEntry) -> Result<Option<Prepared>, Stage> {
 /// `memory.limit_in_bytes` and `cpu.max` / `cpu.cfs_quota_us` there, found through
 /// `/proc/self/mountinfo` and `/proc/self/cgroup`, which the cell's cgroup namespace roots
 /// at this cgroup). `view` is `(target in the cell, host directory)`, from
-/// [`crate::cgroup::CellCgroup::view`]. Read-only, nosuid, nodev, noexec: the cell reads
-/// its own limits and usage and can change nothing (nor could it with write access: it
-/// has no capabilities, and Landlock grants only reads there).
-pub fn prepare_cgroup_view(view: &[(PathBuf, PathBuf)]) -> Result<Vec<Prepared>, Stage> {
+/// [`crate::cgroup::CellCgroup::view`]. Read-only, nosuid, nodev, noexec (the plan's
+/// `trees.cgroup_view`): the cell reads its own limits and usage and can change nothing
+/// (nor could it with write access: it has no capabilities, and Landlock grants only
+/// reads there).
+pub fn prepare_cgroup_view(
+    plan: &CellPlan,
+    view: &[(PathBuf, PathBuf)],
+) -> Result<Vec<Prepared>, Stage> {
+    let attrs = tree_attrs(&plan.layout.trees.cgroup_view);
     view.iter()
         .map(|(target, host)| {
             Ok(Prepared {
                 target: target.clone(),
-                source: restricted_clone(host, RO | sys::MOUNT_ATTR_NOEXEC, false)?,
+                source: restricted_clone(host, attrs, false)?,
             })
         })
         .collect()
@@ -273,338 +287,255 @@ pub fn prepare_cgroup_view(view: &[(PathBuf, PathBuf)]) -> Result<Vec<Prepared>,
 
 /// The host's device nodes for the cell's `/dev`, cloned by the supervisor. They travel
 /// with the id maps, so the cell can mask `/proc` (with `/dev/null`) before the release.
-pub fn prepare_devices() -> Result<Vec<Prepared>, Stage> {
-    DEVICE_NODES
+pub fn prepare_devices(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
+    let attrs = tree_attrs(&plan.layout.trees.dev_nodes);
+    plan.layout
+        .dev_nodes
         .iter()
-        .map(|node| {
-            let host = Path::new("/dev").join(node);
-            // Device nodes must not be nodev, and read-only would not stop writes to them
-            // anyway; nosuid+noexec is what applies.
-            let source = restricted_clone(
-                &host,
-                sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
-                false,
-            )?;
+        .map(|host| {
+            let source = restricted_clone(host, attrs, false)?;
             Ok(Prepared {
-                target: host,
+                target: host.clone(),
                 source,
             })
         })
         .collect()
 }
 
-/// Creates `path` and missing parents. Tries the leaf first: parents usually exist, and
-/// every avoided syscall is paid back on every cell start.
-fn mkdirs(path: &Path) -> Result<(), Stage> {
-    match fs::DirBuilder::new().mode(0o755).create(path) {
-        Ok(()) => return Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(_) => {}
+fn mount_flags(flags: &MountFlags) -> libc::c_ulong {
+    [
+        (flags.readonly, libc::MS_RDONLY),
+        (flags.nosuid, libc::MS_NOSUID),
+        (flags.nodev, libc::MS_NODEV),
+        (flags.noexec, libc::MS_NOEXEC),
+    ]
+    .into_iter()
+    .filter(|(set, _)| *set)
+    .fold(0, |all, (_, flag)| all | flag)
+}
+
+fn mode_option(mode: u32) -> String {
+    format!("{mode:04o}")
+}
+
+/// Where `target` of the cell is before the pivot: below the staging directory.
+fn staged(target: &Path) -> PathBuf {
+    match target.strip_prefix("/") {
+        Ok(below) if below.as_os_str().is_empty() => PathBuf::from(STAGING),
+        Ok(below) => Path::new(STAGING).join(below),
+        Err(_) => Path::new(STAGING).join(target),
     }
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(path)
+}
+
+fn mount_spec<K: Kernel>(kernel: &mut K, spec: &MountSpec, at: &Path) -> Result<(), Stage> {
+    let flags = mount_flags(&spec.flags);
+    let (source, fstype, data, stage) = match spec.kind {
+        MountKind::Tmpfs { size_bytes, mode } => (
+            "tmpfs",
+            c"tmpfs",
+            Some(format!("size={size_bytes},mode={}", mode_option(mode))),
+            "rootfs.mount_tmpfs",
+        ),
+        MountKind::Proc => ("proc", c"proc", None, "rootfs.proc"),
+        MountKind::Devpts { ptmx_mode, mode } => (
+            "devpts",
+            c"devpts",
+            Some(format!(
+                "newinstance,ptmxmode={},mode={}",
+                mode_option(ptmx_mode),
+                mode_option(mode)
+            )),
+            "rootfs.devpts",
+        ),
+    };
+    let data = data.map(|d| CString::new(d).expect("no NUL in mount options"));
+    // The staging directory (the new root) exists already.
+    if spec.target != Path::new("/") {
+        mkdirs(kernel, at)?;
+    }
+    kernel
+        .mount(
+            Some(Path::new(source)),
+            at,
+            Some(fstype),
+            flags,
+            data.as_deref(),
+        )
+        .map_err(|e| Stage::io(stage, at, e))
+}
+
+fn mkdirs<K: Kernel>(kernel: &mut K, path: &Path) -> Result<(), Stage> {
+    kernel
+        .mkdirs(path)
         .map_err(|e| Stage::io("rootfs.mkdir", path, e))
 }
 
-fn tmpfs_options(size_bytes: u64, mode: &str) -> std::ffi::CString {
-    std::ffi::CString::new(format!("size={size_bytes},mode={mode}")).expect("no NUL")
-}
-
-fn mount_tmpfs(
-    target: &Path,
-    size_bytes: u64,
-    mode: &str,
-    flags: libc::c_ulong,
-) -> Result<(), Stage> {
-    let options = tmpfs_options(size_bytes, mode);
-    sys::mount(
-        Some(Path::new("tmpfs")),
-        target,
-        Some(c"tmpfs"),
-        flags,
-        Some(&options),
-    )
-    .map_err(|e| Stage::io("rootfs.mount_tmpfs", target, e))
-}
-
-fn place(item: Prepared) -> Result<(), Stage> {
+fn place<K: Kernel>(kernel: &mut K, item: Prepared) -> Result<(), Stage> {
     let at = &item.target;
     if let Some(parent) = at.parent() {
-        mkdirs(parent)?;
+        mkdirs(kernel, parent)?;
     }
     match item.source {
-        Source::Symlink(link) => symlink(&link, at).map_err(|e| Stage::io("rootfs.symlink", at, e)),
+        Source::Symlink(link) => kernel
+            .symlink(&link, at)
+            .map_err(|e| Stage::io("rootfs.symlink", at, e)),
         Source::Tree { fd, is_dir } => {
             if is_dir {
-                mkdirs(at)?;
+                mkdirs(kernel, at)?;
             } else {
-                File::create(at).map_err(|e| Stage::io("rootfs.mountpoint", at, e))?;
+                kernel
+                    .create_file(at)
+                    .map_err(|e| Stage::io("rootfs.mountpoint", at, e))?;
             }
-            sys::attach_mount(fd.as_fd(), at).map_err(|e| Stage::io("rootfs.attach", at, e))
+            kernel
+                .attach_tree(fd, at)
+                .map_err(|e| Stage::io("rootfs.attach", at, e))
         }
     }
 }
 
-fn write_text(path: &Path, text: &str) -> Result<(), Stage> {
-    fs::write(path, text).map_err(|e| Stage::io("rootfs.write_etc", path, e))
-}
-
-/// The generated `/etc`: just enough for name lookups of the cell user and `localhost`.
-fn write_etc(plan: &CellPlan) -> Result<(), Stage> {
-    let etc = Path::new("/etc");
-    mkdirs(etc)?;
-    let (uid, gid) = (plan.identity.uid, plan.identity.gid);
-    let home = plan.workdir.display();
-    write_text(&etc.join("passwd"), &format!("cell:x:{uid}:{gid}:airlock cell:{home}:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"))?;
-    write_text(
-        &etc.join("group"),
-        &format!("cell:x:{gid}:\nnogroup:x:65534:\n"),
-    )?;
-    write_text(
-        &etc.join("hosts"),
-        &format!(
-            "127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{}\n",
-            plan.hostname
+/// Hides a `/proc` path (Docker's masks); a path this kernel lacks is skipped.
+fn mask_proc<K: Kernel>(
+    kernel: &mut K,
+    path: &Path,
+    with: ProcMask,
+    flags: &MountFlags,
+) -> Result<(), Stage> {
+    let mounted = match with {
+        ProcMask::EmptyDir => kernel.mount(
+            Some(Path::new("tmpfs")),
+            path,
+            Some(c"tmpfs"),
+            mount_flags(flags),
+            Some(c"size=4096,mode=0555"),
         ),
-    )?;
-    write_text(&etc.join("hostname"), &format!("{}\n", plan.hostname))?;
-    // A deny cell has no resolver (no resolv.conf, hosts from files only); an
-    // allowlisted one asks the in-cell resolver of the transparent egress path.
-    let hosts = match plan.network {
-        NetworkPlan::Deny => "files",
-        NetworkPlan::Allowlist { .. } => "files dns",
+        ProcMask::DevNull => kernel.mount(
+            Some(Path::new("/dev/null")),
+            path,
+            None,
+            libc::MS_BIND,
+            None,
+        ),
     };
-    write_text(
-        &etc.join("nsswitch.conf"),
-        &format!("passwd: files\ngroup: files\nshadow: files\nhosts: {hosts}\n"),
-    )?;
-    Ok(())
-}
-
-/// The in-cell resolver of the transparent egress path; it answers at once (it never
-/// asks anyone), so one short attempt is plenty.
-fn resolv_conf() -> String {
-    format!(
-        "# airlock: answers only the allowlisted names, never forwards a query\n\
-         nameserver {}\noptions timeout:2 attempts:1\n",
-        airlock_contract::TRANSPARENT_DNS.ip()
-    )
-}
-
-fn build_dev() -> Result<(), Stage> {
-    let dev = Path::new("/dev");
-    mkdirs(dev)?;
-    mount_tmpfs(dev, 64 * 1024, "0755", libc::MS_NOSUID | libc::MS_NOEXEC)?;
-    for (name, target) in [
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-        ("ptmx", "pts/ptmx"),
-    ] {
-        symlink(target, dev.join(name))
-            .map_err(|e| Stage::io("rootfs.dev_symlink", &dev.join(name), e))?;
-    }
-    let pts = dev.join("pts");
-    mkdirs(&pts)?;
-    sys::mount(
-        Some(Path::new("devpts")),
-        &pts,
-        Some(c"devpts"),
-        libc::MS_NOSUID | libc::MS_NOEXEC,
-        Some(c"newinstance,ptmxmode=0666,mode=0620"),
-    )
-    .map_err(|e| Stage::io("rootfs.devpts", &pts, e))
-}
-
-/// Where POSIX shared memory lives (`shm_open`, Python's `SharedMemory`).
-const SHM: &str = "/dev/shm";
-
-/// `/dev/shm`, sized by the plan: its pages are memory of the cell's cgroup, and filling
-/// it is the `shm` ceiling (a write fails with ENOSPC, a page of a mapping with SIGBUS).
-fn mount_shm(plan: &CellPlan) -> Result<(), Stage> {
-    let shm = Path::new(SHM);
-    mkdirs(shm)?;
-    mount_tmpfs(
-        shm,
-        plan.limits.shm_bytes,
-        "1777",
-        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-    )
-}
-
-/// Whether `/dev/shm` has no free blocks or inodes left (the `shm` ceiling).
-pub fn shm_is_full() -> bool {
-    matches!(sys::statfs_free(Path::new(SHM)), Ok((0, _)) | Ok((_, 0)))
-}
-
-const PROC_FLAGS: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-
-/// Docker's masked and read-only `/proc` paths (needs `/dev/null` in place).
-fn restrict_proc() -> Result<(), Stage> {
-    let proc_dir = Path::new("/proc");
-    let hidden = PROC_FLAGS;
-    let dev_null = Path::new("/dev/null");
-    let empty_dir = tmpfs_options(4096, "0555");
-    let masks = PROC_MASKED_DIRS
-        .iter()
-        .map(|name| (name, true))
-        .chain(PROC_MASKED_FILES.iter().map(|name| (name, false)));
-    for (name, is_dir) in masks {
-        let path = proc_dir.join(name);
-        let mounted = if is_dir {
-            sys::mount(
-                Some(Path::new("tmpfs")),
-                &path,
-                Some(c"tmpfs"),
-                hidden | libc::MS_RDONLY,
-                Some(&empty_dir),
-            )
-        } else {
-            sys::mount(Some(dev_null), &path, None, libc::MS_BIND, None)
-        };
-        match mounted {
-            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
-                return Err(Stage::io("rootfs.proc_mask", &path, e))
-            }
-            _ => {}
+    match mounted {
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+            Err(Stage::io("rootfs.proc_mask", path, e))
         }
+        _ => Ok(()),
     }
-    for name in PROC_READONLY {
-        let path = proc_dir.join(name);
-        let file = match open_path(&path, false) {
-            Ok(file) => file,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
-            Err(e) => return Err(Stage::io("rootfs.proc_readonly", &path, e)),
-        };
-        let tree = sys::clone_mount_tree(file.as_fd())
-            .map_err(|e| Stage::io("rootfs.proc_readonly", &path, e))?;
-        sys::set_mount_attributes(
-            tree.as_fd(),
-            sys::MOUNT_ATTR_RDONLY
-                | sys::MOUNT_ATTR_NOSUID
-                | sys::MOUNT_ATTR_NODEV
-                | sys::MOUNT_ATTR_NOEXEC,
-            true,
-        )
-        .map_err(|e| Stage::io("rootfs.proc_readonly", &path, e))?;
-        sys::attach_mount(tree.as_fd(), &path)
-            .map_err(|e| Stage::io("rootfs.proc_readonly", &path, e))?;
+}
+
+fn readonly_proc<K: Kernel>(kernel: &mut K, path: &Path, flags: &MountFlags) -> Result<(), Stage> {
+    match kernel.rebind_restricted(path, tree_attrs(flags)) {
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+            Err(Stage::io("rootfs.proc_readonly", path, e))
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// First half, run as soon as the id maps exist (while the supervisor still writes the
-/// audit record): the new root tmpfs with a fresh `/proc`, the pivot into it (the old
-/// root is detached in the background: wait for the returned value before the payload
-/// runs), then everything the cell creates itself - `/dev` with the host's device nodes
-/// (`devices`, from the supervisor), the generated `/etc`, Docker's `/proc` masks and the
-/// writable tmpfs mounts.
-pub fn build_skeleton(
+/// audit record): walks the plan's root steps - the new root tmpfs with a fresh `/proc`,
+/// the pivot into it (the old root is detached in the background: wait for the returned
+/// value before the payload runs), then everything the cell creates itself: `/dev` with
+/// the host's device nodes (`devices`, from the supervisor), the generated `/etc`,
+/// Docker's `/proc` masks and the writable tmpfs mounts.
+pub fn build_skeleton<K: Kernel>(
+    kernel: &mut K,
     plan: &CellPlan,
     devices: Vec<Prepared>,
-) -> Result<sys::BackgroundDetach, Stage> {
+) -> Result<K::Detach, Stage> {
     // Nothing we mount may propagate back to the host, and host mounts must not appear later.
-    sys::mount(
-        None,
-        Path::new("/"),
-        None,
-        libc::MS_REC | libc::MS_PRIVATE,
-        None,
-    )
-    .map_err(|e| Stage::io("rootfs.make_private", Path::new("/"), e))?;
-    let staging = Path::new(STAGING);
-    mount_tmpfs(
-        staging,
-        plan.rootfs.size_bytes,
-        "0755",
-        libc::MS_NOSUID | libc::MS_NODEV,
-    )?;
-    // A new proc is only allowed while a fully visible one exists in the namespace: the
-    // host's, until the old root is detached.
-    let proc_dir = staging.join("proc");
-    mkdirs(&proc_dir)?;
-    sys::mount(
-        Some(Path::new("proc")),
-        &proc_dir,
-        Some(c"proc"),
-        PROC_FLAGS,
-        None,
-    )
-    .map_err(|e| Stage::io("rootfs.proc", &proc_dir, e))?;
-    // The tmpfs becomes the root at once; the cell's own parts and the release's trees
-    // are then placed at their final paths.
-    std::env::set_current_dir(staging)
-        .map_err(|e| Stage::io("rootfs.chdir_staging", staging, e))?;
-    sys::pivot_root_to_cwd().map_err(|e| Stage::io("rootfs.pivot_root", staging, e))?;
-    // The old root now sits on top of the new one; detaching it removes every host path.
-    // Path walks start at this process's root, the new one, so the steps below do not see
-    // the old root while it is being detached.
-    let detach = sys::BackgroundDetach::start()
-        .map_err(|e| Stage::io("rootfs.detach_old_root", Path::new("/"), e))?;
-    std::env::set_current_dir("/")
-        .map_err(|e| Stage::io("rootfs.chdir_root", Path::new("/"), e))?;
-    build_dev()?;
-    mount_shm(plan)?;
-    for device in devices {
-        place(device)?;
-    }
-    write_etc(plan)?;
-    if matches!(plan.network, NetworkPlan::Allowlist { .. }) {
-        write_text(Path::new("/etc/resolv.conf"), &resolv_conf())?;
-    }
-    restrict_proc()?;
-    for mount in &plan.mounts {
-        if let MountPlan::WritableTmpfs {
-            target,
-            size_bytes,
-            exec,
-        } = mount
-        {
-            mkdirs(target)?;
-            mount_tmpfs(target, *size_bytes, "0755", writable_flags(*exec))?;
+    kernel
+        .mount(
+            None,
+            Path::new("/"),
+            None,
+            libc::MS_REC | libc::MS_PRIVATE,
+            None,
+        )
+        .map_err(|e| Stage::io("rootfs.make_private", Path::new("/"), e))?;
+    let mut detach = None;
+    let mut devices = Some(devices);
+    // The generated files share `/etc`: it is made once.
+    let mut made_parent: Option<&Path> = None;
+    for step in &plan.layout.root_steps {
+        match step {
+            RootStep::Mount(spec) if detach.is_none() => {
+                mount_spec(kernel, spec, &staged(&spec.target))?
+            }
+            RootStep::Mount(spec) => mount_spec(kernel, spec, &spec.target)?,
+            RootStep::PivotRoot => detach = Some(pivot(kernel)?),
+            RootStep::Symlink { link, target } => kernel
+                .symlink(target, link)
+                .map_err(|e| Stage::io("rootfs.dev_symlink", link, e))?,
+            RootStep::DeviceNodes => {
+                for device in devices.take().unwrap_or_default() {
+                    place(kernel, device)?;
+                }
+            }
+            RootStep::WriteFile { path, text } => {
+                let parent = path.parent();
+                if let Some(parent) = parent.filter(|p| made_parent != Some(*p)) {
+                    mkdirs(kernel, parent)?;
+                }
+                made_parent = parent;
+                kernel
+                    .write_file(path, text)
+                    .map_err(|e| Stage::io("rootfs.write_etc", path, e))?
+            }
+            RootStep::MaskProc { path, with, flags } => mask_proc(kernel, path, *with, flags)?,
+            RootStep::ReadonlyProc { path, flags } => readonly_proc(kernel, path, flags)?,
         }
     }
-    Ok(detach)
+    detach.ok_or_else(|| Stage::new("rootfs.pivot_root", "the plan has no pivot step".into()))
 }
 
-/// Mount flags of a writable tmpfs. nosuid and nodev always: they are what stops a file
-/// the payload writes from carrying privilege. `noexec` only when the plan withholds exec:
-/// it is no boundary (an interpreter or `memfd_create` + `execve` runs the same code), so
-/// it is a choice the contract makes, not a control.
-fn writable_flags(exec: bool) -> libc::c_ulong {
-    let always = libc::MS_NOSUID | libc::MS_NODEV;
-    if exec {
-        always
-    } else {
-        always | libc::MS_NOEXEC
-    }
+/// The staged tmpfs becomes the root at once; the cell's own parts and the release's
+/// trees are then placed at their final paths.
+fn pivot<K: Kernel>(kernel: &mut K) -> Result<K::Detach, Stage> {
+    let staging = Path::new(STAGING);
+    kernel
+        .chdir(staging)
+        .map_err(|e| Stage::io("rootfs.chdir_staging", staging, e))?;
+    kernel
+        .pivot_root_to_cwd()
+        .map_err(|e| Stage::io("rootfs.pivot_root", staging, e))?;
+    // The old root now sits on top of the new one; detaching it removes every host path.
+    // Path walks start at this process's root, the new one, so the steps after this do
+    // not see the old root while it is being detached.
+    let detach = kernel
+        .start_detach()
+        .map_err(|e| Stage::io("rootfs.detach_old_root", Path::new("/"), e))?;
+    kernel
+        .chdir(Path::new("/"))
+        .map_err(|e| Stage::io("rootfs.chdir_root", Path::new("/"), e))?;
+    Ok(detach)
 }
 
 /// Second half, after release: attaches the supervisor's mount trees (system dirs,
 /// inputs, `/etc` entries) and makes the root read-only. On return the working directory
 /// is the plan's `workdir`.
-pub fn finish(plan: &CellPlan, prepared: Vec<Prepared>) -> Result<(), Stage> {
+pub fn finish<K: Kernel>(
+    kernel: &mut K,
+    plan: &CellPlan,
+    prepared: Vec<Prepared>,
+) -> Result<(), Stage> {
     for item in prepared {
-        place(item)?;
+        place(kernel, item)?;
     }
     if plan.rootfs.readonly {
-        let root = open_path(Path::new("/"), true)
+        kernel
+            .restrict_root(tree_attrs(&plan.layout.trees.root))
             .map_err(|e| Stage::io("rootfs.readonly_root", Path::new("/"), e))?;
-        sys::set_mount_attributes(
-            root.as_fd(),
-            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-            false,
-        )
-        .map_err(|e| Stage::io("rootfs.readonly_root", Path::new("/"), e))?;
     }
-    std::env::set_current_dir(&plan.workdir)
+    kernel
+        .chdir(&plan.workdir)
         .map_err(|e| Stage::io("rootfs.chdir_workdir", &plan.workdir, e))?;
     // Verify we really are where the plan says (no symlink detour).
-    let cwd =
-        std::env::current_dir().map_err(|e| Stage::io("rootfs.verify_cwd", &plan.workdir, e))?;
+    let cwd = kernel
+        .current_dir()
+        .map_err(|e| Stage::io("rootfs.verify_cwd", &plan.workdir, e))?;
     if cwd != plan.workdir {
         return Err(Stage::new(
             "rootfs.verify_cwd",
@@ -616,6 +547,11 @@ pub fn finish(plan: &CellPlan, prepared: Vec<Prepared>) -> Result<(), Stage> {
         ));
     }
     Ok(())
+}
+
+/// Whether `/dev/shm` has no free blocks or inodes left (the `shm` ceiling).
+pub fn shm_is_full() -> bool {
+    matches!(sys::statfs_free(Path::new(SHM)), Ok((0, _)) | Ok((_, 0)))
 }
 
 /// Writable mounts with no free blocks or inodes left (the `disk` ceiling).
@@ -633,15 +569,340 @@ pub fn full_writable_mounts(plan: &CellPlan) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::writable_flags;
+    use super::*;
+    use crate::kernel::recording::{Call, RecordingKernel};
+    use airlock_contract::{compile, parse_contract, CompileInput, ContractFormat};
+    use std::ffi::CStr;
+
+    fn plan(yaml: &str) -> CellPlan {
+        let contract = parse_contract(yaml, ContractFormat::Yaml).unwrap();
+        compile(
+            &contract,
+            &CompileInput {
+                base_dir: Path::new("/jobs"),
+                argv: &["true".to_owned()],
+                seccomp_profile: None,
+            },
+        )
+        .unwrap()
+    }
+
+    fn mount(
+        source: Option<&str>,
+        target: &str,
+        fstype: Option<&CStr>,
+        flags: libc::c_ulong,
+        data: Option<&str>,
+    ) -> Call {
+        Call::Mount {
+            source: source.map(PathBuf::from),
+            target: target.into(),
+            fstype: fstype.map(CStr::to_owned),
+            flags,
+            data: data.map(|d| CString::new(d).unwrap()),
+        }
+    }
+
+    fn tmpfs(target: &str, flags: libc::c_ulong, data: &str) -> Call {
+        mount(Some("tmpfs"), target, Some(c"tmpfs"), flags, Some(data))
+    }
+
+    fn mkdirs(path: &str) -> Call {
+        Call::Mkdirs(path.into())
+    }
+
+    const NOSUID: libc::c_ulong = libc::MS_NOSUID;
+    const NODEV: libc::c_ulong = libc::MS_NODEV;
+    const NOEXEC: libc::c_ulong = libc::MS_NOEXEC;
+
+    /// Everything up to and including the generated `/etc` of a deny-mode cell, without
+    /// device nodes: the part every plan shares.
+    fn common_prefix(shm_bytes: u64) -> Vec<Call> {
+        let symlink = |target: &str, link: &str| Call::Symlink {
+            target: target.into(),
+            link: link.into(),
+        };
+        vec![
+            mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None),
+            tmpfs("/tmp", NOSUID | NODEV, "size=1048576,mode=0755"),
+            mkdirs("/tmp/proc"),
+            mount(
+                Some("proc"),
+                "/tmp/proc",
+                Some(c"proc"),
+                NOSUID | NODEV | NOEXEC,
+                None,
+            ),
+            Call::Chdir("/tmp".into()),
+            Call::PivotRoot,
+            Call::StartDetach,
+            Call::Chdir("/".into()),
+            mkdirs("/dev"),
+            tmpfs("/dev", NOSUID | NOEXEC, "size=65536,mode=0755"),
+            symlink("/proc/self/fd", "/dev/fd"),
+            symlink("/proc/self/fd/0", "/dev/stdin"),
+            symlink("/proc/self/fd/1", "/dev/stdout"),
+            symlink("/proc/self/fd/2", "/dev/stderr"),
+            symlink("pts/ptmx", "/dev/ptmx"),
+            mkdirs("/dev/pts"),
+            mount(
+                Some("devpts"),
+                "/dev/pts",
+                Some(c"devpts"),
+                NOSUID | NOEXEC,
+                Some("newinstance,ptmxmode=0666,mode=0620"),
+            ),
+            mkdirs("/dev/shm"),
+            tmpfs(
+                "/dev/shm",
+                NOSUID | NODEV | NOEXEC,
+                &format!("size={shm_bytes},mode=1777"),
+            ),
+        ]
+    }
+
+    fn proc_masks() -> Vec<Call> {
+        let hidden = NOSUID | NODEV | NOEXEC | libc::MS_RDONLY;
+        let mut calls: Vec<Call> = ["acpi", "asound", "scsi"]
+            .iter()
+            .map(|d| tmpfs(&format!("/proc/{d}"), hidden, "size=4096,mode=0555"))
+            .collect();
+        for file in [
+            "interrupts",
+            "kcore",
+            "keys",
+            "latency_stats",
+            "sched_debug",
+            "timer_list",
+            "timer_stats",
+        ] {
+            calls.push(mount(
+                Some("/dev/null"),
+                &format!("/proc/{file}"),
+                None,
+                libc::MS_BIND,
+                None,
+            ));
+        }
+        for path in ["bus", "fs", "irq", "sys", "sysrq-trigger"] {
+            calls.push(Call::RebindRestricted {
+                path: format!("/proc/{path}").into(),
+                attrs: sys::MOUNT_ATTR_RDONLY
+                    | sys::MOUNT_ATTR_NOSUID
+                    | sys::MOUNT_ATTR_NODEV
+                    | sys::MOUNT_ATTR_NOEXEC,
+            });
+        }
+        calls
+    }
+
+    fn written(calls: &[Call]) -> Vec<(String, String)> {
+        calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::WriteFile { path, text } => Some((path.display().to_string(), text.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn skeleton(plan: &CellPlan, devices: Vec<Prepared>) -> Vec<Call> {
+        let mut kernel = RecordingKernel::default();
+        build_skeleton(&mut kernel, plan, devices).unwrap();
+        kernel.calls
+    }
 
     #[test]
-    fn writable_paths_are_always_nosuid_and_nodev_and_noexec_only_when_asked() {
-        for exec in [true, false] {
-            let flags = writable_flags(exec);
-            assert_ne!(flags & libc::MS_NOSUID, 0, "exec={exec}");
-            assert_ne!(flags & libc::MS_NODEV, 0, "exec={exec}");
-            assert_eq!(flags & libc::MS_NOEXEC != 0, !exec, "exec={exec}");
+    fn the_default_cell_builds_its_root_in_the_planned_order() {
+        let plan = plan("{}\n");
+        let mut expected = common_prefix(64 << 20);
+        expected.push(mkdirs("/etc"));
+        for name in ["passwd", "group", "hosts", "hostname", "nsswitch.conf"] {
+            expected.push(Call::WriteFile {
+                path: Path::new("/etc").join(name),
+                text: written(&skeleton(&plan, vec![]))
+                    .into_iter()
+                    .find(|(p, _)| *p == format!("/etc/{name}"))
+                    .unwrap()
+                    .1,
+            });
         }
+        expected.extend(proc_masks());
+        expected.push(mkdirs("/tmp"));
+        expected.push(tmpfs("/tmp", NOSUID | NODEV, "size=16777216,mode=0755"));
+        assert_eq!(skeleton(&plan, vec![]), expected);
+    }
+
+    #[test]
+    fn the_generated_etc_names_the_cell_user_and_has_no_resolver_in_deny_mode() {
+        let files = written(&skeleton(&plan("hostname: box\nworkdir: /tmp/w\n"), vec![]));
+        let text = |name: &str| {
+            files
+                .iter()
+                .find(|(p, _)| *p == format!("/etc/{name}"))
+                .map(|(_, t)| t.clone())
+        };
+        assert_eq!(
+            text("passwd").unwrap(),
+            "cell:x:10001:10001:airlock cell:/tmp/w:/bin/sh\n\
+             nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        );
+        assert_eq!(text("group").unwrap(), "cell:x:10001:\nnogroup:x:65534:\n");
+        assert_eq!(
+            text("hosts").unwrap(),
+            "127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\tbox\n"
+        );
+        assert_eq!(text("hostname").unwrap(), "box\n");
+        assert!(text("nsswitch.conf").unwrap().ends_with("hosts: files\n"));
+        assert_eq!(text("resolv.conf"), None);
+    }
+
+    #[test]
+    fn an_allowlisted_cell_gets_the_in_cell_resolver() {
+        let plan = plan("network:\n  mode: allowlist\n  allowed_domains: [api.test]\n");
+        let files = written(&skeleton(&plan, vec![]));
+        let names: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "/etc/passwd",
+                "/etc/group",
+                "/etc/hosts",
+                "/etc/hostname",
+                "/etc/nsswitch.conf",
+                "/etc/resolv.conf"
+            ]
+        );
+        assert!(files[4].1.ends_with("hosts: files dns\n"));
+        let resolver = airlock_contract::TRANSPARENT_DNS.ip();
+        assert!(
+            files[5].1.contains(&format!("nameserver {resolver}\n")),
+            "{}",
+            files[5].1
+        );
+    }
+
+    #[test]
+    fn writable_paths_come_last_each_nosuid_nodev_and_noexec_only_when_asked() {
+        let plan = plan(
+            "filesystem:\n  writable_paths: [output, { path: data, exec: false, size_mb: 2 }]\n",
+        );
+        let calls = skeleton(&plan, vec![]);
+        let tail = &calls[calls.len() - 4..];
+        assert_eq!(
+            tail,
+            [
+                mkdirs("/output"),
+                tmpfs("/output", NOSUID | NODEV, "size=16777216,mode=0755"),
+                mkdirs("/data"),
+                tmpfs("/data", NOSUID | NODEV | NOEXEC, "size=2097152,mode=0755"),
+            ]
+        );
+        // The masks come right before the writable paths.
+        let masks = proc_masks();
+        assert_eq!(calls[calls.len() - 4 - masks.len()..calls.len() - 4], masks);
+    }
+
+    #[test]
+    fn device_nodes_are_placed_after_shm_and_before_etc() {
+        let plan = plan("{}\n");
+        let null = File::open("/dev/null").unwrap();
+        let devices = vec![
+            Prepared {
+                target: "/dev/null".into(),
+                source: Source::Tree {
+                    fd: OwnedFd::from(null),
+                    is_dir: false,
+                },
+            },
+            Prepared {
+                target: "/dev/tty".into(),
+                source: Source::Symlink("/dev/pts/0".into()),
+            },
+        ];
+        let calls = skeleton(&plan, devices);
+        let prefix = common_prefix(64 << 20);
+        assert_eq!(calls[..prefix.len()], prefix);
+        assert_eq!(
+            calls[prefix.len()..prefix.len() + 5],
+            [
+                mkdirs("/dev"),
+                Call::CreateFile("/dev/null".into()),
+                Call::AttachTree("/dev/null".into()),
+                mkdirs("/dev"),
+                Call::Symlink {
+                    target: "/dev/pts/0".into(),
+                    link: "/dev/tty".into()
+                },
+            ]
+        );
+        assert_eq!(calls[prefix.len() + 5], mkdirs("/etc"));
+    }
+
+    #[test]
+    fn the_supervisors_trees_get_the_plans_restrictions() {
+        let trees = plan("{}\n").layout.trees;
+        let ro = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+        assert_eq!(tree_attrs(&trees.system), ro);
+        assert_eq!(tree_attrs(&trees.inputs), ro, "inputs stay executable");
+        assert_eq!(tree_attrs(&trees.etc), ro | sys::MOUNT_ATTR_NOEXEC);
+        assert_eq!(tree_attrs(&trees.cgroup_view), ro | sys::MOUNT_ATTR_NOEXEC);
+        assert_eq!(
+            tree_attrs(&trees.dev_nodes),
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+            "device nodes must not be nodev"
+        );
+        assert_eq!(tree_attrs(&trees.root), ro);
+    }
+
+    #[test]
+    fn finish_attaches_the_trees_then_makes_the_root_read_only_and_enters_the_workdir() {
+        let plan = plan("filesystem:\n  readonly_inputs: [input]\n  writable_paths: [tmp]\n");
+        let dir = File::open("/").unwrap();
+        let trees = vec![
+            Prepared {
+                target: "/usr".into(),
+                source: Source::Tree {
+                    fd: OwnedFd::from(dir),
+                    is_dir: true,
+                },
+            },
+            Prepared {
+                target: "/lib".into(),
+                source: Source::Symlink("usr/lib".into()),
+            },
+        ];
+        let mut kernel = RecordingKernel::default();
+        finish(&mut kernel, &plan, trees).unwrap();
+        assert_eq!(
+            kernel.calls,
+            [
+                mkdirs("/"),
+                mkdirs("/usr"),
+                Call::AttachTree("/usr".into()),
+                mkdirs("/"),
+                Call::Symlink {
+                    target: "usr/lib".into(),
+                    link: "/lib".into()
+                },
+                Call::RestrictRoot(
+                    sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV
+                ),
+                Call::Chdir("/tmp".into()),
+            ]
+        );
+        let writable_root = self::plan("filesystem:\n  readonly_root: false\n");
+        let mut kernel = RecordingKernel::default();
+        finish(&mut kernel, &writable_root, vec![]).unwrap();
+        assert_eq!(kernel.calls, [Call::Chdir("/tmp".into())]);
+    }
+
+    #[test]
+    fn a_plan_without_a_pivot_is_refused() {
+        let mut plan = plan("{}\n");
+        plan.layout.root_steps.retain(|s| *s != RootStep::PivotRoot);
+        let mut kernel = RecordingKernel::default();
+        let error = build_skeleton(&mut kernel, &plan, vec![]).unwrap_err();
+        assert_eq!(error.name, "rootfs.pivot_root");
     }
 }

@@ -120,6 +120,7 @@ fn plan() -> CellPlan {
         &airlock_contract::CompileInput {
             base_dir: Path::new("/"),
             argv: &["true".to_string()],
+            seccomp_profile: None,
         },
     )
     .unwrap()

@@ -3,9 +3,12 @@
 
 use crate::contract::{Contract, NetworkMode, HOST_IMAGE};
 use crate::error::{ContractError, FieldError};
+use crate::layout::CellLayout;
 use crate::plan::*;
+use crate::seccomp;
 use crate::validate::{check, CheckedContract};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -16,6 +19,10 @@ pub struct CompileInput<'a> {
     /// resolved against; normally the contract file's directory.
     pub base_dir: &'a Path,
     pub argv: &'a [String],
+    /// The text of the contract's custom seccomp profile ([`crate::read_seccomp_profile`]
+    /// reads it where the contract is loaded); compile parses and checks it. Required
+    /// when the contract names a profile, ignored when it does not.
+    pub seccomp_profile: Option<&'a str>,
 }
 
 const MIB: u64 = 1 << 20;
@@ -49,7 +56,7 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
     }
     check_input(input)?;
 
-    Ok(CellPlan {
+    let mut plan = CellPlan {
         contract_sha256: contract_sha256(contract),
         argv: input.argv.to_vec(),
         identity: CellIdentity {
@@ -73,12 +80,7 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
             },
         },
         limits: limits(contract),
-        seccomp: match &checked.seccomp_profile {
-            None => SeccompPlan::Default,
-            Some(profile) => SeccompPlan::DockerJson {
-                path: host_path(input.base_dir, &profile.host_path()),
-            },
-        },
+        seccomp: seccomp_plan(&checked, input)?,
         output_allowlist: checked.output_allowlist.clone(),
         credentials: contract
             .credentials
@@ -90,7 +92,10 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
             })
             .collect(),
         terminal: contract.terminal,
-    })
+        layout: CellLayout::default(),
+    };
+    plan.layout = crate::layout::cell_layout(&plan);
+    Ok(plan)
 }
 
 /// sha256 (hex) of the contract's canonical JSON: field order is the struct's, maps are
@@ -98,6 +103,54 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
 pub fn contract_sha256(contract: &Contract) -> String {
     let canonical = serde_json::to_vec(contract).expect("a Contract always serialises to JSON");
     hex::encode(Sha256::digest(canonical))
+}
+
+/// The host path of the contract's custom seccomp profile, if it names a valid one.
+pub(crate) fn seccomp_profile_path(contract: &Contract, base_dir: &Path) -> Option<PathBuf> {
+    let mut ignored = crate::validate::Errors::default();
+    crate::validate::check_seccomp_profile(&contract.seccomp_profile, &mut ignored)
+        .map(|profile| host_path(base_dir, &profile.host_path()))
+}
+
+/// The filter the cell installs. The default program is the one compiled at build time;
+/// a custom profile is parsed, hardened and compiled here, so a profile airlock cannot
+/// turn into a filter refuses the run before anything is cloned.
+fn seccomp_plan(
+    checked: &CheckedContract,
+    input: &CompileInput,
+) -> Result<SeccompPlan, ContractError> {
+    let Some(profile) = &checked.seccomp_profile else {
+        return Ok(SeccompPlan {
+            profile: SeccompProfile::Default,
+            filter: FilterIdentity {
+                sha256: seccomp::program_sha256(seccomp::DEFAULT_FILTER),
+                instructions: seccomp::DEFAULT_FILTER.len(),
+                summary: seccomp::default_summary(),
+            },
+            program: Cow::Borrowed(seccomp::DEFAULT_FILTER),
+        });
+    };
+    let path = host_path(input.base_dir, &profile.host_path());
+    // Unsupported (sandbox_unavailable): the contract asks for a filter this runtime
+    // cannot build, and nothing weaker runs in its place.
+    let refused = |message: String| ContractError::Unsupported {
+        path: "seccomp_profile".to_owned(),
+        message: format!("profile {}: {message}", path.display()),
+    };
+    let text = input.seccomp_profile.ok_or_else(|| {
+        refused("its text was not read (CompileInput::seccomp_profile)".to_owned())
+    })?;
+    let policy = seccomp::policy_from_docker_json(text).map_err(refused)?;
+    let program = seccomp::compile(&policy).map_err(refused)?;
+    Ok(SeccompPlan {
+        filter: FilterIdentity {
+            sha256: seccomp::program_sha256(&program),
+            instructions: program.len(),
+            summary: seccomp::summary(&policy),
+        },
+        profile: SeccompProfile::DockerJson { path },
+        program: Cow::Owned(program),
+    })
 }
 
 fn check_input(input: &CompileInput) -> Result<(), ContractError> {
@@ -238,9 +291,13 @@ mod tests {
             &CompileInput {
                 base_dir: Path::new("/jobs/42"),
                 argv: &argv(&["sh", "-c", "true"]),
+                seccomp_profile: Some(STRICT_PROFILE),
             },
         )
     }
+
+    const STRICT_PROFILE: &str = r#"{"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+        {"names": ["read", "write", "exit_group"], "action": "SCMP_ACT_ALLOW"}]}"#;
 
     fn env_value<'p>(plan: &'p CellPlan, name: &str) -> Option<&'p str> {
         plan.env
@@ -277,6 +334,7 @@ resources:
             &CompileInput {
                 base_dir: Path::new("/jobs"),
                 argv: &argv(&["true"]),
+                seccomp_profile: None,
             },
         )
         .unwrap_err();
@@ -397,6 +455,7 @@ resources:
             &CompileInput {
                 base_dir: Path::new("/"),
                 argv: &argv(&["/bin/true"]),
+                seccomp_profile: None,
             },
         )
         .unwrap();
@@ -410,7 +469,7 @@ resources:
         assert_eq!(plan.hostname, "airlock");
         assert_eq!(plan.workdir, Path::new("/tmp"));
         assert_eq!(plan.network, NetworkPlan::Deny);
-        assert_eq!(plan.seccomp, SeccompPlan::Default);
+        assert_eq!(plan.seccomp.profile, SeccompProfile::Default);
         assert!(plan.credentials.is_empty());
         let names: Vec<&str> = plan.env.iter().map(|v| v.name.as_str()).collect();
         assert_eq!(names, ["HOME", "LANG", "PATH", "TMPDIR"]);
@@ -516,8 +575,8 @@ resources:
         )
         .unwrap();
         assert_eq!(
-            plan.seccomp,
-            SeccompPlan::DockerJson {
+            plan.seccomp.profile,
+            SeccompProfile::DockerJson {
                 path: "/jobs/42/profiles/strict.json".into()
             }
         );
@@ -556,6 +615,7 @@ resources:
                 &CompileInput {
                     base_dir: Path::new(base_dir),
                     argv,
+                    seccomp_profile: None,
                 },
             )
             .unwrap_err()
@@ -583,6 +643,7 @@ resources:
             &CompileInput {
                 base_dir: Path::new("/"),
                 argv: &argv(&["true"]),
+                seccomp_profile: None,
             },
         )
         .unwrap_err();
@@ -592,5 +653,79 @@ resources:
             "identity.uid: must not be 0: the cell identity is never root\n\
              resources.memory_mb: must be at least 4"
         );
+    }
+
+    fn compile_with_profile(text: Option<&str>) -> Result<CellPlan, ContractError> {
+        let contract = parse_contract("seccomp_profile: p.json\n", ContractFormat::Yaml)?;
+        compile(
+            &contract,
+            &CompileInput {
+                base_dir: Path::new("/jobs"),
+                argv: &argv(&["true"]),
+                seccomp_profile: text,
+            },
+        )
+    }
+
+    #[test]
+    fn the_default_filter_is_the_prebuilt_program_with_its_identity() {
+        let plan = compile_yaml("{}\n").unwrap();
+        let seccomp = &plan.seccomp;
+        assert_eq!(seccomp.program, seccomp::DEFAULT_FILTER);
+        assert_eq!(
+            seccomp.filter.sha256,
+            seccomp::program_sha256(&seccomp.program)
+        );
+        assert_eq!(seccomp.filter.instructions, seccomp.program.len());
+        assert_eq!(
+            seccomp.filter.summary.default_action,
+            seccomp::SeccompAction::Errno(1)
+        );
+        assert!(seccomp.filter.summary.allowed_syscalls > 250);
+        let json = serde_json::to_value(&plan).unwrap();
+        assert_eq!(json["seccomp"]["profile"], "default");
+        assert_eq!(
+            json["seccomp"]["filter"]["sha256"],
+            seccomp.filter.sha256.as_str()
+        );
+        assert_eq!(
+            json["seccomp"]["filter"]["killed"][0],
+            "foreign_architecture"
+        );
+        assert!(json["seccomp"].get("program").is_none(), "{json}");
+    }
+
+    #[test]
+    fn a_custom_profile_is_compiled_into_the_plan() {
+        let plan = compile_with_profile(Some(STRICT_PROFILE)).unwrap();
+        let seccomp = &plan.seccomp;
+        assert_eq!(seccomp.filter.summary.allowed_syscalls, 3);
+        assert_eq!(
+            seccomp.filter.sha256,
+            seccomp::program_sha256(&seccomp.program)
+        );
+        assert_ne!(seccomp.program, seccomp::DEFAULT_FILTER);
+    }
+
+    #[test]
+    fn a_bad_profile_is_a_contract_error_naming_the_profile_and_the_entry() {
+        let error = compile_with_profile(Some(
+            r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["read"], "action": "SCMP_ACT_PERHAPS"}]}"#,
+        ))
+        .unwrap_err();
+        assert_eq!(error.class(), "sandbox_unavailable");
+        assert_eq!(
+            error.to_string(),
+            "seccomp_profile: profile /jobs/p.json: syscalls[0].action: unknown action \"SCMP_ACT_PERHAPS\""
+        );
+        let error = compile_with_profile(Some("{ not json")).unwrap_err();
+        assert!(
+            error.to_string().starts_with(
+                "seccomp_profile: profile /jobs/p.json: not valid Docker seccomp JSON"
+            ),
+            "{error}"
+        );
+        let error = compile_with_profile(None).unwrap_err();
+        assert_eq!(error.class(), "sandbox_unavailable");
     }
 }

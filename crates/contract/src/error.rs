@@ -93,6 +93,13 @@ pub enum ContractError {
         #[source]
         source: std::io::Error,
     },
+    /// The contract's custom seccomp profile could not be read.
+    #[error("seccomp_profile: cannot read {}: {source}", .path.display())]
+    ProfileIo {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl ContractError {
@@ -104,7 +111,7 @@ impl ContractError {
             Self::Unsupported { .. } => "sandbox_unavailable",
             // The contract file is supplied by the trusted side; failing to read it is
             // airlock's own failure, not a decision about the payload.
-            Self::Io { .. } => "runtime_fault",
+            Self::Io { .. } | Self::ProfileIo { .. } => "runtime_fault",
         }
     }
 

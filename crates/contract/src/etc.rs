@@ -370,6 +370,7 @@ mod tests {
         let input = crate::CompileInput {
             base_dir: std::path::Path::new("/jobs/7"),
             argv: &argv,
+            seccomp_profile: None,
         };
         crate::compile(&contract, &input).unwrap().etc
     }

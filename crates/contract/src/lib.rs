@@ -6,8 +6,10 @@ mod compile;
 mod contract;
 mod error;
 mod etc;
+pub mod layout;
 mod parse;
 pub mod plan;
+pub mod seccomp;
 pub mod transparent;
 mod validate;
 
@@ -15,6 +17,7 @@ pub use compile::{compile, contract_sha256, CompileInput};
 pub use contract::*;
 pub use error::{ContractError, ContractFormat, FieldError, FieldErrors};
 pub use etc::{ETC_DENIED, ETC_GENERATED, HOST_ETC_ENTRIES, HOST_ETC_EXCLUDED};
+pub use layout::*;
 pub use plan::*;
 pub use transparent::{
     transparent_endpoints, TransparentEndpoint, MAX_TRANSPARENT_LISTENERS, TRANSPARENT_DNS,
@@ -39,7 +42,7 @@ pub fn validate_contract(contract: &Contract) -> Result<(), ContractError> {
 }
 
 /// Reads a contract file, choosing the format by its extension (`.yaml`, `.yml`, `.toml`,
-/// `.json`). The only function of this crate that does I/O.
+/// `.json`). With [`read_seccomp_profile`], the only I/O of this crate.
 pub fn load_contract_file(path: &Path) -> Result<Contract, ContractError> {
     let unreadable = |source| ContractError::Io {
         path: path.to_owned(),
@@ -64,6 +67,21 @@ pub fn load_contract_file(path: &Path) -> Result<Contract, ContractError> {
     })?;
     let text = std::fs::read_to_string(path).map_err(unreadable)?;
     parse_contract(&text, format)
+}
+
+/// Reads the custom seccomp profile `contract` names (relative paths against `base_dir`,
+/// as compile resolves them): the text for [`CompileInput::seccomp_profile`]. `None` for
+/// the default profile. I/O, so it is done where the contract is loaded, not in compile.
+pub fn read_seccomp_profile(
+    contract: &Contract,
+    base_dir: &Path,
+) -> Result<Option<String>, ContractError> {
+    let Some(path) = compile::seccomp_profile_path(contract, base_dir) else {
+        return Ok(None);
+    };
+    std::fs::read_to_string(&path)
+        .map(Some)
+        .map_err(|source| ContractError::ProfileIo { path, source })
 }
 
 /// JSON Schema of a contract document (bare or wrapped), generated from the types.

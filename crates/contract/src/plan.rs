@@ -2,6 +2,8 @@
 //! [`crate::compile`] from a contract. The runtime (`airlock-cell`) only *applies* a plan;
 //! every decision about what a cell may do is made here, without I/O.
 
+use crate::layout::CellLayout;
+use crate::seccomp::{BpfInsn, FilterSummary};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -45,6 +47,8 @@ pub struct CellPlan {
     /// Without it the payload has no controlling terminal at all.
     #[serde(default)]
     pub terminal: bool,
+    /// How the cell builds its root and confines itself, step by step.
+    pub layout: CellLayout,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,14 +153,50 @@ pub struct Limits {
     pub shm_bytes: u64,
 }
 
+/// The cell's seccomp filter, decided at compile time: where its policy came from, the
+/// BPF program the cell installs, and the program's identity for the plan as enforced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeccompPlan {
+    #[serde(flatten)]
+    pub profile: SeccompProfile,
+    pub filter: FilterIdentity,
+    /// The program, instruction by instruction. Not serialised: the record names it by
+    /// [`FilterIdentity::sha256`], and the runtime refuses a program whose hash is not
+    /// that one (a plan read back without its program installs nothing).
+    #[serde(skip)]
+    pub program: std::borrow::Cow<'static, [BpfInsn]>,
+}
+
+impl Limits {
+    /// `pids.max` of a cell: the contract's `process_limit` counts the payload's processes
+    /// and threads; airlock's own pid 1 (the reaper) is added on top, so that a contract
+    /// that validates (`process_limit: 1`) can run. While the cell is set up, pid 1 and its
+    /// short-lived detach helper are the only tasks (two), and the helper is gone before
+    /// the payload starts, so the payload gets exactly `process_limit`.
+    pub fn cell_pids_max(&self) -> u64 {
+        u64::from(self.process_limit) + 1
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "profile", rename_all = "snake_case")]
-pub enum SeccompPlan {
+pub enum SeccompProfile {
     /// airlock's built-in allowlist (Docker's default profile plus agent hardening).
     Default,
-    /// A profile in Docker's seccomp JSON format, read by the runtime from `path`; the
-    /// built-in hardening (foreign arches, x32, namespace flags, TIOCSTI) still applies.
+    /// A profile in Docker's seccomp JSON format, read from `path` where the contract was
+    /// loaded and checked by compile; the built-in hardening (foreign arches, x32,
+    /// namespace flags, TIOCSTI) still applies.
     DockerJson { path: PathBuf },
+}
+
+/// Which filter a cell runs: the sha256 of its program's bytes (as handed to
+/// `seccomp(2)`) and what it does in a few numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterIdentity {
+    pub sha256: String,
+    pub instructions: usize,
+    #[serde(flatten)]
+    pub summary: FilterSummary,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

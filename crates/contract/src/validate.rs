@@ -628,7 +628,7 @@ fn check_workdir(
     path.cell_path()
 }
 
-fn check_seccomp_profile(profile: &str, errors: &mut Errors) -> Option<NormalPath> {
+pub(crate) fn check_seccomp_profile(profile: &str, errors: &mut Errors) -> Option<NormalPath> {
     if profile == DEFAULT_SECCOMP_PROFILE {
         return None;
     }

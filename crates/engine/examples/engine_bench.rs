@@ -47,6 +47,7 @@ fn plan() -> CellPlan {
         &CompileInput {
             base_dir: Path::new("/"),
             argv: &argv,
+            seccomp_profile: None,
         },
     )
     .expect("the default contract compiles")

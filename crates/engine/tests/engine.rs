@@ -141,6 +141,7 @@ fn plan(argv: &[&str]) -> CellPlan {
         &CompileInput {
             base_dir: Path::new("/"),
             argv: &argv,
+            seccomp_profile: None,
         },
     )
     .unwrap()

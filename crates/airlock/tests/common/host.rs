@@ -3,7 +3,7 @@
 //! binaries, an installed airlock, a copy under another name): they are none of these
 //! tests' business, so cells are never recognised by a process name. A cell is recognised
 //! by its cgroup, whose name starts with its supervisor's pid and start time
-//! (`<pid>-<start time>-<nanoseconds>`, `cgroup_name` in crates/cell/src/cgroup.rs);
+//! (`<pid>-<start time>-<nanoseconds>`, `cgroup_name` in crates/cell/src/cgroup/mod.rs);
 //! [`run_supervisor`] records both for every `airlock run` a test starts. Once such a
 //! supervisor has exited, any cgroup of its name, and any process in one, is a leak.
 

@@ -10,13 +10,14 @@ use crate::artifacts::ArtifactRequest;
 use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout};
 use crate::control::SupervisorControl;
 use crate::error::CellError;
-use crate::launcher::{self, ChildSetup, Stage};
+use crate::launcher::{self, ChildSetup};
 use crate::output::OutputCapture;
 use crate::protocol::{CellChannel, CellCommand, Pid1Channel};
 use crate::report::{CleanupReport, RunReport};
+use crate::stage::Stage;
 use crate::terminal::{CallerTerminal, DEFAULT_WINDOW};
 use crate::{rootfs, seccomp, sys};
-use airlock_contract::{CellPlan, SeccompPlan};
+use airlock_contract::CellPlan;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -132,7 +133,7 @@ pub fn build<'a>(
     };
     // The device nodes go with the maps: the cell builds /dev and masks /proc with them
     // before the release.
-    let mapped = rootfs::prepare_devices()
+    let mapped = rootfs::prepare_devices(plan)
         .map_err(launch_error)
         .and_then(|devices| {
             write_id_maps(spawned.pid, plan)?;
@@ -147,9 +148,10 @@ pub fn build<'a>(
         return Err(abandon(&spawned, cgroup, err));
     }
     let spawned_ms = ms_since(started);
-    let prepared = seccomp_program(plan).and_then(|program| {
-        let (mut mounts, notes) = rootfs::prepare_sources(plan).map_err(launch_error)?;
-        mounts.extend(rootfs::prepare_cgroup_view(&cgroup.view()).map_err(launch_error)?);
+    let prepared = seccomp::program(&plan.seccomp).and_then(|program| {
+        let cell_ids = (sys::geteuid() == 0).then(|| host_ids(plan));
+        let (mut mounts, notes) = rootfs::prepare_sources(plan, cell_ids).map_err(launch_error)?;
+        mounts.extend(rootfs::prepare_cgroup_view(plan, &cgroup.view()).map_err(launch_error)?);
         Ok((program, mounts, notes))
     });
     let prepared_ms = ms_since(started);
@@ -363,18 +365,6 @@ impl CellMounts {
         }
         let _ = self.release.send(());
     }
-}
-
-fn seccomp_program(plan: &CellPlan) -> Result<Vec<libc::sock_filter>, CellError> {
-    let policy = match &plan.seccomp {
-        SeccompPlan::Default => return Ok(seccomp::default_program()),
-        SeccompPlan::DockerJson { path } => {
-            let json = std::fs::read_to_string(path)
-                .map_err(|e| CellError::io(format!("seccomp profile {}", path.display()), e))?;
-            seccomp::policy_from_docker_json(&json)?
-        }
-    };
-    Ok(seccomp::compile(&policy)?)
 }
 
 fn launch_error(stage: Stage) -> CellError {

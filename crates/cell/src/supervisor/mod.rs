@@ -28,7 +28,6 @@ use crate::stdin_relay::StdinRelay;
 use crate::sys;
 use crate::terminal::CallerTerminal;
 use airlock_contract::CellPlan;
-pub(crate) use build::host_ids;
 use build::Preflight;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};

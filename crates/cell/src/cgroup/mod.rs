@@ -1,0 +1,786 @@
+//! Per-cell cgroups on v2 (unified) or v1 (per-controller hierarchies, as on hybrid hosts),
+//! each behind [`CgroupBackend`] with its mount point injectable, so both are tested
+//! against fixture trees. The supervisor creates the cgroup before the cell starts, places
+//! the cell's pid 1 in it before releasing it, reads the ceilings' counters afterwards and
+//! removes it.
+
+mod v1;
+mod v2;
+
+pub use crate::counters::CgroupUsage;
+use crate::error::CellError;
+use airlock_contract::Limits;
+use std::fs;
+use std::io::{self, ErrorKind};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+pub use v1::V1;
+pub use v2::V2;
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// Name of the directory below each hierarchy root that holds airlock's cells.
+const PARENT_NAME: &str = "airlock";
+const CPU_PERIOD_US: u64 = 100_000;
+/// Where the cell sees its own cgroup.
+const CELL_VIEW: &str = "/sys/fs/cgroup";
+
+/// What differs between cgroup v1 and v2 for one cell, whose directories (`dirs`: one on
+/// v2, memory/pids/cpu/freezer on v1) are below [`CgroupBackend::parents`].
+pub trait CgroupBackend {
+    fn version(&self) -> &'static str;
+    /// airlock's parent directory in each hierarchy, in the order of a cell's `dirs`.
+    fn parents(&self) -> Vec<PathBuf>;
+    /// Makes a freshly created parent able to hold limited cells.
+    fn enable_controllers(&self, parent: &Path) -> io::Result<()>;
+    fn write_limits(&self, dirs: &[PathBuf], limits: &Limits) -> Result<(), CellError>;
+    /// Kills every process of the cell, including ones that fork meanwhile;
+    /// `signal_members` sends SIGKILL to each listed member (v1 has no `cgroup.kill`).
+    fn kill_all(&self, dirs: &[PathBuf], signal_members: &dyn Fn()) -> Result<(), CellError>;
+    /// Freezes (and waits until frozen) or thaws the cell.
+    fn freeze(&self, dirs: &[PathBuf], frozen: bool) -> Result<(), CellError>;
+    fn usage(&self, dirs: &[PathBuf]) -> CgroupUsage;
+    /// `(target in the cell, host directory)` of the cell's read-only view of its limits.
+    fn view(&self, dirs: &[PathBuf]) -> Vec<(PathBuf, PathBuf)>;
+    /// The version and where its controllers are mounted, for people.
+    fn describe(&self) -> String;
+}
+
+/// Where the controllers a cell needs live on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupLayout {
+    /// Unified hierarchy with memory, pids and cpu controllers available.
+    V2(V2),
+    /// One hierarchy per controller.
+    V1(V1),
+}
+
+impl CgroupLayout {
+    pub fn backend(&self) -> &dyn CgroupBackend {
+        match self {
+            CgroupLayout::V2(v2) => v2,
+            CgroupLayout::V1(v1) => v1,
+        }
+    }
+
+    pub fn version(&self) -> &'static str {
+        self.backend().version()
+    }
+
+    pub fn describe(&self) -> String {
+        self.backend().describe()
+    }
+
+    fn parents(&self) -> Vec<PathBuf> {
+        self.backend().parents()
+    }
+
+    /// Detects the layout; `AIRLOCK_CGROUP_ROOT` overrides the mount point (tests use it).
+    pub fn detect() -> Result<CgroupLayout, CellError> {
+        let root = std::env::var_os("AIRLOCK_CGROUP_ROOT")
+            .map_or_else(|| PathBuf::from(CGROUP_ROOT), PathBuf::from);
+        CgroupLayout::detect_at(&root, swap_enabled())
+    }
+
+    /// The layout of the cgroup tree mounted at `root`, on a host with or without swap.
+    pub fn detect_at(root: &Path, swap_enabled: bool) -> Result<CgroupLayout, CellError> {
+        if let Ok(controllers) = fs::read_to_string(root.join("cgroup.controllers")) {
+            let have: Vec<&str> = controllers.split_whitespace().collect();
+            let missing: Vec<&str> = ["memory", "pids", "cpu"]
+                .into_iter()
+                .filter(|c| !have.contains(c))
+                .collect();
+            if missing.is_empty() {
+                return Ok(CgroupLayout::V2(V2 {
+                    root: root.to_path_buf(),
+                }));
+            }
+            return Err(CellError::Unavailable {
+                control: "cgroups",
+                reason: format!(
+                    "cgroup v2 at {} lacks the {} controller(s)",
+                    root.display(),
+                    missing.join(", ")
+                ),
+            });
+        }
+        let v1 = |name: &str| {
+            let path = root.join(name);
+            path.join("cgroup.procs").exists().then_some(path)
+        };
+        match (
+            v1("memory"),
+            v1("pids"),
+            v1("cpu").or_else(|| v1("cpu,cpuacct")),
+            v1("freezer"),
+        ) {
+            (Some(memory), Some(pids), Some(cpu), Some(freezer)) => {
+                if !memory.join("memory.memsw.limit_in_bytes").exists() && swap_enabled {
+                    return Err(CellError::Unavailable {
+                        control: "cgroups.memory",
+                        reason: "swap is enabled but cgroup v1 swap accounting (memsw) is off: the memory limit could be escaped into swap; boot with swapaccount=1".into(),
+                    });
+                }
+                Ok(CgroupLayout::V1(V1 {
+                    memory,
+                    pids,
+                    cpu,
+                    freezer,
+                }))
+            }
+            (memory, pids, cpu, freezer) => {
+                let missing: Vec<&str> = [
+                    ("memory", memory),
+                    ("pids", pids),
+                    ("cpu", cpu),
+                    ("freezer", freezer),
+                ]
+                .into_iter()
+                .filter(|(_, p)| p.is_none())
+                .map(|(n, _)| n)
+                .collect();
+                Err(CellError::Unavailable {
+                    control: "cgroups",
+                    reason: format!(
+                        "neither a cgroup v2 hierarchy with memory+pids+cpu nor cgroup v1 controllers are mounted under {} (missing v1: {})",
+                        root.display(),
+                        missing.join(", ")
+                    ),
+                })
+            }
+        }
+    }
+}
+
+fn swap_enabled() -> bool {
+    fs::read_to_string("/proc/swaps")
+        .map(|s| s.lines().count() > 1)
+        .unwrap_or(false)
+}
+
+fn write_file(path: &Path, value: &str) -> Result<(), CellError> {
+    fs::write(path, value).map_err(|source| CellError::Cgroup {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// A counter file's number; 0 when it is missing or unreadable (an older kernel).
+fn number(path: &Path) -> u64 {
+    fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The number after `key` in a flat-keyed file (`memory.events`); 0 when absent.
+fn keyed(path: &Path, key: &str) -> u64 {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+/// The cgroup(s) of one cell.
+#[derive(Debug)]
+pub struct CellCgroup {
+    layout: CgroupLayout,
+    /// One directory (v2) or one per controller (v1: memory, pids, cpu, freezer).
+    dirs: Vec<PathBuf>,
+}
+
+impl CellCgroup {
+    /// Creates the cgroup and writes every limit. Any failure removes what was created.
+    pub fn create(
+        layout: &CgroupLayout,
+        name: &str,
+        limits: &Limits,
+    ) -> Result<CellCgroup, CellError> {
+        let dirs: Vec<PathBuf> = layout.parents().iter().map(|p| p.join(name)).collect();
+        let cgroup = CellCgroup {
+            layout: layout.clone(),
+            dirs,
+        };
+        let mut created = Vec::new();
+        for dir in &cgroup.dirs {
+            if let Err(err) = fs::create_dir(dir) {
+                if err.kind() != ErrorKind::NotFound {
+                    cgroup.remove_dirs(&created);
+                    return Err(CellError::Cgroup {
+                        path: dir.clone(),
+                        source: err,
+                    });
+                }
+                let parent = dir.parent().expect("cell cgroup has a parent");
+                if let Err(source) =
+                    prepare_parent(layout.backend(), parent).and_then(|_| fs::create_dir(dir))
+                {
+                    cgroup.remove_dirs(&created);
+                    return Err(CellError::Cgroup {
+                        path: dir.clone(),
+                        source,
+                    });
+                }
+            }
+            created.push(dir.clone());
+        }
+        if let Err(err) = layout.backend().write_limits(&cgroup.dirs, limits) {
+            cgroup.remove_dirs(&created);
+            return Err(err);
+        }
+        Ok(cgroup)
+    }
+
+    /// Moves `pid` (the cell's pid 1, not yet released) into every hierarchy.
+    pub fn add_process(&self, pid: libc::pid_t) -> Result<(), CellError> {
+        let pid = pid.to_string();
+        for dir in &self.dirs {
+            write_file(&dir.join("cgroup.procs"), &pid)?;
+        }
+        Ok(())
+    }
+
+    fn procs_file(&self) -> PathBuf {
+        // The freezer (v1) or the single directory (v2) holds every process of the cell.
+        self.dirs
+            .last()
+            .expect("at least one dir")
+            .join("cgroup.procs")
+    }
+
+    /// Where the cell sees its own cgroup: `(target in the cell, host directory)`. v2: the
+    /// one directory at `/sys/fs/cgroup`; v1: the memory, pids and cpu directories under
+    /// `/sys/fs/cgroup/<the host's hierarchy name>`.
+    pub fn view(&self) -> Vec<(PathBuf, PathBuf)> {
+        self.layout.backend().view(&self.dirs)
+    }
+
+    pub fn pids(&self) -> Vec<libc::pid_t> {
+        fs::read_to_string(self.procs_file())
+            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn signal_all(&self, signal: libc::c_int) {
+        for pid in self.pids() {
+            let _ = crate::sys::kill(pid, signal);
+        }
+    }
+
+    /// Kills every process of the cell, including ones that fork while we kill.
+    pub fn kill_all(&self) -> Result<(), CellError> {
+        self.layout
+            .backend()
+            .kill_all(&self.dirs, &|| self.signal_all(libc::SIGKILL))
+    }
+
+    /// Kills every process of the cell except `survivor` (its pid 1, which then reaps).
+    pub fn kill_all_except(&self, survivor: libc::pid_t) -> Result<(), CellError> {
+        self.frozen(|| {
+            for pid in self.pids().into_iter().filter(|p| *p != survivor) {
+                let _ = crate::sys::kill(pid, libc::SIGKILL);
+            }
+        })
+    }
+
+    /// Runs `f` with the cgroup frozen, so nothing can fork between listing and killing.
+    /// Killed processes die when thawed (v1) or at once (v2: SIGKILL reaches frozen tasks).
+    fn frozen(&self, f: impl FnOnce()) -> Result<(), CellError> {
+        let backend = self.layout.backend();
+        backend.freeze(&self.dirs, true)?;
+        f();
+        backend.freeze(&self.dirs, false)
+    }
+
+    /// Waits until no process is left in the cgroup, killing stragglers.
+    pub fn wait_empty(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(50);
+        loop {
+            if self.pids().is_empty() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            let _ = self.kill_all();
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    pub fn usage(&self) -> CgroupUsage {
+        self.layout.backend().usage(&self.dirs)
+    }
+
+    /// Removes the cgroup directories; returns those that could not be removed.
+    pub fn destroy(self) -> Vec<PathBuf> {
+        let mut left = Vec::new();
+        for dir in &self.dirs {
+            let mut attempts = 0;
+            loop {
+                match fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == ErrorKind::NotFound => break,
+                    // EBUSY while the last task is still being torn down by the kernel.
+                    Err(_) if attempts < 200 => {
+                        attempts += 1;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(_) => {
+                        left.push(dir.clone());
+                        break;
+                    }
+                }
+            }
+        }
+        left
+    }
+
+    fn remove_dirs(&self, dirs: &[PathBuf]) {
+        for dir in dirs {
+            let _ = fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Creates airlock's parent cgroup and lets it hold limited cells.
+fn prepare_parent(backend: &dyn CgroupBackend, parent: &Path) -> io::Result<()> {
+    match fs::create_dir(parent) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    backend.enable_controllers(parent)
+}
+
+/// A cell cgroup left behind by a supervisor that died (its name starts with the
+/// supervisor's pid, which is no longer an airlock process).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LeftoverCgroup {
+    pub path: PathBuf,
+    pub processes: usize,
+}
+
+/// Names cell cgroups `<supervisor pid>-<its start time>-<nanoseconds>`: a leftover is
+/// recognised by its supervisor being gone, and the start time tells a live supervisor
+/// from an unrelated process that reused its pid.
+/// `started` is this process's start time ([`crate::sys::process_stat`]).
+pub fn cgroup_name(started: u64) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}-{started}-{nanos}", std::process::id())
+}
+
+fn supervisor_alive(name: &str) -> bool {
+    let mut parts = name.split('-');
+    let (Some(pid), Some(started)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    match (pid.parse::<u32>(), started.parse::<u64>()) {
+        (Ok(pid), Ok(started)) => {
+            crate::sys::process_stat(pid).is_ok_and(|stat| stat.start_time == started)
+        }
+        _ => false,
+    }
+}
+
+/// Finds cell cgroups whose supervisor is gone.
+pub fn find_leftovers(layout: &CgroupLayout) -> Vec<LeftoverCgroup> {
+    let mut found = Vec::new();
+    // A cell has a directory of the same name in every v1 hierarchy: ask about its
+    // supervisor once.
+    let mut alive: std::collections::HashMap<String, bool> = Default::default();
+    for parent in layout.parents() {
+        let Ok(entries) = fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // d_type from the directory listing: no stat per control file.
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if is_dir
+                && !*alive
+                    .entry(name.clone())
+                    .or_insert_with(|| supervisor_alive(&name))
+            {
+                let processes = fs::read_to_string(entry.path().join("cgroup.procs"))
+                    .map(|s| s.lines().count())
+                    .unwrap_or(0);
+                found.push(LeftoverCgroup {
+                    path: entry.path(),
+                    processes,
+                });
+            }
+        }
+    }
+    found
+}
+
+/// Kills and removes every leftover cell cgroup; returns what could not be removed.
+/// A leftover may be incomplete (its supervisor died while creating it), so every
+/// hierarchy's directory of that name is handled on its own.
+pub fn reap_leftovers(layout: &CgroupLayout) -> Vec<PathBuf> {
+    let names: std::collections::BTreeSet<std::ffi::OsString> = find_leftovers(layout)
+        .into_iter()
+        .filter_map(|l| l.path.file_name().map(|n| n.to_owned()))
+        .collect();
+    let mut left = Vec::new();
+    for name in names {
+        let cgroup = CellCgroup {
+            layout: layout.clone(),
+            dirs: layout.parents().iter().map(|p| p.join(&name)).collect(),
+        };
+        let members = || -> Vec<libc::pid_t> {
+            cgroup
+                .dirs
+                .iter()
+                .flat_map(|d| {
+                    fs::read_to_string(d.join("cgroup.procs"))
+                        .unwrap_or_default()
+                        .lines()
+                        .filter_map(|l| l.parse().ok())
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let pids = members();
+            if pids.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            for pid in pids {
+                let _ = crate::sys::kill(pid, libc::SIGKILL);
+            }
+            // A supervisor that died inside a freeze (`kill_all_except`) leaves its cell
+            // frozen, and a frozen v1 task never acts on the SIGKILL: thaw it. An
+            // incomplete leftover may have no freezer directory; that is no error here.
+            let _ = layout.backend().freeze(&cgroup.dirs, false);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        left.extend(cgroup.destroy());
+    }
+    left
+}
+
+/// `pids.max` of a cell ([`Limits::cell_pids_max`]).
+fn pids_max(limits: &Limits) -> String {
+    limits.cell_pids_max().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            cpu_millis: 1500,
+            memory_bytes: 256 << 20,
+            process_limit: 64,
+            wall_time_ms: 1000,
+            output_bytes: 1024,
+            open_files: 256,
+            file_size_bytes: 1 << 20,
+            shm_bytes: 1 << 20,
+        }
+    }
+
+    fn read(path: &Path) -> String {
+        fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn touch(path: &Path, text: &str) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, text).unwrap();
+    }
+
+    /// A v2 mount with the controllers a cell needs, as a plain directory tree.
+    fn v2_fixture() -> (tempfile::TempDir, CgroupLayout) {
+        let root = tempfile::tempdir().unwrap();
+        touch(
+            &root.path().join("cgroup.controllers"),
+            "cpuset cpu io memory hugetlb pids rdma misc\n",
+        );
+        let layout = CgroupLayout::detect_at(root.path(), false).unwrap();
+        (root, layout)
+    }
+
+    /// The four v1 hierarchies of a hybrid host, with swap accounting.
+    fn v1_fixture() -> (tempfile::TempDir, CgroupLayout) {
+        let root = tempfile::tempdir().unwrap();
+        for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
+            touch(&root.path().join(hierarchy).join("cgroup.procs"), "");
+        }
+        touch(
+            &root.path().join("memory/memory.memsw.limit_in_bytes"),
+            "max\n",
+        );
+        let layout = CgroupLayout::detect_at(root.path(), true).unwrap();
+        (root, layout)
+    }
+
+    /// Removes the fixture's plain control files, which a real cgroupfs rmdir ignores.
+    fn remove_control_files(dirs: &[PathBuf]) {
+        for dir in dirs {
+            for entry in fs::read_dir(dir).unwrap().flatten() {
+                fs::remove_file(entry.path()).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn v2_is_detected_by_its_controllers_and_refused_without_one() {
+        let (root, layout) = v2_fixture();
+        assert_eq!(layout.version(), "v2");
+        assert_eq!(
+            layout.describe(),
+            format!("v2 at {}", root.path().display())
+        );
+        fs::write(root.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
+        let error = CgroupLayout::detect_at(root.path(), false).unwrap_err();
+        assert!(
+            error.to_string().contains("lacks the pids controller"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn v1_without_swap_accounting_is_refused_only_when_swap_is_on() {
+        let (root, layout) = v1_fixture();
+        let CgroupLayout::V1(v1) = &layout else {
+            panic!("{layout:?}")
+        };
+        assert_eq!(v1.cpu, root.path().join("cpu,cpuacct"));
+        fs::remove_file(root.path().join("memory/memory.memsw.limit_in_bytes")).unwrap();
+        assert!(CgroupLayout::detect_at(root.path(), false).is_ok());
+        let error = CgroupLayout::detect_at(root.path(), true).unwrap_err();
+        assert!(error.to_string().contains("swapaccount=1"), "{error}");
+        fs::remove_dir_all(root.path().join("freezer")).unwrap();
+        let error = CgroupLayout::detect_at(root.path(), false).unwrap_err();
+        assert!(error.to_string().contains("missing v1: freezer"), "{error}");
+    }
+
+    #[test]
+    fn v2_creates_the_parent_enables_controllers_and_writes_every_limit() {
+        let (root, layout) = v2_fixture();
+        let cgroup = CellCgroup::create(&layout, "cell-1", &limits()).unwrap();
+        let dir = root.path().join("airlock/cell-1");
+        assert_eq!(cgroup.dirs, std::slice::from_ref(&dir));
+        assert_eq!(
+            read(&root.path().join("cgroup.subtree_control")),
+            "+memory +pids +cpu"
+        );
+        assert_eq!(
+            read(&root.path().join("airlock/cgroup.subtree_control")),
+            "+memory +pids +cpu"
+        );
+        assert_eq!(read(&dir.join("memory.max")), (256u64 << 20).to_string());
+        assert_eq!(read(&dir.join("memory.swap.max")), "0");
+        assert_eq!(read(&dir.join("memory.oom.group")), "1");
+        assert_eq!(
+            read(&dir.join("pids.max")),
+            "65",
+            "process_limit + airlock's pid 1"
+        );
+        assert_eq!(read(&dir.join("cpu.max")), "150000 100000");
+        cgroup.add_process(4242).unwrap();
+        assert_eq!(read(&dir.join("cgroup.procs")), "4242");
+        assert_eq!(cgroup.view(), [(PathBuf::from("/sys/fs/cgroup"), dir)]);
+    }
+
+    #[test]
+    fn v1_writes_each_limit_into_its_controllers_directory() {
+        let (root, layout) = v1_fixture();
+        let cgroup = CellCgroup::create(&layout, "cell-1", &limits()).unwrap();
+        let dir = |hierarchy: &str| root.path().join(hierarchy).join("airlock/cell-1");
+        assert_eq!(
+            cgroup.dirs,
+            [
+                dir("memory"),
+                dir("pids"),
+                dir("cpu,cpuacct"),
+                dir("freezer")
+            ]
+        );
+        let memory = (256u64 << 20).to_string();
+        assert_eq!(read(&dir("memory").join("memory.limit_in_bytes")), memory);
+        assert_eq!(
+            read(&dir("memory").join("memory.memsw.limit_in_bytes")),
+            memory
+        );
+        assert_eq!(read(&dir("pids").join("pids.max")), "65");
+        assert_eq!(read(&dir("cpu,cpuacct").join("cpu.cfs_quota_us")), "150000");
+        assert!(!root
+            .path()
+            .join("memory/airlock/cgroup.subtree_control")
+            .exists());
+        cgroup.add_process(4242).unwrap();
+        for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
+            assert_eq!(
+                read(&dir(hierarchy).join("cgroup.procs")),
+                "4242",
+                "{hierarchy}"
+            );
+        }
+        assert_eq!(
+            cgroup.view(),
+            [
+                (PathBuf::from("/sys/fs/cgroup/memory"), dir("memory")),
+                (PathBuf::from("/sys/fs/cgroup/pids"), dir("pids")),
+                (
+                    PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"),
+                    dir("cpu,cpuacct")
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_creation_removes_what_was_created() {
+        let (root, layout) = v1_fixture();
+        // The pids hierarchy's parent is a file: the cell's directory there cannot be made.
+        touch(&root.path().join("pids/airlock"), "");
+        let error = CellCgroup::create(&layout, "cell-1", &limits()).unwrap_err();
+        assert!(error.to_string().contains("pids/airlock/cell-1"), "{error}");
+        assert!(!root.path().join("memory/airlock/cell-1").exists());
+    }
+
+    #[test]
+    fn usage_is_parsed_from_the_counter_files_of_each_version() {
+        let (_v2_root, v2) = v2_fixture();
+        let cgroup = CellCgroup::create(&v2, "cell-1", &limits()).unwrap();
+        let dir = &cgroup.dirs[0];
+        touch(&dir.join("memory.peak"), "123456\n");
+        touch(
+            &dir.join("memory.events"),
+            "low 0\nhigh 0\nmax 7\noom 2\noom_kill 1\noom_group_kill 1\n",
+        );
+        touch(&dir.join("pids.events"), "max 3\n");
+        touch(&dir.join("pids.peak"), "9\n");
+        assert_eq!(
+            cgroup.usage(),
+            CgroupUsage {
+                memory_peak_bytes: 123456,
+                oom_kills: 1,
+                pids_limit_hits: 3,
+                pids_peak: 9
+            }
+        );
+
+        let (_v1_root, v1) = v1_fixture();
+        let cgroup = CellCgroup::create(&v1, "cell-1", &limits()).unwrap();
+        let (memory, pids) = (&cgroup.dirs[0], &cgroup.dirs[1]);
+        touch(&memory.join("memory.max_usage_in_bytes"), "777\n");
+        touch(
+            &memory.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n",
+        );
+        touch(&pids.join("pids.events"), "max 5\n");
+        assert_eq!(
+            cgroup.usage(),
+            CgroupUsage {
+                memory_peak_bytes: 777,
+                oom_kills: 4,
+                pids_limit_hits: 5,
+                pids_peak: 0
+            },
+            "a missing pids.peak (older kernels) counts 0"
+        );
+    }
+
+    #[test]
+    fn v2_kills_with_cgroup_kill_and_freezes_through_cgroup_freeze() {
+        let (_root, layout) = v2_fixture();
+        let cgroup = CellCgroup::create(&layout, "cell-1", &limits()).unwrap();
+        let dir = cgroup.dirs[0].clone();
+        cgroup.kill_all().unwrap();
+        assert_eq!(read(&dir.join("cgroup.kill")), "1");
+        // No member but the survivor: nothing is signalled; the freeze is undone.
+        touch(
+            &dir.join("cgroup.procs"),
+            &format!("{}\n", std::process::id()),
+        );
+        touch(&dir.join("cgroup.events"), "populated 1\nfrozen 1\n");
+        cgroup
+            .kill_all_except(std::process::id() as libc::pid_t)
+            .unwrap();
+        assert_eq!(read(&dir.join("cgroup.freeze")), "0");
+        assert_eq!(cgroup.pids(), [std::process::id() as libc::pid_t]);
+    }
+
+    #[test]
+    fn v1_kills_inside_a_freeze_and_thaws_after() {
+        let (_root, layout) = v1_fixture();
+        let cgroup = CellCgroup::create(&layout, "cell-1", &limits()).unwrap();
+        let freezer = cgroup.dirs[3].clone();
+        // An empty cgroup: the kill lists no one, and the freezer ends thawed.
+        touch(&freezer.join("cgroup.procs"), "");
+        cgroup.kill_all().unwrap();
+        assert_eq!(read(&freezer.join("freezer.state")), "THAWED");
+        assert!(
+            !cgroup.dirs[0].join("cgroup.kill").exists(),
+            "v1 has no cgroup.kill"
+        );
+        assert!(cgroup.wait_empty(Duration::from_millis(10)));
+    }
+
+    #[test]
+    fn a_leftover_frozen_by_a_dead_supervisor_is_thawed_so_its_kill_lands() {
+        let (root, layout) = v1_fixture();
+        // No supervisor has this pid (above any pid_max) and no process this pid: the
+        // kill reaches no one, and the member stays listed until the deadline.
+        let name = "4194304000-1-0";
+        for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
+            let dir = root.path().join(hierarchy).join("airlock").join(name);
+            touch(&dir.join("cgroup.procs"), "2147483646\n");
+        }
+        let freezer = root.path().join("freezer/airlock").join(name);
+        touch(&freezer.join("freezer.state"), "FROZEN\n");
+        let left = reap_leftovers(&layout);
+        assert_eq!(read(&freezer.join("freezer.state")), "THAWED");
+        // Plain directories with files cannot be removed: reported, not hidden.
+        assert_eq!(left.len(), 4, "{left:?}");
+    }
+
+    #[test]
+    fn destroy_removes_every_directory_and_reports_what_it_could_not() {
+        for (_root, layout) in [v2_fixture(), v1_fixture()] {
+            let cgroup = CellCgroup::create(&layout, "cell-1", &limits()).unwrap();
+            let dirs = cgroup.dirs.clone();
+            for dir in &dirs {
+                touch(&dir.join("cgroup.procs"), "");
+            }
+            // A non-empty plain directory cannot be removed: it is reported, not hidden.
+            let kept = CellCgroup {
+                layout: layout.clone(),
+                dirs: dirs.clone(),
+            };
+            assert_eq!(kept.destroy(), dirs);
+            remove_control_files(&dirs);
+            assert!(cgroup.destroy().is_empty(), "{}", layout.version());
+            assert!(dirs.iter().all(|d| !d.exists()));
+        }
+    }
+
+    #[test]
+    fn names_identify_a_live_supervisor_by_pid_and_start_time() {
+        let started = crate::sys::process_stat(std::process::id())
+            .unwrap()
+            .start_time;
+        let name = cgroup_name(started);
+        assert!(
+            supervisor_alive(&name),
+            "our own cgroup name must count as alive: {name}"
+        );
+        let pid = std::process::id();
+        assert!(
+            !supervisor_alive(&format!("{pid}-1-0")),
+            "a reused pid has another start time"
+        );
+        assert!(!supervisor_alive("4194304000-1-0"), "no such pid");
+        assert!(!supervisor_alive("not-a-cell"));
+        assert!(!supervisor_alive("12345"));
+    }
+}

@@ -84,7 +84,9 @@ fn is_root() -> bool {
 
 /// The supervisor process: its stdin is the control socket.
 fn supervise(plan: &Path) {
-    let plan: CellPlan = serde_json::from_slice(&std::fs::read(plan).unwrap()).unwrap();
+    let plan: airlock_contract::PlanTransfer =
+        serde_json::from_slice(&std::fs::read(plan).unwrap()).unwrap();
+    let plan = plan.into_plan();
     let control = std::io::stdin().as_fd().try_clone_to_owned().unwrap();
     let mode = match std::env::var(SESSION) {
         Ok(limits) => {
@@ -137,7 +139,8 @@ fn session(idle_ms: u64, lifetime_ms: u64) -> Served {
 
 fn serve_as(plan: &CellPlan, session: Option<String>) -> Served {
     let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), serde_json::to_vec(plan).unwrap()).unwrap();
+    let transfer = airlock_contract::PlanTransfer::of(plan);
+    std::fs::write(file.path(), serde_json::to_vec(&transfer).unwrap()).unwrap();
     let (ours, theirs) = socket_pair().unwrap();
     let mut command = Command::new(std::env::current_exe().unwrap());
     command.env(ROLE, file.path()).stdin(Stdio::from(theirs));

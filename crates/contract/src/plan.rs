@@ -207,3 +207,27 @@ pub struct CredentialPlan {
     /// Environment variable of the trusted supervisor the value is read from.
     pub from_env: String,
 }
+
+/// A plan as it travels between airlock's own processes (the engine to its cell factory):
+/// the plan and its seccomp program, which the plan's serialised form leaves out. The
+/// receiving runtime still refuses a program whose hash is not the one the plan names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanTransfer {
+    pub plan: CellPlan,
+    pub seccomp_program: Vec<crate::seccomp::BpfInsn>,
+}
+
+impl PlanTransfer {
+    pub fn of(plan: &CellPlan) -> PlanTransfer {
+        PlanTransfer {
+            plan: plan.clone(),
+            seccomp_program: plan.seccomp.program.to_vec(),
+        }
+    }
+
+    pub fn into_plan(self) -> CellPlan {
+        let mut plan = self.plan;
+        plan.seccomp.program = self.seccomp_program.into();
+        plan
+    }
+}

@@ -12,6 +12,7 @@ use crate::{Engine, EngineError};
 use airlock_cell::control::{CommandSpec, EngineControl, ToEngine};
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::PayloadStdin;
+use airlock_contract::PlanTransfer;
 use airlock_store::{RunHandle, Store};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -51,7 +52,7 @@ impl Engine {
         let host = match warm {
             Some(host) => Ok(host),
             None => self.spawn_host(HostRequest {
-                plan: plan.clone(),
+                plan: PlanTransfer::of(&plan),
                 credentials,
                 artifacts: artifacts.map(|a| ArtifactsWanted {
                     output_dir: a.output_dir,

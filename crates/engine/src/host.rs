@@ -5,7 +5,7 @@
 use crate::egress_session::ProxySession;
 use airlock_cell::artifacts::ArtifactRequest;
 use airlock_cell::{EgressSession, ServeMode, ServeOptions};
-use airlock_contract::{CellPlan, NetworkPlan};
+use airlock_contract::{NetworkPlan, PlanTransfer};
 use serde::{Deserialize, Serialize};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -14,7 +14,8 @@ use std::time::Duration;
 /// What a supervisor process serves.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HostRequest {
-    pub plan: CellPlan,
+    /// The plan with its seccomp program (which a plan's own serialised form leaves out).
+    pub plan: PlanTransfer,
     /// `(variable, value)` of every credential of the plan.
     pub credentials: Vec<(String, String)>,
     pub artifacts: Option<ArtifactsWanted>,
@@ -41,7 +42,8 @@ pub enum HostMode {
 
 /// Serves `request` on `control` until the cell is destroyed.
 pub fn serve(request: HostRequest, control: OwnedFd, egress: airlock_egress::EgressConfig) {
-    let mut proxy = match &request.plan.network {
+    let plan = request.plan.into_plan();
+    let mut proxy = match &plan.network {
         NetworkPlan::Allowlist { destinations } => Some(ProxySession::new(egress, destinations)),
         NetworkPlan::Deny => None,
     };
@@ -61,7 +63,7 @@ pub fn serve(request: HostRequest, control: OwnedFd, egress: airlock_egress::Egr
         max_total_bytes: a.max_total_bytes,
     });
     airlock_cell::serve_cell(
-        &request.plan,
+        &plan,
         ServeOptions {
             control,
             credentials: &request.credentials,

@@ -9,6 +9,7 @@ use crate::cells::wait_parked;
 use crate::factory::{CellFactory, CellHost};
 use crate::host::{HostMode, HostRequest};
 use airlock_contract::CellPlan;
+use airlock_contract::PlanTransfer;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
@@ -151,7 +152,7 @@ fn refill_loop(shared: &(Mutex<PoolState>, Condvar), factory: &CellFactory) {
         let (shape, template) = wanted;
         let built = factory
             .spawn(HostRequest {
-                plan: template,
+                plan: PlanTransfer::of(&template),
                 credentials: Vec::new(),
                 artifacts: None,
                 mode: HostMode::OneShot,

@@ -19,6 +19,7 @@ use airlock_cell::control::{CommandSpec, ToEngine};
 use airlock_cell::report::RunReport;
 use airlock_cell::PayloadStdin;
 use airlock_contract::CellPlan;
+use airlock_contract::PlanTransfer;
 use airlock_store::{RunHandle, RunStart, Store};
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -138,7 +139,7 @@ impl Engine {
         } = request;
         let secrets = record::secrets_of(&plan, &credentials);
         let host = self.spawn_host(HostRequest {
-            plan: plan.clone(),
+            plan: PlanTransfer::of(&plan),
             credentials,
             artifacts: artifacts.map(|a| ArtifactsWanted {
                 output_dir: a.output_dir,

@@ -22,6 +22,9 @@ use std::path::PathBuf;
 
 /// Most descriptors a control message carries (stdin, stdout sink, stderr sink).
 pub const MAX_CONTROL_FDS: usize = 3;
+/// The supervisor's send buffer: one packet carries a whole report (its output's head
+/// and tail, every egress record), and a SOCK_SEQPACKET message must fit the buffer.
+const REPORT_SEND_BUFFER: usize = 16 << 20;
 
 /// One command for a serving cell.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,6 +213,8 @@ pub struct SupervisorControl {
 
 impl SupervisorControl {
     pub fn new(sock: OwnedFd) -> SupervisorControl {
+        // Without it a report still arrives, without its egress records (see `send`).
+        let _ = sys::raise_send_buffer(sock.as_fd(), REPORT_SEND_BUFFER);
         SupervisorControl { sock }
     }
 
@@ -218,15 +223,50 @@ impl SupervisorControl {
     }
 
     /// Send errors mean the engine is gone: the next receive sees EOF and destroys the
-    /// cell, so they are not reported twice.
+    /// cell, so they are not reported twice. A report too large for one packet is sent
+    /// without its egress records, and says so.
     pub fn send(&self, message: &ToEngine) {
-        let _ = send(self.sock.as_fd(), message, &[]);
+        match send(self.sock.as_fd(), message, &[]) {
+            Err(CellError::Io { source, .. }) if source.raw_os_error() == Some(libc::EMSGSIZE) => {
+                if let Some(smaller) = without_egress_records(message) {
+                    let _ = send(self.sock.as_fd(), &smaller, &[]);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// The engine's next message with its descriptors; `None` once it closed its end.
     pub fn recv(&self) -> Result<Option<(ToSupervisor, Vec<OwnedFd>)>, CellError> {
         recv(self.sock.as_fd())
     }
+}
+
+/// `message` with its report's egress records left out (and a note saying how many),
+/// for a report too large for one packet; `None` for a message without a report.
+fn without_egress_records(message: &ToEngine) -> Option<ToEngine> {
+    let trim = |report: &RunReport| {
+        let mut report = report.clone();
+        let left_out = report.egress.take().map_or(0, |records| records.len());
+        report.notes.push(format!(
+            "the report was too large for the control socket: its {left_out} egress \
+             record(s) were left out"
+        ));
+        Box::new(report)
+    };
+    Some(match message {
+        ToEngine::CommandEnded { id, report } => ToEngine::CommandEnded {
+            id: *id,
+            report: trim(report),
+        },
+        ToEngine::Closed { report } => ToEngine::Closed {
+            report: trim(report),
+        },
+        ToEngine::Failed { report } => ToEngine::Failed {
+            report: trim(report),
+        },
+        ToEngine::Parked { .. } | ToEngine::CommandStarted { .. } => return None,
+    })
 }
 
 #[cfg(test)]
@@ -303,6 +343,21 @@ mod tests {
             let (decoded, _) = decode::<ToEngine>(&body, Vec::new()).unwrap();
             assert_eq!(encode(&decoded), body);
         }
+    }
+
+    #[test]
+    fn a_report_too_large_for_a_packet_loses_its_egress_records_and_says_so() {
+        let mut report = RunReport::refused("r", ResultClass::Ok, String::new());
+        report.egress = Some(Vec::new());
+        let message = ToEngine::Closed {
+            report: Box::new(report),
+        };
+        let Some(ToEngine::Closed { report }) = without_egress_records(&message) else {
+            panic!("a report stays a report");
+        };
+        assert!(report.egress.is_none());
+        assert!(report.notes[0].contains("egress record(s) were left out"));
+        assert!(without_egress_records(&ToEngine::CommandStarted { id: 1 }).is_none());
     }
 
     #[test]

@@ -1614,6 +1614,29 @@ pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
     Ok(())
 }
 
+/// Raises the send buffer of `sock` to `bytes` (`SO_SNDBUFFORCE`, which root may set
+/// beyond the system's maximum; otherwise `SO_SNDBUF`, capped by it). On a
+/// SOCK_SEQPACKET socket the send buffer bounds the size of one message.
+pub fn raise_send_buffer(sock: BorrowedFd<'_>, bytes: usize) -> io::Result<()> {
+    let value = bytes.min(i32::MAX as usize) as libc::c_int;
+    let set = |option: libc::c_int| {
+        // SAFETY: `value` is a valid c_int for the duration of the call, and its size is
+        // what the kernel reads.
+        check(unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                &value as *const libc::c_int as *const libc::c_void,
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        })
+    };
+    set(libc::SO_SNDBUFFORCE)
+        .or_else(|_| set(libc::SO_SNDBUF))
+        .map(drop)
+}
+
 // ---------------------------------------------------------------------------------
 // The engine's cell factory: forking supervisor processes (crates/engine/src/factory.rs).
 

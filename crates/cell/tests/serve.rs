@@ -244,6 +244,15 @@ fn runs_nothing_while_parked() {
     for cgroup in &cgroups {
         assert_eq!(procs(cgroup), [pid.to_string()], "{}", cgroup.display());
     }
+    // pid 1 holds its socket to the supervisor and nothing else of the supervisor's
+    // process: not the control socket (the supervisor's stdin and its copy of it).
+    let sockets: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
+        .map(|target| target.display().to_string())
+        .filter(|target| target.starts_with("socket:"))
+        .collect();
+    assert_eq!(sockets.len(), 1, "pid 1's sockets: {sockets:?}");
     served.engine.close().unwrap();
     let (ended, closed) = until_closed(&served.engine);
     assert!(ended.is_none(), "no command ran");

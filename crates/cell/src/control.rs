@@ -13,7 +13,7 @@
 //! once.
 
 use crate::error::CellError;
-use crate::report::RunReport;
+use crate::report::{ExitInfo, RunReport};
 use crate::sys;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -69,8 +69,15 @@ pub enum ToEngine {
         /// The cell's cgroup directories on the host (one per hierarchy on v1).
         cgroups: Vec<PathBuf>,
     },
+    /// The command's payload was exec'd.
     CommandStarted {
         id: u64,
+    },
+    /// A one-shot cell's command exited (its report follows once the cell is torn down):
+    /// the moment its caller may learn how it ended.
+    CommandExited {
+        id: u64,
+        exit: ExitInfo,
     },
     CommandEnded {
         id: u64,
@@ -265,7 +272,9 @@ fn without_egress_records(message: &ToEngine) -> Option<ToEngine> {
         ToEngine::Failed { report } => ToEngine::Failed {
             report: trim(report),
         },
-        ToEngine::Parked { .. } | ToEngine::CommandStarted { .. } => return None,
+        ToEngine::Parked { .. }
+        | ToEngine::CommandStarted { .. }
+        | ToEngine::CommandExited { .. } => return None,
     })
 }
 
@@ -332,6 +341,13 @@ mod tests {
                 cgroups: vec!["/sys/fs/cgroup/pids/airlock/c".into()],
             },
             ToEngine::CommandStarted { id: 1 },
+            ToEngine::CommandExited {
+                id: 1,
+                exit: ExitInfo {
+                    code: Some(0),
+                    signal: None,
+                },
+            },
             ToEngine::CommandEnded {
                 id: 1,
                 report: report(),

@@ -31,7 +31,11 @@ fn main() {
         println!("serve: skipped (not root)");
         return;
     }
-    let scenarios: [(&str, fn()); 11] = [
+    let scenarios: [(&str, fn()); 12] = [
+        (
+            "the_engine_learns_of_the_exec_then_the_exit_then_the_report",
+            announces_in_order,
+        ),
         (
             "a_parked_cell_runs_its_command_into_the_sink",
             runs_a_command,
@@ -190,7 +194,7 @@ fn until_closed(engine: &EngineControl) -> (Option<RunReport>, RunReport) {
     let mut ended = None;
     loop {
         match engine.recv().unwrap() {
-            Some(ToEngine::CommandStarted { .. }) => {}
+            Some(ToEngine::CommandStarted { .. }) | Some(ToEngine::CommandExited { .. }) => {}
             Some(ToEngine::CommandEnded { report, .. }) => ended = Some(*report),
             Some(ToEngine::Closed { report }) => return (ended, *report),
             other => panic!("unexpected {other:?}"),
@@ -232,6 +236,38 @@ fn runs_a_command() {
     assert_eq!(std::fs::read_to_string(sink.path()).unwrap(), "hi\n");
     assert!(closed.cleanup.ok, "{:?}", closed.cleanup);
     assert!(gone_within(&cgroups, Duration::from_secs(1)));
+    exits_cleanly(served);
+}
+
+/// A one-shot command's messages come in the order they happen: the exec, the exit (as
+/// soon as pid 1 reports it, before the teardown), the command's report, the final one.
+fn announces_in_order() {
+    let served = serve(&plan());
+    parked(&served.engine);
+    let command = spec(&["sh", "-c", "exit 3"]);
+    served
+        .engine
+        .run(1, "run-1", command, None, null().as_fd(), null().as_fd())
+        .unwrap();
+    let mut seen = Vec::new();
+    loop {
+        match served.engine.recv().unwrap() {
+            Some(ToEngine::CommandStarted { id }) => seen.push(format!("started {id}")),
+            Some(ToEngine::CommandExited { id, exit }) => {
+                seen.push(format!("exited {id} {:?}", exit.code))
+            }
+            Some(ToEngine::CommandEnded { id, report }) => {
+                seen.push(format!("ended {id} {:?}", report.exit.code))
+            }
+            Some(ToEngine::Closed { .. }) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(
+        seen,
+        ["started 1", "exited 1 Some(3)", "ended 1 Some(3)"],
+        "{seen:?}"
+    );
     exits_cleanly(served);
 }
 

@@ -247,7 +247,10 @@ fn drive_one_shot(
     loop {
         match control.recv() {
             Ok(Some(ToEngine::CommandStarted { .. })) => exec_confirmed = Some(Instant::now()),
-            Ok(Some(ToEngine::CommandEnded { .. })) => exit_known = Some(Instant::now()),
+            Ok(Some(ToEngine::CommandExited { .. })) => exit_known = Some(Instant::now()),
+            Ok(Some(ToEngine::CommandEnded { .. })) => {
+                exit_known.get_or_insert_with(Instant::now);
+            }
             Ok(Some(ToEngine::Closed { report })) => {
                 let closed = Instant::now();
                 let exit_known = exit_known.unwrap_or(closed);

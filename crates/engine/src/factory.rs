@@ -223,9 +223,7 @@ fn serve_factory(sock: OwnedFd) -> ! {
         reap(&mut children);
         let Ok(Some((body, mut fds))) = recv_polled(&sock, &mut children) else {
             // The engine is gone: so is everything it asked for.
-            for pid in &children {
-                let _ = process::kill(*pid, libc::SIGKILL);
-            }
+            end_supervisors(&mut children);
             process::exit_now(0)
         };
         match serde_json::from_slice::<ToFactory>(&body) {
@@ -265,6 +263,23 @@ fn recv_polled(
     }
     process::recv_message(sock.as_fd(), MAX_REQUEST_FDS)
 }
+
+/// Once the engine is gone: each supervisor sees EOF on its own control socket and
+/// destroys its cell; they get a moment to finish that (a supervisor killed in the middle
+/// of a teardown could leave a v1 cgroup frozen), then whatever is left is killed.
+fn end_supervisors(children: &mut BTreeSet<i32>) {
+    let until = std::time::Instant::now() + SUPERVISOR_GRACE;
+    while !children.is_empty() && std::time::Instant::now() < until {
+        reap(children);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    for pid in children.iter() {
+        let _ = process::kill(*pid, libc::SIGKILL);
+    }
+}
+
+/// How long supervisors get to destroy their cells once the engine is gone.
+const SUPERVISOR_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 fn reap(children: &mut BTreeSet<i32>) {
     while let Some((pid, _)) = process::reap_exited() {

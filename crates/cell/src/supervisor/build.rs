@@ -223,12 +223,13 @@ impl Cell<'_> {
         egress: &mut Option<&mut dyn EgressSession>,
         control: Option<&SupervisorControl>,
     ) -> Result<Vec<PathBuf>, CellError> {
+        let id = command.id;
         self.supervise_with(
             |supervision| {
                 supervision.observed.run_id = run_id;
                 supervision.start(command, io, limits.0, limits.1);
             },
-            |supervision| supervision.run(egress, control),
+            |supervision| supervision.run(egress, control, Some(id)),
         )
     }
 

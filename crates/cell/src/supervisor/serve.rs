@@ -180,9 +180,7 @@ fn serve(
             return close(cell, "its command was refused", control, egress, started);
         }
     };
-    // START goes next: the command is started as far as the engine is concerned (a
-    // failed exec is the command's report).
-    control.send(&ToEngine::CommandStarted { id });
+    // The supervision loop tells the engine of the exec and the exit as they happen.
     let ran = cell.run_command(run_id, command, io, limits, egress, Some(control));
     let report = cell.finish(ran, egress, started);
     control.send(&ToEngine::CommandEnded {

@@ -2,15 +2,16 @@
 //! terminal, pid 1's pidfd, the deadline and, for a serving cell, the engine's control
 //! socket.
 
-use super::classify::Observed;
+use super::classify::{self, Observed};
 use super::deadline::{poll_timeout, Deadline, Step};
 use super::{CommandIo, EgressSession};
 use crate::artifacts::{self, ArtifactRequest};
 use crate::cgroup::CellCgroup;
-use crate::control::{SupervisorControl, ToSupervisor};
+use crate::control::{SupervisorControl, ToEngine, ToSupervisor};
 use crate::error::CellError;
 use crate::output::{OutputCapture, Stream};
 use crate::protocol::{self, CellChannel, CellCommand, FromCell};
+use crate::report::ExitInfo;
 use crate::stdin_relay::StdinRelay;
 use crate::sys;
 use crate::terminal::CallerTerminal;
@@ -240,7 +241,10 @@ impl Supervision<'_> {
         &mut self,
         egress: &mut Option<&mut dyn EgressSession>,
         mut control: Option<&SupervisorControl>,
+        command: Option<u64>,
     ) -> Result<(), CellError> {
+        // What the engine has been told of its command: the exec, then the exit.
+        let mut announced = Announced::default();
         // The output buffer is allocated on first output: most tool calls print little,
         // and every fresh page costs a fault.
         let mut buf = Vec::new();
@@ -272,6 +276,9 @@ impl Supervision<'_> {
             }
             if readable(&fds[2]) {
                 self.read_message(egress)?;
+                if let (Some(control), Some(id)) = (control, command) {
+                    announced.update(self, control, id);
+                }
             }
             if let Some(relay) = self.stdin_relay.as_mut() {
                 if readable(&fds[4]) {
@@ -312,6 +319,14 @@ impl Supervision<'_> {
         }
     }
 
+    /// How the payload ended, once pid 1 reported it.
+    fn reported_exit(&self) -> Option<ExitInfo> {
+        self.observed
+            .ended
+            .as_ref()
+            .map(|_| classify::payload_exit(&self.observed))
+    }
+
     /// pid 1 is gone: its status and CPU time, and the end of the stdin relay.
     pub fn reap_pid1(&mut self) {
         self.observed.ended_at = Some(Instant::now());
@@ -328,8 +343,11 @@ impl Supervision<'_> {
         if self.observed.ended.is_none() {
             self.observed.destroyed = Some(why.to_string());
         }
+        // Every process of the cell is in pid 1's namespace, which the kernel kills with
+        // pid 1; the teardown's wait for an empty cgroup kills anything left. No freeze
+        // here: a supervisor killed between a v1 freeze and its thaw (its owner died, the
+        // reason this runs) would leave the cell frozen and unkillable.
         let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
-        let _ = self.cgroup.kill_all();
     }
 
     fn enforce_deadline(&mut self) {
@@ -528,6 +546,31 @@ impl Supervision<'_> {
         if let Some(request) = &self.artifacts {
             let mounts = std::mem::take(&mut self.observed.output_mounts);
             self.observed.artifacts = Some(artifacts::collect(&mounts, self.plan, request));
+        }
+    }
+}
+
+/// What the engine has been told of a one-shot cell's command.
+#[derive(Default)]
+struct Announced {
+    started: bool,
+    exited: bool,
+}
+
+impl Announced {
+    /// Tells the engine what it does not know yet: that the payload was exec'd, and how it
+    /// exited (pid 1 reports that before the cell is torn down, which takes milliseconds:
+    /// the command's report follows then).
+    fn update(&mut self, supervision: &Supervision<'_>, control: &SupervisorControl, id: u64) {
+        if !self.started && supervision.observed.exec_done_at.is_some() {
+            self.started = true;
+            control.send(&ToEngine::CommandStarted { id });
+        }
+        if !self.exited {
+            if let Some(exit) = supervision.reported_exit() {
+                self.exited = true;
+                control.send(&ToEngine::CommandExited { id, exit });
+            }
         }
     }
 }

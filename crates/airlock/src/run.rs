@@ -345,8 +345,10 @@ impl Recorder<'_> {
 }
 
 pub fn run(args: RunArgs, started: Instant) -> ExitCode {
-    let config = match OperatorConfig::load(args.config.as_deref()) {
-        Ok(c) => c,
+    let loaded = OperatorConfig::load(args.config.as_deref())
+        .and_then(|c| c.host_id_range().map(|range| (c, range)));
+    let (config, host_ids) = match loaded {
+        Ok(both) => both,
         Err(err) => {
             let error = crate::user_message(&err);
             return refuse(&args, "", ResultClass::RuntimeFault, error, None);
@@ -396,6 +398,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             stream_output: true,
             stdin,
             credentials: &credentials,
+            host_ids,
         },
     );
     report.stdin = Some(stdin_record(&stdin_kind, report.stdin.take()));

@@ -42,6 +42,14 @@ pub enum CellError {
         refusal: crate::host_files::WriteRefusal,
         source: std::io::Error,
     },
+    /// A range of host ids that would reach the host's own users or beyond 2^31 (the CLI
+    /// checks the configuration's bounds first; see host_identity.rs).
+    #[error("host id range of {count} ids from {base}: {rule}")]
+    InvalidHostIdRange {
+        base: u32,
+        count: u32,
+        rule: &'static str,
+    },
 }
 
 impl CellError {
@@ -55,7 +63,8 @@ impl CellError {
             | CellError::Launch { .. }
             | CellError::Io { .. }
             | CellError::NotSingleThreaded(_)
-            | CellError::Refused(_) => ResultClass::RuntimeFault,
+            | CellError::Refused(_)
+            | CellError::InvalidHostIdRange { .. } => ResultClass::RuntimeFault,
             CellError::HostWrite { .. } => ResultClass::DeliveryFailed,
         }
     }

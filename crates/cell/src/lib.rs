@@ -10,6 +10,7 @@ mod default_filter;
 pub mod doctor;
 mod error;
 pub mod host_files;
+pub mod host_identity;
 mod landlock_policy;
 mod launcher;
 pub mod output;
@@ -27,5 +28,5 @@ pub use error::CellError;
 pub use protocol::EgressListeners;
 pub use supervisor::{
     credential_env, run_cell, BeforeStart, EgressSession, EgressSummary, PayloadStdin, RunOptions,
-    HOST_ID_BASE, TERM_GRACE,
+    TERM_GRACE,
 };

@@ -139,9 +139,9 @@ struct InputOwners {
 }
 
 impl InputOwners {
-    fn new(plan: &CellPlan) -> InputOwners {
+    fn new(host: crate::host_identity::HostIdentity) -> InputOwners {
         InputOwners {
-            cell: (sys::geteuid() == 0).then(|| crate::supervisor::host_ids(plan)),
+            cell: (sys::geteuid() == 0).then_some((host.uid, host.gid)),
             namespaces: Vec::new(),
         }
     }
@@ -202,10 +202,13 @@ const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATT
 /// invoking user it can reach inputs under private directories (a root-owned 0700 temp
 /// dir, say) that the cell's unprivileged identity could not traverse, and the detached
 /// trees it creates can be attached in the cell's mount namespace.
-pub fn prepare_sources(plan: &CellPlan) -> Result<(Vec<Prepared>, Vec<String>), Stage> {
+pub fn prepare_sources(
+    plan: &CellPlan,
+    host: crate::host_identity::HostIdentity,
+) -> Result<(Vec<Prepared>, Vec<String>), Stage> {
     let mut prepared = Vec::new();
     let mut notes = Vec::new();
-    let mut owners = InputOwners::new(plan);
+    let mut owners = InputOwners::new(host);
     for mount in &plan.mounts {
         match mount {
             MountPlan::HostSystem { path, optional } => {

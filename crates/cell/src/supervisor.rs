@@ -7,6 +7,7 @@
 use crate::artifacts::{self, ArtifactRequest};
 use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout};
 use crate::error::CellError;
+use crate::host_identity::{HostIdRange, HostIdentity, HostLease};
 use crate::launcher::{self, ChildSetup, Stage};
 use crate::output::{OutputCapture, Stream};
 use crate::protocol::{self, EgressListeners, LaunchFailure, PayloadEnded};
@@ -42,9 +43,6 @@ enum Deadline {
 /// What `/proc/1/comm` and `/proc/1/cmdline` of a cell read.
 pub const PID1_NAME: &std::ffi::CStr = c"airlock-init";
 
-/// Host ids of cell identities when airlock runs as root: cell uid N is host uid
-/// `HOST_ID_BASE + N`, far away from real users and never 0.
-pub const HOST_ID_BASE: u32 = 1_000_000_000;
 /// Longest we wait for the cell's pipes to close after its pid 1 is gone.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// Bytes read from the payload's stdout or stderr at a time (a full pipe).
@@ -86,6 +84,8 @@ pub struct RunOptions<'a> {
     pub stdin: PayloadStdin,
     /// `(variable, value)` of every credential of the plan, from [`credential_env`].
     pub credentials: &'a [(String, String)],
+    /// Where the cell's own host uid and gid come from, as root (see host_identity.rs).
+    pub host_ids: HostIdRange,
 }
 
 /// What the payload reads on stdin. For a plan with a terminal, a relayed stdin (a
@@ -166,10 +166,10 @@ fn launch_error(stage: Stage) -> CellError {
     }
 }
 
-/// Writes the user namespace maps of the child: the cell identity maps to one host id,
-/// which is never root.
-fn write_id_maps(pid: libc::pid_t, plan: &CellPlan) -> Result<(), CellError> {
-    let (host_uid, host_gid) = host_ids(plan);
+/// Writes the user namespace maps of the child: the cell identity maps to its own host
+/// ids, which are never root.
+fn write_id_maps(pid: libc::pid_t, plan: &CellPlan, host: HostIdentity) -> Result<(), CellError> {
+    let (host_uid, host_gid) = (host.uid, host.gid);
     let write = |file: &str, text: String| {
         std::fs::write(format!("/proc/{pid}/{file}"), text)
             .map_err(|e| CellError::io(format!("writing {file} of the cell"), e))
@@ -179,31 +179,19 @@ fn write_id_maps(pid: libc::pid_t, plan: &CellPlan) -> Result<(), CellError> {
     write("gid_map", format!("{} {host_gid} 1\n", plan.identity.gid))
 }
 
-/// The host uid and gid the cell identity maps to.
-pub(crate) fn host_ids(plan: &CellPlan) -> (u32, u32) {
-    if sys::geteuid() == 0 {
-        (
-            HOST_ID_BASE + plan.identity.uid,
-            HOST_ID_BASE + plan.identity.gid,
-        )
-    } else {
-        (sys::geteuid(), sys::getegid())
-    }
-}
-
 /// Gives the cell's ends of its stdio pipes to the cell identity. A pipe is created owned
 /// by its creator with mode 0600, and re-opening it through `/dev/stdin` (that is,
 /// `/proc/self/fd/0`) checks that mode: owned by root outside the cell's maps, a payload
 /// could use its fd 0/1/2 but not `/dev/stdin`, `/dev/stdout` or `/dev/stderr`. Owned by
 /// the cell identity, still 0600, nobody else gains access.
-fn give_pipes_to_cell(plan: &CellPlan, ends: &[&OwnedFd]) -> Result<(), CellError> {
+fn give_pipes_to_cell(host: HostIdentity, ends: &[&OwnedFd]) -> Result<(), CellError> {
     if sys::geteuid() != 0 {
         // Created by the caller's uid, which is what the cell identity maps to.
         return Ok(());
     }
-    let (uid, gid) = host_ids(plan);
     for end in ends.iter() {
-        sys::fchown(end.as_fd(), uid, gid).map_err(|e| CellError::io("chown of a pipe", e))?;
+        sys::fchown(end.as_fd(), host.uid, host.gid)
+            .map_err(|e| CellError::io("chown of a pipe", e))?;
     }
     Ok(())
 }
@@ -224,7 +212,11 @@ struct Pipes {
     terminal_input: Option<OwnedFd>,
 }
 
-fn open_pipes(plan: &CellPlan, stdin: PayloadStdin) -> Result<Pipes, CellError> {
+fn open_pipes(
+    plan: &CellPlan,
+    stdin: PayloadStdin,
+    host: HostIdentity,
+) -> Result<Pipes, CellError> {
     let pipe = || sys::pipe_cloexec().map_err(|e| CellError::io("pipe", e));
     let (stdout_read, stdout_write) = pipe()?;
     let (stderr_read, stderr_write) = pipe()?;
@@ -252,11 +244,11 @@ fn open_pipes(plan: &CellPlan, stdin: PayloadStdin) -> Result<Pipes, CellError> 
         PayloadStdin::Relayed(source) => {
             let (relay, cell_end) =
                 StdinRelay::new(source).map_err(|e| CellError::io("stdin pipe", e))?;
-            give_pipes_to_cell(plan, &[&cell_end])?;
+            give_pipes_to_cell(host, &[&cell_end])?;
             (cell_end, Some(relay))
         }
     };
-    give_pipes_to_cell(plan, &[&stdout_write, &stderr_write])?;
+    give_pipes_to_cell(host, &[&stdout_write, &stderr_write])?;
     Ok(Pipes {
         stdout_read,
         stdout_write,
@@ -362,6 +354,10 @@ fn start_and_supervise(
         });
     }
     let env = cell_environment(plan, options.credentials)?;
+    // Held until the cell is gone (finish_run); opened before the clone, so the cell's
+    // pid 1 holds the slot too (see host_identity.rs).
+    let lease = crate::host_identity::lease_for_cell(options.host_ids)?;
+    let host = lease.identity();
     // Before the clone and any thread: the signals it takes must be blocked everywhere.
     let mut caller_terminal = enter_caller_terminal(plan, &options.stdin)?;
     // The cell is cloned next: while it creates its network namespace (the costliest
@@ -372,6 +368,7 @@ fn start_and_supervise(
         plan,
         &env,
         options,
+        host,
         payload_cpus.as_ref(),
         caller_terminal.as_mut(),
         &supervisor.command_line,
@@ -397,7 +394,7 @@ fn start_and_supervise(
     let mapped = rootfs::prepare_devices()
         .map_err(launch_error)
         .and_then(|devices| {
-            write_id_maps(cell.pid, plan)?;
+            write_id_maps(cell.pid, plan, host)?;
             let (message, fds) = protocol::encode_mapped(devices);
             let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
             sys::send_with_fds(cell.sync.as_fd(), &message, &raw)
@@ -412,7 +409,7 @@ fn start_and_supervise(
     }
     let spawned_ms = ms_since(started);
     let prepared = seccomp_program(plan).and_then(|program| {
-        let (mut mounts, notes) = rootfs::prepare_sources(plan).map_err(launch_error)?;
+        let (mut mounts, notes) = rootfs::prepare_sources(plan, host).map_err(launch_error)?;
         mounts.extend(rootfs::prepare_cgroup_view(&cgroup.view()).map_err(launch_error)?);
         Ok(Release {
             program,
@@ -486,7 +483,7 @@ fn start_and_supervise(
             Err(CellError::Refused(err))
         }
     };
-    finish_run(plan, options, &layout, cgroup, result, milestones)
+    finish_run(plan, options, &layout, (cgroup, lease), result, milestones)
 }
 
 /// The last reference to the cell's mount namespace, held by a helper thread until the
@@ -535,7 +532,7 @@ fn finish_run(
     plan: &CellPlan,
     options: &mut RunOptions<'_>,
     layout: &CgroupLayout,
-    cgroup: CellCgroup,
+    (cgroup, lease): (CellCgroup, HostLease),
     result: Result<(Observed, OutputCapture, Vec<std::path::PathBuf>), CellError>,
     milestones: StartMilestones,
 ) -> Result<RunReport, CellError> {
@@ -555,11 +552,15 @@ fn finish_run(
             .into_iter()
             .map(|d| format!("cgroup {}", d.display())),
     );
+    let host = lease.identity();
+    // Clean only when nothing of the cell can be left (see host_identity.rs).
+    lease.release(leftovers.is_empty());
     let (mut observed, output, stale_cgroups_left) = result?;
     collect_after_cell_died(plan, options, &mut observed);
     let egress = options.egress.as_mut().map(|session| session.finish());
     let mut report = classify(options, observed, output, usage_counters, egress);
     report.cgroup_version = Some(layout.version());
+    report.host_identity = Some(host);
     report.stale_cgroups_left = stale_cgroups_left
         .iter()
         .map(|d| d.display().to_string())
@@ -632,6 +633,7 @@ fn spawn_cell(
     plan: &CellPlan,
     env: &[CString],
     options: &mut RunOptions<'_>,
+    host: HostIdentity,
     payload_cpus: Option<&sys::CpuSet>,
     caller_terminal: Option<&mut CallerTerminal>,
     supervisor_command_line: &sys::CommandLineArea,
@@ -640,7 +642,7 @@ fn spawn_cell(
         .as_ref()
         .map_or(DEFAULT_WINDOW, |t| t.window());
     let stdin = std::mem::replace(&mut options.stdin, PayloadStdin::Null);
-    let pipes = open_pipes(plan, stdin)?;
+    let pipes = open_pipes(plan, stdin, host)?;
     if sys::geteuid() == 0 {
         // Supplementary groups survive into the user namespace and cannot be dropped there.
         sys::clear_supplementary_groups().map_err(|e| CellError::io("setgroups", e))?;
@@ -1209,6 +1211,7 @@ fn classify(
         stale_cgroups_left: Vec::new(),
         stdin: observed.stdin,
         notes,
+        host_identity: None,
     }
 }
 

@@ -1496,6 +1496,69 @@ pub fn die_of(signal: libc::c_int) -> ! {
     exit_now(128 + signal)
 }
 
+// ---- Host identities (crates/cell/src/host_identity.rs): slot files and their locks ----
+
+/// Opens the regular file `name` in `dir` for reading and writing, creating it with `mode`
+/// (less the umask) when it does not exist. No symlink is followed, and `name` must stay
+/// beneath `dir` on its mount.
+pub fn open_or_create(dir: BorrowedFd<'_>, name: &Path, mode: u32) -> io::Result<OwnedFd> {
+    openat2(
+        dir,
+        name,
+        libc::O_RDWR | libc::O_CREAT,
+        mode,
+        RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    )
+}
+
+/// A write lock over the whole file, as `struct flock` for the `F_OFD_*` commands.
+fn whole_file_write_lock() -> libc::flock {
+    // SAFETY: `struct flock` is plain data; all zero is a valid value (l_pid must be 0
+    // for open file description locks).
+    let mut lock: libc::flock = unsafe { zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock
+}
+
+/// Takes an open file description lock (`F_OFD_SETLK`, write, whole file) on `fd` without
+/// waiting: `Ok(false)` when another open file description holds one. The lock belongs
+/// to the description, so it lasts while any process holds a descriptor of it (a
+/// forked or cloned child included) and goes with the last one's close.
+pub fn ofd_try_lock(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let lock = whole_file_write_lock();
+    // SAFETY: `lock` is a valid `struct flock` that outlives the call; `fd` is live.
+    let ret = unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_OFD_SETLK,
+            &lock as *const libc::flock,
+        )
+    };
+    match check(ret) {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether another open file description holds a lock on `fd`'s file (`F_OFD_GETLK`),
+/// without taking one.
+pub fn ofd_lock_held(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut lock = whole_file_write_lock();
+    // SAFETY: `lock` is a valid `struct flock` the kernel overwrites with the conflicting
+    // lock, if any; `fd` is live.
+    let ret = unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_OFD_GETLK,
+            &mut lock as *mut libc::flock,
+        )
+    };
+    check(ret)?;
+    Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -337,3 +337,61 @@ fn a_cell_that_exhausts_the_per_user_pipe_quota_does_not_affect_a_concurrent_cel
     assert!(hog_out.contains("still alive"), "{hog_record:#}");
     assert_ne!(host_uid(&hog_record), host_uid(&other));
 }
+
+/// Opens inotify instances until the kernel refuses one more, then holds them.
+const EXHAUST_INOTIFY: &str = "
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+held = []
+while len(held) < 100000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    held.append(fd)
+print('refused after', len(held), 'errno', ctypes.get_errno(), flush=True)
+time.sleep(3)
+print('still alive holding', len(held))
+";
+
+const ONE_INOTIFY: &str = "
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(0)
+print('inotify', 'ok' if fd >= 0 else 'refused', ctypes.get_errno())
+";
+
+/// inotify instances are counted per user namespace owner (fs.inotify.max_user_instances
+/// at the host level): each cell's namespace is owned by its own host uid, not by root.
+#[test]
+fn a_cell_that_exhausts_its_inotify_instances_does_not_affect_a_concurrent_cell() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), 1_700_000_400, 2);
+    let hog = start(
+        dir.path(),
+        &config,
+        "hog",
+        &["python3", "-c", EXHAUST_INOTIFY],
+    );
+    assert!(
+        hog.first_line.starts_with("refused after") && hog.first_line.contains("errno 24"),
+        "{:?}",
+        hog.first_line
+    );
+    let (code, other, stdout) = run(
+        dir.path(),
+        &config,
+        "other",
+        &["python3", "-c", ONE_INOTIFY],
+    );
+    let (hog_code, hog_record) = hog.finish();
+    assert_eq!(code, 0, "{other:#}");
+    assert_eq!(stdout.trim(), "inotify ok 0", "{other:#}");
+    assert_eq!(hog_code, 0, "{hog_record:#}");
+    assert!(
+        hog_record["output"]["stdout"]["head"]
+            .to_string()
+            .contains("still alive"),
+        "{hog_record:#}"
+    );
+}

@@ -178,6 +178,39 @@ pub fn lease_for_cell(range: HostIdRange) -> Result<HostLease, CellError> {
     HostIdentityPool::open(range)?.acquire(std::process::id())
 }
 
+/// Runs `clone` (which creates the cell's user namespace) with the cell's host uid and
+/// gid as this process's effective ids, when they come from the pool: the effective uid
+/// of the process that creates a user namespace becomes its owner, and the kernel charges
+/// what it counts per user namespace (inotify instances and watches, POSIX message queue
+/// bytes, pending signals, locked memory) at the host level to the owner. Created by
+/// root, every cell's namespace would charge root, and one cell could exhaust them for
+/// every other cell and for root's own processes on the host. The parent is root again
+/// when this returns; the child keeps the cell's ids (its launcher sets every id inside
+/// the namespace once the maps are written). The caller must be single-threaded.
+pub(crate) fn clone_owned_by(
+    host: HostIdentity,
+    clone: impl FnOnce() -> std::io::Result<sys::CloneOutcome>,
+) -> Result<std::io::Result<sys::CloneOutcome>, CellError> {
+    if host.source != IdentitySource::Pool {
+        return Ok(clone());
+    }
+    sys::set_effective_ids(host.uid, host.gid)
+        .map_err(|e| CellError::io("taking the cell's host ids for its user namespace", e))?;
+    let cloned = clone();
+    if matches!(cloned, Ok(sys::CloneOutcome::Child)) {
+        return Ok(cloned);
+    }
+    if let Err(e) = sys::restore_root_effective_ids() {
+        // This process cannot go on as another user: no cell, and an error.
+        if let Ok(sys::CloneOutcome::Parent { pid, pidfd }) = &cloned {
+            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+            let _ = sys::wait_child(*pid, false);
+        }
+        return Err(CellError::io("taking root's ids back after the clone", e));
+    }
+    Ok(cloned)
+}
+
 /// The slots of one range in one lock directory.
 pub struct HostIdentityPool {
     dir: File,

@@ -665,7 +665,11 @@ fn spawn_cell(
     // pid 1 is a clone of this process, not an exec: without a name of its own its
     // /proc/1/cmdline would show the payload this process's command line, host paths of
     // the contract, the operator config and the state dir among it.
-    match sys::clone_cell_named(CELL_NAMESPACES, supervisor_command_line, PID1_NAME) {
+    // Created with the cell's host ids, so that they own its user namespace.
+    let cloned = crate::host_identity::clone_owned_by(host, || {
+        sys::clone_cell_named(CELL_NAMESPACES, supervisor_command_line, PID1_NAME)
+    })?;
+    match cloned {
         Ok(sys::CloneOutcome::Child) => {
             // No handle to the caller's stdin or terminal stays in the cell.
             drop((

@@ -1559,6 +1559,35 @@ pub fn ofd_lock_held(fd: BorrowedFd<'_>) -> io::Result<bool> {
     Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
 }
 
+/// Sets this process's effective uid and gid, leaving the real and saved ids as they are
+/// (`setresgid` then `setresuid`, with -1 for the others): from root, the effective gid
+/// first, while the capability to change it is still there. With the real and saved
+/// uid still 0, [`restore_root_effective_ids`] brings root's capabilities back. The
+/// process must be single-threaded (glibc would change every thread's ids).
+pub fn set_effective_ids(uid: u32, gid: u32) -> io::Result<()> {
+    const KEEP: u32 = u32::MAX;
+    // SAFETY: setresgid/setresuid take plain integers; -1 keeps an id unchanged.
+    check(unsafe { libc::setresgid(KEEP, gid, KEEP) })?;
+    // SAFETY: as above.
+    if let Err(e) = check(unsafe { libc::setresuid(KEEP, uid, KEEP) }) {
+        // SAFETY: as above; the real gid is allowed as the effective gid to anyone.
+        let _ = unsafe { libc::setresgid(KEEP, 0, KEEP) };
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Takes the effective uid and gid 0 back after [`set_effective_ids`] (the real and
+/// saved uid stayed 0, so any process may): uid first, which restores the capabilities,
+/// then the gid.
+pub fn restore_root_effective_ids() -> io::Result<()> {
+    const KEEP: u32 = u32::MAX;
+    // SAFETY: setresuid/setresgid take plain integers; -1 keeps an id unchanged.
+    check(unsafe { libc::setresuid(KEEP, 0, KEEP) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::setresgid(KEEP, 0, KEEP) }).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

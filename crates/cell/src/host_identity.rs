@@ -1,10 +1,14 @@
 //! One host identity per live cell. The kernel counts some limits per host user: pipe
-//! buffer pages (`fs.pipe-user-pages-soft`/`-hard`) and keys (`kernel.keys.maxkeys`) per
-//! kuid, whatever user namespace the process is in. Cells that all ran as one host uid
-//! shared them, so one cell could exhaust them for every other. As root, each cell
+//! buffer pages (`fs.pipe-user-pages-soft`/`-hard`), epoll watches and keys per kuid,
+//! whatever user namespace the process is in; inotify instances and watches, POSIX
+//! message queue bytes, pending signals and locked shared memory per user namespace and, at the
+//! host level, per the namespace's owner. Cells that all ran as one host uid, in
+//! namespaces all owned by root, shared them (the owner-counted ones with root's own
+//! processes too), so one cell could exhaust them for every other. As root, each cell
 //! therefore holds a uid and gid of its own from a configured range, for as long as
-//! anything of it lives (as any other user the cell maps to the caller's own ids, as
-//! before: there is no range to take ids from).
+//! anything of it lives, runs as them and has its user namespace created with them
+//! ([`clone_owned_by`]). As any other user the cell maps to the caller's own ids, as
+//! before: there is no range to take ids from.
 //!
 //! A slot is ONE uid and the gid of the same number: a cell maps exactly one uid and one
 //! gid (supervisor.rs writes a one-line map), so a wider slot would spend ids that nothing
@@ -29,9 +33,10 @@
 //! be emptied, an error path) checks `/proc` for any process whose real, effective, saved
 //! or filesystem uid or gid is the slot's, and skips the slot if there is one. That scan
 //! is sound because the lock is free: pid 1 has exited, so the pid namespace admits no
-//! new process, and what is left can only exit. It costs about a millisecond per hundred
-//! host processes, and only after an unclean end; the usual allocation is an open, a
-//! lock, an fstat and a write (a few microseconds).
+//! new process, and what is left can only exit. It is slow (8 ms for 113 host processes
+//! on this project's loaded 2-CPU VM: reading `status` costs tens of microseconds per
+//! process), which is why it runs only after an unclean end; the usual allocation is an
+//! open, a lock, an fstat and a write (`an_allocation_takes_microseconds` below).
 
 use crate::error::CellError;
 use crate::sys;
@@ -182,7 +187,7 @@ pub fn lease_for_cell(range: HostIdRange) -> Result<HostLease, CellError> {
 /// gid as this process's effective ids, when they come from the pool: the effective uid
 /// of the process that creates a user namespace becomes its owner, and the kernel charges
 /// what it counts per user namespace (inotify instances and watches, POSIX message queue
-/// bytes, pending signals, locked memory) at the host level to the owner. Created by
+/// bytes, pending signals, locked shared memory) at the host level to the owner. Created by
 /// root, every cell's namespace would charge root, and one cell could exhaust them for
 /// every other cell and for root's own processes on the host. The parent is root again
 /// when this returns; the child keeps the cell's ids (its launcher sets every id inside

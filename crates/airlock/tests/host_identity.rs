@@ -210,6 +210,18 @@ fn a_range_without_a_free_id_refuses_a_second_cell_and_the_id_returns_after_the_
     let (code, next, _) = run(dir.path(), &config, "next", &["/bin/true"]);
     assert_eq!(code, 0, "{next:#}");
     assert_eq!(host_uid(&next), base);
+    // The store's record of the run names it too.
+    let show = Command::new(common::airlock_bin())
+        .args(["runs", "show", "--json", "--state-dir"])
+        .arg(common::state_dir())
+        .arg(next["run_id"].as_str().unwrap())
+        .output()
+        .unwrap();
+    let stored: Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(
+        stored["run"]["result"]["host_identity"],
+        next["host_identity"]
+    );
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! runs airlock, never from the contract or the model. Every key, default and bound is in
 //! docs/config.md; docs/config.schema.json is generated from these types.
 
+use airlock_cell::host_identity::HostIdRange;
 use airlock_contract::DestinationRule;
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -15,6 +16,7 @@ pub struct OperatorConfig {
     pub store: StoreConfig,
     /// OCI images as cell roots: the default registry and the unpacker's ceilings.
     pub images: ImagesConfig,
+    pub host_ids: HostIdsConfig,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -104,6 +106,27 @@ impl ImagesConfig {
     }
 }
 
+/// The host ids cells run as when airlock is root: each live cell holds one uid and the
+/// gid of the same number from `count` ids starting at `base`, so kernel limits counted
+/// per host user are never shared between cells (docs/threat-model.md).
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostIdsConfig {
+    /// The range's first id.
+    pub base: u32,
+    /// How many ids: the most cells that can live at once.
+    pub count: u32,
+}
+
+impl Default for HostIdsConfig {
+    fn default() -> Self {
+        HostIdsConfig {
+            base: HostIdRange::DEFAULT_BASE,
+            count: HostIdRange::DEFAULT_COUNT,
+        }
+    }
+}
+
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
@@ -111,7 +134,7 @@ pub struct StoreConfig {
     pub state_dir: Option<PathBuf>,
 }
 
-/// One bounded numeric key of `[egress]`: its name, value and inclusive range.
+/// One bounded numeric key: its name, value and inclusive range.
 struct Bound {
     key: &'static str,
     value: u64,
@@ -121,7 +144,10 @@ struct Bound {
 
 /// The bounds of docs/config.md. A zero connection limit or timeout would make every
 /// allowlisted run fail inside the cell; a huge one would let one cell hold the proxy.
-fn bounds(egress: &airlock_egress::EgressConfig, images: &ImagesConfig) -> [Bound; 7] {
+/// Host ids stay above the host's own users (uid 0 among them) and at or below 2^31 - 1
+/// (see airlock_cell::host_identity).
+fn bounds(config: &OperatorConfig) -> [Bound; 9] {
+    let (egress, images, ids) = (&config.egress, &config.images, &config.host_ids);
     [
         Bound {
             key: "egress.max_connections",
@@ -166,6 +192,21 @@ fn bounds(egress: &airlock_egress::EgressConfig, images: &ImagesConfig) -> [Boun
             min: 1,
             max: 100_000_000,
         },
+        Bound {
+            key: "host_ids.base",
+            value: u64::from(ids.base),
+            min: u64::from(HostIdRange::MIN_BASE),
+            max: u64::from(HostIdRange::MAX_ID),
+        },
+        Bound {
+            key: "host_ids.count",
+            value: u64::from(ids.count),
+            min: 1,
+            // The range ends at MAX_ID at most (a base out of bounds is reported first).
+            max: (u64::from(HostIdRange::MAX_ID) + 1)
+                .saturating_sub(u64::from(ids.base))
+                .max(1),
+        },
     ]
 }
 
@@ -188,7 +229,7 @@ impl OperatorConfig {
     }
 
     fn check(&self) -> anyhow::Result<()> {
-        for bound in bounds(&self.egress, &self.images) {
+        for bound in bounds(self) {
             if !(bound.min..=bound.max).contains(&bound.value) {
                 bail!(
                     "{} = {}: must be between {} and {} (docs/config.md)",
@@ -216,6 +257,11 @@ impl OperatorConfig {
             }
         }
         Ok(())
+    }
+
+    /// The range cells' host ids come from; [`OperatorConfig::check`] passed.
+    pub fn host_id_range(&self) -> anyhow::Result<HostIdRange> {
+        Ok(HostIdRange::new(self.host_ids.base, self.host_ids.count)?)
     }
 
     /// `--state-dir`, else the config's, else the documented default.
@@ -326,6 +372,27 @@ mod tests {
     }
 
     #[test]
+    fn host_ids_stay_above_the_hosts_users_and_at_or_below_2_pow_31_minus_1() {
+        let err = config("[host_ids]\nbase = 0\n").check().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "host_ids.base = 0: must be between 65536 and 2147483647 (docs/config.md)"
+        );
+        let err = config("[host_ids]\nbase = 2147483000\ncount = 1000\n")
+            .check()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "host_ids.count = 1000: must be between 1 and 648 (docs/config.md)"
+        );
+        let err = config("[host_ids]\ncount = 0\n").check().unwrap_err();
+        assert!(err.to_string().starts_with("host_ids.count = 0:"), "{err}");
+        let ok = config("[host_ids]\nbase = 2147483000\ncount = 648\n");
+        ok.check().unwrap();
+        assert_eq!(ok.host_id_range().unwrap().last(), 2_147_483_647);
+    }
+
+    #[test]
     fn the_default_configuration_is_within_its_bounds() {
         OperatorConfig::default().check().unwrap();
     }
@@ -362,6 +429,7 @@ mod tests {
             ("egress", "EgressConfig"),
             ("store", "StoreConfig"),
             ("images", "ImagesConfig"),
+            ("host_ids", "HostIdsConfig"),
         ] {
             let properties = schema["$defs"][def]["properties"].as_object().unwrap();
             for key in properties.keys() {

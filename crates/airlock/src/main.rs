@@ -59,6 +59,9 @@ enum Command {
         /// Print the checks as JSON.
         #[arg(long)]
         json: bool,
+        /// The operator configuration whose `host_ids` range the identity check shows.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -82,7 +85,7 @@ fn main() -> ExitCode {
         Command::Stats { store, json } => audit::stats(store, json),
         Command::Config { command } => config_command(command),
         Command::Image(args) => image::image(args),
-        Command::Doctor { json } => doctor(json),
+        Command::Doctor { json, config } => doctor(json, config.as_deref()),
     }
 }
 
@@ -109,8 +112,16 @@ fn config_command(command: ConfigCommand) -> ExitCode {
     }
 }
 
-fn doctor(json: bool) -> ExitCode {
-    let mut checks = airlock_cell::doctor::run_checks();
+fn doctor(json: bool, config: Option<&std::path::Path>) -> ExitCode {
+    let range = config::OperatorConfig::load(config).and_then(|c| c.host_id_range());
+    let range = match range {
+        Ok(range) => range,
+        Err(err) => {
+            eprintln!("airlock: {}", user_message(&err));
+            return ExitCode::from(1);
+        }
+    };
+    let mut checks = airlock_cell::doctor::run_checks_with(range);
     // Not a check: what lives now, parked warm cells included.
     let cells = airlock_cell::census::live_cells();
     checks.push(airlock_cell::doctor::Check {

@@ -227,18 +227,22 @@ fn prepare(
 }
 
 pub fn run(args: RunArgs, started: Instant) -> ExitCode {
-    let config = match OperatorConfig::load(args.config.as_deref()) {
-        Ok(c) => c,
+    let loaded = OperatorConfig::load(args.config.as_deref())
+        .and_then(|c| c.host_id_range().map(|range| (c, range)));
+    let (config, host_ids) = match loaded {
+        Ok(both) => both,
         Err(err) => {
             let error = crate::user_message(&err);
             let report = RunReport::refused("", ResultClass::RuntimeFault, error);
             return report_refusal(&args, &report, None, &[]);
         }
     };
-    let engine = Engine::new(EngineConfig::new(
+    let mut engine_config = EngineConfig::new(
         config.state_dir(args.state_dir.as_deref()),
         config.egress.clone(),
-    ));
+    );
+    engine_config.host_ids = host_ids;
+    let engine = Engine::new(engine_config);
     let (request, stdin_kind) = match prepare(&args, &config, &engine, started) {
         Ok(prepared) => prepared,
         Err(code) => return code,

@@ -2,6 +2,7 @@
 //! relies on. Each check exercises the real mechanism where that is cheap.
 
 use crate::cgroup::{cgroup_name, find_leftovers, CellCgroup, CgroupLayout};
+use crate::host_identity::{HostIdRange, HostIdentityPool};
 use crate::{landlock_policy, sys};
 use serde::Serialize;
 
@@ -34,7 +35,14 @@ fn namespace_file(name: &str) -> Result<String, String> {
         .map_err(|e| format!("{path}: {e}"))
 }
 
+/// [`run_checks_with`] the default range of host ids.
 pub fn run_checks() -> Vec<Check> {
+    run_checks_with(HostIdRange::default())
+}
+
+/// Every check, for cells whose host ids come from `host_ids` (the operator's
+/// `host_ids` of airlock.toml).
+pub fn run_checks_with(host_ids: HostIdRange) -> Vec<Check> {
     let mut checks = Vec::new();
     for ns in ["user", "mnt", "pid", "net", "ipc", "uts", "cgroup"] {
         checks.push(check(
@@ -118,21 +126,8 @@ pub fn run_checks() -> Vec<Check> {
     }
     checks.push(check("mount_api", mount_api()));
     checks.push(check("cgroups.migration_speed", Ok(migration_hint())));
-    checks.push(check(
-        "identity",
-        Ok(if sys::geteuid() == 0 {
-            format!(
-                "running as root: cell ids map to host ids {}+N, never 0",
-                crate::HOST_ID_BASE
-            )
-        } else {
-            format!(
-                "running as uid {}: the cell identity maps to it",
-                sys::geteuid()
-            )
-        }),
-    ));
-    checks.push(check("cell.end_to_end", end_to_end()));
+    checks.push(check("identity", host_identity(host_ids)));
+    checks.push(check("cell.end_to_end", end_to_end(host_ids)));
     checks
 }
 
@@ -197,6 +192,27 @@ fn migration_hint() -> String {
     }
 }
 
+/// Whose ids cells run as: as root, the range and how many of its slots live cells hold
+/// now (one uid + gid each, see host_identity.rs).
+fn host_identity(range: HostIdRange) -> Result<String, String> {
+    if sys::geteuid() != 0 {
+        return Ok(format!(
+            "running as uid {}: the cell identity maps to it (no range without root)",
+            sys::geteuid()
+        ));
+    }
+    let held = HostIdentityPool::open(range)
+        .and_then(|pool| pool.held())
+        .map_err(|e| e.to_string())?;
+    Ok(format!(
+        "running as root: each live cell runs as its own host uid and gid from {}..={} \
+         ({} ids, never 0); {held} held now",
+        range.base(),
+        range.last(),
+        range.count()
+    ))
+}
+
 /// Clones `/usr` as a detached, read-only tree: the new mount API calls every cell start
 /// relies on (open_tree, mount_setattr; move_mount follows in the cell).
 fn mount_api() -> Result<String, String> {
@@ -213,7 +229,7 @@ fn mount_api() -> Result<String, String> {
 }
 
 /// Runs `/bin/true` in a cell with the default contract: every control at once.
-fn end_to_end() -> Result<String, String> {
+fn end_to_end(host_ids: HostIdRange) -> Result<String, String> {
     let contract = airlock_contract::default_contract();
     let argv = ["/bin/true".to_string()];
     let plan = airlock_contract::compile(
@@ -236,6 +252,7 @@ fn end_to_end() -> Result<String, String> {
             stderr_sink: None,
             stdin: crate::PayloadStdin::Null,
             credentials: &[],
+            host_ids,
         },
     );
     match report.status {

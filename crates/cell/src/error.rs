@@ -60,6 +60,14 @@ pub enum CellError {
     /// What a serving cell was asked cannot be done with this plan or in this state.
     #[error("{0}")]
     Unsupported(String),
+    /// A range of host ids that would reach the host's own users or beyond 2^31 (the CLI
+    /// checks the configuration's bounds first; see host_identity.rs).
+    #[error("host id range of {count} ids from {base}: {rule}")]
+    InvalidHostIdRange {
+        base: u32,
+        count: u32,
+        rule: &'static str,
+    },
 }
 
 impl CellError {
@@ -76,7 +84,8 @@ impl CellError {
             | CellError::NotSingleThreaded(_)
             | CellError::Refused(_)
             | CellError::Protocol { .. }
-            | CellError::Unsupported(_) => ResultClass::RuntimeFault,
+            | CellError::Unsupported(_)
+            | CellError::InvalidHostIdRange { .. } => ResultClass::RuntimeFault,
             CellError::HostWrite { .. } => ResultClass::DeliveryFailed,
         }
     }

@@ -25,6 +25,7 @@ mod counters;
 pub mod doctor;
 mod error;
 pub mod host_files;
+pub mod host_identity;
 mod kernel;
 mod landlock_policy;
 mod launcher;
@@ -44,5 +45,5 @@ pub use error::CellError;
 pub use protocol::EgressListeners;
 pub use supervisor::{
     credential_env, run_cell, serve_cell, BeforeStart, EgressSession, EgressSummary, PayloadStdin,
-    RunOptions, ServeMode, ServeOptions, HOST_ID_BASE, PID1_NAME, TERM_GRACE,
+    RunOptions, ServeMode, ServeOptions, PID1_NAME, TERM_GRACE,
 };

@@ -274,6 +274,9 @@ pub struct RunReport {
     /// read-only input on a filesystem without idmapped mounts keeps its host owners).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The host uid and gid the cell ran as (its own while it lived, as root; see
+    /// host_identity.rs); `None` when no cell was started.
+    pub host_identity: Option<crate::host_identity::HostIdentity>,
 }
 
 impl RunReport {
@@ -300,6 +303,7 @@ impl RunReport {
             stdin: None,
             stale_cgroups_left: Vec::new(),
             notes: Vec::new(),
+            host_identity: None,
         }
     }
 

@@ -1670,6 +1670,98 @@ pub fn getppid() -> libc::pid_t {
     unsafe { libc::getppid() }
 }
 
+// ---- Host identities (crates/cell/src/host_identity.rs): slot files and their locks ----
+
+/// Opens the regular file `name` in `dir` for reading and writing, creating it with `mode`
+/// (less the umask) when it does not exist. No symlink is followed, and `name` must stay
+/// beneath `dir` on its mount.
+pub fn open_or_create(dir: BorrowedFd<'_>, name: &Path, mode: u32) -> io::Result<OwnedFd> {
+    openat2(
+        dir,
+        name,
+        libc::O_RDWR | libc::O_CREAT,
+        mode,
+        RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    )
+}
+
+/// A write lock over the whole file, as `struct flock` for the `F_OFD_*` commands.
+fn whole_file_write_lock() -> libc::flock {
+    // SAFETY: `struct flock` is plain data; all zero is a valid value (l_pid must be 0
+    // for open file description locks).
+    let mut lock: libc::flock = unsafe { zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock
+}
+
+/// Takes an open file description lock (`F_OFD_SETLK`, write, whole file) on `fd` without
+/// waiting: `Ok(false)` when another open file description holds one. The lock belongs
+/// to the description, so it lasts while any process holds a descriptor of it (a
+/// forked or cloned child included) and goes with the last one's close.
+pub fn ofd_try_lock(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let lock = whole_file_write_lock();
+    // SAFETY: `lock` is a valid `struct flock` that outlives the call; `fd` is live.
+    let ret = unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_OFD_SETLK,
+            &lock as *const libc::flock,
+        )
+    };
+    match check(ret) {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether another open file description holds a lock on `fd`'s file (`F_OFD_GETLK`),
+/// without taking one.
+pub fn ofd_lock_held(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut lock = whole_file_write_lock();
+    // SAFETY: `lock` is a valid `struct flock` the kernel overwrites with the conflicting
+    // lock, if any; `fd` is live.
+    let ret = unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_OFD_GETLK,
+            &mut lock as *mut libc::flock,
+        )
+    };
+    check(ret)?;
+    Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// Sets this process's effective uid and gid, leaving the real and saved ids as they are
+/// (`setresgid` then `setresuid`, with -1 for the others): from root, the effective gid
+/// first, while the capability to change it is still there. With the real and saved
+/// uid still 0, [`restore_root_effective_ids`] brings root's capabilities back. The
+/// process must be single-threaded (glibc would change every thread's ids).
+pub fn set_effective_ids(uid: u32, gid: u32) -> io::Result<()> {
+    const KEEP: u32 = u32::MAX;
+    // SAFETY: setresgid/setresuid take plain integers; -1 keeps an id unchanged.
+    check(unsafe { libc::setresgid(KEEP, gid, KEEP) })?;
+    // SAFETY: as above.
+    if let Err(e) = check(unsafe { libc::setresuid(KEEP, uid, KEEP) }) {
+        // SAFETY: as above; the real gid is allowed as the effective gid to anyone.
+        let _ = unsafe { libc::setresgid(KEEP, 0, KEEP) };
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Takes the effective uid and gid 0 back after [`set_effective_ids`] (the real and
+/// saved uid stayed 0, so any process may): uid first, which restores the capabilities,
+/// then the gid.
+pub fn restore_root_effective_ids() -> io::Result<()> {
+    const KEEP: u32 = u32::MAX;
+    // SAFETY: setresuid/setresgid take plain integers; -1 keeps an id unchanged.
+    check(unsafe { libc::setresuid(KEEP, 0, KEEP) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::setresgid(KEEP, 0, KEEP) }).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

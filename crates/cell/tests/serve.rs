@@ -110,6 +110,7 @@ fn supervise(plan: &Path) {
             egress: None,
             artifacts: None,
             mode,
+            host_ids: Default::default(),
         },
     );
 }

@@ -15,6 +15,7 @@
 use crate::host::{self, HostRequest};
 use crate::{EngineConfig, EngineError};
 use airlock_cell::control::EngineControl;
+use airlock_cell::host_identity::HostIdRange;
 use airlock_cell::process::{self, Forked};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -37,6 +38,7 @@ enum ToFactory {
     /// The first message: what every supervisor needs of the operator's configuration.
     Configure {
         egress: airlock_egress::EgressConfig,
+        host_ids: HostIdRange,
     },
     /// Fork a supervisor for `request`; the packet carries its control socket.
     Spawn { request: Box<HostRequest> },
@@ -101,6 +103,7 @@ impl CellFactory {
         };
         let configure = ToFactory::Configure {
             egress: config.egress.clone(),
+            host_ids: config.host_ids,
         };
         factory.send(&configure, &[])?;
         Ok(factory)
@@ -218,7 +221,7 @@ fn take_stdin_socket() -> OwnedFd {
 fn serve_factory(sock: OwnedFd) -> ! {
     let me = std::process::id() as i32;
     let mut children = BTreeSet::new();
-    let mut egress = None;
+    let mut configured = None;
     loop {
         reap(&mut children);
         let Ok(Some((body, mut fds))) = recv_polled(&sock, &mut children) else {
@@ -227,14 +230,14 @@ fn serve_factory(sock: OwnedFd) -> ! {
             process::exit_now(0)
         };
         match serde_json::from_slice::<ToFactory>(&body) {
-            Ok(ToFactory::Configure { egress: config }) => egress = Some(config),
+            Ok(ToFactory::Configure { egress, host_ids }) => configured = Some((egress, host_ids)),
             Ok(ToFactory::Spawn { request }) if fds.len() == 1 => {
                 let control = fds.pop().expect("one descriptor");
-                let reply = match &egress {
+                let reply = match &configured {
                     None => FromFactory::Refused {
                         error: "the factory was not configured".into(),
                     },
-                    Some(egress) => fork_supervisor(me, &sock, *request, control, egress),
+                    Some(config) => fork_supervisor(me, &sock, *request, control, config),
                 };
                 if let FromFactory::Spawned { pid } = reply {
                     children.insert(pid);
@@ -294,7 +297,7 @@ fn fork_supervisor(
     sock: &OwnedFd,
     request: HostRequest,
     control: OwnedFd,
-    egress: &airlock_egress::EgressConfig,
+    (egress, host_ids): &(airlock_egress::EgressConfig, HostIdRange),
 ) -> FromFactory {
     match process::fork() {
         Ok(Forked::Child) => {
@@ -302,7 +305,7 @@ fn fork_supervisor(
             // that owns it, so it closes the descriptor itself.
             process::close_inherited(sock.as_raw_fd());
             process::die_with_parent(factory);
-            host::serve(request, control, egress.clone());
+            host::serve(request, control, egress.clone(), *host_ids);
             process::exit_now(0)
         }
         Ok(Forked::Parent(pid)) => {

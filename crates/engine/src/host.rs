@@ -41,7 +41,12 @@ pub enum HostMode {
 }
 
 /// Serves `request` on `control` until the cell is destroyed.
-pub fn serve(request: HostRequest, control: OwnedFd, egress: airlock_egress::EgressConfig) {
+pub fn serve(
+    request: HostRequest,
+    control: OwnedFd,
+    egress: airlock_egress::EgressConfig,
+    host_ids: airlock_cell::host_identity::HostIdRange,
+) {
     let plan = request.plan.into_plan();
     let mut proxy = match &plan.network {
         NetworkPlan::Allowlist { destinations } => Some(ProxySession::new(egress, destinations)),
@@ -70,6 +75,7 @@ pub fn serve(request: HostRequest, control: OwnedFd, egress: airlock_egress::Egr
             egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
             artifacts,
             mode,
+            host_ids,
         },
     );
 }

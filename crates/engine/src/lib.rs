@@ -42,6 +42,8 @@ pub struct EngineConfig {
     /// Most cells alive at once, parked ones included; a run beyond it is refused with
     /// `capacity_exceeded`.
     pub max_cells: usize,
+    /// Where each cell's own host uid and gid come from, as root (`[host_ids]`).
+    pub host_ids: airlock_cell::host_identity::HostIdRange,
 }
 
 impl EngineConfig {
@@ -53,6 +55,7 @@ impl EngineConfig {
             egress,
             program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
             max_cells: 64,
+            host_ids: Default::default(),
         }
     }
 }

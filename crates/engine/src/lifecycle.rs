@@ -195,6 +195,7 @@ impl Engine {
                 stderr_sink: stderr,
                 stdin,
                 credentials: &credentials,
+                host_ids: self.config.host_ids,
             },
         );
         Ok(recorder.finished(report, plan))

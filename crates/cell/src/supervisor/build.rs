@@ -5,11 +5,12 @@ use super::classify::{classify, Observed};
 use super::cpu::{other_cpu, place_payload};
 use super::deadline::Deadline;
 use super::supervise::{Sinks, Supervision};
-use super::{ms_since, CommandIo, EgressSession, HOST_ID_BASE, PID1_NAME};
+use super::{ms_since, CommandIo, EgressSession, PID1_NAME};
 use crate::artifacts::ArtifactRequest;
 use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout};
 use crate::control::SupervisorControl;
 use crate::error::CellError;
+use crate::host_identity::{HostIdRange, HostIdentity, HostLease, IdentitySource};
 use crate::launcher::{self, ChildSetup};
 use crate::output::OutputCapture;
 use crate::protocol::{CellChannel, CellCommand, Pid1Channel};
@@ -19,7 +20,7 @@ use crate::terminal::{CallerTerminal, DEFAULT_WINDOW};
 use crate::{rootfs, seccomp, sys};
 use airlock_contract::CellPlan;
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -78,6 +79,8 @@ pub struct Milestones {
 /// A cell cloned and released: it finishes its setup on its own and parks at START.
 pub struct Cell<'a> {
     pub supervision: Supervision<'a>,
+    /// The cell's own host identity, held until the cell is gone.
+    lease: HostLease,
     layout: CgroupLayout,
     /// A reference to the cell's mount namespace (see CellMounts).
     cell_mounts: Option<File>,
@@ -94,23 +97,28 @@ pub fn build<'a>(
     artifacts: Option<ArtifactRequest>,
     mut caller_terminal: Option<CallerTerminal>,
     session: bool,
+    host_ids: HostIdRange,
 ) -> Result<Cell<'a>, CellError> {
     let Preflight {
         supervisor,
         single,
         layout,
     } = preflight;
+    // Held until the cell is gone (Cell::finish); opened before the clone, so the cell's
+    // pid 1 holds the slot too (see host_identity.rs).
+    let lease = crate::host_identity::lease_for_cell(host_ids)?;
+    let host = lease.identity();
     // The cell is cloned next: while it creates its network namespace (the costliest
     // step of a cell start), the supervisor prepares what the release message carries.
     let payload_cpus = sys::allowed_cpus().ok();
     let spawned = spawn_cell(
-        single,
+        (single, &supervisor.command_line),
+        (host, lease.slot_fd()),
         plan,
         artifacts.is_some(),
         session,
         payload_cpus.as_ref(),
         caller_terminal.as_mut(),
-        &supervisor.command_line,
     )?;
     // The cgroup is created while the cell builds its network namespace; the cell only
     // runs airlock's setup until it has joined it.
@@ -136,7 +144,7 @@ pub fn build<'a>(
     let mapped = rootfs::prepare_devices(plan)
         .map_err(launch_error)
         .and_then(|devices| {
-            write_id_maps(spawned.pid, plan)?;
+            write_id_maps(spawned.pid, plan, host)?;
             spawned
                 .sync
                 .maps_written(devices)
@@ -149,7 +157,7 @@ pub fn build<'a>(
     }
     let spawned_ms = ms_since(started);
     let prepared = seccomp::program(&plan.seccomp).and_then(|program| {
-        let cell_ids = (sys::geteuid() == 0).then(|| host_ids(plan));
+        let cell_ids = (host.source == IdentitySource::Pool).then_some((host.uid, host.gid));
         let (mut mounts, notes) = rootfs::prepare_sources(plan, cell_ids).map_err(launch_error)?;
         mounts.extend(rootfs::prepare_cgroup_view(plan, &cgroup.view()).map_err(launch_error)?);
         Ok((program, mounts, notes))
@@ -167,6 +175,7 @@ pub fn build<'a>(
     let released_ms = ms_since(started);
     let supervision = Supervision {
         plan,
+        host,
         pid: spawned.pid,
         pidfd: spawned.pidfd,
         sync: Some(spawned.sync),
@@ -191,6 +200,7 @@ pub fn build<'a>(
     };
     Ok(Cell {
         supervision,
+        lease,
         layout,
         cell_mounts,
         payload_cpus,
@@ -272,6 +282,7 @@ impl Cell<'_> {
     ) -> RunReport {
         let Cell {
             mut supervision,
+            lease,
             layout,
             milestones,
             ..
@@ -314,8 +325,13 @@ impl Cell<'_> {
             }
             Err(err) => RunReport::refused("", err.class(), err.to_string()),
         };
+        let host = lease.identity();
+        // Clean only when nothing of the cell can be left (see host_identity.rs).
+        let gone = leftovers.is_empty();
+        lease.release(gone);
+        report.host_identity = Some(host);
         report.cleanup = CleanupReport {
-            ok: leftovers.is_empty(),
+            ok: gone,
             leftovers,
         };
         report.timings.spawned_ms = milestones.spawned_ms;
@@ -382,29 +398,16 @@ fn launch_error(stage: Stage) -> CellError {
     }
 }
 
-/// Writes the user namespace maps of the child: the cell identity maps to one host id,
-/// which is never root.
-fn write_id_maps(pid: libc::pid_t, plan: &CellPlan) -> Result<(), CellError> {
-    let (host_uid, host_gid) = host_ids(plan);
+/// Writes the user namespace maps of the child: the cell identity maps to its own host
+/// ids, which are never root.
+fn write_id_maps(pid: libc::pid_t, plan: &CellPlan, host: HostIdentity) -> Result<(), CellError> {
     let write = |file: &str, text: String| {
         std::fs::write(format!("/proc/{pid}/{file}"), text)
             .map_err(|e| CellError::io(format!("writing {file} of the cell"), e))
     };
     write("setgroups", "deny".into())?;
-    write("uid_map", format!("{} {host_uid} 1\n", plan.identity.uid))?;
-    write("gid_map", format!("{} {host_gid} 1\n", plan.identity.gid))
-}
-
-/// The host uid and gid the cell identity maps to.
-pub(crate) fn host_ids(plan: &CellPlan) -> (u32, u32) {
-    if sys::geteuid() == 0 {
-        (
-            HOST_ID_BASE + plan.identity.uid,
-            HOST_ID_BASE + plan.identity.gid,
-        )
-    } else {
-        (sys::geteuid(), sys::getegid())
-    }
+    write("uid_map", format!("{} {} 1\n", plan.identity.uid, host.uid))?;
+    write("gid_map", format!("{} {} 1\n", plan.identity.gid, host.gid))
 }
 
 /// Gives the cell's ends of a command's stdio pipes to the cell identity. A pipe is
@@ -412,14 +415,14 @@ pub(crate) fn host_ids(plan: &CellPlan) -> (u32, u32) {
 /// (that is, `/proc/self/fd/0`) checks that mode: owned by root outside the cell's maps,
 /// a payload could use its fd 0/1/2 but not `/dev/stdin`, `/dev/stdout` or
 /// `/dev/stderr`. Owned by the cell identity, still 0600, nobody else gains access.
-pub(crate) fn give_pipes_to_cell(plan: &CellPlan, ends: &[&OwnedFd]) -> Result<(), CellError> {
-    if sys::geteuid() != 0 {
+pub(crate) fn give_pipes_to_cell(host: HostIdentity, ends: &[&OwnedFd]) -> Result<(), CellError> {
+    if host.source != IdentitySource::Pool {
         // Created by the caller's uid, which is what the cell identity maps to.
         return Ok(());
     }
-    let (uid, gid) = host_ids(plan);
     for end in ends.iter() {
-        sys::fchown(end.as_fd(), uid, gid).map_err(|e| CellError::io("chown of a pipe", e))?;
+        sys::fchown(end.as_fd(), host.uid, host.gid)
+            .map_err(|e| CellError::io("chown of a pipe", e))?;
     }
     Ok(())
 }
@@ -438,14 +441,17 @@ fn kill_and_reap(pidfd: &OwnedFd, pid: libc::pid_t) {
     let _ = sys::wait_child(pid, false);
 }
 
+/// Clones the cell. `supervisor` is this process: the proof that it is single-threaded
+/// and its command line area (which pid 1 overwrites); `host` the cell's host identity
+/// and the lock file of its slot (which pid 1 keeps open).
 fn spawn_cell(
-    single: sys::SingleThreaded,
+    (single, supervisor_command_line): (sys::SingleThreaded, &sys::CommandLineArea),
+    (host, slot): (HostIdentity, Option<RawFd>),
     plan: &CellPlan,
     has_artifacts: bool,
     session: bool,
     payload_cpus: Option<&sys::CpuSet>,
     caller_terminal: Option<&mut CallerTerminal>,
-    supervisor_command_line: &sys::CommandLineArea,
 ) -> Result<SpawnedCell, CellError> {
     let window = caller_terminal
         .as_ref()
@@ -463,14 +469,22 @@ fn spawn_cell(
     // pid 1 is a clone of this process, not an exec: without a name of its own its
     // /proc/1/cmdline would show the payload this process's command line, host paths of
     // the contract, the operator config and the state dir among it.
-    match sys::clone_single_threaded(single, CELL_NAMESPACES, supervisor_command_line, PID1_NAME) {
+    // Created with the cell's host ids, so that they own its user namespace.
+    let cloned = crate::host_identity::clone_owned_by(host, || {
+        sys::clone_single_threaded(single, CELL_NAMESPACES, supervisor_command_line, PID1_NAME)
+    })?;
+    match cloned {
         Ok(sys::CloneOutcome::Child) => {
             // No handle to the caller's stdin, terminal or output, or to an engine's
             // control socket, stays in the cell: only its socket and the null device.
             if let Some(terminal) = caller_terminal {
                 terminal.forget();
             }
-            let keep = [sync_child.as_raw_fd(), null.as_raw_fd()];
+            // pid 1 keeps the host identity's slot too: it is held while pid 1 lives.
+            let keep: Vec<RawFd> = [sync_child.as_raw_fd(), null.as_raw_fd()]
+                .into_iter()
+                .chain(slot)
+                .collect();
             if sys::close_fds_except(&keep).is_err() {
                 sys::exit_now(125);
             }

@@ -91,6 +91,7 @@ pub fn classify(
         stale_cgroups_left: Vec::new(),
         stdin: observed.stdin,
         notes,
+        host_identity: None,
     }
 }
 

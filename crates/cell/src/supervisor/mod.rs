@@ -37,10 +37,6 @@ use supervise::Sinks;
 /// What `/proc/1/comm` and `/proc/1/cmdline` of a cell read.
 pub const PID1_NAME: &std::ffi::CStr = c"airlock-init";
 
-/// Host ids of cell identities when airlock runs as root: cell uid N is host uid
-/// `HOST_ID_BASE + N`, far away from real users and never 0.
-pub const HOST_ID_BASE: u32 = 1_000_000_000;
-
 /// The egress proxy, started once the cell hands over its listeners.
 pub trait EgressSession {
     /// Takes the sockets bound inside the cell's netns (HTTP proxy, SOCKS5, the
@@ -82,6 +78,8 @@ pub struct RunOptions<'a> {
     /// `(variable, value)` of every credential of the plan (the CLI takes them from its
     /// environment with [`credential_env`]).
     pub credentials: &'a [(String, String)],
+    /// Where the cell's own host uid and gid come from, as root (see host_identity.rs).
+    pub host_ids: crate::host_identity::HostIdRange,
 }
 
 /// What the payload reads on stdin. For a plan with a terminal, a relayed stdin (a
@@ -166,7 +164,12 @@ pub(crate) struct CommandIo {
 impl CommandIo {
     /// Pipes for the command's output and, for a relayed stdin, its input; with a
     /// terminal, none: the command uses the cell's terminal.
-    fn open(plan: &CellPlan, stdin: PayloadStdin, sinks: Sinks) -> Result<CommandIo, CellError> {
+    fn open(
+        plan: &CellPlan,
+        host: crate::host_identity::HostIdentity,
+        stdin: PayloadStdin,
+        sinks: Sinks,
+    ) -> Result<CommandIo, CellError> {
         if plan.terminal {
             return Ok(CommandIo {
                 stdio: CommandStdio::Terminal,
@@ -192,11 +195,11 @@ impl CommandIo {
             PayloadStdin::Relayed(source) => {
                 let (relay, cell_end) =
                     StdinRelay::new(source).map_err(|e| CellError::io("stdin pipe", e))?;
-                build::give_pipes_to_cell(plan, &[&cell_end])?;
+                build::give_pipes_to_cell(host, &[&cell_end])?;
                 (cell_end, Some(relay))
             }
         };
-        build::give_pipes_to_cell(plan, &[&stdout_write, &stderr_write])?;
+        build::give_pipes_to_cell(host, &[&stdout_write, &stderr_write])?;
         Ok(CommandIo {
             stdio: CommandStdio::Passed,
             cell_ends: vec![stdin, stdout_write, stderr_write],
@@ -268,9 +271,17 @@ fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, 
     };
     let artifacts = wanted_artifacts(plan, options.artifacts.as_ref());
     let started = options.started;
-    let mut cell = build::build(plan, preflight, started, artifacts, caller_terminal, false)?;
+    let mut cell = build::build(
+        plan,
+        preflight,
+        started,
+        artifacts,
+        caller_terminal,
+        false,
+        options.host_ids,
+    )?;
     // Opened while the cell finishes its setup; an error kills the cell like any other.
-    let io = match CommandIo::open(plan, stdin, sinks) {
+    let io = match CommandIo::open(plan, cell.supervision.host, stdin, sinks) {
         Ok(io) => io,
         Err(err) => return Err(cell.abandon(err)),
     };

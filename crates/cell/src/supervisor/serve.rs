@@ -40,6 +40,8 @@ pub struct ServeOptions<'a> {
     pub egress: Option<&'a mut dyn EgressSession>,
     pub artifacts: Option<ArtifactRequest>,
     pub mode: ServeMode,
+    /// Where the cell's own host uid and gid come from, as root (see host_identity.rs).
+    pub host_ids: crate::host_identity::HostIdRange,
 }
 
 /// Builds a cell for `plan`, parks it before its command (namespaces, mounts, cgroup
@@ -61,6 +63,7 @@ pub fn serve_cell(plan: &CellPlan, options: ServeOptions<'_>) {
         mut egress,
         artifacts,
         mode,
+        host_ids,
     } = options;
     let control = SupervisorControl::new(control);
     let served = serve(
@@ -69,7 +72,7 @@ pub fn serve_cell(plan: &CellPlan, options: ServeOptions<'_>) {
         credentials,
         &mut egress,
         artifacts,
-        mode,
+        (mode, host_ids),
         started,
     );
     if let Err(err) = served {
@@ -97,7 +100,7 @@ fn serve(
     credentials: &[(String, String)],
     egress: &mut Option<&mut dyn EgressSession>,
     artifacts: Option<ArtifactRequest>,
-    mode: ServeMode,
+    (mode, host_ids): (ServeMode, crate::host_identity::HostIdRange),
     started: Instant,
 ) -> Result<(), CellError> {
     check_servable(plan)?;
@@ -106,7 +109,7 @@ fn serve(
     command_environment(plan, credentials, &[])?;
     let artifacts = wanted_artifacts(plan, artifacts.as_ref());
     let session = matches!(mode, ServeMode::Session { .. });
-    let mut cell = build::build(plan, preflight, started, artifacts, None, session)?;
+    let mut cell = build::build(plan, preflight, started, artifacts, None, session, host_ids)?;
     match cell.supervision.wait_parked(egress, control)? {
         Parking::Parked => {}
         Parking::Gone => {
@@ -159,7 +162,7 @@ fn serve(
     };
     let prepared = command_limits(plan, &spec).and_then(|limits| {
         let env = command_environment(plan, credentials, &spec.env)?;
-        let io = command_io(plan, spec.stdin, fds)?;
+        let io = command_io(plan, cell.supervision.host, spec.stdin, fds)?;
         let command = CellCommand {
             id,
             argv: spec.argv.clone(),
@@ -294,6 +297,7 @@ pub(super) fn command_limits(plan: &CellPlan, spec: &CommandSpec) -> Result<(u64
 /// then the stdout and stderr sinks.
 pub(super) fn command_io(
     plan: &CellPlan,
+    host: crate::host_identity::HostIdentity,
     stdin: bool,
     fds: Vec<OwnedFd>,
 ) -> Result<CommandIo, CellError> {
@@ -306,7 +310,7 @@ pub(super) fn command_io(
         stdout: Some(fds.next().ok_or_else(missing_fd)?),
         stderr: Some(fds.next().ok_or_else(missing_fd)?),
     };
-    CommandIo::open(plan, stdin, sinks)
+    CommandIo::open(plan, host, stdin, sinks)
 }
 
 fn missing_fd() -> CellError {

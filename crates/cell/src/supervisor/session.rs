@@ -363,7 +363,7 @@ impl Session<'_> {
         let plan = supervision.plan;
         let (wall_time_ms, output_bytes) = command_limits(plan, &spec)?;
         let env = command_environment(plan, self.credentials, &spec.env)?;
-        let io = command_io(plan, spec.stdin, fds)?;
+        let io = command_io(plan, supervision.host, spec.stdin, fds)?;
         let command = CellCommand {
             id,
             argv: spec.argv,

@@ -115,6 +115,8 @@ pub enum Parking {
 
 pub struct Supervision<'a> {
     pub plan: &'a CellPlan,
+    /// The host uid and gid the cell identity maps to (its commands' pipes go to them).
+    pub host: crate::host_identity::HostIdentity,
     pub pid: libc::pid_t,
     pub pidfd: OwnedFd,
     /// `None` once the cell closed its end (pid 1 is exiting), like the pipes below: a

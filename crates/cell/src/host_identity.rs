@@ -221,19 +221,37 @@ pub(crate) fn clone_owned_by(
     if host.source != IdentitySource::Pool {
         return Ok(clone());
     }
+    // A change of effective ids clears this process's parent-death signal (a supervisor
+    // forked by the engine's cell factory dies with it by that signal): it is set again
+    // afterwards, and a parent that died in between ends this process's cell too.
+    let death_signal = sys::parent_death_signal().unwrap_or(0);
+    let parent = sys::getppid();
     sys::set_effective_ids(host.uid, host.gid)
         .map_err(|e| CellError::io("taking the cell's host ids for its user namespace", e))?;
     let cloned = clone();
     if matches!(cloned, Ok(sys::CloneOutcome::Child)) {
         return Ok(cloned);
     }
-    if let Err(e) = sys::restore_root_effective_ids() {
-        // This process cannot go on as another user: no cell, and an error.
-        if let Ok(sys::CloneOutcome::Parent { pid, pidfd }) = &cloned {
+    let abandon = |cloned: &std::io::Result<sys::CloneOutcome>| {
+        if let Ok(sys::CloneOutcome::Parent { pid, pidfd }) = cloned {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
             let _ = sys::wait_child(*pid, false);
         }
+    };
+    if let Err(e) = sys::restore_root_effective_ids() {
+        // This process cannot go on as another user: no cell, and an error.
+        abandon(&cloned);
         return Err(CellError::io("taking root's ids back after the clone", e));
+    }
+    if death_signal != 0 {
+        let rearmed = sys::prctl(libc::PR_SET_PDEATHSIG, death_signal as libc::c_ulong);
+        if rearmed.is_err() || sys::getppid() != parent {
+            abandon(&cloned);
+            return Err(CellError::io(
+                "the supervisor's parent died while its cell was cloned",
+                std::io::Error::from_raw_os_error(libc::ESRCH),
+            ));
+        }
     }
     Ok(cloned)
 }

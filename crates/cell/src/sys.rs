@@ -1670,6 +1670,23 @@ pub fn getppid() -> libc::pid_t {
     unsafe { libc::getppid() }
 }
 
+/// The parent-death signal of this process (`PR_GET_PDEATHSIG`); 0 for none.
+pub fn parent_death_signal() -> io::Result<libc::c_int> {
+    let mut signal: libc::c_int = 0;
+    // SAFETY: PR_GET_PDEATHSIG stores one int through the pointer, which is valid and
+    // writable for the duration of the call.
+    check(unsafe {
+        libc::prctl(
+            libc::PR_GET_PDEATHSIG,
+            &mut signal as *mut libc::c_int as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    })?;
+    Ok(signal)
+}
+
 // ---- Host identities (crates/cell/src/host_identity.rs): slot files and their locks ----
 
 /// Opens the regular file `name` in `dir` for reading and writing, creating it with `mode`

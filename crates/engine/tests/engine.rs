@@ -470,7 +470,17 @@ fn owner_process() -> ! {
     }
 }
 
-fn start_owner(state: &Path) -> (std::process::Child, u32, Vec<u32>) {
+/// The owner process, killed when the test ends however it ends.
+struct Owner(std::process::Child);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_owner(state: &Path) -> (Owner, u32, Vec<u32>) {
     use std::io::BufRead;
     let mut owner = std::process::Command::new(std::env::current_exe().unwrap())
         .arg(OWNER_ARG)
@@ -488,6 +498,7 @@ fn start_owner(state: &Path) -> (std::process::Child, u32, Vec<u32>) {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("owner said {line:?}"));
     let tree = descendants(owner.id());
+    let owner = Owner(owner);
     // Factory, 3 supervisors, 3 cells' pid 1, payloads.
     assert!(tree.len() >= 7, "the owner's tree is {tree:?}");
     (owner, factory, tree)
@@ -495,20 +506,18 @@ fn start_owner(state: &Path) -> (std::process::Child, u32, Vec<u32>) {
 
 fn killing_the_owner_leaves_no_cell() {
     let state = tempfile::tempdir().unwrap();
-    let (mut owner, _, tree) = start_owner(state.path());
-    owner.kill().unwrap();
-    owner.wait().unwrap();
+    let (owner, _, tree) = start_owner(state.path());
+    // SIGKILL, as `Owner` ends it.
+    drop(owner);
     wait_until_gone("every process of the owner", &tree);
 }
 
 fn killing_the_factory_leaves_no_cell() {
     let state = tempfile::tempdir().unwrap();
-    let (mut owner, factory, tree) = start_owner(state.path());
+    let (_owner, factory, tree) = start_owner(state.path());
     let cells: Vec<u32> = tree.iter().copied().filter(|p| *p != factory).collect();
-    unsafe_free_kill(factory);
+    kill_process(factory);
     wait_until_gone("every cell of the factory", &cells);
-    owner.kill().unwrap();
-    owner.wait().unwrap();
 }
 
 /// Waits until none of `pids` is alive; names those left (with their state and name).
@@ -533,7 +542,7 @@ fn wait_until_gone(what: &str, pids: &[u32]) {
     }
 }
 
-fn unsafe_free_kill(pid: u32) {
+fn kill_process(pid: u32) {
     let status = std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()

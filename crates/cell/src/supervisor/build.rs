@@ -87,6 +87,9 @@ pub struct Cell<'a> {
     /// The CPUs the payload may use: the supervisor's own.
     payload_cpus: Option<sys::CpuSet>,
     pub milestones: Milestones,
+    /// See [`Cell::prepare_supervision`]: the mounts' helper and the cgroups of dead
+    /// supervisors' cells that could not be removed.
+    prepared: Option<(Option<CellMounts>, Vec<PathBuf>)>,
 }
 
 /// Clones the cell, writes its maps, creates and joins its cgroup, and releases it.
@@ -209,6 +212,7 @@ pub fn build<'a>(
             prepared_ms,
             recorded_ms: 0.0,
         },
+        prepared: None,
     })
 }
 
@@ -243,6 +247,19 @@ impl Cell<'_> {
         )
     }
 
+    /// What supervising needs besides the command, done before it arrives where there is
+    /// time (a parked cell waiting for its claim): the helper that holds the cell's
+    /// mounts (see CellMounts), and the reaping of dead supervisors' cells (which must not
+    /// keep running or holding resources). A cold run does it while its payload starts.
+    pub fn prepare_supervision(&mut self) {
+        if self.prepared.is_some() {
+            return;
+        }
+        let cell_mounts = self.cell_mounts.take().and_then(CellMounts::hold);
+        let stale = crate::cgroup::reap_leftovers(&self.layout);
+        self.prepared = Some((cell_mounts, stale));
+    }
+
     /// Gives the payload its CPUs, runs `start` (which may start the cell's first
     /// command), then `supervise` (which returns once pid 1 is gone) while the cell's
     /// mounts are held and the cells of dead supervisors are reaped. Returns the cgroups
@@ -252,18 +269,18 @@ impl Cell<'_> {
         start: impl FnOnce(&mut Supervision<'_>),
         supervise: impl FnOnce(&mut Supervision<'_>) -> Result<(), CellError>,
     ) -> Result<Vec<PathBuf>, CellError> {
-        let supervision = &mut self.supervision;
         if let Some(cpus) = &self.payload_cpus {
-            place_payload(supervision.pid, cpus, supervision.plan.limits.cpu_millis);
+            place_payload(
+                self.supervision.pid,
+                cpus,
+                self.supervision.plan.limits.cpu_millis,
+            );
         }
-        start(supervision);
-        // Started while the payload starts: the helper has reported its thread id long
-        // before it is needed.
-        let cell_mounts = self.cell_mounts.take().and_then(CellMounts::hold);
-        // Cells of supervisors that died must not keep running or holding resources;
-        // reaped while the payload runs, off the start's path.
-        let stale = crate::cgroup::reap_leftovers(&self.layout);
-        let ran = supervise(supervision);
+        start(&mut self.supervision);
+        // Started while the payload starts, unless already done while parked.
+        self.prepare_supervision();
+        let (cell_mounts, stale) = self.prepared.take().unwrap_or_default();
+        let ran = supervise(&mut self.supervision);
         // pid 1 is gone: the mounts go while the cgroup is torn down and the result is
         // recorded.
         if let Some(mounts) = cell_mounts {

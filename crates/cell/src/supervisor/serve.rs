@@ -131,6 +131,8 @@ fn serve(
             .map(|(_, host)| host)
             .collect(),
     });
+    // Parked: what supervising needs is done now, not after the command arrives.
+    cell.prepare_supervision();
     if let ServeMode::Session {
         idle_timeout,
         max_lifetime,

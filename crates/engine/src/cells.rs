@@ -26,13 +26,7 @@ impl Engine {
     /// any process. A warm cell of the plan's shape is claimed when a pool keeps one
     /// (see [`Engine::keep_warm`]); otherwise a cell is built for the request.
     pub fn run(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
-        let prepared = match self.prepare(&request) {
-            Ok(prepared) => prepared,
-            Err(mut refused) => {
-                refused.plan = Some(request.plan);
-                return Err(refused);
-            }
-        };
+        let (prepared, request) = self.prepare(request)?;
         let RunRequest {
             plan,
             credentials,

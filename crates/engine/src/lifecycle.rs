@@ -158,13 +158,7 @@ impl Engine {
     /// runtime's hook once the cell is released, overlapping the write with the cell's
     /// own setup: the cold start of `airlock run`.
     pub fn run_here(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
-        let prepared = match self.prepare(&request) {
-            Ok(prepared) => prepared,
-            Err(mut refused) => {
-                refused.plan = Some(request.plan);
-                return Err(refused);
-            }
-        };
+        let (prepared, request) = self.prepare(request)?;
         let RunRequest {
             plan,
             credentials,
@@ -219,11 +213,21 @@ impl Engine {
     }
 
     /// Every check of a request that needs no cell: the credentials and the identity of
-    /// the read-only inputs. A refusal is recorded.
+    /// the read-only inputs. A refusal is recorded and carries the request's plan.
     pub(crate) fn prepare(
         &self,
-        request: &RunRequest,
-    ) -> Result<PreparedRun, Box<RecordedRefusal>> {
+        request: RunRequest,
+    ) -> Result<(PreparedRun, RunRequest), Box<RecordedRefusal>> {
+        match self.check(&request) {
+            Ok(prepared) => Ok((prepared, request)),
+            Err(mut refused) => {
+                refused.plan = Some(request.plan);
+                Err(refused)
+            }
+        }
+    }
+
+    fn check(&self, request: &RunRequest) -> Result<PreparedRun, Box<RecordedRefusal>> {
         let plan = &request.plan;
         let refuse = |status, error: String| {
             Box::new(self.refuse(Refusal {

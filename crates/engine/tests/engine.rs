@@ -45,6 +45,10 @@ fn main() {
         ),
         ("capacity_counts_parked_cells", capacity_counts_parked_cells),
         (
+            "parked_cells_are_visible_to_doctor",
+            parked_cells_are_visible_to_doctor,
+        ),
+        (
             "killing_the_owner_leaves_no_cell",
             killing_the_owner_leaves_no_cell,
         ),
@@ -63,6 +67,10 @@ fn main() {
         (
             "an_idle_session_expires_on_time",
             an_idle_session_expires_on_time,
+        ),
+        (
+            "a_session_ends_at_its_lifetime",
+            a_session_ends_at_its_lifetime,
         ),
         (
             "two_sessions_never_see_each_other",
@@ -431,6 +439,23 @@ fn capacity_counts_parked_cells() {
     );
 }
 
+/// `airlock doctor` counts live cells by their pid 1 (airlock_cell::census): the
+/// engine's parked ones are there, parked, owned by this process.
+fn parked_cells_are_visible_to_doctor() {
+    let state = tempfile::tempdir().unwrap();
+    let engine = engine(state.path());
+    engine.keep_warm(plan(&["/bin/true"]), 2).unwrap();
+    wait_parked(&engine, 2);
+    let me = std::process::id();
+    let mine: Vec<_> = airlock_cell::census::live_cells()
+        .into_iter()
+        .filter(|c| c.owner == me)
+        .collect();
+    assert_eq!(mine.len(), 2, "{mine:?}");
+    assert!(mine.iter().all(|c| c.parked), "{mine:?}");
+    assert!(airlock_cell::census::summary(&mine).contains("2 parked"));
+}
+
 trait WithMemory {
     fn with_memory_mb(self, mb: u64) -> Self;
 }
@@ -666,6 +691,37 @@ fn an_idle_session_expires_on_time() {
         session.exec(CommandRequest::new(&["/bin/true"])).is_err(),
         "an expired session ran a command"
     );
+}
+
+fn a_session_ends_at_its_lifetime() {
+    let state = tempfile::tempdir().unwrap();
+    let engine = engine(state.path());
+    let mut request = session_request(plan(&["/bin/true"]));
+    request.max_lifetime = Duration::from_millis(600);
+    let built = Instant::now();
+    let session = engine.open_session(request).unwrap();
+    // Busy the whole time: the idle timeout never fires, the lifetime does.
+    let sleeper = session
+        .exec(CommandRequest::new(&["/bin/sleep", "30"]))
+        .unwrap();
+    wait_until("the session ended", Duration::from_secs(5), || {
+        session.closed().is_some()
+    });
+    let lived = built.elapsed();
+    assert!(
+        lived >= Duration::from_millis(550),
+        "ended early: {lived:?}"
+    );
+    assert!(lived < Duration::from_millis(3000), "ended late: {lived:?}");
+    let closed = session.closed().unwrap();
+    assert!(closed.cleanup.ok, "{:?}", closed.cleanup.leftovers);
+    assert!(
+        closed.notes.iter().any(|n| n.contains("lifetime")),
+        "{:?}",
+        closed.notes
+    );
+    let killed = session.wait(sleeper).unwrap();
+    assert_ne!(killed.exit.code, Some(0), "{killed:?}");
 }
 
 fn two_sessions_never_see_each_other() {

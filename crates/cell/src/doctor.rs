@@ -171,6 +171,7 @@ fn default_limits() -> Result<airlock_contract::Limits, String> {
             base_dir: std::path::Path::new("/"),
             argv: &argv,
             seccomp_profile: None,
+            image: None,
         },
     )
     .map(|plan| plan.limits)
@@ -222,6 +223,7 @@ fn end_to_end() -> Result<String, String> {
             base_dir: std::path::Path::new("/"),
             argv: &argv,
             seccomp_profile: None,
+            image: None,
         },
     )
     .map_err(|e| e.to_string())?;

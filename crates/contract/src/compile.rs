@@ -449,7 +449,7 @@ resources:
 ";
 
     #[test]
-    fn seed_image_is_unsupported() {
+    fn an_oci_image_the_caller_did_not_resolve_is_refused() {
         let seed = parse_contract(crate::parse::tests::SEED_YAML, ContractFormat::Yaml).unwrap();
         let error = compile(
             &seed,
@@ -462,11 +462,144 @@ resources:
         )
         .unwrap_err();
         assert_eq!(error.class(), "sandbox_unavailable");
+        assert!(error.to_string().starts_with("image: "), "{error}");
+        assert!(error.to_string().contains("CompileInput::image"), "{error}");
+    }
+
+    fn resolved_image() -> ResolvedImage {
+        let entry = |name: &str, link: Option<&str>| (name.to_owned(), link.map(PathBuf::from));
+        ResolvedImage {
+            reference: format!("r/tool@sha256:{}", "a".repeat(64)),
+            digest: format!("sha256:{}", "a".repeat(64)),
+            layers: vec!["/state/l2".into(), "/state/l1".into()],
+            top_level: vec![
+                entry("app", None),
+                entry("bin", Some("usr/bin")),
+                entry("etc", None),
+                entry("proc", None),
+                entry("tmp", None),
+                entry("usr", None),
+            ],
+            etc: vec![
+                entry("passwd", None),
+                entry("shadow", None),
+                entry("ssl", None),
+            ],
+            defaults: ImageDefaults {
+                user: Some(CellIdentity {
+                    uid: 1000,
+                    gid: 1000,
+                }),
+                env: vec![
+                    ("PATH".into(), "/opt/bin".into()),
+                    ("LANG".into(), "C".into()),
+                ],
+                working_dir: Some("/app".into()),
+                command: argv(&["python3", "/app/tool.py"]),
+            },
+        }
+    }
+
+    #[test]
+    fn an_image_gives_the_system_tree_its_etc_and_its_defaults_under_the_contract() {
+        let contract = parse_contract(
+            "image: r/tool@sha256:aa\nenv: { LANG: C.UTF-8 }\nfilesystem: { writable_paths: [/tmp] }\n",
+            ContractFormat::Yaml,
+        )
+        .unwrap();
+        let image = resolved_image();
+        let plan = compile(
+            &contract,
+            &CompileInput {
+                base_dir: Path::new("/jobs"),
+                argv: &[],
+                seccomp_profile: None,
+                image: Some(&image),
+            },
+        )
+        .unwrap();
+        assert_eq!(plan.argv, argv(&["python3", "/app/tool.py"]));
         assert_eq!(
-            error.to_string(),
-            "image: only `host` (a read-only view of the host's /usr, /bin, /lib*, /sbin) is \
-             supported by this runtime; OCI images are not"
+            plan.identity,
+            CellIdentity {
+                uid: 1000,
+                gid: 1000
+            }
         );
+        assert_eq!(plan.workdir, Path::new("/app"));
+        let env = |name: &str| {
+            plan.env
+                .iter()
+                .find(|e| e.name == name)
+                .map(|e| e.value.clone())
+        };
+        assert_eq!(env("PATH").as_deref(), Some("/opt/bin"));
+        assert_eq!(env("LANG").as_deref(), Some("C.UTF-8"));
+        let system: Vec<&Path> = plan
+            .mounts
+            .iter()
+            .filter_map(|m| match m {
+                MountPlan::ImageSystem { path, .. } => Some(path.as_path()),
+                _ => None,
+            })
+            .collect();
+        // /etc and /proc are the runtime's, /tmp the contract's writable path.
+        assert_eq!(
+            system,
+            [Path::new("/app"), Path::new("/bin"), Path::new("/usr")]
+        );
+        assert!(!plan
+            .mounts
+            .iter()
+            .any(|m| matches!(m, MountPlan::HostSystem { .. })));
+        let etc: Vec<&EtcEntry> = plan.etc.iter().collect();
+        assert_eq!(
+            etc,
+            [
+                &EtcEntry::Image {
+                    path: "/etc/shadow".into(),
+                    link: None
+                },
+                &EtcEntry::Image {
+                    path: "/etc/ssl".into(),
+                    link: None
+                },
+            ]
+        );
+        assert!(matches!(&plan.rootfs.image, RootImage::Oci { layers, .. } if layers.len() == 2));
+    }
+
+    #[test]
+    fn the_contracts_identity_wins_and_image_root_is_never_honoured() {
+        let mut image = resolved_image();
+        let compile_with = |yaml: &str, image: &ResolvedImage| {
+            let contract = parse_contract(yaml, ContractFormat::Yaml).unwrap();
+            compile(
+                &contract,
+                &CompileInput {
+                    base_dir: Path::new("/jobs"),
+                    argv: &argv(&["true"]),
+                    seccomp_profile: None,
+                    image: Some(image),
+                },
+            )
+            .unwrap()
+        };
+        let own = compile_with(
+            "image: r/x@sha256:aa\nidentity: { uid: 2000, gid: 2000 }\n",
+            &image,
+        );
+        assert_eq!(
+            own.identity,
+            CellIdentity {
+                uid: 2000,
+                gid: 2000
+            }
+        );
+        assert_eq!(own.argv, argv(&["true"]));
+        image.defaults.user = Some(CellIdentity { uid: 0, gid: 0 });
+        let root = compile_with("image: r/x@sha256:aa\n", &image);
+        assert_ne!(root.identity.uid, 0);
     }
 
     #[test]

@@ -109,11 +109,17 @@ fn fixture() -> Fixture {
 
 /// `airlock run` of `contract` (YAML) with `argv`, `stdin` on its stdin.
 fn run(f: &Fixture, contract: &str, argv: &[&str], stdin: &str) -> Output {
+    run_with(f, &[], contract, argv, stdin)
+}
+
+fn run_with(f: &Fixture, options: &[&str], contract: &str, argv: &[&str], stdin: &str) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.yaml");
     std::fs::write(&path, contract).unwrap();
     let mut child = Command::new(common::airlock_bin())
-        .args(["run", "--state-dir", f.state.path().to_str().unwrap(), "-c"])
+        .args(["run", "--state-dir", f.state.path().to_str().unwrap()])
+        .args(options)
+        .arg("-c")
         .arg(&path)
         .args(argv)
         .stdin(Stdio::piped())
@@ -144,8 +150,22 @@ fn the_python_tool_image_runs_its_entrypoint_as_its_user_in_its_workdir() {
     require_cells!();
     let f = fixture();
     assert!(f.python.contains("@sha256:"), "{}", f.python);
-    let out = run(&f, &format!("image: {}\n", f.python), &[], r#"{"n": 1}"#);
+    let results = tempfile::tempdir().unwrap();
+    let result = results.path().join("result.json");
+    let contract = format!("image: {}\n", f.python);
+    let options = ["--result", result.to_str().unwrap()];
+    let out = run_with(&f, &options, &contract, &[], r#"{"n": 1}"#);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // The result (like the store's record) carries the pinned reference and digest.
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    let image = &record["plan"]["rootfs"]["image"]["oci"];
+    assert_eq!(image["reference"], f.python.as_str(), "{record}");
+    assert!(f.python.ends_with(image["digest"].as_str().unwrap()));
+    assert_eq!(
+        record["plan"]["argv"],
+        serde_json::json!(["python3", "/app/tool.py"])
+    );
     let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(answer["echo"]["n"], 1, "{}", text(&out));
     assert_eq!(

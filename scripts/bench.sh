@@ -146,3 +146,4 @@ PY
 
 echo "== images"
 AIRLOCK=$AIRLOCK scripts/bench-images.sh
+AIRLOCK=$AIRLOCK RUNS=$RUNS scripts/bench-image-root.sh

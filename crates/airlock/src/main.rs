@@ -5,6 +5,7 @@ mod audit;
 mod config;
 mod image;
 mod run;
+mod run_image;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

@@ -9,7 +9,7 @@ use airlock_cell::stdin_relay::StdinRecord;
 use airlock_cell::PayloadStdin;
 use airlock_contract::{
     compile, default_contract, load_contract_file, read_seccomp_profile, CellPlan, CompileInput,
-    ContractError, NetworkPlan,
+    ContractError, NetworkPlan, HOST_IMAGE,
 };
 use airlock_engine::inputs::InputContents;
 use airlock_engine::record;
@@ -46,12 +46,30 @@ pub struct RunArgs {
     /// Largest single artifact, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     max_artifact_bytes: u64,
-    /// The command and its arguments.
-    #[arg(required = true, trailing_var_arg = true)]
+    /// The command and its arguments. Required unless the contract's `image` is an OCI
+    /// image, whose `Entrypoint` + `Cmd` then run.
+    #[arg(trailing_var_arg = true)]
     command: Vec<String>,
 }
 
-fn load_plan(args: &RunArgs) -> Result<CellPlan, ContractError> {
+/// Why no plan: the run's class and message, or a usage error (exit 2).
+enum PlanRefusal {
+    Refused(ResultClass, String),
+    Usage(String),
+}
+
+impl From<ContractError> for PlanRefusal {
+    fn from(err: ContractError) -> PlanRefusal {
+        let status = ResultClass::from_name(err.class()).unwrap_or(ResultClass::RuntimeFault);
+        PlanRefusal::Refused(status, format!("contract: {err}"))
+    }
+}
+
+/// The plan, and the lease on its OCI image (held for the cell's life), if it has one.
+fn load_plan(
+    args: &RunArgs,
+    config: &OperatorConfig,
+) -> Result<(CellPlan, Option<airlock_images::Lease>), PlanRefusal> {
     let (contract, base_dir) = match &args.contract {
         Some(path) => {
             let absolute = std::path::absolute(path).unwrap_or_else(|_| path.clone());
@@ -63,15 +81,32 @@ fn load_plan(args: &RunArgs) -> Result<CellPlan, ContractError> {
         }
         None => (default_contract(), crate::current_dir()),
     };
+    let resolved = if contract.image == HOST_IMAGE {
+        if args.command.is_empty() {
+            return Err(PlanRefusal::Usage(
+                "a command is required: only a contract whose `image` is an OCI image may \
+                 omit it (the image's Entrypoint and Cmd run)"
+                    .to_owned(),
+            ));
+        }
+        None
+    } else {
+        let state_dir = config.state_dir(args.state_dir.as_deref());
+        let (image, lease) = crate::run_image::resolve(&contract.image, config, &state_dir)
+            .map_err(|(class, why)| PlanRefusal::Refused(class, why))?;
+        Some((image, lease))
+    };
     let seccomp_profile = read_seccomp_profile(&contract, &base_dir)?;
-    compile(
+    let plan = compile(
         &contract,
         &CompileInput {
             base_dir: &base_dir,
             argv: &args.command,
             seccomp_profile: seccomp_profile.as_deref(),
+            image: resolved.as_ref().map(|(image, _)| image),
         },
-    )
+    )?;
+    Ok((plan, resolved.map(|(_, lease)| lease)))
 }
 
 /// How the caller's stdin reaches the payload, decided before the cell starts without
@@ -187,10 +222,13 @@ fn prepare(
     config: &OperatorConfig,
     engine: &Engine,
     started: Instant,
-) -> Result<(RunRequest, StdinKind), ExitCode> {
-    let plan = load_plan(args).map_err(|err| {
-        let status = ResultClass::from_name(err.class()).unwrap_or(ResultClass::RuntimeFault);
-        refuse(engine, args, status, format!("contract: {err}"), None)
+) -> Result<(RunRequest, StdinKind, Option<airlock_images::Lease>), ExitCode> {
+    let (plan, lease) = load_plan(args, config).map_err(|err| match err {
+        PlanRefusal::Refused(status, error) => refuse(engine, args, status, error, None),
+        PlanRefusal::Usage(error) => {
+            eprintln!("airlock run: {error}");
+            ExitCode::from(2)
+        }
     })?;
     let refuse_plan = |status, error: String| refuse(engine, args, status, error, Some(&plan));
     if let NetworkPlan::Allowlist { destinations } = &plan.network {
@@ -223,7 +261,7 @@ fn prepare(
         stderr: caller_output(std::io::stderr().as_fd()),
         started,
     };
-    Ok((request, stdin_kind))
+    Ok((request, stdin_kind, lease))
 }
 
 pub fn run(args: RunArgs, started: Instant) -> ExitCode {
@@ -243,7 +281,9 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     );
     engine_config.host_ids = host_ids;
     let engine = Engine::new(engine_config);
-    let (request, stdin_kind) = match prepare(&args, &config, &engine, started) {
+    // `_lease` lives until this function returns: the image cannot be removed while the
+    // cell runs.
+    let (request, stdin_kind, _lease) = match prepare(&args, &config, &engine, started) {
         Ok(prepared) => prepared,
         Err(code) => return code,
     };

@@ -283,7 +283,7 @@ fn flags_and_subcommands() {
             )
         },
         Case {
-            says: &["required arguments were not provided", "<COMMAND>"],
+            says: &["a command is required", "OCI image"],
             ..case("run without a command", &["run"], 2)
         },
         Case {
@@ -460,10 +460,20 @@ fn contracts() {
         },
         Case {
             files: &[("c.yaml", b"image: ubuntu:latest\n")],
-            class: Some("sandbox_unavailable"),
-            says: &["image: only `host`"],
+            class: Some("policy_denied"),
+            says: &["image: ", "a tag without a digest"],
             records: Records::One,
-            ..case("an image this runtime cannot provide", run_args!["-c", "c.yaml", "--", "true"], 125)
+            ..case("an image not pinned by digest", run_args!["-c", "c.yaml", "--", "true"], 125)
+        },
+        Case {
+            files: &[(
+                "c.yaml",
+                b"image: ubuntu@sha256:0000000000000000000000000000000000000000000000000000000000000000\n",
+            )],
+            class: Some("sandbox_unavailable"),
+            says: &["image ubuntu@sha256:", "airlock image pull"],
+            records: Records::One,
+            ..case("an image not in the store", run_args!["-c", "c.yaml", "--", "true"], 125)
         },
         Case {
             files: &[("c.yaml", b"cleanup:\n  destroy_runtime: false\n")],

@@ -1332,7 +1332,7 @@ grep -E ' /in/data.txt | /indir | /tmp ' /proc/self/mountinfo
 // 13 --------------------------------------------------------------------------------------
 
 #[test]
-fn seed_contract_is_refused_as_sandbox_unavailable() {
+fn seed_contract_is_refused_for_its_malformed_image_digest() {
     require_cells!();
     let contract = repo_root().join("examples/contracts/seed-004.yaml");
     let dir = tempfile::tempdir().unwrap();
@@ -1345,7 +1345,8 @@ fn seed_contract_is_refused_as_sandbox_unavailable() {
     );
     let d = run.describe();
     assert_eq!(run.code(), 125, "{d}");
-    assert_eq!(run.status(), "sandbox_unavailable", "{d}");
+    // `sha256:pinned-image-digest` is no digest: the reference itself is refused.
+    assert_eq!(run.status(), "policy_denied", "{d}");
     assert!(!run.stdout().contains("PAYLOAD-RAN"), "{d}");
     let error = run.result["error"].as_str().unwrap_or("");
     assert!(error.contains("image"), "error must name `image`\n{d}");

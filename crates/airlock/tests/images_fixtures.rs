@@ -2,7 +2,7 @@
 //! image made from the host's python3), imported through the real binary: real trees
 //! (symlinked interpreters, shared libraries, a sticky /tmp, a setuid file) unpack into a
 //! root that works, with the setuid bit gone and the image's own /etc/shadow.
-//! (The cell's image root is not built yet; these run the unpacked root with chroot.)
+//! (These check the unpacked trees with chroot; image_root.rs runs them as cell roots.)
 
 mod common;
 

@@ -166,6 +166,7 @@ fn default_limits() -> Result<airlock_contract::Limits, String> {
             base_dir: std::path::Path::new("/"),
             argv: &argv,
             seccomp_profile: None,
+            image: None,
         },
     )
     .map(|plan| plan.limits)
@@ -238,6 +239,7 @@ fn end_to_end(host_ids: HostIdRange) -> Result<String, String> {
             base_dir: std::path::Path::new("/"),
             argv: &argv,
             seccomp_profile: None,
+            image: None,
         },
     )
     .map_err(|e| e.to_string())?;

@@ -74,6 +74,7 @@ mod tests {
                 base_dir: Path::new("/jobs"),
                 argv: &["true".to_owned()],
                 seccomp_profile: None,
+                image: None,
             },
         )
         .unwrap()

@@ -11,11 +11,12 @@ use crate::kernel::Kernel;
 use crate::stage::Stage;
 use crate::sys;
 use airlock_contract::{
-    CellPlan, EtcEntry, MountFlags, MountKind, MountPlan, MountSpec, ProcMask, RootStep, SHM,
+    CellPlan, EtcEntry, MountFlags, MountKind, MountPlan, MountSpec, ProcMask, RootImage, RootStep,
+    SHM,
 };
 use std::ffi::CString;
 use std::fs::{self, File};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -211,11 +212,16 @@ pub fn prepare_sources(
     let mut prepared = Vec::new();
     let mut notes = Vec::new();
     let mut owners = InputOwners::new(cell_ids);
+    let image = ImageTree::open(plan)?;
     for mount in &plan.mounts {
         match mount {
             MountPlan::HostSystem { path, optional } => {
                 let attrs = tree_attrs(&plan.layout.trees.system);
                 prepared.extend(mirror_or_clone(path, path, attrs, *optional)?);
+            }
+            MountPlan::ImageSystem { path, link } => {
+                let attrs = tree_attrs(&plan.layout.trees.system);
+                prepared.push(image.entry(path, link, attrs)?);
             }
             MountPlan::ReadonlyInput { source, target } => {
                 // Inputs may be scripts the payload runs (`/input/convert.sh`), so they keep
@@ -238,18 +244,83 @@ pub fn prepare_sources(
         }
     }
     for entry in &plan.etc {
-        prepared.extend(prepare_etc_entry(
-            entry,
-            tree_attrs(&plan.layout.trees.etc),
-        )?);
+        let attrs = tree_attrs(&plan.layout.trees.etc);
+        prepared.extend(prepare_etc_entry(entry, attrs, &image)?);
     }
     Ok((prepared, notes))
 }
 
+/// Where the entries of an OCI image root are cloned from: the one unpacked layer as it
+/// is, or a detached read-only overlayfs of the layers (no upper layer), reached through
+/// its descriptor (`/proc/self/fd/N`). `None` for the host image.
+struct ImageTree {
+    root: Option<PathBuf>,
+    _overlay: Option<OwnedFd>,
+}
+
+impl ImageTree {
+    fn open(plan: &CellPlan) -> Result<ImageTree, Stage> {
+        let RootImage::Oci {
+            layers, reference, ..
+        } = &plan.rootfs.image
+        else {
+            return Ok(ImageTree {
+                root: None,
+                _overlay: None,
+            });
+        };
+        if let [single] = layers.as_slice() {
+            return Ok(ImageTree {
+                root: Some(single.clone()),
+                _overlay: None,
+            });
+        }
+        let dirs: Vec<&Path> = layers.iter().map(PathBuf::as_path).collect();
+        let attrs = tree_attrs(&plan.layout.trees.system);
+        let overlay = sys::overlay_lower_only(&dirs, attrs)
+            .map_err(|e| Stage::new("rootfs.image_overlay", format!("{reference}: {e}")))?;
+        Ok(ImageTree {
+            root: Some(PathBuf::from(format!(
+                "/proc/self/fd/{}",
+                overlay.as_raw_fd()
+            ))),
+            _overlay: Some(overlay),
+        })
+    }
+
+    /// The image's entry at `path` (absolute in the cell): its symlink as planned, or a
+    /// restricted clone of its tree, never following a symlink the image controls.
+    fn entry(&self, path: &Path, link: &Option<PathBuf>, attrs: u64) -> Result<Prepared, Stage> {
+        let Some(root) = &self.root else {
+            return Err(Stage::new(
+                "rootfs.image_entry",
+                format!("{}: the plan's root is not an image", path.display()),
+            ));
+        };
+        let source = match link {
+            Some(link) => Source::Symlink(link.clone()),
+            None => {
+                let below = path.strip_prefix("/").unwrap_or(path);
+                restricted_clone(&root.join(below), attrs, false)?
+            }
+        };
+        Ok(Prepared {
+            target: path.to_path_buf(),
+            source,
+        })
+    }
+}
+
 /// One entry of the cell's `/etc` (the plan's vetted host entries and the contract's
 /// additions), read-only and noexec: configuration, never code.
-fn prepare_etc_entry(entry: &EtcEntry, attrs: u64) -> Result<Option<Prepared>, Stage> {
+fn prepare_etc_entry(
+    entry: &EtcEntry,
+    attrs: u64,
+    image: &ImageTree,
+) -> Result<Option<Prepared>, Stage> {
     match entry {
+        // The image's own /etc: its shadow is the image's, never the host's.
+        EtcEntry::Image { path, link } => image.entry(path, link, attrs).map(Some),
         // The host's own layout, symlinks included (`os-release` -> `../usr/lib/...`);
         // what this host lacks is skipped.
         EtcEntry::Host { path } => mirror_or_clone(path, path, attrs, true),
@@ -582,6 +653,7 @@ mod tests {
                 base_dir: Path::new("/jobs"),
                 argv: &["true".to_owned()],
                 seccomp_profile: None,
+                image: None,
             },
         )
         .unwrap()

@@ -42,6 +42,7 @@ mod tests {
                 base_dir: std::path::Path::new("/"),
                 argv: &["true".to_owned()],
                 seccomp_profile: None,
+                image: None,
             },
         )
         .unwrap()

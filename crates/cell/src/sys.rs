@@ -1779,6 +1779,65 @@ pub fn restore_root_effective_ids() -> io::Result<()> {
     check(unsafe { libc::setresgid(KEEP, 0, KEEP) }).map(drop)
 }
 
+// ---- OCI image roots: a read-only overlayfs of an image's layers ----
+
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+
+/// A detached, read-only overlayfs of `lowerdirs` (top first) with no upper layer:
+/// `fsopen("overlay")`, `lowerdir`, create, `fsmount` with `attrs` (`MOUNT_ATTR_*`). The
+/// descriptor is the mount's root; nothing is attached anywhere.
+pub fn overlay_lower_only(lowerdirs: &[&Path], attrs: u64) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let fs_name = c"overlay";
+    // SAFETY: `fs_name` is a valid C string; the flags are fsopen's.
+    let ctx = check(
+        unsafe { libc::syscall(libc::SYS_fsopen, fs_name.as_ptr(), FSOPEN_CLOEXEC) } as libc::c_int,
+    )?;
+    // SAFETY: fsopen returned a new descriptor owned by nobody else.
+    let ctx = unsafe { OwnedFd::from_raw_fd(ctx) };
+    let joined = lowerdirs
+        .iter()
+        .map(|dir| dir.as_os_str().as_bytes())
+        .collect::<Vec<_>>()
+        .join(&b':');
+    let value = CString::new(joined).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let key = c"lowerdir";
+    // SAFETY: `ctx` is a live fs context; `key` and `value` are valid C strings that
+    // outlive the call.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            ctx.as_raw_fd(),
+            FSCONFIG_SET_STRING,
+            key.as_ptr(),
+            value.as_ptr(),
+            0,
+        )
+    } as libc::c_int)?;
+    // SAFETY: `ctx` is a live fs context; CMD_CREATE takes no key or value.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            ctx.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    } as libc::c_int)?;
+    // SAFETY: `ctx` is a created fs context; `attrs` are MOUNT_ATTR_* bits.
+    let mnt =
+        check(
+            unsafe { libc::syscall(libc::SYS_fsmount, ctx.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) }
+                as libc::c_int,
+        )?;
+    // SAFETY: fsmount returned a new descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(mnt) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

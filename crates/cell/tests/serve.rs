@@ -128,6 +128,7 @@ fn plan() -> CellPlan {
             base_dir: Path::new("/"),
             argv: &["true".to_string()],
             seccomp_profile: None,
+            image: None,
         },
     )
     .unwrap()

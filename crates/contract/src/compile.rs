@@ -23,6 +23,10 @@ pub struct CompileInput<'a> {
     /// reads it where the contract is loaded); compile parses and checks it. Required
     /// when the contract names a profile, ignored when it does not.
     pub seccomp_profile: Option<&'a str>,
+    /// The contract's OCI image, resolved through the image store by the caller (required
+    /// when `image` is not `host`, ignored when it is). With one, `argv` may be empty: the
+    /// image's `Entrypoint` + `Cmd` run.
+    pub image: Option<&'a ResolvedImage>,
 }
 
 const MIB: u64 = 1 << 20;
@@ -46,33 +50,38 @@ const HOST_SYSTEM_DIRS: &[(&str, bool)] = &[
 
 pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, ContractError> {
     let checked = check(contract).map_err(ContractError::Invalid)?;
-    if contract.image != HOST_IMAGE {
-        return Err(ContractError::Unsupported {
-            path: "image".to_owned(),
-            message: "only `host` (a read-only view of the host's /usr, /bin, /lib*, /sbin) is \
-                      supported by this runtime; OCI images are not"
-                .to_owned(),
-        });
-    }
-    check_input(input)?;
+    let image = root_image(contract, input)?;
+    let argv = match (input.argv.is_empty(), image) {
+        (true, Some(image)) => image.defaults.command.clone(),
+        _ => input.argv.to_vec(),
+    };
+    check_input(input, &argv)?;
 
     let mut plan = CellPlan {
         contract_sha256: contract_sha256(contract),
-        argv: input.argv.to_vec(),
-        identity: CellIdentity {
-            uid: narrow(contract.identity.uid),
-            gid: narrow(contract.identity.gid),
-        },
+        argv,
+        identity: identity(contract, image),
         hostname: contract.hostname.clone(),
-        workdir: PathBuf::from(&checked.workdir),
-        env: environment(contract, &checked),
+        workdir: workdir(contract, &checked, image),
+        env: environment(contract, &checked, image),
         rootfs: RootfsPlan {
-            image: RootImage::Host,
+            image: image.map_or(RootImage::Host, |image| RootImage::Oci {
+                reference: image.reference.clone(),
+                digest: image.digest.clone(),
+                layers: image.layers.clone(),
+            }),
             readonly: contract.filesystem.readonly_root,
             size_bytes: ROOTFS_SIZE_BYTES,
         },
-        mounts: mounts(&checked, input.base_dir),
-        etc: crate::etc::etc_plan(&checked.etc_files, |path| host_path(input.base_dir, path)),
+        mounts: mounts(&checked, input.base_dir, image),
+        etc: match image {
+            None => {
+                crate::etc::etc_plan(&checked.etc_files, |path| host_path(input.base_dir, path))
+            }
+            Some(image) => crate::etc::image_etc_plan(&checked.etc_files, &image.etc, |path| {
+                host_path(input.base_dir, path)
+            }),
+        },
         network: match contract.network.mode {
             NetworkMode::Deny => NetworkPlan::Deny,
             NetworkMode::Allowlist => NetworkPlan::Allowlist {
@@ -153,12 +162,74 @@ fn seccomp_plan(
     })
 }
 
-fn check_input(input: &CompileInput) -> Result<(), ContractError> {
-    let mut errors = Vec::new();
-    if input.argv.is_empty() || input.argv[0].is_empty() {
-        errors.push(FieldError::new("argv", "must name a command"));
+/// The contract's image: `None` for `host`, else the one the caller resolved.
+fn root_image<'a>(
+    contract: &Contract,
+    input: &CompileInput<'a>,
+) -> Result<Option<&'a ResolvedImage>, ContractError> {
+    if contract.image == HOST_IMAGE {
+        return Ok(None);
     }
-    for (index, argument) in input.argv.iter().enumerate() {
+    // sandbox_unavailable like every root this runtime cannot build as asked.
+    input
+        .image
+        .map(Some)
+        .ok_or_else(|| ContractError::Unsupported {
+            path: "image".to_owned(),
+            message: format!(
+                "{}: an OCI image must be resolved through the image store before compile \
+             (CompileInput::image)",
+                contract.image
+            ),
+        })
+}
+
+/// The contract's identity, or the image's `User` when the contract leaves the default
+/// and the image names a user other than root: root in the image is never honoured (the
+/// cell runs as the contract's unprivileged identity instead).
+fn identity(contract: &Contract, image: Option<&ResolvedImage>) -> CellIdentity {
+    let own = CellIdentity {
+        uid: narrow(contract.identity.uid),
+        gid: narrow(contract.identity.gid),
+    };
+    match image.and_then(|i| i.defaults.user) {
+        Some(user)
+            if contract.identity == crate::contract::Identity::default()
+                && user.uid != 0
+                && user.gid != 0 =>
+        {
+            user
+        }
+        _ => own,
+    }
+}
+
+/// The contract's `workdir`, else the image's `WorkingDir`, else the default.
+fn workdir(
+    contract: &Contract,
+    checked: &CheckedContract,
+    image: Option<&ResolvedImage>,
+) -> PathBuf {
+    match (
+        &contract.workdir,
+        image.and_then(|i| i.defaults.working_dir.as_ref()),
+    ) {
+        (None, Some(dir)) if dir.is_absolute() => dir.clone(),
+        _ => PathBuf::from(&checked.workdir),
+    }
+}
+
+fn check_input(input: &CompileInput, argv: &[String]) -> Result<(), ContractError> {
+    let mut errors = Vec::new();
+    if argv.is_empty() || argv[0].is_empty() {
+        let why = if input.image.is_some() {
+            "must name a command (the image has no Entrypoint or Cmd)"
+        } else {
+            "must name a command"
+        };
+        errors.push(FieldError::new("argv", why));
+    }
+    for (index, argument) in argv.iter().enumerate() {
         if argument.contains('\0') {
             errors.push(FieldError::new(
                 format!("argv[{index}]"),
@@ -185,13 +256,49 @@ fn host_path(base_dir: &Path, path: &str) -> PathBuf {
     }
 }
 
-fn mounts(checked: &CheckedContract, base_dir: &Path) -> Vec<MountPlan> {
-    let system = HOST_SYSTEM_DIRS
+/// The image's top-level entries that make up its system tree: all but the ones the
+/// runtime provides (`/etc`, `/proc`, `/dev`, `/sys`) and those a contract mount lies in
+/// (its own tmpfs or input replaces the image's directory there).
+fn image_system(checked: &CheckedContract, image: &ResolvedImage) -> Vec<MountPlan> {
+    let taken: Vec<String> = checked
+        .inputs
         .iter()
-        .map(|&(path, optional)| MountPlan::HostSystem {
-            path: PathBuf::from(path),
-            optional,
-        });
+        .map(|i| i.target.cell_path())
+        .chain(checked.writable.iter().map(|w| w.target.cell_path()))
+        .filter_map(|path| {
+            path.trim_start_matches('/')
+                .split('/')
+                .next()
+                .map(str::to_owned)
+        })
+        .collect();
+    image
+        .top_level
+        .iter()
+        .filter(|(name, _)| !["etc", "proc", "dev", "sys"].contains(&name.as_str()))
+        .filter(|(name, _)| !taken.contains(name))
+        .map(|(name, link)| MountPlan::ImageSystem {
+            path: Path::new("/").join(name),
+            link: link.clone(),
+        })
+        .collect()
+}
+
+fn mounts(
+    checked: &CheckedContract,
+    base_dir: &Path,
+    image: Option<&ResolvedImage>,
+) -> Vec<MountPlan> {
+    let system: Vec<MountPlan> = match image {
+        Some(image) => image_system(checked, image),
+        None => HOST_SYSTEM_DIRS
+            .iter()
+            .map(|&(path, optional)| MountPlan::HostSystem {
+                path: PathBuf::from(path),
+                optional,
+            })
+            .collect(),
+    };
     let inputs = checked.inputs.iter().map(|input| MountPlan::ReadonlyInput {
         source: host_path(base_dir, &input.source.host_path()),
         target: PathBuf::from(input.target.cell_path()),
@@ -204,10 +311,14 @@ fn mounts(checked: &CheckedContract, base_dir: &Path) -> Vec<MountPlan> {
             size_bytes: writable.size_bytes,
             exec: writable.exec,
         });
-    system.chain(inputs).chain(writable).collect()
+    system.into_iter().chain(inputs).chain(writable).collect()
 }
 
-fn environment(contract: &Contract, checked: &CheckedContract) -> Vec<EnvVar> {
+fn environment(
+    contract: &Contract,
+    checked: &CheckedContract,
+    image: Option<&ResolvedImage>,
+) -> Vec<EnvVar> {
     let mut env: BTreeMap<String, (String, bool)> = BTreeMap::new();
     let mut set = |name: &str, value: &str, secret: bool| {
         env.insert(name.to_owned(), (value.to_owned(), secret));
@@ -223,6 +334,16 @@ fn environment(contract: &Contract, checked: &CheckedContract) -> Vec<EnvVar> {
         // value keeps the plan independent of the caller's environment; the contract's
         // `env` may name another.
         set("TERM", DEFAULT_TERM, false);
+    }
+    // The image's `Env` under the contract's: the contract wins, and the proxy variables
+    // stay airlock's.
+    for (name, value) in image.map(|i| i.defaults.env.as_slice()).unwrap_or_default() {
+        let reserved = crate::validate::RESERVED_ENV_NAMES
+            .iter()
+            .any(|r| r.eq_ignore_ascii_case(name));
+        if !reserved {
+            set(name, value, false);
+        }
     }
     for (name, value) in &contract.env {
         set(name, value.value(), value.is_secret());
@@ -292,6 +413,7 @@ mod tests {
                 base_dir: Path::new("/jobs/42"),
                 argv: &argv(&["sh", "-c", "true"]),
                 seccomp_profile: Some(STRICT_PROFILE),
+                image: None,
             },
         )
     }
@@ -327,7 +449,7 @@ resources:
 ";
 
     #[test]
-    fn seed_image_is_unsupported() {
+    fn an_oci_image_the_caller_did_not_resolve_is_refused() {
         let seed = parse_contract(crate::parse::tests::SEED_YAML, ContractFormat::Yaml).unwrap();
         let error = compile(
             &seed,
@@ -335,15 +457,149 @@ resources:
                 base_dir: Path::new("/jobs"),
                 argv: &argv(&["true"]),
                 seccomp_profile: None,
+                image: None,
             },
         )
         .unwrap_err();
         assert_eq!(error.class(), "sandbox_unavailable");
+        assert!(error.to_string().starts_with("image: "), "{error}");
+        assert!(error.to_string().contains("CompileInput::image"), "{error}");
+    }
+
+    fn resolved_image() -> ResolvedImage {
+        let entry = |name: &str, link: Option<&str>| (name.to_owned(), link.map(PathBuf::from));
+        ResolvedImage {
+            reference: format!("r/tool@sha256:{}", "a".repeat(64)),
+            digest: format!("sha256:{}", "a".repeat(64)),
+            layers: vec!["/state/l2".into(), "/state/l1".into()],
+            top_level: vec![
+                entry("app", None),
+                entry("bin", Some("usr/bin")),
+                entry("etc", None),
+                entry("proc", None),
+                entry("tmp", None),
+                entry("usr", None),
+            ],
+            etc: vec![
+                entry("passwd", None),
+                entry("shadow", None),
+                entry("ssl", None),
+            ],
+            defaults: ImageDefaults {
+                user: Some(CellIdentity {
+                    uid: 1000,
+                    gid: 1000,
+                }),
+                env: vec![
+                    ("PATH".into(), "/opt/bin".into()),
+                    ("LANG".into(), "C".into()),
+                ],
+                working_dir: Some("/app".into()),
+                command: argv(&["python3", "/app/tool.py"]),
+            },
+        }
+    }
+
+    #[test]
+    fn an_image_gives_the_system_tree_its_etc_and_its_defaults_under_the_contract() {
+        let contract = parse_contract(
+            "image: r/tool@sha256:aa\nenv: { LANG: C.UTF-8 }\nfilesystem: { writable_paths: [/tmp] }\n",
+            ContractFormat::Yaml,
+        )
+        .unwrap();
+        let image = resolved_image();
+        let plan = compile(
+            &contract,
+            &CompileInput {
+                base_dir: Path::new("/jobs"),
+                argv: &[],
+                seccomp_profile: None,
+                image: Some(&image),
+            },
+        )
+        .unwrap();
+        assert_eq!(plan.argv, argv(&["python3", "/app/tool.py"]));
         assert_eq!(
-            error.to_string(),
-            "image: only `host` (a read-only view of the host's /usr, /bin, /lib*, /sbin) is \
-             supported by this runtime; OCI images are not"
+            plan.identity,
+            CellIdentity {
+                uid: 1000,
+                gid: 1000
+            }
         );
+        assert_eq!(plan.workdir, Path::new("/app"));
+        let env = |name: &str| {
+            plan.env
+                .iter()
+                .find(|e| e.name == name)
+                .map(|e| e.value.clone())
+        };
+        assert_eq!(env("PATH").as_deref(), Some("/opt/bin"));
+        assert_eq!(env("LANG").as_deref(), Some("C.UTF-8"));
+        let system: Vec<&Path> = plan
+            .mounts
+            .iter()
+            .filter_map(|m| match m {
+                MountPlan::ImageSystem { path, .. } => Some(path.as_path()),
+                _ => None,
+            })
+            .collect();
+        // /etc and /proc are the runtime's, /tmp the contract's writable path.
+        assert_eq!(
+            system,
+            [Path::new("/app"), Path::new("/bin"), Path::new("/usr")]
+        );
+        assert!(!plan
+            .mounts
+            .iter()
+            .any(|m| matches!(m, MountPlan::HostSystem { .. })));
+        let etc: Vec<&EtcEntry> = plan.etc.iter().collect();
+        assert_eq!(
+            etc,
+            [
+                &EtcEntry::Image {
+                    path: "/etc/shadow".into(),
+                    link: None
+                },
+                &EtcEntry::Image {
+                    path: "/etc/ssl".into(),
+                    link: None
+                },
+            ]
+        );
+        assert!(matches!(&plan.rootfs.image, RootImage::Oci { layers, .. } if layers.len() == 2));
+    }
+
+    #[test]
+    fn the_contracts_identity_wins_and_image_root_is_never_honoured() {
+        let mut image = resolved_image();
+        let compile_with = |yaml: &str, image: &ResolvedImage| {
+            let contract = parse_contract(yaml, ContractFormat::Yaml).unwrap();
+            compile(
+                &contract,
+                &CompileInput {
+                    base_dir: Path::new("/jobs"),
+                    argv: &argv(&["true"]),
+                    seccomp_profile: None,
+                    image: Some(image),
+                },
+            )
+            .unwrap()
+        };
+        let own = compile_with(
+            "image: r/x@sha256:aa\nidentity: { uid: 2000, gid: 2000 }\n",
+            &image,
+        );
+        assert_eq!(
+            own.identity,
+            CellIdentity {
+                uid: 2000,
+                gid: 2000
+            }
+        );
+        assert_eq!(own.argv, argv(&["true"]));
+        image.defaults.user = Some(CellIdentity { uid: 0, gid: 0 });
+        let root = compile_with("image: r/x@sha256:aa\n", &image);
+        assert_ne!(root.identity.uid, 0);
     }
 
     #[test]
@@ -456,6 +712,7 @@ resources:
                 base_dir: Path::new("/"),
                 argv: &argv(&["/bin/true"]),
                 seccomp_profile: None,
+                image: None,
             },
         )
         .unwrap();
@@ -616,6 +873,7 @@ resources:
                     base_dir: Path::new(base_dir),
                     argv,
                     seccomp_profile: None,
+                    image: None,
                 },
             )
             .unwrap_err()
@@ -644,6 +902,7 @@ resources:
                 base_dir: Path::new("/"),
                 argv: &argv(&["true"]),
                 seccomp_profile: None,
+                image: None,
             },
         )
         .unwrap_err();
@@ -663,6 +922,7 @@ resources:
                 base_dir: Path::new("/jobs"),
                 argv: &argv(&["true"]),
                 seccomp_profile: text,
+                image: None,
             },
         )
     }

@@ -57,8 +57,11 @@ pub const DEFAULT_SECCOMP_PROFILE: &str = "default";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Contract {
-    /// Root image of the cell. Only `host` (a read-only view of the host's `/usr`, `/bin`,
-    /// `/lib*`, `/sbin`) is supported; anything else parses but is refused at compile time.
+    /// Root image of the cell: `host` (a read-only view of the host's `/usr`, `/bin`,
+    /// `/lib*`, `/sbin`), or an OCI image of the image store pinned by digest
+    /// (`registry/name@sha256:...`; a tag only with `[images] allow_tags`), whose layers
+    /// become the read-only system tree and whose config's `User`, `Env`, `WorkingDir` and
+    /// `Entrypoint`/`Cmd` apply where the contract sets nothing.
     #[serde(default = "default_image")]
     pub image: String,
     #[serde(default)]

@@ -324,6 +324,32 @@ pub(crate) fn etc_plan(
     host.chain(added).collect()
 }
 
+/// The `/etc` of a cell with an OCI image root: the image's own entries (never the
+/// host's) except the generated ones and those a contract entry replaces, then the
+/// contract's entries. The image's `shadow`, if it has one, is the image's.
+pub(crate) fn image_etc_plan(
+    files: &[CheckedEtcFile],
+    image_etc: &[(String, Option<PathBuf>)],
+    host_path: impl Fn(&str) -> PathBuf,
+) -> Vec<EtcEntry> {
+    let image = image_etc
+        .iter()
+        .filter(|(name, _)| !ETC_GENERATED.contains(&name.as_str()))
+        .filter(|(name, _)| {
+            let path = etc_path(name);
+            !files.iter().any(|f| within(&path, &f.target.components))
+        })
+        .map(|(name, link)| EtcEntry::Image {
+            path: PathBuf::from(format!("/etc/{name}")),
+            link: link.clone(),
+        });
+    let added = files.iter().map(|file| EtcEntry::Contract {
+        source: host_path(&file.source.host_path()),
+        target: PathBuf::from(file.target.cell_path()),
+    });
+    image.chain(added).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,6 +397,7 @@ mod tests {
             base_dir: std::path::Path::new("/jobs/7"),
             argv: &argv,
             seccomp_profile: None,
+            image: None,
         };
         crate::compile(&contract, &input).unwrap().etc
     }

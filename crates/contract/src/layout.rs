@@ -507,7 +507,9 @@ fn landlock_rules(plan: &CellPlan) -> Vec<LandlockRule> {
     }
     for mount in &plan.mounts {
         let (path, access) = match mount {
-            MountPlan::HostSystem { path, .. } => (path, vec![ReadFile, ReadDir, Execute]),
+            MountPlan::HostSystem { path, .. } | MountPlan::ImageSystem { path, .. } => {
+                (path, vec![ReadFile, ReadDir, Execute])
+            }
             MountPlan::ReadonlyInput { target, .. } => (target, vec![ReadFile, ReadDir, Execute]),
             MountPlan::WritableTmpfs { target, exec, .. } if *exec => {
                 (target, FsAccess::ALL.to_vec())
@@ -532,6 +534,7 @@ mod tests {
                 base_dir: Path::new("/jobs"),
                 argv: &["true".to_owned()],
                 seccomp_profile: None,
+                image: None,
             },
         )
         .unwrap()

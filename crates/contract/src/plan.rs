@@ -67,7 +67,7 @@ pub struct EnvVar {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RootfsPlan {
-    /// `host` is the only image the runtime supports today.
+    /// `host`, or an OCI image of the store (its layers as the system tree).
     pub image: RootImage,
     pub readonly: bool,
     /// Size cap of the root tmpfs (holds only the generated skeleton and `/etc`).
@@ -79,6 +79,45 @@ pub struct RootfsPlan {
 pub enum RootImage {
     /// Read-only view of the host's `/usr`, `/bin`, `/lib*`, `/sbin` plus a generated `/etc`.
     Host,
+    /// An OCI image: its unpacked layers (top first), stacked read-only (an overlayfs
+    /// without an upper layer; a single layer is used as it is) as the system tree.
+    Oci {
+        /// The reference pinned by digest (`name@sha256:...`), as run and recorded.
+        reference: String,
+        /// The manifest's digest.
+        digest: String,
+        /// Unpacked layer directories in the image store, top layer first.
+        layers: Vec<PathBuf>,
+    },
+}
+
+/// An OCI image the caller resolved through the image store, for [`crate::CompileInput`]:
+/// compile stays pure, the store is read where the contract is loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedImage {
+    /// Pinned reference (`name@sha256:...`).
+    pub reference: String,
+    pub digest: String,
+    /// Unpacked layer directories, top first.
+    pub layers: Vec<PathBuf>,
+    /// The merged view's top-level entries (name, symlink target if a symlink).
+    pub top_level: Vec<(String, Option<PathBuf>)>,
+    /// The merged view's `/etc` entries (name, symlink target if a symlink).
+    pub etc: Vec<(String, Option<PathBuf>)>,
+    /// The image config's process defaults, resolved against the image's own files.
+    pub defaults: ImageDefaults,
+}
+
+/// The image config's `User`, `Env`, `WorkingDir`, `Entrypoint` and `Cmd`; the contract
+/// overrides each.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageDefaults {
+    /// `User` as numeric ids (a name already resolved from the image's `/etc/passwd`).
+    pub user: Option<CellIdentity>,
+    pub env: Vec<(String, String)>,
+    pub working_dir: Option<PathBuf>,
+    /// `Entrypoint` followed by `Cmd`: the command when the run names none.
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,6 +126,12 @@ pub enum MountPlan {
     /// A host directory of the `host` image (e.g. `/usr`). Mirrored as a symlink when the
     /// host path is a symlink (merged-/usr), skipped when `optional` and absent.
     HostSystem { path: PathBuf, optional: bool },
+    /// A top-level entry of the OCI image (`RootImage::Oci`) at the same path: cloned from
+    /// the stacked layers read-only, nosuid, nodev, or mirrored as a symlink (`link`).
+    ImageSystem {
+        path: PathBuf,
+        link: Option<PathBuf>,
+    },
     /// A read-only input: host `source` (absolute, as resolved against the contract's
     /// directory) bind-mounted read-only, nosuid, nodev at `target` (executable: an input
     /// may be the script the payload runs).
@@ -108,6 +153,12 @@ pub enum EtcEntry {
     /// A vetted host entry (see [`crate::HOST_ETC_ENTRIES`]) at the same path: mirrored as a
     /// symlink when the host's is one, skipped when the host has none.
     Host { path: PathBuf },
+    /// An entry of the OCI image's own `/etc` (never the host's) that the generated files
+    /// and the contract's do not replace: cloned from the stacked layers, or a symlink.
+    Image {
+        path: PathBuf,
+        link: Option<PathBuf>,
+    },
     /// A contract's `filesystem.etc_files` entry: host `source` (followed if a symlink)
     /// at `target`; it must exist.
     Contract { source: PathBuf, target: PathBuf },

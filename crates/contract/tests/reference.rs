@@ -84,6 +84,7 @@ fn compile_example(name: &str) -> Result<airlock_contract::CellPlan, ContractErr
             base_dir: &base_dir,
             argv: &["sh".to_owned(), "/input/convert.sh".to_owned()],
             seccomp_profile: None,
+            image: None,
         },
     )
 }

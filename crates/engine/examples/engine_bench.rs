@@ -48,6 +48,7 @@ fn plan() -> CellPlan {
             base_dir: Path::new("/"),
             argv: &argv,
             seccomp_profile: None,
+            image: None,
         },
     )
     .expect("the default contract compiles")

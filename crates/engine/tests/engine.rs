@@ -150,6 +150,7 @@ fn plan(argv: &[&str]) -> CellPlan {
             base_dir: Path::new("/"),
             argv: &argv,
             seccomp_profile: None,
+            image: None,
         },
     )
     .unwrap()

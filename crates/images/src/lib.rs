@@ -6,6 +6,7 @@ mod digest;
 mod error;
 pub mod import;
 pub mod layout;
+pub mod merged;
 pub mod oci;
 mod reference;
 pub mod registry;

@@ -332,6 +332,7 @@ mod tests {
                 base_dir: std::path::Path::new("/"),
                 argv: &["true".to_string()],
                 seccomp_profile: None,
+                image: None,
             },
         )
         .unwrap()

@@ -97,6 +97,9 @@ impl Engine {
                 (report, inputs)
             }
         };
+        if parked {
+            self.pools.refill();
+        }
         let mut finished = FinishedRun::new(report, plan, inputs, secrets, record);
         finished.latency = latency;
         Ok(finished)

@@ -92,14 +92,18 @@ impl Pools {
         }
     }
 
-    /// A parked cell of `shape`, if one is ready.
+    /// A parked cell of `shape`, if one is ready. The pool is refilled once the claimed
+    /// run is over ([`Pools::refill`]): building its replacement meanwhile would take the
+    /// CPU the claimed cell needs to start (this project's VM has two).
     pub fn claim(&self, shape: &PlanShape) -> Option<CellHost> {
-        let (state, wake) = &*self.shared;
+        let (state, _) = &*self.shared;
         let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
-        let host = state.pools.get_mut(shape)?.parked.pop_front();
-        drop(state);
-        wake.notify_all();
-        host
+        state.pools.get_mut(shape)?.parked.pop_front()
+    }
+
+    /// Wakes the refill thread: a claimed run is over.
+    pub fn refill(&self) {
+        self.shared.1.notify_all();
     }
 
     pub fn status(&self) -> Vec<PoolStatus> {

@@ -162,12 +162,7 @@ fn default_limits() -> Result<airlock_contract::Limits, String> {
     let argv = ["/bin/true".to_string()];
     airlock_contract::compile(
         &airlock_contract::default_contract(),
-        &airlock_contract::CompileInput {
-            base_dir: std::path::Path::new("/"),
-            argv: &argv,
-            seccomp_profile: None,
-            image: None,
-        },
+        &airlock_contract::CompileInput::new(std::path::Path::new("/"), &argv),
     )
     .map(|plan| plan.limits)
     .map_err(|e| e.to_string())
@@ -235,12 +230,7 @@ fn end_to_end(host_ids: HostIdRange) -> Result<String, String> {
     let argv = ["/bin/true".to_string()];
     let plan = airlock_contract::compile(
         &contract,
-        &airlock_contract::CompileInput {
-            base_dir: std::path::Path::new("/"),
-            argv: &argv,
-            seccomp_profile: None,
-            image: None,
-        },
+        &airlock_contract::CompileInput::new(std::path::Path::new("/"), &argv),
     )
     .map_err(|e| e.to_string())?;
     let report = crate::run_cell(

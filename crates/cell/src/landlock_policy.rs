@@ -70,12 +70,7 @@ mod tests {
         let contract = parse_contract(yaml, ContractFormat::Yaml).unwrap();
         compile(
             &contract,
-            &CompileInput {
-                base_dir: Path::new("/jobs"),
-                argv: &["true".to_owned()],
-                seccomp_profile: None,
-                image: None,
-            },
+            &CompileInput::new(Path::new("/jobs"), &["true".to_owned()]),
         )
         .unwrap()
     }

@@ -699,12 +699,7 @@ mod tests {
         let contract = airlock_contract::default_contract();
         airlock_contract::compile(
             &contract,
-            &airlock_contract::CompileInput {
-                base_dir: std::path::Path::new("/"),
-                argv: &["true".to_string()],
-                seccomp_profile: None,
-                image: None,
-            },
+            &airlock_contract::CompileInput::new(std::path::Path::new("/"), &["true".to_string()]),
         )
         .unwrap()
     }

@@ -38,12 +38,7 @@ mod tests {
     fn default_plan() -> SeccompPlan {
         compile(
             &default_contract(),
-            &CompileInput {
-                base_dir: std::path::Path::new("/"),
-                argv: &["true".to_owned()],
-                seccomp_profile: None,
-                image: None,
-            },
+            &CompileInput::new(std::path::Path::new("/"), &["true".to_owned()]),
         )
         .unwrap()
         .seccomp

@@ -124,12 +124,7 @@ struct Served {
 fn plan() -> CellPlan {
     airlock_contract::compile(
         &airlock_contract::default_contract(),
-        &airlock_contract::CompileInput {
-            base_dir: Path::new("/"),
-            argv: &["true".to_string()],
-            seccomp_profile: None,
-            image: None,
-        },
+        &airlock_contract::CompileInput::new(Path::new("/"), &["true".to_string()]),
     )
     .unwrap()
 }

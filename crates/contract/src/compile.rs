@@ -29,6 +29,19 @@ pub struct CompileInput<'a> {
     pub image: Option<&'a ResolvedImage>,
 }
 
+impl<'a> CompileInput<'a> {
+    /// `argv` against `base_dir` for a contract with neither a custom seccomp profile nor
+    /// an OCI image (the fields callers with one set on the result).
+    pub fn new(base_dir: &'a Path, argv: &'a [String]) -> CompileInput<'a> {
+        CompileInput {
+            base_dir,
+            argv,
+            seccomp_profile: None,
+            image: None,
+        }
+    }
+}
+
 const MIB: u64 = 1 << 20;
 const ROOTFS_SIZE_BYTES: u64 = MIB;
 const BASE_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
@@ -453,12 +466,7 @@ resources:
         let seed = parse_contract(crate::parse::tests::SEED_YAML, ContractFormat::Yaml).unwrap();
         let error = compile(
             &seed,
-            &CompileInput {
-                base_dir: Path::new("/jobs"),
-                argv: &argv(&["true"]),
-                seccomp_profile: None,
-                image: None,
-            },
+            &CompileInput::new(Path::new("/jobs"), &argv(&["true"])),
         )
         .unwrap_err();
         assert_eq!(error.class(), "sandbox_unavailable");
@@ -708,12 +716,7 @@ resources:
     fn default_contract_gives_a_minimal_deny_all_plan() {
         let plan = compile(
             &default_contract(),
-            &CompileInput {
-                base_dir: Path::new("/"),
-                argv: &argv(&["/bin/true"]),
-                seccomp_profile: None,
-                image: None,
-            },
+            &CompileInput::new(Path::new("/"), &argv(&["/bin/true"])),
         )
         .unwrap();
         assert_eq!(
@@ -898,12 +901,7 @@ resources:
         contract.resources.memory_mb = -1;
         let error = compile(
             &contract,
-            &CompileInput {
-                base_dir: Path::new("/"),
-                argv: &argv(&["true"]),
-                seccomp_profile: None,
-                image: None,
-            },
+            &CompileInput::new(Path::new("/"), &argv(&["true"])),
         )
         .unwrap_err();
         assert_eq!(error.class(), "policy_denied");

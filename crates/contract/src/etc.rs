@@ -393,12 +393,7 @@ mod tests {
     fn plan_of(yaml: &str) -> Vec<EtcEntry> {
         let contract = crate::parse_contract(yaml, crate::ContractFormat::Yaml).unwrap();
         let argv = ["true".to_owned()];
-        let input = crate::CompileInput {
-            base_dir: std::path::Path::new("/jobs/7"),
-            argv: &argv,
-            seccomp_profile: None,
-            image: None,
-        };
+        let input = crate::CompileInput::new(std::path::Path::new("/jobs/7"), &argv);
         crate::compile(&contract, &input).unwrap().etc
     }
 

@@ -80,12 +80,10 @@ fn compile_example(name: &str) -> Result<airlock_contract::CellPlan, ContractErr
     let base_dir = path.parent().unwrap().canonicalize().unwrap();
     compile(
         &contract,
-        &CompileInput {
-            base_dir: &base_dir,
-            argv: &["sh".to_owned(), "/input/convert.sh".to_owned()],
-            seccomp_profile: None,
-            image: None,
-        },
+        &CompileInput::new(
+            &base_dir,
+            &["sh".to_owned(), "/input/convert.sh".to_owned()],
+        ),
     )
 }
 

@@ -44,12 +44,7 @@ fn plan() -> CellPlan {
     let argv = vec!["/bin/true".to_string()];
     compile(
         &default_contract(),
-        &CompileInput {
-            base_dir: Path::new("/"),
-            argv: &argv,
-            seccomp_profile: None,
-            image: None,
-        },
+        &CompileInput::new(Path::new("/"), &argv),
     )
     .expect("the default contract compiles")
 }

@@ -146,12 +146,7 @@ fn plan(argv: &[&str]) -> CellPlan {
     let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
     compile(
         &default_contract(),
-        &CompileInput {
-            base_dir: Path::new("/"),
-            argv: &argv,
-            seccomp_profile: None,
-            image: None,
-        },
+        &CompileInput::new(Path::new("/"), &argv),
     )
     .unwrap()
 }

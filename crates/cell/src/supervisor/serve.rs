@@ -328,12 +328,7 @@ mod tests {
     fn plan() -> CellPlan {
         airlock_contract::compile(
             &airlock_contract::default_contract(),
-            &airlock_contract::CompileInput {
-                base_dir: std::path::Path::new("/"),
-                argv: &["true".to_string()],
-                seccomp_profile: None,
-                image: None,
-            },
+            &airlock_contract::CompileInput::new(std::path::Path::new("/"), &["true".to_string()]),
         )
         .unwrap()
     }

@@ -64,7 +64,7 @@ fn reason_code<'de, D: Deserializer<'de>>(deserializer: D) -> Result<&'static st
 }
 
 /// Where accepted artifacts go and how large they may be.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ArtifactRequest {
     pub output_dir: PathBuf,
     pub max_file_bytes: u64,

@@ -4,8 +4,8 @@
 //! written while the supervisor builds the cell.
 
 use crate::factory::{CellFactory, CellHost};
-use crate::host::{ArtifactsWanted, HostMode, HostRequest};
-use crate::inputs::{self, InputContents};
+use crate::host::{HostMode, HostRequest};
+use crate::inputs;
 use crate::lifecycle::{CommandLatency, FinishedRun, RecordedRefusal, RunRequest};
 use crate::pool::PlanShape;
 use crate::{Engine, EngineError};
@@ -48,11 +48,7 @@ impl Engine {
             None => self.spawn_host(HostRequest {
                 plan: PlanTransfer::of(&plan),
                 credentials,
-                artifacts: artifacts.map(|a| ArtifactsWanted {
-                    output_dir: a.output_dir,
-                    max_file_bytes: a.max_file_bytes,
-                    max_total_bytes: a.max_total_bytes,
-                }),
+                artifacts,
                 mode: HostMode::OneShot,
             }),
         };
@@ -70,7 +66,10 @@ impl Engine {
                 )
             }
             (Ok(host), Ok((_, handle))) => {
-                let hashing = self.hash_inputs_in_background(&plan);
+                let hashing = inputs::hash_in_background(
+                    inputs::readonly_inputs(&plan),
+                    self.config.state_dir.clone(),
+                );
                 let stdio = Stdio::of(stdin, stdout, stderr);
                 let run_id = handle.run_id();
                 let driven = match (stdio, parked) {
@@ -93,7 +92,7 @@ impl Engine {
                     }
                     Err(report) => *report,
                 };
-                let inputs = hashing.map(join_hashing);
+                let inputs = hashing.map(inputs::join);
                 (report, inputs)
             }
         };
@@ -138,27 +137,6 @@ impl Engine {
             }
         }
     }
-
-    fn hash_inputs_in_background(
-        &self,
-        plan: &airlock_contract::CellPlan,
-    ) -> Option<std::thread::JoinHandle<InputContents>> {
-        let inputs = inputs::readonly_inputs(plan);
-        if inputs.is_empty() {
-            return None;
-        }
-        let state_dir = self.config.state_dir.clone();
-        Some(std::thread::spawn(move || {
-            inputs::hash_contents(&inputs, &state_dir)
-        }))
-    }
-}
-
-pub(crate) fn join_hashing(hashing: std::thread::JoinHandle<InputContents>) -> InputContents {
-    hashing.join().unwrap_or_else(|_| InputContents {
-        error: Some("hashing the read-only inputs panicked".to_string()),
-        ..InputContents::default()
-    })
 }
 
 /// A command's descriptors as the control protocol sends them.

@@ -224,10 +224,23 @@ fn serve_factory(sock: OwnedFd) -> ! {
     let mut configured = None;
     loop {
         reap(&mut children);
-        let Ok(Some((body, mut fds))) = recv_polled(&sock, &mut children) else {
-            // The engine is gone: so is everything it asked for.
-            end_supervisors(&mut children);
-            process::exit_now(0)
+        let (body, mut fds) = match recv_polled(&sock, &mut children) {
+            Ok(Some(message)) => message,
+            Ok(None) => {
+                // The engine is gone: so is everything it asked for.
+                end_supervisors(&mut children);
+                process::exit_now(0)
+            }
+            Err(err) => {
+                // Not started by an engine (fd 0 is no SEQPACKET socket), or a broken one:
+                // nothing is forked for whoever wrote to it.
+                end_supervisors(&mut children);
+                eprintln!(
+                    "airlock: {FACTORY_ARG} is the engine's cell factory; its stdin must be \
+                     the engine's socket: {err}"
+                );
+                process::exit_now(2)
+            }
         };
         match serde_json::from_slice::<ToFactory>(&body) {
             Ok(ToFactory::Configure { egress, host_ids }) => configured = Some((egress, host_ids)),

@@ -8,7 +8,6 @@ use airlock_cell::{EgressSession, ServeMode, ServeOptions};
 use airlock_contract::{NetworkPlan, PlanTransfer};
 use serde::{Deserialize, Serialize};
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// What a supervisor process serves.
@@ -18,16 +17,8 @@ pub struct HostRequest {
     pub plan: PlanTransfer,
     /// `(variable, value)` of every credential of the plan.
     pub credentials: Vec<(String, String)>,
-    pub artifacts: Option<ArtifactsWanted>,
+    pub artifacts: Option<ArtifactRequest>,
     pub mode: HostMode,
-}
-
-/// Where a cell's declared artifacts go, and how large they may be.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ArtifactsWanted {
-    pub output_dir: PathBuf,
-    pub max_file_bytes: u64,
-    pub max_total_bytes: u64,
 }
 
 /// One command (a cold or warm run), or a session of several.
@@ -62,11 +53,7 @@ pub fn serve(
             max_lifetime: Duration::from_millis(max_lifetime_ms),
         },
     };
-    let artifacts = request.artifacts.map(|a| ArtifactRequest {
-        output_dir: a.output_dir,
-        max_file_bytes: a.max_file_bytes,
-        max_total_bytes: a.max_total_bytes,
-    });
+    let artifacts = request.artifacts;
     airlock_cell::serve_cell(
         &plan,
         ServeOptions {

@@ -48,6 +48,23 @@ struct Walk {
     fresh: Vec<(FileIdentity, String)>,
 }
 
+/// Starts hashing the content of `inputs` on a thread of its own (the start must not wait
+/// for it, see above); `None` when there are none. [`join`] gives the result.
+pub fn hash_in_background(
+    inputs: Vec<(PathBuf, PathBuf)>,
+    state_dir: PathBuf,
+) -> Option<std::thread::JoinHandle<InputContents>> {
+    (!inputs.is_empty()).then(|| std::thread::spawn(move || hash_contents(&inputs, &state_dir)))
+}
+
+/// The result of [`hash_in_background`].
+pub fn join(hashing: std::thread::JoinHandle<InputContents>) -> InputContents {
+    hashing.join().unwrap_or_else(|_| InputContents {
+        error: Some("hashing the read-only inputs panicked".to_string()),
+        ..InputContents::default()
+    })
+}
+
 /// Hashes the content of `inputs`, using and filling the cache in `state_dir`.
 pub fn hash_contents(inputs: &[(PathBuf, PathBuf)], state_dir: &Path) -> InputContents {
     let mut walk = Walk {

@@ -62,13 +62,12 @@ pub struct CommandLatency {
 
 impl FinishedRun {
     pub(crate) fn new(
-        report: RunReport,
+        mut report: RunReport,
         plan: CellPlan,
         inputs: Option<InputContents>,
         secrets: Vec<String>,
         record: Result<(Store, RunHandle), String>,
     ) -> FinishedRun {
-        let mut report = report;
         if let Ok((_, handle)) = &record {
             report.run_id = handle.run_id();
         }
@@ -316,10 +315,7 @@ impl Recorder<'_> {
             self.input_contents = self
                 .unhashed_inputs
                 .take()
-                .filter(|inputs| !inputs.is_empty())
-                .map(|inputs| {
-                    std::thread::spawn(move || inputs::hash_contents(&inputs, &state_dir))
-                });
+                .and_then(|inputs| inputs::hash_in_background(inputs, state_dir));
         }
         run_id
     }
@@ -334,27 +330,12 @@ impl Recorder<'_> {
 
     /// The run at its end. A run that failed before its cell was released (the hook never
     /// ran) is recorded now, so it is not lost; a hook that failed means nothing ran.
-    fn finished(mut self, mut report: RunReport, plan: CellPlan) -> FinishedRun {
+    fn finished(mut self, report: RunReport, plan: CellPlan) -> FinishedRun {
         let record = match self.record.take() {
             Some(record) => record,
             None => self.open_and_begin(),
         };
-        if let Ok((_, handle)) = &record {
-            report.run_id = handle.run_id();
-        }
-        let inputs = self.input_contents.take().map(|hashing| {
-            hashing.join().unwrap_or_else(|_| InputContents {
-                error: Some("hashing the read-only inputs panicked".to_string()),
-                ..InputContents::default()
-            })
-        });
-        FinishedRun {
-            report,
-            plan,
-            inputs,
-            secrets: self.secrets,
-            latency: None,
-            record,
-        }
+        let inputs = self.input_contents.take().map(inputs::join);
+        FinishedRun::new(report, plan, inputs, self.secrets, record)
     }
 }

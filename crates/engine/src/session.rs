@@ -10,7 +10,7 @@
 
 use crate::cells::{supervisor_gone, wait_parked, Stdio};
 use crate::factory::CellHost;
-use crate::host::{ArtifactsWanted, HostMode, HostRequest};
+use crate::host::{HostMode, HostRequest};
 use crate::record::{self, InputHasher};
 use crate::stores::StorePool;
 use crate::{Engine, EngineError};
@@ -103,7 +103,8 @@ type Shared = Arc<(Mutex<SessionState>, Condvar)>;
 /// An open session. Dropping it without [`Session::close`] destroys the cell too (its
 /// supervisor sees EOF on its control socket).
 pub struct Session {
-    engine: EngineHandle,
+    /// The engine's store connections (a session does not borrow its engine).
+    stores: Arc<StorePool>,
     host: Arc<CellHost>,
     run_id: String,
     secrets: Vec<String>,
@@ -112,18 +113,6 @@ pub struct Session {
     next_id: AtomicU64,
     plan: CellPlan,
     workload_class: String,
-}
-
-/// What a session needs of its engine, without borrowing it: its store connections.
-#[derive(Clone)]
-struct EngineHandle {
-    stores: Arc<StorePool>,
-}
-
-impl EngineHandle {
-    fn open_store(&self) -> Result<Store, String> {
-        self.stores.take().map_err(|e| e.to_string())
-    }
 }
 
 impl Engine {
@@ -141,11 +130,7 @@ impl Engine {
         let host = self.spawn_host(HostRequest {
             plan: PlanTransfer::of(&plan),
             credentials,
-            artifacts: artifacts.map(|a| ArtifactsWanted {
-                output_dir: a.output_dir,
-                max_file_bytes: a.max_file_bytes,
-                max_total_bytes: a.max_total_bytes,
-            }),
+            artifacts,
             mode: HostMode::Session {
                 idle_timeout_ms: idle_timeout.as_millis() as u64,
                 max_lifetime_ms: max_lifetime.as_millis() as u64,
@@ -186,9 +171,7 @@ impl Engine {
                 })?
         };
         Ok(Session {
-            engine: EngineHandle {
-                stores: Arc::clone(&self.stores),
-            },
+            stores: Arc::clone(&self.stores),
             host,
             run_id: session_id,
             secrets,
@@ -226,7 +209,7 @@ impl Session {
             plan_json: serde_json::Value::Null,
             session_id: Some(self.run_id.clone()),
         };
-        let store = self.engine.open_store().map_err(EngineError::NotRecorded)?;
+        let store = self.stores.take()?;
         let handle = store
             .begin_run(start, self.secrets.clone())
             .map_err(EngineError::Store)?;

@@ -394,3 +394,42 @@ fn a_link_planted_in_the_state_dir_is_not_written_through() {
     assert!(!String::from_utf8_lossy(&refused.stdout).contains("PAYLOAD-RAN"));
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "victim");
 }
+
+/// The cell factory's hidden argument is not a way in: started by anyone but the engine
+/// (fd 0 not the engine's SEQPACKET socket), it forks nothing, even for a well-formed
+/// spawn request written to its stdin, and says what it is.
+#[test]
+fn the_cell_factory_forks_nothing_for_a_caller_that_is_not_an_engine() {
+    let forged = concat!(
+        r#"{"Configure":{"egress":{},"host_ids":{"base":1000000000,"count":65536}}}"#,
+        "\n",
+        r#"{"Spawn":{"request":{}}}"#,
+        "\n"
+    );
+    for stdin in ["null", "pipe"] {
+        let mut factory = Command::new(airlock_bin())
+            .arg("__airlock-cell-factory")
+            .stdin(if stdin == "null" {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(mut pipe) = factory.stdin.take() {
+            let _ = pipe.write_all(forged.as_bytes());
+        }
+        let started = Instant::now();
+        let out = factory.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "stdin {stdin}: {stderr}");
+        assert!(
+            stderr.contains("__airlock-cell-factory") && stderr.contains("engine's socket"),
+            "stdin {stdin}: {stderr}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "stdin {stdin}");
+        assert!(out.stdout.is_empty(), "stdin {stdin}");
+    }
+}

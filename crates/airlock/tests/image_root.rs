@@ -13,14 +13,7 @@ use std::process::{Command, Output, Stdio};
 /// The trees of scripts/test-images.sh as OCI layouts under `out` (the same images as
 /// images_fixtures.rs; the Python image in two layers, so the overlay path runs).
 fn test_images(out: &Path) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-images.sh");
-    let built = Command::new("bash").arg(script).output().unwrap();
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let trees = PathBuf::from(String::from_utf8(built.stdout).unwrap().trim());
+    let trees = common::test_image_trees();
     let user = Some("1000:1000".to_string());
     let extra = extra_layer();
     let images = [
@@ -136,14 +129,7 @@ fn run_with(f: &Fixture, options: &[&str], contract: &str, argv: &[&str], stdin:
     child.wait_with_output().unwrap()
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use common::output_text as text;
 
 #[test]
 fn the_python_tool_image_runs_its_entrypoint_as_its_user_in_its_workdir() {

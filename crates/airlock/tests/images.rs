@@ -18,14 +18,7 @@ fn airlock(state: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use common::output_text as text;
 
 fn layer(files: &[(&str, &str)]) -> Vec<u8> {
     let mut builder = tar::Builder::new(Vec::new());

@@ -15,14 +15,7 @@ use std::process::{Command, Stdio};
 /// The trees of scripts/test-images.sh (built once, cached), as OCI layouts written here
 /// in-process: the script runs no cargo (this test runs under `cargo test`'s lock).
 fn test_images(out: &Path) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-images.sh");
-    let built = Command::new("bash").arg(script).output().unwrap();
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let trees = PathBuf::from(String::from_utf8(built.stdout).unwrap().trim());
+    let trees = common::test_image_trees();
     let user = Some("1000:1000".to_string());
     let images = [
         ("distroless", vec!["/bin/hello"], None),

@@ -207,14 +207,7 @@ fn airlock(state: &Path, config: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use common::output_text as text;
 
 fn ca_config(server: &RegistryServer, extra: &str) -> String {
     format!(

@@ -216,3 +216,26 @@ fn unique() -> String {
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// A finished command's exit and output, for an assertion's message.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The root trees of scripts/test-images.sh (built once, cached under target/): the
+/// directory that holds them.
+pub fn test_image_trees() -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-images.sh");
+    let built = Command::new("bash").arg(script).output().unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    PathBuf::from(String::from_utf8(built.stdout).unwrap().trim())
+}

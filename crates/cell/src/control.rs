@@ -197,9 +197,12 @@ impl EngineControl {
     /// Lets a held command start: its audit record is committed. One byte into the
     /// release pipe, read by the cell's pid 1 directly (no other process on the way).
     pub fn release(&self) -> Result<(), CellError> {
-        let release = self.release_slot().take().ok_or_else(|| CellError::Protocol {
-            message: "no held command to release".into(),
-        })?;
+        let release = self
+            .release_slot()
+            .take()
+            .ok_or_else(|| CellError::Protocol {
+                message: "no held command to release".into(),
+            })?;
         match sys::write(release.as_fd(), &[1]) {
             Ok(1) => Ok(()),
             Ok(_) => Err(CellError::Protocol {
@@ -504,7 +507,10 @@ mod tests {
             release: true,
         };
         supervisor.send_parked(&parked, write_end);
-        assert!(matches!(engine.recv().unwrap(), Some(ToEngine::Parked { .. })));
+        assert!(matches!(
+            engine.recv().unwrap(),
+            Some(ToEngine::Parked { .. })
+        ));
         assert!(engine.can_hold());
         engine
             .run(1, "", spec(false), None, out.as_fd(), err.as_fd(), true)

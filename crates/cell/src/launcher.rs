@@ -288,7 +288,9 @@ fn wait_for_start(setup: &ChildSetup<'_>) -> Result<(CellCommand, Vec<OwnedFd>),
     match receive(setup)? {
         (ToCell::Start(command), fds) if !command.argv.is_empty() => Ok((command, fds)),
         (ToCell::StartHeld(command), mut fds) if !command.argv.is_empty() => {
-            let release = fds.pop().ok_or_else(|| unexpected("a release descriptor"))?;
+            let release = fds
+                .pop()
+                .ok_or_else(|| unexpected("a release descriptor"))?;
             wait_for_release(release);
             Ok((command, fds))
         }

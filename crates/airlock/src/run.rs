@@ -581,3 +581,43 @@ fn service_died(args: &RunArgs, err: Option<airlock_engine::EngineError>) -> Exi
     let report = RunReport::refused("", ResultClass::RuntimeFault, error);
     report_refusal(args, &report, None, &[])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn args(line: &[&str]) -> RunArgs {
+        Cli::parse_from(std::iter::once("run").chain(line.iter().copied())).run
+    }
+
+    #[test]
+    fn a_plain_run_may_be_handed_to_a_service() {
+        assert_eq!(stays_local(&args(&["--", "/bin/true"])), None);
+        assert_eq!(
+            stays_local(&args(&[
+                "-c", "c.yaml", "-v", "--result", "r.json", "--", "true"
+            ])),
+            None
+        );
+    }
+
+    #[test]
+    fn a_run_with_a_store_config_or_output_dir_of_its_own_stays_in_this_process() {
+        for line in [
+            &["--local", "--", "true"][..],
+            &["--state-dir", "/s", "--", "true"],
+            &["--config", "a.toml", "--", "true"],
+            &["--output-dir", "/o", "--", "true"],
+            &[],
+        ] {
+            assert!(stays_local(&args(line)).is_some(), "{line:?}");
+        }
+    }
+}

@@ -216,9 +216,7 @@ impl EngineControl {
         self.sock.as_fd()
     }
 
-    /// Runs `command` with `stdin` (when `command.stdin`) and the output sinks; `held`
-    /// (only when [`EngineControl::can_hold`]): it starts at [`EngineControl::release`].
-    #[allow(clippy::too_many_arguments)]
+    /// Runs `command` with `stdin` (when `command.stdin`) and the output sinks.
     pub fn run(
         &self,
         id: u64,
@@ -227,21 +225,50 @@ impl EngineControl {
         stdin: Option<BorrowedFd<'_>>,
         stdout: BorrowedFd<'_>,
         stderr: BorrowedFd<'_>,
-        held: bool,
     ) -> Result<(), CellError> {
-        if held && !self.can_hold() {
+        self.send_run(
+            id,
+            run_id,
+            command,
+            [stdin, Some(stdout), Some(stderr)],
+            false,
+        )
+    }
+
+    /// [`EngineControl::run`], held: the command starts at [`EngineControl::release`]
+    /// (only when [`EngineControl::can_hold`]).
+    pub fn run_held(
+        &self,
+        id: u64,
+        command: CommandSpec,
+        stdin: Option<BorrowedFd<'_>>,
+        stdout: BorrowedFd<'_>,
+        stderr: BorrowedFd<'_>,
+    ) -> Result<(), CellError> {
+        if !self.can_hold() {
             return Err(CellError::Protocol {
                 message: "a held command for a cell without a release pipe".into(),
             });
         }
+        self.send_run(id, "", command, [stdin, Some(stdout), Some(stderr)], true)
+    }
+
+    fn send_run(
+        &self,
+        id: u64,
+        run_id: &str,
+        command: CommandSpec,
+        [stdin, stdout, stderr]: [Option<BorrowedFd<'_>>; 3],
+        held: bool,
+    ) -> Result<(), CellError> {
         if command.stdin != stdin.is_some() {
             return Err(CellError::Protocol {
                 message: "a command's stdin flag and descriptor disagree".into(),
             });
         }
-        let fds: Vec<RawFd> = stdin
+        let fds: Vec<RawFd> = [stdin, stdout, stderr]
             .into_iter()
-            .chain([stdout, stderr])
+            .flatten()
             .map(|f| f.as_raw_fd())
             .collect();
         let message = ToSupervisor::Run {
@@ -469,14 +496,14 @@ mod tests {
         let (engine, supervisor) = (EngineControl::new(a), SupervisorControl::new(b));
         let (out, err) = (null(), null());
         engine
-            .run(7, "run", spec(false), None, out.as_fd(), err.as_fd(), false)
+            .run(7, "run", spec(false), None, out.as_fd(), err.as_fd())
             .unwrap();
         let (message, fds) = supervisor.recv().unwrap().unwrap();
         assert!(matches!(message, ToSupervisor::Run { id: 7, .. }));
         assert_eq!(fds.len(), 2);
         assert!(
             engine
-                .run(8, "run", spec(true), None, out.as_fd(), err.as_fd(), false)
+                .run(8, "run", spec(true), None, out.as_fd(), err.as_fd())
                 .is_err(),
             "a stdin flag without a descriptor is not sent"
         );
@@ -496,7 +523,7 @@ mod tests {
         let (out, err) = (null(), null());
         assert!(
             engine
-                .run(1, "", spec(false), None, out.as_fd(), err.as_fd(), true)
+                .run_held(1, spec(false), None, out.as_fd(), err.as_fd())
                 .is_err(),
             "no release pipe yet: nothing may be held"
         );
@@ -513,7 +540,7 @@ mod tests {
         ));
         assert!(engine.can_hold());
         engine
-            .run(1, "", spec(false), None, out.as_fd(), err.as_fd(), true)
+            .run_held(1, spec(false), None, out.as_fd(), err.as_fd())
             .unwrap();
         let (message, _) = supervisor.recv().unwrap().unwrap();
         assert!(matches!(message, ToSupervisor::Run { held: true, .. }));

@@ -207,15 +207,12 @@ impl Stdio {
         command: CommandSpec,
         held: bool,
     ) -> Result<(), airlock_cell::CellError> {
-        control.run(
-            id,
-            run_id,
-            command,
-            self.stdin.as_ref().map(|f| f.as_fd()),
-            self.stdout.as_fd(),
-            self.stderr.as_fd(),
-            held,
-        )
+        let stdin = self.stdin.as_ref().map(|f| f.as_fd());
+        let (stdout, stderr) = (self.stdout.as_fd(), self.stderr.as_fd());
+        match held {
+            true => control.run_held(id, command, stdin, stdout, stderr),
+            false => control.run(id, run_id, command, stdin, stdout, stderr),
+        }
     }
 }
 

@@ -159,7 +159,10 @@ HANDOFF_PID=$!
 for _ in $(seq 600); do grep -q ready "$HANDOFF_STATE/ready" 2>/dev/null && break; sleep 0.1; done
 AIRLOCK_SOCKET=$HANDOFF_SOCKET "$AIRLOCK" run -v -- /bin/true 2>&1 | grep -q "handed to the service" || {
   echo "the run was not handed to the service"; kill "$HANDOFF_PID"; exit 1; }
-AIRLOCK_SOCKET=$HANDOFF_SOCKET hyperfine -N -w 30 -r "$RUNS" -i --export-json "$OUT/handoff.json" \
+# --prepare: the pool refills one cell at a time after each claim; back-to-back runs would
+# measure cells built on demand instead of warm ones.
+AIRLOCK_SOCKET=$HANDOFF_SOCKET hyperfine -N -w 10 -r "$RUNS" -i --prepare "sleep 0.05" \
+  --export-json "$OUT/handoff.json" \
   "$AIRLOCK run -- /bin/true" \
   "bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc /bin/true" \
   "/bin/true" \

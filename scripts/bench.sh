@@ -144,6 +144,41 @@ p = lambda q: latencies[round((len(latencies) - 1) * q)]
 print(f'{{"baseline": "{threads} bwrap loops", "runs": {len(latencies)}, "runs_per_second": {len(latencies)/elapsed:.1f}, "p50_ms": {p(0.5):.2f}, "p99_ms": {p(0.99):.2f}}}')
 PY
 
+echo "== airlock run handed to a running service (warm cells)"
+# The engine example hosts crates/engine/src/handoff.rs's serve_connection on a socket with
+# a warm pool of the default contract's shape (as airlock serve routes hand-off clients);
+# the client is the installed airlock binary. Same hyperfine run: bwrap, bare /bin/true,
+# and the client's own start (`airlock run` with no command: a usage error, exit 2, before
+# any connection) as the floor of the client's cost.
+cargo build -q --release -p airlock-engine --example handoff_host
+install -m 0755 target/x86_64-unknown-linux-gnu/release/examples/handoff_host "$BIN/handoff_host"
+HANDOFF_STATE=$(mktemp -d)
+HANDOFF_SOCKET=$HANDOFF_STATE/airlock.sock
+"$BIN/handoff_host" "$HANDOFF_SOCKET" "$HANDOFF_STATE" "${HANDOFF_WARM:-4}" > "$HANDOFF_STATE/ready" &
+HANDOFF_PID=$!
+for _ in $(seq 600); do grep -q ready "$HANDOFF_STATE/ready" 2>/dev/null && break; sleep 0.1; done
+AIRLOCK_SOCKET=$HANDOFF_SOCKET "$AIRLOCK" run -v -- /bin/true 2>&1 | grep -q "handed to the service" || {
+  echo "the run was not handed to the service"; kill "$HANDOFF_PID"; exit 1; }
+# --prepare: the pool refills one cell at a time after each claim; back-to-back runs would
+# measure cells built on demand instead of warm ones.
+AIRLOCK_SOCKET=$HANDOFF_SOCKET hyperfine -N -w 10 -r "$RUNS" -i --prepare "sleep 0.05" \
+  --export-json "$OUT/handoff.json" \
+  "$AIRLOCK run -- /bin/true" \
+  "bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc /bin/true" \
+  "/bin/true" \
+  "$AIRLOCK run" >/dev/null
+kill "$HANDOFF_PID"; wait "$HANDOFF_PID" 2>/dev/null || true
+rm -rf "$HANDOFF_STATE"
+python3 - "$OUT/handoff.json" <<'PY'
+import json, sys
+results = json.load(open(sys.argv[1]))["results"]
+handed, bwrap = results[0]["median"], results[1]["median"]
+names = ["airlock run -- /bin/true (handed off)", "bwrap --unshare-all ... /bin/true", "/bin/true", "airlock run (client start only, usage error)"]
+for name, r in zip(names, results):
+    print(f"{r['median']*1000:8.3f} ms median  x{r['median']/bwrap:5.2f} of bwrap  {name}")
+print(f"target: handed-off median <= 1.0 ms and <= 0.35x bwrap: {handed*1000:.3f} ms, {handed/bwrap:.2f}x")
+PY
+
 echo "== images"
 AIRLOCK=$AIRLOCK scripts/bench-images.sh
 AIRLOCK=$AIRLOCK RUNS=$RUNS scripts/bench-image-root.sh

@@ -5,11 +5,14 @@
 use crate::config::OperatorConfig;
 use airlock_cell::artifacts::ArtifactRequest;
 use airlock_cell::report::{ResultClass, RunReport};
-use airlock_cell::stdin_relay::StdinRecord;
 use airlock_cell::PayloadStdin;
 use airlock_contract::{
     compile, default_contract, load_contract_file, read_seccomp_profile, CellPlan, CompileInput,
     ContractError, NetworkPlan, HOST_IMAGE,
+};
+use airlock_engine::handoff::{
+    self, classify_stdin, stdin_record, HandoffContract, HandoffDelivery, HandoffReply,
+    HandoffRequest, StdinKind,
 };
 use airlock_engine::inputs::InputContents;
 use airlock_engine::record;
@@ -46,6 +49,12 @@ pub struct RunArgs {
     /// Largest single artifact, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     max_artifact_bytes: u64,
+    /// Run the cell in this process even when an airlock service is listening.
+    #[arg(long)]
+    local: bool,
+    /// Say where the run goes (handed to the service, or in this process, and why).
+    #[arg(long, short = 'v')]
+    verbose: bool,
     /// The command and its arguments. Required unless the contract's `image` is an OCI
     /// image, whose `Entrypoint` + `Cmd` then run.
     #[arg(trailing_var_arg = true)]
@@ -111,7 +120,8 @@ fn load_plan(
 
 /// How the caller's stdin reaches the payload, decided before the cell starts without
 /// reading any of it (reading would put the caller's pace on the start path, outside
-/// the deadline):
+/// the deadline): airlock_engine::handoff::classify_stdin, which a service applies to a
+/// handed-off client's stdin the same way:
 /// - a terminal, or no fd 0: the payload gets the cell's /dev/null (a tty handle would let
 ///   it type into the caller's terminal);
 /// - for a plan with a terminal, any fd 0 (a terminal, /dev/null, a pipe): relayed by the
@@ -122,62 +132,15 @@ fn load_plan(
 ///   pipe of the cell as it arrives and hashed on the way by the supervisor
 ///   (airlock_cell::stdin_relay). A pipe in the cell, not the caller's file: a host file
 ///   re-opened through `/dev/stdin` would be a host path, which Landlock refuses.
-enum StdinKind {
-    Terminal,
-    NullDevice,
-    Stream,
-    IntoTerminal,
-}
-
 fn prepare_stdin(plan: &CellPlan) -> anyhow::Result<(PayloadStdin, StdinKind)> {
-    use std::io::IsTerminal;
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let stdin = std::io::stdin();
-    if stdin.is_terminal() && !plan.terminal {
-        return Ok((PayloadStdin::Null, StdinKind::Terminal));
-    }
-    let Ok(fd) = stdin.as_fd().try_clone_to_owned() else {
-        // No fd 0 at all (closed by the caller): nothing to read.
-        return Ok((PayloadStdin::Null, StdinKind::Terminal));
-    };
-    if plan.terminal {
-        // Everything goes to the payload's terminal; /dev/null is an immediate EOF there.
-        return Ok((PayloadStdin::Relayed(fd), StdinKind::IntoTerminal));
-    }
-    let meta = std::fs::File::from(fd.try_clone()?).metadata()?;
-    // The null device is character device 1:3.
-    if meta.file_type().is_char_device() && meta.rdev() == libc::makedev(1, 3) {
-        return Ok((PayloadStdin::Null, StdinKind::NullDevice));
-    }
-    Ok((PayloadStdin::Relayed(fd), StdinKind::Stream))
+    let fd = std::io::stdin().as_fd().try_clone_to_owned().ok();
+    Ok(classify_stdin(fd, plan.terminal)?)
 }
 
 /// A copy of one of this process's output descriptors, for the payload's output; none
 /// when it is closed.
 fn caller_output(fd: std::os::fd::BorrowedFd<'_>) -> Option<std::os::fd::OwnedFd> {
     fd.try_clone_to_owned().ok()
-}
-
-/// What the payload got on stdin, for the record.
-fn stdin_record(kind: &StdinKind, relayed: Option<StdinRecord>) -> StdinRecord {
-    match kind {
-        StdinKind::Terminal => StdinRecord::none(),
-        StdinKind::NullDevice => StdinRecord {
-            mode: "null",
-            ..StdinRecord::none()
-        },
-        // A relay that never started (the cell failed first) read nothing.
-        StdinKind::Stream => relayed.unwrap_or(StdinRecord {
-            mode: "relayed",
-            eof: false,
-            ..StdinRecord::none()
-        }),
-        StdinKind::IntoTerminal => relayed.unwrap_or(StdinRecord {
-            mode: "terminal",
-            eof: false,
-            ..StdinRecord::none()
-        }),
-    }
 }
 
 /// A run refused before any cell existed: record it (when the store can be opened),
@@ -265,6 +228,9 @@ fn prepare(
 }
 
 pub fn run(args: RunArgs, started: Instant) -> ExitCode {
+    if let Some(code) = hand_off(&args) {
+        return code;
+    }
     let loaded = OperatorConfig::load(args.config.as_deref())
         .and_then(|c| c.host_id_range().map(|range| (c, range)));
     let (config, host_ids) = match loaded {
@@ -295,7 +261,7 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
             return report_refusal(&args, &refused.report, plan, &refused.secrets);
         }
     };
-    finished.report.stdin = Some(stdin_record(&stdin_kind, finished.report.stdin.take()));
+    finished.report.stdin = Some(stdin_record(stdin_kind, finished.report.stdin.take()));
     print_problems(&finished.report);
     if finished.audit_error().is_some() {
         // No record could be written, so nothing ran.
@@ -429,5 +395,229 @@ fn deliver(args: &RunArgs, finished: &mut FinishedRun) {
                 .map_or_else(|| "none".to_string(), |c| c.to_string()),
             report.exit_code
         );
+    }
+}
+
+// ---- the hand-off to a running service (crates/engine/src/handoff.rs) ----
+
+/// The service's socket: `AIRLOCK_SOCKET`, else `/run/airlock/airlock.sock` as root and
+/// `$XDG_RUNTIME_DIR/airlock/airlock.sock` otherwise (none without that variable).
+fn service_socket() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("AIRLOCK_SOCKET") {
+        return (!path.is_empty()).then(|| PathBuf::from(path));
+    }
+    if airlock_cell::peer::running_as_root() {
+        return Some(PathBuf::from("/run/airlock/airlock.sock"));
+    }
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(|dir| PathBuf::from(dir).join("airlock/airlock.sock"))
+}
+
+/// Why this run stays in this process whatever the service: options the service cannot
+/// honour for the client (a store, a configuration or an output directory of its own).
+fn stays_local(args: &RunArgs) -> Option<&'static str> {
+    if args.local {
+        Some("--local")
+    } else if args.command.is_empty() {
+        Some("no command: an OCI image's own, or a usage error")
+    } else if args.state_dir.is_some() {
+        Some("--state-dir names a store of its own")
+    } else if args.config.is_some() {
+        Some("--config names an operator configuration of its own")
+    } else if args.output_dir.is_some() {
+        Some("--output-dir: artifacts are collected in this process")
+    } else {
+        None
+    }
+}
+
+fn say(args: &RunArgs, what: std::fmt::Arguments<'_>) {
+    if args.verbose {
+        eprintln!("airlock: {what}");
+    }
+}
+
+/// The contract as the service receives it, and the directory its relative paths are
+/// against. `None`: this process reads it (and reports an unreadable one itself).
+fn handoff_contract(args: &RunArgs) -> Option<(HandoffContract, PathBuf)> {
+    let Some(path) = &args.contract else {
+        return Some((HandoffContract::Default, crate::current_dir()));
+    };
+    let absolute = std::path::absolute(path).ok()?;
+    let base = absolute.parent()?.to_path_buf();
+    let format = path.extension()?.to_string_lossy().into_owned();
+    let text = std::fs::read_to_string(path).ok()?;
+    Some((HandoffContract::Text { text, format }, base))
+}
+
+/// Hands the run to the service when one listens: `None` when it runs in this process
+/// (no service, one that refuses connections, a run it declines, `--local`), otherwise
+/// the exit code, with the same stderr and result file as a run in this process.
+fn hand_off(args: &RunArgs) -> Option<ExitCode> {
+    if let Some(why) = stays_local(args) {
+        say(args, format_args!("running in this process ({why})"));
+        return None;
+    }
+    let socket = service_socket()?;
+    let stream = match std::os::unix::net::UnixStream::connect(&socket) {
+        Ok(stream) => stream,
+        Err(err) => {
+            say(
+                args,
+                format_args!(
+                    "no airlock service at {} ({err}): running in this process",
+                    socket.display()
+                ),
+            );
+            return None;
+        }
+    };
+    let (contract, base_dir) = handoff_contract(args)?;
+    let request = HandoffRequest {
+        contract,
+        base_dir,
+        argv: args.command.clone(),
+        env: Vec::new(),
+        workload_class: args.workload_class.clone(),
+        wall_time_ms: None,
+    };
+    let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    let stdio = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
+    if let Err(err) = handoff::send_request(&stream, &request, stdio) {
+        say(
+            args,
+            format_args!(
+                "the service at {} did not take the run ({err}): running in this process",
+                socket.display()
+            ),
+        );
+        return None;
+    }
+    let reply = handoff::recv_reply(&stream);
+    match reply {
+        Ok(Some(HandoffReply::Declined { why })) => {
+            say(
+                args,
+                format_args!("the service declined ({why}): running in this process"),
+            );
+            None
+        }
+        Ok(Some(reply)) => {
+            say(
+                args,
+                format_args!("handed to the service at {}", socket.display()),
+            );
+            Some(handed_off(args, &stream, reply))
+        }
+        Ok(None) | Err(_) => Some(service_died(args, reply.err())),
+    }
+}
+
+/// The service's answer, delivered as a run in this process delivers its own.
+fn handed_off(
+    args: &RunArgs,
+    stream: &std::os::unix::net::UnixStream,
+    reply: HandoffReply,
+) -> ExitCode {
+    let (mut report, plan, inputs) = match reply {
+        HandoffReply::Finished {
+            report,
+            plan,
+            inputs,
+        } => (*report, plan, inputs),
+        HandoffReply::Refused { report, plan } => {
+            print_problems(&report);
+            let record = result_record(&report, plan.as_deref(), None);
+            if let Err(err) = write_result(args, &record, &[]) {
+                eprintln!("airlock: {err}");
+            }
+            return ExitCode::from(125);
+        }
+        HandoffReply::Declined { .. } | HandoffReply::Completed { .. } => {
+            return service_died(args, None)
+        }
+    };
+    // The service redacted the report and the plan already.
+    print_problems(&report);
+    let record = result_record(&report, plan.as_deref(), inputs.as_ref());
+    let failure = write_result(args, &record, &[]).err();
+    if let Some(err) = &failure {
+        eprintln!("airlock: {err}");
+        report.mark_delivery_failed(err.clone());
+        eprintln!(
+            "airlock: delivery_failed: the run finished (payload exit {}) but not everything \
+             asked for was delivered (exit {})",
+            report
+                .exit
+                .code
+                .map_or_else(|| "none".to_string(), |c| c.to_string()),
+            report.exit_code
+        );
+    }
+    if handoff::send_delivery(stream, &HandoffDelivery { failure }).is_err() {
+        return service_died(args, None);
+    }
+    print_summary(&report, &[]);
+    match handoff::recv_reply(stream) {
+        Ok(Some(HandoffReply::Completed { exit_code, error })) => match error {
+            None => ExitCode::from(exit_code.clamp(0, 255) as u8),
+            Some(error) => {
+                eprintln!("airlock: {error}");
+                ExitCode::from(125)
+            }
+        },
+        other => service_died(args, other.err()),
+    }
+}
+
+/// The service went away before the run's end was known: `runtime_fault`, exit 125.
+fn service_died(args: &RunArgs, err: Option<airlock_engine::EngineError>) -> ExitCode {
+    let detail = err.map(|e| format!(": {e}")).unwrap_or_default();
+    let error = format!(
+        "the airlock service ended the connection before the run's result{detail}; \
+         its audit store has whatever it recorded"
+    );
+    let report = RunReport::refused("", ResultClass::RuntimeFault, error);
+    report_refusal(args, &report, None, &[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn args(line: &[&str]) -> RunArgs {
+        Cli::parse_from(std::iter::once("run").chain(line.iter().copied())).run
+    }
+
+    #[test]
+    fn a_plain_run_may_be_handed_to_a_service() {
+        assert_eq!(stays_local(&args(&["--", "/bin/true"])), None);
+        assert_eq!(
+            stays_local(&args(&[
+                "-c", "c.yaml", "-v", "--result", "r.json", "--", "true"
+            ])),
+            None
+        );
+    }
+
+    #[test]
+    fn a_run_with_a_store_config_or_output_dir_of_its_own_stays_in_this_process() {
+        for line in [
+            &["--local", "--", "true"][..],
+            &["--state-dir", "/s", "--", "true"],
+            &["--config", "a.toml", "--", "true"],
+            &["--output-dir", "/o", "--", "true"],
+            &[],
+        ] {
+            assert!(stays_local(&args(line)).is_some(), "{line:?}");
+        }
     }
 }

@@ -49,9 +49,15 @@ pub enum ToSupervisor {
     /// sinks the output is forwarded to. For a one-shot cell the first and only command.
     Run {
         id: u64,
-        /// The audit record's id, for the report.
+        /// The audit record's id, for the report (empty for a held command: the engine
+        /// names the record in the report it keeps).
         run_id: String,
         command: CommandSpec,
+        /// Sent before the audit record is committed: pid 1 gets the command at once
+        /// but spawns it only when the engine writes the release byte (see
+        /// [`EngineControl::release`]). Only for a cell parked with a release pipe.
+        #[serde(default)]
+        held: bool,
     },
     /// Kill command `id` (of a one-shot cell: the cell).
     Kill { id: u64 },
@@ -68,6 +74,10 @@ pub enum ToEngine {
         pid: i32,
         /// The cell's cgroup directories on the host (one per hierarchy on v1).
         cgroups: Vec<PathBuf>,
+        /// The packet carries the write end of the cell's release pipe (a one-shot cell):
+        /// a command may be sent held and released once its record is committed.
+        #[serde(default)]
+        release: bool,
     },
     /// The command's payload was exec'd.
     CommandStarted {
@@ -109,7 +119,10 @@ impl Message for ToSupervisor {
 
 impl Message for ToEngine {
     fn descriptors(&self) -> usize {
-        0
+        match self {
+            ToEngine::Parked { release, .. } => usize::from(*release),
+            _ => 0,
+        }
     }
 }
 
@@ -160,11 +173,43 @@ pub fn socket_pair() -> Result<(OwnedFd, OwnedFd), CellError> {
 /// The engine's end of a serving cell's control socket.
 pub struct EngineControl {
     sock: OwnedFd,
+    /// The write end of the parked cell's release pipe, until the command is released.
+    release: std::sync::Mutex<Option<OwnedFd>>,
 }
 
 impl EngineControl {
     pub fn new(sock: OwnedFd) -> EngineControl {
-        EngineControl { sock }
+        EngineControl {
+            sock,
+            release: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether a command can be sent held (the cell parked with a release pipe).
+    pub fn can_hold(&self) -> bool {
+        self.release_slot().is_some()
+    }
+
+    fn release_slot(&self) -> std::sync::MutexGuard<'_, Option<OwnedFd>> {
+        self.release.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lets a held command start: its audit record is committed. One byte into the
+    /// release pipe, read by the cell's pid 1 directly (no other process on the way).
+    pub fn release(&self) -> Result<(), CellError> {
+        let release = self
+            .release_slot()
+            .take()
+            .ok_or_else(|| CellError::Protocol {
+                message: "no held command to release".into(),
+            })?;
+        match sys::write(release.as_fd(), &[1]) {
+            Ok(1) => Ok(()),
+            Ok(_) => Err(CellError::Protocol {
+                message: "the release byte was not written".into(),
+            }),
+            Err(e) => Err(CellError::io("release pipe", e)),
+        }
     }
 
     pub fn as_fd(&self) -> BorrowedFd<'_> {
@@ -181,22 +226,63 @@ impl EngineControl {
         stdout: BorrowedFd<'_>,
         stderr: BorrowedFd<'_>,
     ) -> Result<(), CellError> {
+        self.send_run(
+            id,
+            run_id,
+            command,
+            [stdin, Some(stdout), Some(stderr)],
+            false,
+        )
+    }
+
+    /// [`EngineControl::run`], held: the command starts at [`EngineControl::release`]
+    /// (only when [`EngineControl::can_hold`]).
+    pub fn run_held(
+        &self,
+        id: u64,
+        command: CommandSpec,
+        stdin: Option<BorrowedFd<'_>>,
+        stdout: BorrowedFd<'_>,
+        stderr: BorrowedFd<'_>,
+    ) -> Result<(), CellError> {
+        if !self.can_hold() {
+            return Err(CellError::Protocol {
+                message: "a held command for a cell without a release pipe".into(),
+            });
+        }
+        self.send_run(id, "", command, [stdin, Some(stdout), Some(stderr)], true)
+    }
+
+    fn send_run(
+        &self,
+        id: u64,
+        run_id: &str,
+        command: CommandSpec,
+        [stdin, stdout, stderr]: [Option<BorrowedFd<'_>>; 3],
+        held: bool,
+    ) -> Result<(), CellError> {
         if command.stdin != stdin.is_some() {
             return Err(CellError::Protocol {
                 message: "a command's stdin flag and descriptor disagree".into(),
             });
         }
-        let fds: Vec<RawFd> = stdin
+        let fds: Vec<RawFd> = [stdin, stdout, stderr]
             .into_iter()
-            .chain([stdout, stderr])
+            .flatten()
             .map(|f| f.as_raw_fd())
             .collect();
         let message = ToSupervisor::Run {
             id,
             run_id: run_id.to_string(),
             command,
+            held,
         };
-        send(self.sock.as_fd(), &message, &fds)
+        send(self.sock.as_fd(), &message, &fds)?;
+        if !held {
+            // Nothing will be released: the pipe's end goes now.
+            drop(self.release_slot().take());
+        }
+        Ok(())
     }
 
     pub fn kill(&self, id: u64) -> Result<(), CellError> {
@@ -207,9 +293,16 @@ impl EngineControl {
         send(self.sock.as_fd(), &ToSupervisor::Close, &[])
     }
 
-    /// The supervisor's next message; `None` once its process is gone.
+    /// The supervisor's next message; `None` once its process is gone. The release
+    /// pipe that comes with `Parked` is kept here.
     pub fn recv(&self) -> Result<Option<ToEngine>, CellError> {
-        Ok(recv::<ToEngine>(self.sock.as_fd())?.map(|(message, _)| message))
+        let Some((message, mut fds)) = recv::<ToEngine>(self.sock.as_fd())? else {
+            return Ok(None);
+        };
+        if let Some(release) = fds.pop() {
+            *self.release_slot() = Some(release);
+        }
+        Ok(Some(message))
     }
 }
 
@@ -241,6 +334,12 @@ impl SupervisorControl {
             }
             _ => {}
         }
+    }
+
+    /// `Parked` with the write end of the cell's release pipe (this process keeps no
+    /// copy: the engine is then the only holder).
+    pub fn send_parked(&self, message: &ToEngine, release: OwnedFd) {
+        let _ = send(self.sock.as_fd(), message, &[release.as_raw_fd()]);
     }
 
     /// The engine's next message with its descriptors; `None` once it closed its end.
@@ -305,6 +404,7 @@ mod tests {
                     id: 1,
                     run_id: "r1".into(),
                     command: spec(true),
+                    held: false,
                 },
                 3,
             ),
@@ -313,6 +413,7 @@ mod tests {
                     id: 2,
                     run_id: "r2".into(),
                     command: spec(false),
+                    held: true,
                 },
                 2,
             ),
@@ -339,6 +440,7 @@ mod tests {
             ToEngine::Parked {
                 pid: 42,
                 cgroups: vec!["/sys/fs/cgroup/pids/airlock/c".into()],
+                release: false,
             },
             ToEngine::CommandStarted { id: 1 },
             ToEngine::CommandExited {
@@ -382,6 +484,7 @@ mod tests {
             id: 1,
             run_id: String::new(),
             command: spec(true),
+            held: false,
         };
         assert!(decode::<ToSupervisor>(&encode(&message), vec![null(), null()]).is_err());
         assert!(decode::<ToSupervisor>(b"{}", Vec::new()).is_err());
@@ -411,5 +514,41 @@ mod tests {
         ));
         drop(supervisor);
         assert!(engine.recv().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_held_command_is_released_through_the_pipe_that_came_with_parked() {
+        let (a, b) = sys::seqpacket_pair().unwrap();
+        let (engine, supervisor) = (EngineControl::new(a), SupervisorControl::new(b));
+        let (out, err) = (null(), null());
+        assert!(
+            engine
+                .run_held(1, spec(false), None, out.as_fd(), err.as_fd())
+                .is_err(),
+            "no release pipe yet: nothing may be held"
+        );
+        let (read_end, write_end) = sys::pipe_cloexec().unwrap();
+        let parked = ToEngine::Parked {
+            pid: 1,
+            cgroups: Vec::new(),
+            release: true,
+        };
+        supervisor.send_parked(&parked, write_end);
+        assert!(matches!(
+            engine.recv().unwrap(),
+            Some(ToEngine::Parked { .. })
+        ));
+        assert!(engine.can_hold());
+        engine
+            .run_held(1, spec(false), None, out.as_fd(), err.as_fd())
+            .unwrap();
+        let (message, _) = supervisor.recv().unwrap().unwrap();
+        assert!(matches!(message, ToSupervisor::Run { held: true, .. }));
+        engine.release().unwrap();
+        let mut byte = [0u8; 2];
+        assert_eq!(sys::read(read_end.as_fd(), &mut byte).unwrap(), 1);
+        // The engine held the only write end, and gave it up with the release.
+        assert_eq!(sys::read(read_end.as_fd(), &mut byte).unwrap(), 0);
+        assert!(engine.release().is_err(), "a command is released once");
     }
 }

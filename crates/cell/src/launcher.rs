@@ -261,6 +261,20 @@ fn receive(setup: &ChildSetup<'_>) -> Result<(ToCell, Vec<OwnedFd>), Stage> {
     }
 }
 
+/// Blocks until the engine releases a held command (one byte: its audit record is
+/// committed). EOF or an error means it never will: the cell ends without running
+/// anything (the supervisor reports the run as never started).
+fn wait_for_release(release: OwnedFd) {
+    let mut byte = [0u8; 1];
+    loop {
+        match sys::read(release.as_fd(), &mut byte) {
+            Ok(1) => return,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Ok(_) | Err(_) => sys::exit_now(0),
+        }
+    }
+}
+
 fn unexpected(waiting_for: &str) -> Stage {
     Stage::new(
         "sync",
@@ -268,11 +282,21 @@ fn unexpected(waiting_for: &str) -> Stage {
     )
 }
 
-/// Blocks until START arrives with the command and its stdio descriptors.
+/// Blocks until START arrives with the command and its stdio descriptors; a held START
+/// (see [`ToCell::StartHeld`]) also until its release.
 fn wait_for_start(setup: &ChildSetup<'_>) -> Result<(CellCommand, Vec<OwnedFd>), Stage> {
     match receive(setup)? {
         (ToCell::Start(command), fds) if !command.argv.is_empty() => Ok((command, fds)),
-        (ToCell::Start(_), _) => Err(Stage::new("sync", "START without a command".into())),
+        (ToCell::StartHeld(command), mut fds) if !command.argv.is_empty() => {
+            let release = fds
+                .pop()
+                .ok_or_else(|| unexpected("a release descriptor"))?;
+            wait_for_release(release);
+            Ok((command, fds))
+        }
+        (ToCell::Start(_) | ToCell::StartHeld(_), _) => {
+            Err(Stage::new("sync", "START without a command".into()))
+        }
         // Closed before any command: the cell ends without running anything.
         (ToCell::Close, _) => sys::exit_now(0),
         _ => Err(unexpected("START")),

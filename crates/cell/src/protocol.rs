@@ -32,6 +32,12 @@ pub enum ToCell {
     /// The audit record exists: start the cell's first command. Descriptors: its stdin,
     /// stdout and stderr, unless the command uses the cell's terminal.
     Start(CellCommand),
+    /// `Start`, held: the command is delivered before its audit record is committed and
+    /// pid 1 prepares it, but spawns it only once a byte arrives on one more descriptor
+    /// (after the stdio ones), the read end of a pipe whose write end only the engine
+    /// holds: the engine writes it once the record is committed. EOF on it (the engine
+    /// is gone, or gave up on the record) ends the cell without running anything.
+    StartHeld(CellCommand),
     /// A further command of a session (descriptors as for `Start`).
     Exec(CellCommand),
     /// Send `signal` to the process group of command `id`.
@@ -120,6 +126,14 @@ pub struct PayloadEnded {
     pub shm_full: bool,
 }
 
+/// The descriptors of a command's stdio.
+fn stdio_descriptors(command: &CellCommand) -> usize {
+    match command.stdio {
+        CommandStdio::Passed => 3,
+        CommandStdio::Terminal => 0,
+    }
+}
+
 /// A message type of this protocol: how many descriptors travel with each message.
 trait Message: Serialize + DeserializeOwned {
     fn descriptors(&self) -> usize;
@@ -130,10 +144,8 @@ impl Message for ToCell {
         match self {
             ToCell::Mapped { devices } => trees(devices),
             ToCell::Release { mounts, .. } => trees(mounts),
-            ToCell::Start(command) | ToCell::Exec(command) => match command.stdio {
-                CommandStdio::Passed => 3,
-                CommandStdio::Terminal => 0,
-            },
+            ToCell::Start(command) | ToCell::Exec(command) => stdio_descriptors(command),
+            ToCell::StartHeld(command) => stdio_descriptors(command) + 1,
             ToCell::Kill { .. } | ToCell::Close | ToCell::Collected => 0,
         }
     }
@@ -257,6 +269,21 @@ impl CellChannel {
     pub fn start(&self, command: CellCommand, stdio: &[BorrowedFd<'_>]) -> std::io::Result<()> {
         let fds: Vec<RawFd> = stdio.iter().map(|f| f.as_raw_fd()).collect();
         send(&self.sock, &ToCell::Start(command), &fds)
+    }
+
+    /// [`ToCell::StartHeld`]: `stdio`, then the release pipe's read end.
+    pub fn start_held(
+        &self,
+        command: CellCommand,
+        stdio: &[BorrowedFd<'_>],
+        release: BorrowedFd<'_>,
+    ) -> std::io::Result<()> {
+        let fds: Vec<RawFd> = stdio
+            .iter()
+            .chain([&release])
+            .map(|f| f.as_raw_fd())
+            .collect();
+        send(&self.sock, &ToCell::StartHeld(command), &fds)
     }
 
     /// Starts a further command of a session.
@@ -567,6 +594,7 @@ mod tests {
             ),
             (ToCell::Start(command(CommandStdio::Passed)), 3),
             (ToCell::Start(command(CommandStdio::Terminal)), 0),
+            (ToCell::StartHeld(command(CommandStdio::Passed)), 4),
             (ToCell::Exec(command(CommandStdio::Passed)), 3),
             (ToCell::Kill { id: 3, signal: 15 }, 0),
             (ToCell::Close, 0),
@@ -575,7 +603,9 @@ mod tests {
             let (decoded, body) = round_trip(&message, n);
             let text = String::from_utf8_lossy(&body).into_owned();
             match (&message, &decoded) {
-                (ToCell::Start(a), ToCell::Start(b)) | (ToCell::Exec(a), ToCell::Exec(b)) => {
+                (ToCell::Start(a), ToCell::Start(b))
+                | (ToCell::StartHeld(a), ToCell::StartHeld(b))
+                | (ToCell::Exec(a), ToCell::Exec(b)) => {
                     assert_eq!(a, b)
                 }
                 (ToCell::Kill { id: a, signal: x }, ToCell::Kill { id: b, signal: y }) => {

@@ -1958,3 +1958,150 @@ mod tests {
         assert_eq!(in_child(dir.path(), true), 0);
     }
 }
+
+// ---- Hand-off to a running service (crates/engine/src/handoff.rs): who the peer is,
+// ---- descriptors on a stream socket, and file checks made as the peer ----
+
+/// The process on the other end of a unix socket, as the kernel recorded it at
+/// `connect` (SO_PEERCRED), with its supplementary groups (SO_PEERGROUPS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// Who connected to `sock` (a connected unix socket).
+pub fn peer_identity(sock: BorrowedFd<'_>) -> io::Result<PeerIdentity> {
+    // SAFETY: ucred is plain old data; zero is a valid initial value.
+    let mut cred: libc::ucred = unsafe { zeroed() };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `cred`, which is that large.
+    let ret = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(PeerIdentity {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+        groups: peer_groups(sock)?,
+    })
+}
+
+/// Most supplementary groups a peer may have (the kernel's NGROUPS_MAX).
+const MAX_PEER_GROUPS: usize = 65536;
+
+fn peer_groups(sock: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+    let mut groups = vec![0u32; 64];
+    loop {
+        let mut len = std::mem::size_of_val(groups.as_slice()) as libc::socklen_t;
+        // SAFETY: the kernel writes at most `len` bytes into `groups`, which is that
+        // large, and on ERANGE writes nothing but the length it needs.
+        let ret = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let needed = len as usize / size_of::<u32>();
+        if ret == 0 {
+            groups.truncate(needed);
+            return Ok(groups);
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ERANGE) || needed > MAX_PEER_GROUPS {
+            return Err(err);
+        }
+        groups.resize(needed, 0);
+    }
+}
+
+/// Receives bytes into `buf` from a stream socket with up to `max_fds` descriptors that
+/// travel with them (marked close-on-exec). 0 bytes: the peer closed its end.
+pub fn recv_stream_with_fds(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    max_fds: usize,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    loop {
+        match recv_with_fds(sock, buf, max_fds) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+/// Makes the calling thread's file system checks those of `uid`, `gid` and `groups`:
+/// its fsuid, fsgid and supplementary groups, per thread (raw system calls: the libc
+/// wrappers of setgroups change every thread of the process). Changing the fsuid from 0
+/// drops the thread's file capabilities (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH,
+/// CAP_FOWNER, ...), so opens and `access_as_thread` answer as the peer would get. Call
+/// it only on a thread of its own that ends after the checks: nothing restores it.
+pub fn take_fs_identity_for_this_thread(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+    // SAFETY: setgroups reads `groups.len()` gids from the pointer, which points at that
+    // many; it changes only the calling thread's credentials (no libc broadcast).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_setgroups,
+            groups.len(),
+            groups.as_ptr() as *const libc::gid_t,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: setfsgid and setfsuid take an integer and change only the calling thread;
+    // they return the previous value and never fail visibly, so each is checked by
+    // asking again with an id that cannot be set (-1 returns the current one).
+    unsafe {
+        libc::syscall(libc::SYS_setfsgid, gid);
+        libc::syscall(libc::SYS_setfsuid, uid);
+    }
+    // SAFETY: as above; -1 changes nothing and returns the current value.
+    let (fsgid, fsuid) = unsafe {
+        (
+            libc::syscall(libc::SYS_setfsgid, u32::MAX) as u32,
+            libc::syscall(libc::SYS_setfsuid, u32::MAX) as u32,
+        )
+    };
+    if fsuid != uid || fsgid != gid {
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    Ok(())
+}
+
+/// Whether the calling thread's file system identity (see
+/// [`take_fs_identity_for_this_thread`]) may access the file `fd` refers to (an O_PATH
+/// descriptor is enough) with `mode` (`R_OK`, `X_OK`): faccessat2 with AT_EACCESS, which
+/// checks the current credentials (the fsuid) rather than the real uid.
+pub fn access_as_thread(fd: BorrowedFd<'_>, mode: libc::c_int) -> io::Result<()> {
+    // SAFETY: the path is a static empty C string; AT_EMPTY_PATH makes the call act on
+    // `fd` itself.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_faccessat2,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            mode,
+            libc::AT_EACCESS | libc::AT_EMPTY_PATH,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}

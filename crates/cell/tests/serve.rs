@@ -158,7 +158,7 @@ fn serve_as(plan: &CellPlan, session: Option<String>) -> Served {
 
 fn parked(engine: &EngineControl) -> (i32, Vec<PathBuf>) {
     match engine.recv().unwrap() {
-        Some(ToEngine::Parked { pid, cgroups }) => (pid, cgroups),
+        Some(ToEngine::Parked { pid, cgroups, .. }) => (pid, cgroups),
         other => panic!("expected Parked, got {other:?}"),
     }
 }

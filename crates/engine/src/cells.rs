@@ -1,7 +1,8 @@
 //! Runs for threaded callers: through the cell factory, from a warm pool when one is
-//! kept for the plan's shape. The begin record is written before the command is sent to
-//! the cell (fail closed: no record, no payload); for a cell built on demand it is
-//! written while the supervisor builds the cell.
+//! kept for the plan's shape. Fail closed: no record, no payload. A warm cell is sent its
+//! command held while the begin record is written, and released (one byte on a pipe
+//! read by its pid 1) once the record is committed; for a cell built on demand the
+//! record is written while the supervisor builds the cell.
 
 use crate::factory::{CellFactory, CellHost};
 use crate::host::{HostMode, HostRequest};
@@ -53,12 +54,24 @@ impl Engine {
             }),
         };
         let secrets = prepared.secrets.clone();
+        // A parked cell gets its command before the record, held: the supervisor prepares
+        // it and hands it to pid 1 while the record is written, and the engine releases
+        // it straight to pid 1 once the record is committed (no record, no release: the
+        // payload cannot start before its record exists).
+        let (stdio, held) = match (Stdio::of(stdin, stdout, stderr), &host) {
+            (Ok(stdio), Ok(host)) if parked && host.control.can_hold() => {
+                let sent = send_command(host, "", &plan.argv, stdio, true);
+                (None, Some(sent))
+            }
+            (stdio, _) => (Some(stdio), None),
+        };
         let record = self.begin_record(prepared.start.clone(), &secrets);
         let mut latency = None;
         let (report, inputs) = match (host, &record) {
             (Err(err), _) => (RunReport::refused("", err.class(), err.to_string()), None),
             (Ok(host), Err(err)) => {
-                // No record: the cell is destroyed before its command could start.
+                // No record: the cell is destroyed before its command could start (a held
+                // command's release pipe closes with the host: pid 1 reads EOF and ends).
                 drop(host);
                 (
                     RunReport::refused("", ResultClass::RuntimeFault, err.clone()),
@@ -70,20 +83,32 @@ impl Engine {
                     inputs::readonly_inputs(&plan),
                     self.config.state_dir.clone(),
                 );
-                let stdio = Stdio::of(stdin, stdout, stderr);
                 let run_id = handle.run_id();
-                let driven = match (stdio, parked) {
-                    (Err(err), _) => Err(Box::new(RunReport::refused(
+                let driven = match (held, stdio) {
+                    (Some(sent), _) => sent.and_then(|()| {
+                        // A failed release means pid 1 is gone: its report says why.
+                        let released = Instant::now();
+                        let _ = host.control.release();
+                        read_reports(&host, &run_id, released)
+                    }),
+                    (None, Some(Err(err))) => Err(Box::new(RunReport::refused(
                         &run_id,
                         err.class(),
                         err.to_string(),
                     ))),
-                    (Ok(stdio), true) => drive_one_shot(&host, &run_id, &plan.argv, stdio),
-                    // Built for this run: the record was written while it was built.
-                    (Ok(stdio), false) => match wait_parked(&host.control) {
-                        Ok(()) => drive_one_shot(&host, &run_id, &plan.argv, stdio),
-                        Err(report) => Err(report),
-                    },
+                    (None, Some(Ok(stdio))) => {
+                        // Built for this run: the record was written while it was built.
+                        let ready = match parked {
+                            true => Ok(()),
+                            false => wait_parked(&host.control),
+                        };
+                        ready.and_then(|()| {
+                            let sent = Instant::now();
+                            send_command(&host, &run_id, &plan.argv, stdio, false)?;
+                            read_reports(&host, &run_id, sent)
+                        })
+                    }
+                    (None, None) => Err(Box::new(supervisor_gone(&run_id))),
                 };
                 let report = match driven {
                     Ok((report, milestones)) => {
@@ -180,27 +205,26 @@ impl Stdio {
         id: u64,
         run_id: &str,
         command: CommandSpec,
+        held: bool,
     ) -> Result<(), airlock_cell::CellError> {
-        control.run(
-            id,
-            run_id,
-            command,
-            self.stdin.as_ref().map(|f| f.as_fd()),
-            self.stdout.as_fd(),
-            self.stderr.as_fd(),
-        )
+        let stdin = self.stdin.as_ref().map(|f| f.as_fd());
+        let (stdout, stderr) = (self.stdout.as_fd(), self.stderr.as_fd());
+        match held {
+            true => control.run_held(id, command, stdin, stdout, stderr),
+            false => control.run(id, run_id, command, stdin, stdout, stderr),
+        }
     }
 }
 
-/// Gives a parked cell its one command and reads its reports: the command's, then the
-/// final one (with the cleanup of the destroyed cell), and when each arrived.
-fn drive_one_shot(
+/// Gives a parked cell its one command (`held`: to be released, see
+/// [`EngineControl::release`]). The engine's copies of the descriptors close here.
+fn send_command(
     host: &CellHost,
     run_id: &str,
     argv: &[String],
     stdio: Stdio,
-) -> Result<(RunReport, CommandLatency), Box<RunReport>> {
-    let control = &host.control;
+    held: bool,
+) -> Result<(), Box<RunReport>> {
     let command = CommandSpec {
         argv: argv.to_vec(),
         env: Vec::new(),
@@ -208,15 +232,20 @@ fn drive_one_shot(
         output_bytes: None,
         stdin: stdio.stdin.is_some(),
     };
-    let command_sent = Instant::now();
-    if let Err(err) = stdio.send(control, ONLY_COMMAND, run_id, command) {
-        return Err(Box::new(RunReport::refused(
-            run_id,
-            err.class(),
-            err.to_string(),
-        )));
-    }
-    drop(stdio);
+    stdio
+        .send(&host.control, ONLY_COMMAND, run_id, command, held)
+        .map_err(|err| Box::new(RunReport::refused(run_id, err.class(), err.to_string())))
+}
+
+/// Reads a one-shot cell's reports: the command's, then the final one (with the cleanup
+/// of the destroyed cell), and when each arrived (`command_sent`: when the command was
+/// sent, or released).
+fn read_reports(
+    host: &CellHost,
+    run_id: &str,
+    command_sent: Instant,
+) -> Result<(RunReport, CommandLatency), Box<RunReport>> {
+    let control = &host.control;
     let mut exec_confirmed = None;
     let mut exit_known = None;
     loop {

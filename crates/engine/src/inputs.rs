@@ -9,7 +9,7 @@
 
 use airlock_contract::{CellPlan, MountPlan};
 use airlock_store::input_cache::{FileIdentity, InputHashCache};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -27,7 +27,7 @@ pub fn readonly_inputs(plan: &CellPlan) -> Vec<(PathBuf, PathBuf)> {
 }
 
 /// The `inputs` of a result record.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct InputContents {
     /// sha256 over every entry below the inputs, in sorted order: its path in the cell
     /// and its content hash (files), link target (symlinks) or type (anything else).

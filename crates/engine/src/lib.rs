@@ -12,6 +12,7 @@ mod cells;
 pub mod egress_session;
 mod error;
 pub mod factory;
+pub mod handoff;
 pub mod host;
 pub mod inputs;
 mod lifecycle;

@@ -235,7 +235,7 @@ impl Session {
             stdin: stdio.stdin.is_some(),
         };
         stdio
-            .send(&self.host.control, id, &run_id, spec)
+            .send(&self.host.control, id, &run_id, spec, false)
             .map_err(|err| EngineError::FactoryProtocol(err.to_string()))?;
         Ok(id)
     }

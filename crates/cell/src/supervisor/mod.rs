@@ -159,6 +159,8 @@ pub(crate) struct CommandIo {
     /// For a plan with a terminal: the caller's stdin, relayed into the terminal's master.
     pub terminal_input: Option<OwnedFd>,
     pub sinks: Sinks,
+    /// For a held command (serve.rs): the read end of the release pipe, sent with START.
+    pub release: Option<OwnedFd>,
 }
 
 impl CommandIo {
@@ -182,6 +184,7 @@ impl CommandIo {
                     PayloadStdin::Null => None,
                 },
                 sinks,
+                release: None,
             });
         }
         let pipe = || sys::pipe_cloexec().map_err(|e| CellError::io("pipe", e));
@@ -208,6 +211,7 @@ impl CommandIo {
             stdin_relay,
             terminal_input: None,
             sinks,
+            release: None,
         })
     }
 }

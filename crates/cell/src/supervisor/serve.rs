@@ -121,7 +121,7 @@ fn serve(
         }
         Parking::Closed(why) => return close(cell, why, control, egress, started),
     }
-    control.send(&ToEngine::Parked {
+    let parked = |release| ToEngine::Parked {
         pid: cell.supervision.pid,
         cgroups: cell
             .supervision
@@ -130,7 +130,21 @@ fn serve(
             .into_iter()
             .map(|(_, host)| host)
             .collect(),
-    });
+        release,
+    };
+    // A one-shot cell's command may be delivered before its record is committed and
+    // released by the engine straight to pid 1 (see ToCell::StartHeld); the engine holds
+    // the only write end.
+    let release = match (mode, sys::pipe_cloexec()) {
+        (ServeMode::OneShot, Ok((read_end, write_end))) => {
+            control.send_parked(&parked(true), write_end);
+            Some(read_end)
+        }
+        _ => {
+            control.send(&parked(false));
+            None
+        }
+    };
     // Parked: what supervising needs is done now, not after the command arrives.
     cell.prepare_supervision();
     if let ServeMode::Session {
@@ -153,18 +167,31 @@ fn serve(
         });
         return Ok(());
     }
-    let (id, run_id, spec, fds) = match wait_for_run(&cell, control)? {
+    let (id, run_id, spec, fds, held) = match wait_for_run(&cell, control)? {
         Waited::Run {
             id,
             run_id,
             spec,
             fds,
-        } => (id, run_id, spec, fds),
+            held,
+        } => (id, run_id, spec, fds, held),
         Waited::End(why) => return close(cell, why, control, egress, started),
     };
+    // Not held: the pipe is not needed (and its read end must not wait in pid 1).
+    let release = release.filter(|_| held);
+    if held && release.is_none() {
+        let error = "a held command for a cell without a release pipe".to_string();
+        let refused = RunReport::refused(&run_id, crate::report::ResultClass::RuntimeFault, error);
+        control.send(&ToEngine::CommandEnded {
+            id,
+            report: Box::new(refused),
+        });
+        return close(cell, "its command was refused", control, egress, started);
+    }
     let prepared = command_limits(plan, &spec).and_then(|limits| {
         let env = command_environment(plan, credentials, &spec.env)?;
-        let io = command_io(plan, cell.supervision.host, spec.stdin, fds)?;
+        let mut io = command_io(plan, cell.supervision.host, spec.stdin, fds)?;
+        io.release = release;
         let command = CellCommand {
             id,
             argv: spec.argv.clone(),
@@ -222,6 +249,7 @@ enum Waited {
         run_id: String,
         spec: CommandSpec,
         fds: Vec<OwnedFd>,
+        held: bool,
     },
     /// The cell must go (Close, the engine's EOF, or the cell died while parked).
     End(&'static str),
@@ -260,6 +288,7 @@ fn wait_for_run(cell: &Cell<'_>, control: &SupervisorControl) -> Result<Waited, 
                     id,
                     run_id,
                     command,
+                    held,
                 },
                 fds,
             ))) => Waited::Run {
@@ -267,6 +296,7 @@ fn wait_for_run(cell: &Cell<'_>, control: &SupervisorControl) -> Result<Waited, 
                 run_id,
                 spec: command,
                 fds,
+                held,
             },
         });
     }

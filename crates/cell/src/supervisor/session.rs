@@ -317,6 +317,7 @@ impl Session<'_> {
                     id,
                     run_id,
                     command,
+                    ..
                 },
                 fds,
             ))) => {

@@ -188,7 +188,10 @@ impl Supervision<'_> {
     ) {
         if let Some(sync) = &self.sync {
             let ends: Vec<BorrowedFd<'_>> = io.cell_ends.iter().map(|f| f.as_fd()).collect();
-            let _ = sync.start(command, &ends);
+            let _ = match &io.release {
+                Some(release) => sync.start_held(command, &ends, release.as_fd()),
+                None => sync.start(command, &ends),
+            };
         }
         // The cell's ends close here, or the pipes would never report EOF.
         drop(io.cell_ends);

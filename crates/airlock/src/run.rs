@@ -46,16 +46,21 @@ pub struct RunArgs {
     /// Largest single artifact, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     max_artifact_bytes: u64,
+    /// `--class` and its request: the contract comes from a workload class (crate::class).
+    #[command(flatten)]
+    class: crate::class::RunClassArgs,
     /// The command and its arguments. Required unless the contract's `image` is an OCI
     /// image, whose `Entrypoint` + `Cmd` then run.
     #[arg(trailing_var_arg = true)]
     command: Vec<String>,
 }
 
-/// Why no plan: the run's class and message, or a usage error (exit 2).
+/// Why no plan: the run's class and message, or a usage error (exit 2), or the policy
+/// step's own end (recorded and reported already).
 enum PlanRefusal {
     Refused(ResultClass, String),
     Usage(String),
+    Policy(crate::class::ClassStop),
 }
 
 impl From<ContractError> for PlanRefusal {
@@ -69,8 +74,23 @@ impl From<ContractError> for PlanRefusal {
 fn load_plan(
     args: &RunArgs,
     config: &OperatorConfig,
+    grant: &mut Option<crate::class::ClassGrant>,
 ) -> Result<(CellPlan, Option<airlock_images::Lease>), PlanRefusal> {
     let (contract, base_dir) = match &args.contract {
+        _ if args.class.class.is_some() => {
+            let state_dir = config.state_dir(args.state_dir.as_deref());
+            let granted = crate::class::contract_for_run(
+                &args.class,
+                config,
+                args.config.as_deref(),
+                &args.command,
+                &state_dir,
+            )
+            .map_err(PlanRefusal::Policy)?;
+            let both = (granted.contract.clone(), granted.base_dir.clone());
+            *grant = Some(granted);
+            both
+        }
         Some(path) => {
             let absolute = std::path::absolute(path).unwrap_or_else(|_| path.clone());
             let base = absolute
@@ -222,13 +242,15 @@ fn prepare(
     config: &OperatorConfig,
     engine: &Engine,
     started: Instant,
+    grant: &mut Option<crate::class::ClassGrant>,
 ) -> Result<(RunRequest, StdinKind, Option<airlock_images::Lease>), ExitCode> {
-    let (plan, lease) = load_plan(args, config).map_err(|err| match err {
+    let (plan, lease) = load_plan(args, config, grant).map_err(|err| match err {
         PlanRefusal::Refused(status, error) => refuse(engine, args, status, error, None),
-        PlanRefusal::Usage(error) => {
+        PlanRefusal::Usage(error) | PlanRefusal::Policy(crate::class::ClassStop::Usage(error)) => {
             eprintln!("airlock run: {error}");
             ExitCode::from(2)
         }
+        PlanRefusal::Policy(crate::class::ClassStop::Done(code)) => code,
     })?;
     let refuse_plan = |status, error: String| refuse(engine, args, status, error, Some(&plan));
     if let NetworkPlan::Allowlist { destinations } = &plan.network {
@@ -264,7 +286,16 @@ fn prepare(
     Ok((request, stdin_kind, lease))
 }
 
-pub fn run(args: RunArgs, started: Instant) -> ExitCode {
+pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
+    if args.class.class.is_some() && args.contract.is_some() {
+        eprintln!(
+            "airlock run: --class and --contract exclude each other: a class makes the contract"
+        );
+        return ExitCode::from(2);
+    }
+    if let Some(class) = &args.class.class {
+        args.workload_class = class.clone();
+    }
     let loaded = OperatorConfig::load(args.config.as_deref())
         .and_then(|c| c.host_id_range().map(|range| (c, range)));
     let (config, host_ids) = match loaded {
@@ -283,7 +314,9 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     let engine = Engine::new(engine_config);
     // `_lease` lives until this function returns: the image cannot be removed while the
     // cell runs.
-    let (request, stdin_kind, _lease) = match prepare(&args, &config, &engine, started) {
+    let mut grant = None;
+    let (request, stdin_kind, _lease) = match prepare(&args, &config, &engine, started, &mut grant)
+    {
         Ok(prepared) => prepared,
         Err(code) => return code,
     };
@@ -308,7 +341,13 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     deliver(&args, &mut finished);
     print_summary(&finished.report, &finished.secrets);
     match engine.complete(finished) {
-        Ok(report) => ExitCode::from(report.exit_code.clamp(0, 255) as u8),
+        Ok(report) => {
+            if let Some(grant) = &grant {
+                let state_dir = config.state_dir(args.state_dir.as_deref());
+                crate::class::record_grant(&state_dir, &report.run_id, grant);
+            }
+            ExitCode::from(report.exit_code.clamp(0, 255) as u8)
+        }
         Err(err) => {
             eprintln!(
                 "airlock: audit store: the run finished but its record could not be completed: {err}"

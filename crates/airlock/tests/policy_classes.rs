@@ -170,6 +170,7 @@ fn every_example_class_loads_and_resolves() {
         [
             "document-conversion",
             "package-install",
+            "package-run",
             "python-tool",
             "read-only-analysis",
             "repo-tests"

@@ -266,6 +266,13 @@ pub fn contract_for_run(
             return Err(request.deny(&Asked::default(), &denial));
         }
     };
+    if asked.session.is_some() {
+        return Err(ClassStop::Usage(
+            "the request asks for a session: `airlock run` runs one command in one cell; \
+             sessions are opened through the engine's session API"
+                .to_string(),
+        ));
+    }
     match evaluate(loaded, argv, &asked) {
         Evaluation::Granted {
             contract,

@@ -116,7 +116,9 @@ fn config_command(command: ConfigCommand) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        ConfigCommand::Check { file } => match config::OperatorConfig::load(Some(&file)) {
+        ConfigCommand::Check { file } => match config::OperatorConfig::load(Some(&file))
+            .and_then(|c| class::load_classes(&c, Some(&file)).map(drop))
+        {
             Ok(_) => {
                 println!("{}: ok", file.display());
                 ExitCode::SUCCESS

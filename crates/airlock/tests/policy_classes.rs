@@ -344,6 +344,35 @@ fn a_request_that_names_a_control_is_refused_as_invalid() {
 }
 
 #[test]
+fn config_check_loads_the_class_files_and_runs_their_examples() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("classes")).unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(&config, "[policy]\nclasses_dir = \"classes\"\n").unwrap();
+    let bad =
+        "description = \"x\"\n[template]\n[[commands.rules]]\npattern = [\"git\", \"push\"]\n\
+               decision = \"forbidden\"\nmatch = [\"git status\"]\n";
+    std::fs::write(dir.path().join("classes/bad.toml"), bad).unwrap();
+    let out = airlock(&["config", "check", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("rules[0]: example `git status` must match but does not"),
+        "{}",
+        text(&out.stderr)
+    );
+    let ok = airlock(&["config", "check", &examples_config()]);
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+}
+
+#[test]
+fn a_session_request_is_not_run_as_one_command() {
+    let setup = Setup::new();
+    let req = setup.request(r#"{"session": {"lifetime_seconds": 10}}"#);
+    let out = setup.run(&["--request", &req], &["true"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+#[test]
 fn class_and_contract_exclude_each_other() {
     let setup = Setup::new();
     let out = setup.run(&["--contract", "x.yaml"], &["true"]);

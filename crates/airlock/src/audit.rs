@@ -350,6 +350,17 @@ pub fn reviews(store_args: StoreArgs, command: crate::class::ReviewsCommand) -> 
     listed.unwrap_or_else(fail)
 }
 
+/// `airlock quarantine`: the evidence kept of suspected escapes (crate::quarantine).
+pub fn quarantine(
+    store_args: StoreArgs,
+    command: crate::quarantine::QuarantineCommand,
+) -> ExitCode {
+    let config = OperatorConfig::load(store_args.config.as_deref());
+    let dir = config.map(|c| c.state_dir(store_args.state_dir.as_deref()));
+    dir.and_then(|d| crate::quarantine::quarantine_command(&d, command))
+        .unwrap_or_else(fail)
+}
+
 pub fn stats(store_args: StoreArgs, json: bool) -> ExitCode {
     let result = (|| -> anyhow::Result<ExitCode> {
         let store = store_args.open()?;

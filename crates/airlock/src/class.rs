@@ -402,8 +402,31 @@ impl Request<'_> {
     }
 }
 
-/// After the run's record is complete: its `policy.decision` event (asked vs granted).
-pub fn record_grant(state_dir: &Path, run_id: &str, grant: &ClassGrant) {
+/// After the run's record is complete: the `policy.decision` event of a class run
+/// (asked vs granted), and the quarantine of a suspected escape's evidence.
+pub fn after_run(
+    state_dir: &Path,
+    report: &RunReport,
+    grant: Option<&ClassGrant>,
+    class: &str,
+    credentials: Vec<String>,
+) {
+    if let Some(grant) = grant {
+        record_grant(state_dir, &report.run_id, grant);
+    }
+    let uid = format!("uid:{}", airlock_store::caller_uid().unwrap_or(u32::MAX));
+    let requester = grant
+        .and_then(|g| g.decision["requester"].as_str())
+        .unwrap_or(&uid);
+    let suspect = crate::quarantine::Suspect {
+        class,
+        requester,
+        credentials,
+    };
+    crate::quarantine::preserve_if_suspected(state_dir, report, &suspect);
+}
+
+fn record_grant(state_dir: &Path, run_id: &str, grant: &ClassGrant) {
     let recorded = Store::open(state_dir).and_then(|store| {
         store.append_run_event(
             run_id,

@@ -6,6 +6,7 @@ mod audit;
 mod class;
 mod config;
 mod image;
+mod quarantine;
 mod run;
 mod run_image;
 
@@ -68,6 +69,13 @@ enum Command {
         #[command(subcommand)]
         command: class::ReviewsCommand,
     },
+    /// Evidence kept of suspected escapes: list, show.
+    Quarantine {
+        #[command(flatten)]
+        store: audit::StoreArgs,
+        #[command(subcommand)]
+        command: quarantine::QuarantineCommand,
+    },
     /// Check that this host can enforce every control of a cell.
     Doctor {
         /// Print the checks as JSON.
@@ -102,6 +110,7 @@ fn main() -> ExitCode {
         Command::Class(args) => class::class_command(args),
         Command::Approvals(args) => approvals::approvals_command(args),
         Command::Reviews { store, command } => audit::reviews(store, command),
+        Command::Quarantine { store, command } => audit::quarantine(store, command),
         Command::Doctor { json, config } => doctor(json, config.as_deref()),
     }
 }

@@ -340,12 +340,17 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
     }
     deliver(&args, &mut finished);
     print_summary(&finished.report, &finished.secrets);
+    let credentials: Vec<String> = finished
+        .plan
+        .credentials
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
     match engine.complete(finished) {
         Ok(report) => {
-            if let Some(grant) = &grant {
-                let state_dir = config.state_dir(args.state_dir.as_deref());
-                crate::class::record_grant(&state_dir, &report.run_id, grant);
-            }
+            let state_dir = config.state_dir(args.state_dir.as_deref());
+            let class = &args.workload_class;
+            crate::class::after_run(&state_dir, &report, grant.as_ref(), class, credentials);
             ExitCode::from(report.exit_code.clamp(0, 255) as u8)
         }
         Err(err) => {

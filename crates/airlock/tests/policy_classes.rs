@@ -612,3 +612,92 @@ fn a_run_waits_for_its_approval_when_asked_to() {
     let used = json_of(&setup.cli(&["approvals", "list", "--all", "--json"]));
     assert_eq!(used[0]["status"], "used");
 }
+
+/// A class whose cell may use its egress proxy (api.test) and delivers /out files.
+const PROBE_CLASS: &str = r#"
+[egress]
+resolve = { "api.test" = "127.0.0.1" }
+
+[policy.classes.probe]
+description = "egress probe"
+[policy.classes.probe.template.network]
+mode = "allowlist"
+allowed_domains = ["api.test"]
+[policy.classes.probe.template.filesystem]
+writable_paths = ["/tmp", "/out"]
+output_allowlist = ["/out/*"]
+[policy.classes.probe.commands]
+unmatched = "allow"
+"#;
+
+#[test]
+fn a_suspected_escape_leaves_its_evidence_in_a_root_only_quarantine() {
+    require_cells!();
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(&config, PROBE_CLASS).unwrap();
+    let state = dir.path().join("state");
+    let out_dir = dir.path().join("delivered");
+    // Asking the proxy for the cloud metadata endpoint is a suspected escape.
+    let probe = "import socket\nopen('/out/notes.txt', 'w').write('left behind')\n\
+                 s = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n\
+                 s.sendall(b'CONNECT 169.254.169.254:80 HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n\
+                 print(s.recv(100))\n";
+    let (config, state_arg, out_arg) = (
+        config.display().to_string(),
+        state.display().to_string(),
+        out_dir.display().to_string(),
+    );
+    let run = airlock(&[
+        "run",
+        "--config",
+        &config,
+        "--state-dir",
+        &state_arg,
+        "--class",
+        "probe",
+        "--output-dir",
+        &out_arg,
+        "--",
+        "python3",
+        "-c",
+        probe,
+    ]);
+    assert!(
+        text(&run.stderr).contains("suspected_escape"),
+        "{}",
+        text(&run.stderr)
+    );
+    assert!(
+        text(&run.stderr).contains("evidence quarantined"),
+        "{}",
+        text(&run.stderr)
+    );
+    let listed = airlock(&["quarantine", "list", "--state-dir", &state_arg]);
+    let line = text(&listed.stdout);
+    let run_id = line
+        .split_whitespace()
+        .next()
+        .expect("a quarantined run")
+        .to_string();
+    assert!(line.contains("probe"), "{line}");
+    let shown = json_of(&airlock(&[
+        "quarantine",
+        "show",
+        &run_id,
+        "--state-dir",
+        &state_arg,
+    ]));
+    assert_eq!(shown["manifest"]["files"][0], "/out/notes.txt");
+    assert_eq!(shown["record"]["run"]["status"], "suspected_escape");
+    let area = state.join("quarantine");
+    assert_eq!(
+        std::fs::metadata(&area).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let evidence = area.join(&run_id).join("artifacts/0");
+    assert_eq!(std::fs::read_to_string(evidence).unwrap(), "left behind");
+    let reviews = airlock(&["reviews", "list", "--json", "--state-dir", &state_arg]);
+    assert_eq!(json_of(&reviews)[0]["reason_code"], "suspected_escape");
+}

@@ -230,6 +230,8 @@ pub struct ClassGrant {
     pub base_dir: PathBuf,
     /// The `policy.decision` event added to the run's record once it is complete.
     pub decision: Value,
+    /// The class's retry rules and the request's idempotency key, when it has one.
+    pub retry: Option<(airlock_policy::retry::RetryRules, String)>,
 }
 
 /// Why `airlock run --class` goes no further.
@@ -283,6 +285,7 @@ pub fn contract_for_run(
             contract: *contract,
             base_dir: loaded.base_dir.clone(),
             decision: request.grant_event(&asked, &granted, &command, &[]),
+            retry: retry_of(loaded, &asked),
         }),
         Evaluation::Denied { reason, asked } => Err(request.deny(&asked, &reason)),
         Evaluation::NeedsApproval {
@@ -297,9 +300,80 @@ pub fn contract_for_run(
                 contract: *contract,
                 base_dir: loaded.base_dir.clone(),
                 decision: request.grant_event(&asked, &granted, &command, &approvals),
+                retry: retry_of(loaded, &asked),
             })
         }
     }
+}
+
+fn retry_of(
+    loaded: &LoadedClass,
+    asked: &Asked,
+) -> Option<(airlock_policy::retry::RetryRules, String)> {
+    asked
+        .idempotency_key
+        .clone()
+        .map(|key| (loaded.class.retry, key))
+}
+
+/// Runs `request` (in this process, like `airlock run`), and again after a
+/// `runtime_fault` as the class's retry rules allow for a request with an idempotency
+/// key: the same plan, credentials and destinations, never more. Each failed attempt is
+/// recorded as its own run. A request whose stdin is a stream is not retried (what the
+/// first attempt read is gone).
+pub fn run_with_retries(
+    engine: &airlock_engine::Engine,
+    mut request: airlock_engine::RunRequest,
+    grant: Option<&ClassGrant>,
+) -> Result<airlock_engine::FinishedRun, Box<airlock_engine::RecordedRefusal>> {
+    let retry = grant.and_then(|g| g.retry.as_ref());
+    let mut retries_done = 0;
+    loop {
+        let again = retry.and_then(|_| request_again(&request));
+        let outcome = engine.run_here(request);
+        let status = match &outcome {
+            Ok(finished) => finished.report.status,
+            Err(refused) => refused.report.status,
+        };
+        let delay = retry.and_then(|(rules, key)| {
+            airlock_policy::retry::retry_delay(status.as_str(), retries_done, Some(key), rules)
+        });
+        let (Some(delay), Some(next)) = (delay, again) else {
+            return outcome;
+        };
+        if let Ok(finished) = outcome {
+            // The failed attempt's record is completed as it ended.
+            if let Err(err) = engine.complete(finished) {
+                eprintln!("airlock: warning: a failed attempt's record was not completed: {err}");
+            }
+        }
+        retries_done += 1;
+        let most = retry.map_or(0, |(rules, _)| rules.max_retries);
+        eprintln!(
+            "airlock: runtime_fault: retrying ({retries_done} of {most}) in {} ms",
+            delay.as_millis()
+        );
+        std::thread::sleep(delay);
+        request = next;
+    }
+}
+
+/// The same request for another attempt, when it can be repeated as it was.
+fn request_again(request: &airlock_engine::RunRequest) -> Option<airlock_engine::RunRequest> {
+    if !matches!(request.stdin, airlock_cell::PayloadStdin::Null) {
+        return None;
+    }
+    let copy = |fd: &Option<std::os::fd::OwnedFd>| fd.as_ref().and_then(|f| f.try_clone().ok());
+    Some(airlock_engine::RunRequest {
+        plan: request.plan.clone(),
+        workload_class: request.workload_class.clone(),
+        credentials: request.credentials.clone(),
+        stdin: airlock_cell::PayloadStdin::Null,
+        artifacts: request.artifacts.clone(),
+        stdout: copy(&request.stdout),
+        stderr: copy(&request.stderr),
+        started: std::time::Instant::now(),
+    })
 }
 
 /// Who asks: `tenant:NAME` when root says so, else the caller's uid.

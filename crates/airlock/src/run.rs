@@ -321,7 +321,7 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
         Err(code) => return code,
     };
     // This process is single-threaded: the cell is cloned here (the cold start).
-    let mut finished = match engine.run_here(request) {
+    let mut finished = match crate::class::run_with_retries(&engine, request, grant.as_ref()) {
         Ok(finished) => finished,
         Err(refused) => {
             let plan = refused.plan.as_ref();

@@ -701,3 +701,115 @@ fn a_suspected_escape_leaves_its_evidence_in_a_root_only_quarantine() {
     let reviews = airlock(&["reviews", "list", "--json", "--state-dir", &state_arg]);
     assert_eq!(json_of(&reviews)[0]["reason_code"], "suspected_escape");
 }
+
+/// A class whose runs fail with `runtime_fault` (its template's input is missing when
+/// the run starts), retried at most twice.
+const FLAKY_CLASS: &str = r#"
+[policy.classes.flaky]
+description = "retries"
+retry = { max_retries = 2, backoff_ms = 10 }
+[policy.classes.flaky.template.filesystem]
+readonly_inputs = [{ source = "/nonexistent-airlock-policy-test/input", target = "/input" }]
+[policy.classes.flaky.commands]
+unmatched = "allow"
+
+[policy.classes.steady]
+description = "retries, with a task that fails"
+retry = { max_retries = 2, backoff_ms = 10 }
+[policy.classes.steady.commands]
+unmatched = "allow"
+"#;
+
+/// The statuses of the runs of `class` recorded in `state`.
+fn statuses(config: &str, state: &str, class: &str) -> Vec<String> {
+    let out = airlock(&[
+        "runs",
+        "list",
+        "--json",
+        "--all-users",
+        "--class",
+        class,
+        "--config",
+        config,
+        "--state-dir",
+        state,
+    ]);
+    json_of(&out)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn flaky_setup() -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(&config, FLAKY_CLASS).unwrap();
+    let state = dir.path().join("state").display().to_string();
+    (dir, config.display().to_string(), state)
+}
+
+#[test]
+fn a_runtime_fault_is_retried_at_most_max_retries_times_only_with_an_idempotency_key() {
+    let (dir, config, state) = flaky_setup();
+    let keyed = dir.path().join("keyed.json");
+    std::fs::write(&keyed, r#"{"idempotency_key": "job-42"}"#).unwrap();
+    let keyed = keyed.display().to_string();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--config",
+            &config,
+            "--state-dir",
+            &state,
+            "--class",
+            "flaky",
+        ];
+        args.extend(extra);
+        args.extend(["--", "true"]);
+        airlock(&args)
+    };
+    let out = run(&["--request", &keyed]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr).matches("retrying").count(),
+        2,
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(statuses(&config, &state, "flaky"), ["runtime_fault"; 3]);
+    let unkeyed = run(&[]);
+    assert_eq!(unkeyed.status.code(), Some(125));
+    assert!(!text(&unkeyed.stderr).contains("retrying"));
+    assert_eq!(
+        statuses(&config, &state, "flaky").len(),
+        4,
+        "no retry without a key"
+    );
+}
+
+#[test]
+fn a_task_error_is_never_retried() {
+    require_cells!();
+    let (dir, config, state) = flaky_setup();
+    let keyed = dir.path().join("keyed.json");
+    std::fs::write(&keyed, r#"{"idempotency_key": "job-43"}"#).unwrap();
+    let keyed = keyed.display().to_string();
+    let out = airlock(&[
+        "run",
+        "--config",
+        &config,
+        "--state-dir",
+        &state,
+        "--class",
+        "steady",
+        "--request",
+        &keyed,
+        "--",
+        "false",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("retrying"));
+    assert_eq!(statuses(&config, &state, "steady"), ["task_error"]);
+}

@@ -13,8 +13,10 @@ use serde::{Deserialize, Serialize};
 pub struct WorkloadClass {
     /// What the class is for, shown by `airlock class list`.
     pub description: String,
-    /// The contract a request of this class gets when it asks for nothing. Relative
-    /// paths in it are relative to the file the class is defined in.
+    /// The contract a request of this class gets when it asks for nothing (default: the
+    /// default contract). Relative paths in it are relative to the file the class is
+    /// defined in.
+    #[serde(default = "airlock_contract::default_contract")]
     pub template: Contract,
     #[serde(default)]
     pub execution: Execution,
@@ -24,6 +26,10 @@ pub struct WorkloadClass {
     pub commands: CommandPolicy,
     #[serde(default)]
     pub approvals: ApprovalRules,
+    /// Whether a `runtime_fault` is run again (only for a request with an idempotency
+    /// key).
+    #[serde(default)]
+    pub retry: crate::retry::RetryRules,
 }
 
 /// Whether the class runs arbitrary code (a shell, an interpreter) or only its tools.
@@ -181,6 +187,12 @@ impl WorkloadClass {
             push(
                 "execution.tools".into(),
                 "a class without code execution needs at least one registered tool".into(),
+            );
+        }
+        if self.retry.max_retries > crate::retry::MAX_RETRIES {
+            push(
+                "retry.max_retries".into(),
+                format!("must be at most {}", crate::retry::MAX_RETRIES),
             );
         }
         if self.approvals.pending_seconds == 0 {

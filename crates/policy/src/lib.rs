@@ -15,6 +15,7 @@ pub mod command;
 mod evaluate;
 mod reason;
 mod request;
+pub mod retry;
 pub mod shell;
 
 pub use class::{

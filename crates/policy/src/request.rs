@@ -35,6 +35,10 @@ pub struct Asked {
     pub exec_in_writable_paths: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<AskedSession>,
+    /// Says that running this request twice is harmless: only then may a
+    /// `runtime_fault` be retried (the class's `retry`). Not a capability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -341,6 +341,26 @@ pub fn audit(store_args: StoreArgs, command: AuditCommand) -> ExitCode {
     result.unwrap_or_else(fail)
 }
 
+/// `airlock reviews`: the capability-review records of policy denials (crate::class).
+pub fn reviews(store_args: StoreArgs, command: crate::class::ReviewsCommand) -> ExitCode {
+    let crate::class::ReviewsCommand::List { json } = command;
+    let config = OperatorConfig::load(store_args.config.as_deref());
+    let listed = config
+        .and_then(|c| crate::class::reviews(&c.state_dir(store_args.state_dir.as_deref()), json));
+    listed.unwrap_or_else(fail)
+}
+
+/// `airlock quarantine`: the evidence kept of suspected escapes (crate::quarantine).
+pub fn quarantine(
+    store_args: StoreArgs,
+    command: crate::quarantine::QuarantineCommand,
+) -> ExitCode {
+    let config = OperatorConfig::load(store_args.config.as_deref());
+    let dir = config.map(|c| c.state_dir(store_args.state_dir.as_deref()));
+    dir.and_then(|d| crate::quarantine::quarantine_command(&d, command))
+        .unwrap_or_else(fail)
+}
+
 pub fn stats(store_args: StoreArgs, json: bool) -> ExitCode {
     let result = (|| -> anyhow::Result<ExitCode> {
         let store = store_args.open()?;

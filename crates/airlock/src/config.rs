@@ -17,6 +17,8 @@ pub struct OperatorConfig {
     /// OCI images as cell roots: the default registry and the unpacker's ceilings.
     pub images: ImagesConfig,
     pub host_ids: HostIdsConfig,
+    /// Workload classes, the approvers of requests that need approval (docs/policy.md).
+    pub policy: airlock_policy::PolicyConfig,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -248,6 +250,7 @@ impl OperatorConfig {
                 );
             }
         }
+        self.policy.check()?;
         if let Some(dir) = &self.store.state_dir {
             if !dir.is_absolute() {
                 bail!(

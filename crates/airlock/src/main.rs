@@ -1,9 +1,12 @@
 //! The `airlock` command line: run a command in a cell, check the host, and (later
 //! issues) query the audit store.
 
+mod approvals;
 mod audit;
+mod class;
 mod config;
 mod image;
+mod quarantine;
 mod run;
 mod run_image;
 
@@ -55,6 +58,24 @@ enum Command {
     },
     /// Import, list, inspect, remove and garbage-collect OCI images (cell roots).
     Image(image::ImageArgs),
+    /// Workload classes: list, show, and resolve a request to its contract (dry run).
+    Class(class::ClassArgs),
+    /// Requests waiting for an approver: list, approve, deny.
+    Approvals(approvals::ApprovalsArgs),
+    /// Capability-review records left by policy denials.
+    Reviews {
+        #[command(flatten)]
+        store: audit::StoreArgs,
+        #[command(subcommand)]
+        command: class::ReviewsCommand,
+    },
+    /// Evidence kept of suspected escapes: list, show.
+    Quarantine {
+        #[command(flatten)]
+        store: audit::StoreArgs,
+        #[command(subcommand)]
+        command: quarantine::QuarantineCommand,
+    },
     /// Check that this host can enforce every control of a cell.
     Doctor {
         /// Print the checks as JSON.
@@ -86,6 +107,10 @@ fn main() -> ExitCode {
         Command::Stats { store, json } => audit::stats(store, json),
         Command::Config { command } => config_command(command),
         Command::Image(args) => image::image(args),
+        Command::Class(args) => class::class_command(args),
+        Command::Approvals(args) => approvals::approvals_command(args),
+        Command::Reviews { store, command } => audit::reviews(store, command),
+        Command::Quarantine { store, command } => audit::quarantine(store, command),
         Command::Doctor { json, config } => doctor(json, config.as_deref()),
     }
 }
@@ -100,7 +125,9 @@ fn config_command(command: ConfigCommand) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        ConfigCommand::Check { file } => match config::OperatorConfig::load(Some(&file)) {
+        ConfigCommand::Check { file } => match config::OperatorConfig::load(Some(&file))
+            .and_then(|c| class::load_classes(&c, Some(&file)).map(drop))
+        {
             Ok(_) => {
                 println!("{}: ok", file.display());
                 ExitCode::SUCCESS

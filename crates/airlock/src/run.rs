@@ -55,16 +55,21 @@ pub struct RunArgs {
     /// Say where the run goes (handed to the service, or in this process, and why).
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// `--class` and its request: the contract comes from a workload class (crate::class).
+    #[command(flatten)]
+    class: crate::class::RunClassArgs,
     /// The command and its arguments. Required unless the contract's `image` is an OCI
     /// image, whose `Entrypoint` + `Cmd` then run.
     #[arg(trailing_var_arg = true)]
     command: Vec<String>,
 }
 
-/// Why no plan: the run's class and message, or a usage error (exit 2).
+/// Why no plan: the run's class and message, or a usage error (exit 2), or the policy
+/// step's own end (recorded and reported already).
 enum PlanRefusal {
     Refused(ResultClass, String),
     Usage(String),
+    Policy(crate::class::ClassStop),
 }
 
 impl From<ContractError> for PlanRefusal {
@@ -78,8 +83,23 @@ impl From<ContractError> for PlanRefusal {
 fn load_plan(
     args: &RunArgs,
     config: &OperatorConfig,
+    grant: &mut Option<crate::class::ClassGrant>,
 ) -> Result<(CellPlan, Option<airlock_images::Lease>), PlanRefusal> {
     let (contract, base_dir) = match &args.contract {
+        _ if args.class.class.is_some() => {
+            let state_dir = config.state_dir(args.state_dir.as_deref());
+            let granted = crate::class::contract_for_run(
+                &args.class,
+                config,
+                args.config.as_deref(),
+                &args.command,
+                &state_dir,
+            )
+            .map_err(PlanRefusal::Policy)?;
+            let both = (granted.contract.clone(), granted.base_dir.clone());
+            *grant = Some(granted);
+            both
+        }
         Some(path) => {
             let absolute = std::path::absolute(path).unwrap_or_else(|_| path.clone());
             let base = absolute
@@ -185,13 +205,15 @@ fn prepare(
     config: &OperatorConfig,
     engine: &Engine,
     started: Instant,
+    grant: &mut Option<crate::class::ClassGrant>,
 ) -> Result<(RunRequest, StdinKind, Option<airlock_images::Lease>), ExitCode> {
-    let (plan, lease) = load_plan(args, config).map_err(|err| match err {
+    let (plan, lease) = load_plan(args, config, grant).map_err(|err| match err {
         PlanRefusal::Refused(status, error) => refuse(engine, args, status, error, None),
-        PlanRefusal::Usage(error) => {
+        PlanRefusal::Usage(error) | PlanRefusal::Policy(crate::class::ClassStop::Usage(error)) => {
             eprintln!("airlock run: {error}");
             ExitCode::from(2)
         }
+        PlanRefusal::Policy(crate::class::ClassStop::Done(code)) => code,
     })?;
     let refuse_plan = |status, error: String| refuse(engine, args, status, error, Some(&plan));
     if let NetworkPlan::Allowlist { destinations } = &plan.network {
@@ -227,7 +249,16 @@ fn prepare(
     Ok((request, stdin_kind, lease))
 }
 
-pub fn run(args: RunArgs, started: Instant) -> ExitCode {
+pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
+    if args.class.class.is_some() && args.contract.is_some() {
+        eprintln!(
+            "airlock run: --class and --contract exclude each other: a class makes the contract"
+        );
+        return ExitCode::from(2);
+    }
+    if let Some(class) = &args.class.class {
+        args.workload_class = class.clone();
+    }
     if let Some(code) = hand_off(&args) {
         return code;
     }
@@ -249,12 +280,14 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     let engine = Engine::new(engine_config);
     // `_lease` lives until this function returns: the image cannot be removed while the
     // cell runs.
-    let (request, stdin_kind, _lease) = match prepare(&args, &config, &engine, started) {
+    let mut grant = None;
+    let (request, stdin_kind, _lease) = match prepare(&args, &config, &engine, started, &mut grant)
+    {
         Ok(prepared) => prepared,
         Err(code) => return code,
     };
     // This process is single-threaded: the cell is cloned here (the cold start).
-    let mut finished = match engine.run_here(request) {
+    let mut finished = match crate::class::run_with_retries(&engine, request, grant.as_ref()) {
         Ok(finished) => finished,
         Err(refused) => {
             let plan = refused.plan.as_ref();
@@ -273,8 +306,19 @@ pub fn run(args: RunArgs, started: Instant) -> ExitCode {
     }
     deliver(&args, &mut finished);
     print_summary(&finished.report, &finished.secrets);
+    let credentials: Vec<String> = finished
+        .plan
+        .credentials
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
     match engine.complete(finished) {
-        Ok(report) => ExitCode::from(report.exit_code.clamp(0, 255) as u8),
+        Ok(report) => {
+            let state_dir = config.state_dir(args.state_dir.as_deref());
+            let class = &args.workload_class;
+            crate::class::after_run(&state_dir, &report, grant.as_ref(), class, credentials);
+            ExitCode::from(report.exit_code.clamp(0, 255) as u8)
+        }
         Err(err) => {
             eprintln!(
                 "airlock: audit store: the run finished but its record could not be completed: {err}"
@@ -427,6 +471,8 @@ fn stays_local(args: &RunArgs) -> Option<&'static str> {
         Some("--config names an operator configuration of its own")
     } else if args.output_dir.is_some() {
         Some("--output-dir: artifacts are collected in this process")
+    } else if args.class.class.is_some() {
+        Some("--class: the workload class is evaluated in this process")
     } else {
         None
     }

@@ -125,6 +125,11 @@ fn crates_depend_in_the_documented_direction() {
             "egress may only depend on the contract"
         );
     }
+    assert_eq!(
+        airlock_dependencies("policy"),
+        vec!["airlock-contract".to_string()],
+        "policy is pure: it decides on contracts and knows nothing below them"
+    );
     let mut engine = airlock_dependencies("engine");
     engine.sort();
     assert_eq!(

@@ -21,6 +21,7 @@
 //! Secrets handed to [`Store::begin_run`] stay in the [`RunHandle`] (memory only); every
 //! string written for that run is redacted first.
 
+pub mod approvals;
 mod error;
 pub mod input_cache;
 mod proc_info;

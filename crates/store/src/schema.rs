@@ -74,7 +74,44 @@ const V4: &str = r#"
 ALTER TABLE runs ADD COLUMN session_id TEXT;
 "#;
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+/// Requests waiting for (or decided by) an approver, and the capability-review records a
+/// policy denial leaves for an operator (the policy layer: docs/policy.md). Every change
+/// of either is also an audit entry.
+const APPROVALS_AND_REVIEWS: &str = r#"
+CREATE TABLE approvals (
+    approval_id TEXT PRIMARY KEY NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    workload_class TEXT NOT NULL,
+    requester TEXT NOT NULL,
+    argv_json TEXT NOT NULL,
+    asked_json TEXT NOT NULL,
+    what_json TEXT NOT NULL,
+    capability_keys_json TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL,
+    decided_by TEXT,
+    decided_at INTEGER,
+    reason TEXT,
+    scope TEXT,
+    grant_expires_at INTEGER,
+    used_at INTEGER
+);
+CREATE INDEX approvals_status ON approvals (status, workload_class);
+CREATE TABLE capability_reviews (
+    review_id TEXT PRIMARY KEY NOT NULL,
+    created_at INTEGER NOT NULL,
+    run_id TEXT,
+    workload_class TEXT NOT NULL,
+    requester TEXT NOT NULL,
+    argv_json TEXT NOT NULL,
+    asked_json TEXT NOT NULL,
+    reason_code TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+"#;
+
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, APPROVALS_AND_REVIEWS];
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
 
 pub fn version(conn: &Connection) -> rusqlite::Result<i64> {

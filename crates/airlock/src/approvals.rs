@@ -1,0 +1,397 @@
+//! Approvals: a request the policy says needs one waits in `pending_approval` for a
+//! bounded time (the class's `approvals.pending_seconds`); a configured approver, never
+//! the requester, approves (for this request only, or for the capability in the class
+//! for a time) or denies it, with a reason. Every step is an audit entry (the store).
+//! [`list_pending`] and [`decide`] are what `airlock approvals` and the service's
+//! `GET /v1/approvals`, `POST /v1/approvals/{id}` call.
+
+use crate::class::{ClassStop, LoadedClass, Request, RunClassArgs, EXIT_PENDING};
+use crate::config::OperatorConfig;
+use airlock_policy::approval::{self, Identity, Scope};
+use airlock_policy::{ApprovalItem, Asked, Denial, DenyReason};
+use airlock_store::approvals::{
+    ApprovalDecision, ApprovalRecord, NewApproval, STATUS_APPROVED, STATUS_DENIED, STATUS_EXPIRED,
+    STATUS_PENDING,
+};
+use airlock_store::{Store, StoreError};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Requests waiting for a decision now (those past their deadline are expired first).
+pub fn list_pending(store: &Store, now: i64) -> Result<Vec<ApprovalRecord>, StoreError> {
+    store.expire_approvals(now)?;
+    store.list_approvals(Some(STATUS_PENDING))
+}
+
+/// An approver's choice.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    pub approve: bool,
+    pub reason: String,
+    pub scope: Scope,
+    /// How long the approval lasts (default: the class's); ignored for a denial.
+    pub for_seconds: Option<u64>,
+}
+
+/// Why a decision was not recorded.
+#[derive(Debug)]
+pub enum DecideError {
+    NotFound(String),
+    /// The class of the request is no longer configured: nothing bounds the grant.
+    UnknownClass(String),
+    Refused(approval::Refusal),
+    Store(StoreError),
+}
+
+impl DecideError {
+    /// A stable code for callers (the service maps it to an HTTP status).
+    pub fn code(&self) -> &'static str {
+        match self {
+            DecideError::NotFound(_) => "approval.not_found",
+            DecideError::UnknownClass(_) => "approval.unknown_class",
+            DecideError::Refused(refusal) => refusal.code(),
+            DecideError::Store(_) => "approval.store",
+        }
+    }
+}
+
+impl std::fmt::Display for DecideError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let code = self.code();
+        match self {
+            DecideError::NotFound(id) => write!(f, "{code}: no approval {id}"),
+            DecideError::UnknownClass(class) => {
+                write!(f, "{code}: class {class} is not configured")
+            }
+            // The refusal's text starts with its code.
+            DecideError::Refused(refusal) => write!(f, "{refusal}"),
+            DecideError::Store(err) => write!(f, "{code}: {err}"),
+        }
+    }
+}
+
+/// Records `approver`'s choice on request `id`: only a configured approver who is not
+/// the requester, only while it is pending and before its deadline, and a class-scoped
+/// approval no longer than the class allows.
+pub fn decide(
+    store: &Store,
+    config: &OperatorConfig,
+    classes: &BTreeMap<String, LoadedClass>,
+    id: &str,
+    approver: &Identity,
+    choice: &Choice,
+    now: i64,
+) -> Result<ApprovalRecord, DecideError> {
+    store.expire_approvals(now).map_err(DecideError::Store)?;
+    let record = store
+        .approval(id)
+        .map_err(DecideError::Store)?
+        .ok_or_else(|| DecideError::NotFound(id.to_string()))?;
+    approval::decidable(&record.status, record.expires_at, now).map_err(DecideError::Refused)?;
+    let requester = Identity::parse(&record.requester).map_err(|_| {
+        DecideError::Refused(approval::Refusal::NotAnApprover(record.requester.clone()))
+    })?;
+    approval::authorize(approver, &requester, &config.policy.approvers)
+        .map_err(DecideError::Refused)?;
+    let class = classes
+        .get(&record.workload_class)
+        .ok_or_else(|| DecideError::UnknownClass(record.workload_class.clone()))?;
+    let seconds = approval::grant_seconds(choice.scope, choice.for_seconds, &class.class.approvals)
+        .map_err(DecideError::Refused)?;
+    let decision = ApprovalDecision {
+        approve: choice.approve,
+        decided_by: approver.to_string(),
+        reason: choice.reason.clone(),
+        scope: choice.approve.then(|| choice.scope.as_str().to_string()),
+        grant_expires_at: choice.approve.then(|| now + seconds as i64 * 1000),
+    };
+    store
+        .decide_approval(id, &decision, now)
+        .map_err(DecideError::Store)?
+        .ok_or_else(|| {
+            DecideError::Refused(approval::Refusal::NotPending("decided meanwhile".into()))
+        })
+}
+
+/// Identifies one request: class, requester, command and what it asked for.
+fn fingerprint(request: &Request<'_>, asked: &Asked) -> String {
+    let text = json!([request.class, request.requester, request.argv, asked]).to_string();
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// The approvals that let a request needing `what` run: the one named by `--approval`
+/// (spent), or class-scoped approvals covering every item. Otherwise the request is
+/// stored `pending_approval` and waited for (bounded by `--wait-approval` and its
+/// deadline) or its id returned (exit 75).
+pub fn approvals_for(
+    request: &Request<'_>,
+    loaded: &LoadedClass,
+    args: &RunClassArgs,
+    what: &[ApprovalItem],
+    asked: &Asked,
+) -> Result<Vec<String>, ClassStop> {
+    let fault = |err: StoreError| ClassStop::Usage(format!("audit store: {err}"));
+    let store = Store::open(request.state_dir).map_err(fault)?;
+    let now = now_ms();
+    store.expire_approvals(now).map_err(fault)?;
+    let print = fingerprint(request, asked);
+    if let Some(id) = &args.approval {
+        return spend(&store, request, asked, id, &print, now);
+    }
+    let grants = store.capability_grants(request.class, now).map_err(fault)?;
+    let keys: Vec<String> = grants
+        .iter()
+        .flat_map(|g| g.capability_keys.clone())
+        .collect();
+    if approval::covers(&keys, what) {
+        let needed: Vec<String> = what.iter().map(ApprovalItem::key).collect();
+        let used = grants
+            .iter()
+            .filter(|g| g.capability_keys.iter().any(|k| needed.contains(k)));
+        return Ok(used.map(|g| g.approval_id.clone()).collect());
+    }
+    let pending = store
+        .create_approval(NewApproval {
+            workload_class: request.class.to_string(),
+            requester: request.requester.to_string(),
+            argv: request.argv.to_vec(),
+            asked: json!(asked),
+            what: json!(what),
+            capability_keys: what.iter().map(ApprovalItem::key).collect(),
+            fingerprint: print.clone(),
+            expires_at: now + loaded.class.approvals.pending_seconds as i64 * 1000,
+        })
+        .map_err(fault)?;
+    let keys: Vec<String> = what.iter().map(ApprovalItem::key).collect();
+    eprintln!(
+        "airlock: pending_approval: {} needs approval of {} (airlock approvals approve {})",
+        pending.approval_id,
+        keys.join(", "),
+        pending.approval_id
+    );
+    wait_for(&store, request, asked, &pending, args.wait_approval, &print)
+}
+
+/// Waits (polling the store) until the request is decided, its deadline passes or
+/// `seconds` are over.
+fn wait_for(
+    store: &Store,
+    request: &Request<'_>,
+    asked: &Asked,
+    pending: &ApprovalRecord,
+    seconds: u64,
+    print: &str,
+) -> Result<Vec<String>, ClassStop> {
+    let until = Instant::now() + Duration::from_secs(seconds);
+    loop {
+        let now = now_ms();
+        let _ = store.expire_approvals(now);
+        let current = store.approval(&pending.approval_id).ok().flatten();
+        let status = current
+            .as_ref()
+            .map_or(STATUS_EXPIRED, |c| c.status.as_str());
+        if status != STATUS_PENDING {
+            return spend(store, request, asked, &pending.approval_id, print, now);
+        }
+        if Instant::now() >= until {
+            println!("{}", pending.approval_id);
+            return Err(ClassStop::Done(ExitCode::from(EXIT_PENDING)));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Uses approval `id` for this request: a request-scoped one is spent (once), a
+/// class-scoped one must be of this class; denied or expired ends the request as a
+/// recorded denial.
+fn spend(
+    store: &Store,
+    request: &Request<'_>,
+    asked: &Asked,
+    id: &str,
+    print: &str,
+    now: i64,
+) -> Result<Vec<String>, ClassStop> {
+    let fault = |err: StoreError| ClassStop::Usage(format!("audit store: {err}"));
+    let Some(record) = store.approval(id).map_err(fault)? else {
+        return Err(ClassStop::Usage(format!("--approval: no approval {id}")));
+    };
+    if record.fingerprint != print && record.scope.as_deref() != Some("class_capability") {
+        return Err(ClassStop::Usage(format!(
+            "--approval {id} approves another request (class {}, {:?})",
+            record.workload_class, record.argv
+        )));
+    }
+    match record.status.as_str() {
+        STATUS_PENDING => {
+            eprintln!("airlock: pending_approval: {id} is not decided yet");
+            println!("{id}");
+            Err(ClassStop::Done(ExitCode::from(EXIT_PENDING)))
+        }
+        STATUS_DENIED => {
+            let detail = format!(
+                "{id} denied by {}: {}",
+                record.decided_by.unwrap_or_default(),
+                record.reason.unwrap_or_default()
+            );
+            Err(request.deny(asked, &Denial::new(DenyReason::ApprovalDenied, detail)))
+        }
+        STATUS_APPROVED if record.scope.as_deref() == Some("class_capability") => {
+            let holds = record.workload_class == request.class
+                && record.grant_expires_at.is_some_and(|t| t > now);
+            if holds {
+                return Ok(vec![id.to_string()]);
+            }
+            Err(request.deny(
+                asked,
+                &Denial::new(DenyReason::ApprovalExpired, format!("{id} no longer holds")),
+            ))
+        }
+        STATUS_APPROVED if store.use_approval(id, print, now).map_err(fault)? => {
+            Ok(vec![id.to_string()])
+        }
+        status => Err(request.deny(
+            asked,
+            &Denial::new(
+                DenyReason::ApprovalExpired,
+                format!("{id} is {status}: approvals are single use and expire"),
+            ),
+        )),
+    }
+}
+
+#[derive(Args)]
+pub struct ApprovalsArgs {
+    /// Operator configuration (`[policy] approvers`, the classes).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Directory of the audit store.
+    #[arg(long, global = true)]
+    state_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: ApprovalsCommand,
+}
+
+#[derive(Subcommand)]
+enum ApprovalsCommand {
+    /// Requests waiting for a decision (with --all: every request and its decision).
+    List {
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a pending request, as this uid (a configured approver, not the requester).
+    Approve {
+        id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// `request` (this request, once) or `class_capability` (its capabilities for
+        /// every request of the class, for --for seconds).
+        #[arg(long, default_value = "request")]
+        scope: String,
+        /// How long the approval holds (at most the class's `max_grant_seconds`).
+        #[arg(long = "for")]
+        for_seconds: Option<u64>,
+    },
+    /// Deny a pending request, with the reason.
+    Deny {
+        id: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+pub fn approvals_command(args: ApprovalsArgs) -> ExitCode {
+    let result = (|| -> anyhow::Result<ExitCode> {
+        let config = OperatorConfig::load(args.config.as_deref())?;
+        let store = Store::open(&config.state_dir(args.state_dir.as_deref()))?;
+        let now = now_ms();
+        let (id, choice) = match args.command {
+            ApprovalsCommand::List { all, json } => {
+                let records = if all {
+                    store.expire_approvals(now)?;
+                    store.list_approvals(None)?
+                } else {
+                    list_pending(&store, now)?
+                };
+                print_approvals(&records, json)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            ApprovalsCommand::Approve {
+                id,
+                reason,
+                scope,
+                for_seconds,
+            } => {
+                let scope = Scope::parse(&scope)
+                    .ok_or_else(|| anyhow::anyhow!("--scope: `request` or `class_capability`"))?;
+                (
+                    id,
+                    Choice {
+                        approve: true,
+                        reason,
+                        scope,
+                        for_seconds,
+                    },
+                )
+            }
+            ApprovalsCommand::Deny { id, reason } => (
+                id,
+                Choice {
+                    approve: false,
+                    reason,
+                    scope: Scope::Request,
+                    for_seconds: None,
+                },
+            ),
+        };
+        let classes = crate::class::load_classes(&config, args.config.as_deref())?;
+        let approver = Identity::Uid(airlock_store::caller_uid().unwrap_or(u32::MAX));
+        match decide(&store, &config, &classes, &id, &approver, &choice, now) {
+            Ok(record) => {
+                println!("{} {} by {}", record.approval_id, record.status, approver);
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(err) => {
+                eprintln!("airlock: {err}");
+                Ok(ExitCode::from(1))
+            }
+        }
+    })();
+    result.unwrap_or_else(|err| {
+        eprintln!("airlock: {}", crate::user_message(&err));
+        ExitCode::from(2)
+    })
+}
+
+fn print_approvals(records: &[ApprovalRecord], json_output: bool) -> anyhow::Result<()> {
+    if json_output {
+        println!("{}", serde_json::to_string_pretty(records)?);
+        return Ok(());
+    }
+    for r in records {
+        println!(
+            "{}  {:<16} {:<16} {:<14} {}  {:?}",
+            r.approval_id,
+            r.status,
+            r.workload_class,
+            r.requester,
+            r.capability_keys.join(","),
+            r.argv
+        );
+    }
+    Ok(())
+}

@@ -144,7 +144,16 @@ pub fn build<'a>(
     };
     // The device nodes go with the maps: the cell builds /dev and masks /proc with them
     // before the release.
-    let mapped = rootfs::prepare_devices(plan)
+    // open_tree(OPEN_TREE_CLONE) needs CAP_SYS_ADMIN over the host's mount namespace:
+    // a supervisor that is not root leaves the cloning to the cell, in its own.
+    let clones_in_cell = sys::geteuid() != 0;
+    // The cgroup exists by now: such a cell clones its view of it with everything else.
+    let devices = if clones_in_cell {
+        Ok(rootfs::deferred_cgroup_view(plan, &cgroup.view()))
+    } else {
+        rootfs::prepare_devices(plan)
+    };
+    let mapped = devices
         .map_err(launch_error)
         .and_then(|devices| {
             write_id_maps(spawned.pid, plan, host)?;
@@ -161,6 +170,9 @@ pub fn build<'a>(
     let spawned_ms = ms_since(started);
     let prepared = seccomp::program(&plan.seccomp).and_then(|program| {
         let cell_ids = (host.source == IdentitySource::Pool).then_some((host.uid, host.gid));
+        if clones_in_cell {
+            return Ok((program, Vec::new(), Vec::new()));
+        }
         let (mut mounts, notes) = rootfs::prepare_sources(plan, cell_ids).map_err(launch_error)?;
         mounts.extend(rootfs::prepare_cgroup_view(plan, &cgroup.view()).map_err(launch_error)?);
         Ok((program, mounts, notes))
@@ -514,6 +526,7 @@ fn spawn_cell(
                 session,
                 setup_cpu,
                 window,
+                clones_in_cell: sys::geteuid() != 0,
             })
         }
         Ok(sys::CloneOutcome::Parent { pid, pidfd }) => {

@@ -210,8 +210,33 @@ fn host_identity(range: HostIdRange) -> Result<String, String> {
 }
 
 /// Clones `/usr` as a detached, read-only tree: the new mount API calls every cell start
-/// relies on (open_tree, mount_setattr; move_mount follows in the cell).
+/// relies on (open_tree, mount_setattr; move_mount follows in the cell), where a run of
+/// this caller makes them: in the host's mount namespace as root, in a mount namespace
+/// of a new user namespace otherwise (the cell's, see rootfs::deferred_cgroup_view).
 fn mount_api() -> Result<String, String> {
+    if sys::geteuid() == 0 {
+        return clone_usr()
+            .map(|()| "open_tree + mount_setattr on a detached clone of /usr".into());
+    }
+    let child = crate::process::fork().map_err(|e| format!("fork: {e}"))?;
+    let crate::process::Forked::Parent(pid) = child else {
+        let code = match sys::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) {
+            Err(_) => 2,
+            Ok(()) => i32::from(clone_usr().is_err()),
+        };
+        sys::exit_now(code);
+    };
+    let status = sys::wait_child(pid, false)
+        .map_err(|e| format!("wait: {e}"))?
+        .map_or(-1, |reaped| reaped.status);
+    match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
+        (true, 0) => Ok("not root: open_tree + mount_setattr on a detached clone of /usr in a new user and mount namespace, as each cell does".into()),
+        (true, 2) => Err("unshare(CLONE_NEWUSER | CLONE_NEWNS) failed: unprivileged user namespaces are not available to this user".into()),
+        _ => Err("open_tree/mount_setattr of /usr failed in a new user and mount namespace".into()),
+    }
+}
+
+fn clone_usr() -> Result<(), String> {
     use std::os::fd::AsFd;
     let usr = std::fs::File::open("/usr").map_err(|e| format!("/usr: {e}"))?;
     let tree = sys::clone_mount_tree(usr.as_fd()).map_err(|e| format!("open_tree(/usr): {e}"))?;
@@ -220,8 +245,7 @@ fn mount_api() -> Result<String, String> {
         sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID,
         true,
     )
-    .map_err(|e| format!("mount_setattr: {e}"))?;
-    Ok("open_tree + mount_setattr on a detached clone of /usr".into())
+    .map_err(|e| format!("mount_setattr: {e}"))
 }
 
 /// Runs `/bin/true` in a cell with the default contract: every control at once.

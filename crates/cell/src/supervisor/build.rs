@@ -144,9 +144,7 @@ pub fn build<'a>(
     };
     // The device nodes go with the maps: the cell builds /dev and masks /proc with them
     // before the release.
-    // open_tree(OPEN_TREE_CLONE) needs CAP_SYS_ADMIN over the host's mount namespace:
-    // a supervisor that is not root leaves the cloning to the cell, in its own.
-    let clones_in_cell = sys::geteuid() != 0;
+    let clones_in_cell = cell_clones_its_sources();
     // The cgroup exists by now: such a cell clones its view of it with everything else.
     let devices = if clones_in_cell {
         Ok(rootfs::deferred_cgroup_view(plan, &cgroup.view()))
@@ -473,6 +471,12 @@ fn kill_and_reap(pidfd: &OwnedFd, pid: libc::pid_t) {
 /// Clones the cell. `supervisor` is this process: the proof that it is single-threaded
 /// and its command line area (which pid 1 overwrites); `host` the cell's host identity
 /// and the lock file of its slot (which pid 1 keeps open).
+/// open_tree(OPEN_TREE_CLONE) needs CAP_SYS_ADMIN over the host's mount namespace: a
+/// supervisor that is not root leaves the cloning to the cell, in its own.
+fn cell_clones_its_sources() -> bool {
+    sys::geteuid() != 0
+}
+
 fn spawn_cell(
     (single, supervisor_command_line): (sys::SingleThreaded, &sys::CommandLineArea),
     (host, slot): (HostIdentity, Option<RawFd>),
@@ -482,6 +486,9 @@ fn spawn_cell(
     payload_cpus: Option<&sys::CpuSet>,
     caller_terminal: Option<&mut CallerTerminal>,
 ) -> Result<SpawnedCell, CellError> {
+    // Read before the clone: in the child, until its maps are written, every id is the
+    // overflow id.
+    let clones_in_cell = cell_clones_its_sources();
     let window = caller_terminal
         .as_ref()
         .map_or(DEFAULT_WINDOW, |t| t.window());
@@ -526,7 +533,7 @@ fn spawn_cell(
                 session,
                 setup_cpu,
                 window,
-                clones_in_cell: sys::geteuid() != 0,
+                clones_in_cell,
             })
         }
         Ok(sys::CloneOutcome::Parent { pid, pidfd }) => {

@@ -242,10 +242,10 @@ fn host_identity(range: HostIdRange) -> Result<String, String> {
 
 /// Clones `/usr` as a detached, read-only tree: the new mount API calls every cell start
 /// relies on (open_tree, mount_setattr; move_mount follows in the cell), where a run of
-/// this caller makes them: in the host's mount namespace as root, in a mount namespace
-/// of a new user namespace otherwise (the cell's, see rootfs::deferred_cgroup_view).
+/// this caller makes them: in the host's mount namespace with CAP_SYS_ADMIN, in a mount
+/// namespace of a new user namespace otherwise (the cell's, see rootfs::deferred_cgroup_view).
 fn mount_api() -> Result<String, String> {
-    if sys::geteuid() == 0 {
+    if crate::privilege::can_clone_mount_trees() {
         return clone_usr()
             .map(|()| "open_tree + mount_setattr on a detached clone of /usr".into());
     }
@@ -261,7 +261,7 @@ fn mount_api() -> Result<String, String> {
         .map_err(|e| format!("wait: {e}"))?
         .map_or(-1, |reaped| reaped.status);
     match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
-        (true, 0) => Ok("not root: open_tree + mount_setattr on a detached clone of /usr in a new user and mount namespace, as each cell does".into()),
+        (true, 0) => Ok("without CAP_SYS_ADMIN: open_tree + mount_setattr on a detached clone of /usr in a new user and mount namespace, as each cell does".into()),
         (true, 2) => Err("unshare(CLONE_NEWUSER | CLONE_NEWNS) failed: unprivileged user namespaces are not available to this user".into()),
         _ => Err("open_tree/mount_setattr of /usr failed in a new user and mount namespace".into()),
     }

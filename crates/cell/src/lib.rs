@@ -30,6 +30,7 @@ mod kernel;
 mod landlock_policy;
 mod launcher;
 pub mod output;
+mod privilege;
 pub mod process;
 mod protocol;
 pub mod report;

@@ -472,9 +472,10 @@ fn kill_and_reap(pidfd: &OwnedFd, pid: libc::pid_t) {
 /// and its command line area (which pid 1 overwrites); `host` the cell's host identity
 /// and the lock file of its slot (which pid 1 keeps open).
 /// open_tree(OPEN_TREE_CLONE) needs CAP_SYS_ADMIN over the host's mount namespace: a
-/// supervisor that is not root leaves the cloning to the cell, in its own.
+/// supervisor without it (not root, or root in a container) leaves the cloning to the
+/// cell, in its own.
 fn cell_clones_its_sources() -> bool {
-    sys::geteuid() != 0
+    !crate::privilege::can_clone_mount_trees()
 }
 
 fn spawn_cell(

@@ -15,10 +15,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+/// `airlock --version`: the package version and the commit it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("AIRLOCK_COMMIT"), ")");
+
 #[derive(Parser)]
 #[command(
     name = "airlock",
-    version,
+    version = VERSION,
     about = "Run untrusted commands in disposable, kernel-enforced cells"
 )]
 struct Cli {
@@ -85,6 +88,10 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages (airlock.1 and one per subcommand) into a directory.
+    Man { out: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -112,7 +119,26 @@ fn main() -> ExitCode {
         Command::Reviews { store, command } => audit::reviews(store, command),
         Command::Quarantine { store, command } => audit::quarantine(store, command),
         Command::Doctor { json, config } => doctor(json, config.as_deref()),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "airlock", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man { out } => match write_man_pages(&out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("airlock: man pages into {}: {err}", out.display());
+                ExitCode::from(1)
+            }
+        },
     }
+}
+
+/// airlock.1 and airlock-<subcommand>.1 for each subcommand.
+fn write_man_pages(out: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(out)?;
+    let command = <Cli as clap::CommandFactory>::command().version(VERSION);
+    clap_mangen::generate_to(command, out)
 }
 
 fn config_command(command: ConfigCommand) -> ExitCode {

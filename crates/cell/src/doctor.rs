@@ -68,6 +68,15 @@ pub fn run_checks_with(host_ids: HostIdRange) -> Vec<Check> {
                 Err(e) => Err(e.to_string()),
             }),
     ));
+    let sysctl = |name: &str| std::fs::read_to_string(format!("/proc/sys/kernel/{name}")).ok();
+    checks.push(check(
+        "namespace.user.restrictions",
+        userns_restrictions(
+            sys::geteuid(),
+            sysctl("unprivileged_userns_clone").as_deref(),
+            sysctl("apparmor_restrict_unprivileged_userns").as_deref(),
+        ),
+    ));
     let abi = landlock_policy::kernel_abi();
     checks.push(check(
         "landlock",
@@ -188,6 +197,28 @@ fn migration_hint() -> String {
     }
 }
 
+/// The host switches that stop a user who is not root from creating user namespaces,
+/// each named with its fix: Debian's `kernel.unprivileged_userns_clone` (0 forbids) and
+/// Ubuntu's `kernel.apparmor_restrict_unprivileged_userns` (1 lets only binaries with an
+/// AppArmor profile that allows `userns` create them: packaging/apparmor/airlock).
+/// `None`: the kernel has no such switch. Root is never restricted by either.
+fn userns_restrictions(
+    euid: u32,
+    unprivileged_userns_clone: Option<&str>,
+    apparmor_restrict: Option<&str>,
+) -> Result<String, String> {
+    if euid == 0 {
+        return Ok("running as root: neither userns restriction applies".into());
+    }
+    if unprivileged_userns_clone.map(str::trim) == Some("0") {
+        return Err("kernel.unprivileged_userns_clone=0 forbids user namespaces to users who are not root; as root: sysctl -w kernel.unprivileged_userns_clone=1 (and in /etc/sysctl.d/ to keep it)".into());
+    }
+    if apparmor_restrict.map(str::trim) == Some("1") {
+        return Ok("kernel.apparmor_restrict_unprivileged_userns=1: user namespaces need an AppArmor profile allowing them; install packaging/apparmor/airlock into /etc/apparmor.d/ and load it (apparmor_parser -r /etc/apparmor.d/airlock); mount_api below shows whether this binary may".into());
+    }
+    Ok("no sysctl restricts user namespaces for this user".into())
+}
+
 /// Whose ids cells run as: as root, the range and how many of its slots live cells hold
 /// now (one uid + gid each, see host_identity.rs).
 fn host_identity(range: HostIdRange) -> Result<String, String> {
@@ -210,8 +241,33 @@ fn host_identity(range: HostIdRange) -> Result<String, String> {
 }
 
 /// Clones `/usr` as a detached, read-only tree: the new mount API calls every cell start
-/// relies on (open_tree, mount_setattr; move_mount follows in the cell).
+/// relies on (open_tree, mount_setattr; move_mount follows in the cell), where a run of
+/// this caller makes them: in the host's mount namespace with CAP_SYS_ADMIN, in a mount
+/// namespace of a new user namespace otherwise (the cell's, see rootfs::deferred_cgroup_view).
 fn mount_api() -> Result<String, String> {
+    if crate::privilege::can_clone_mount_trees() {
+        return clone_usr()
+            .map(|()| "open_tree + mount_setattr on a detached clone of /usr".into());
+    }
+    let child = crate::process::fork().map_err(|e| format!("fork: {e}"))?;
+    let crate::process::Forked::Parent(pid) = child else {
+        let code = match sys::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) {
+            Err(_) => 2,
+            Ok(()) => i32::from(clone_usr().is_err()),
+        };
+        sys::exit_now(code);
+    };
+    let status = sys::wait_child(pid, false)
+        .map_err(|e| format!("wait: {e}"))?
+        .map_or(-1, |reaped| reaped.status);
+    match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
+        (true, 0) => Ok("without CAP_SYS_ADMIN: open_tree + mount_setattr on a detached clone of /usr in a new user and mount namespace, as each cell does".into()),
+        (true, 2) => Err("unshare(CLONE_NEWUSER | CLONE_NEWNS) failed: unprivileged user namespaces are not available to this user".into()),
+        _ => Err("open_tree/mount_setattr of /usr failed in a new user and mount namespace".into()),
+    }
+}
+
+fn clone_usr() -> Result<(), String> {
     use std::os::fd::AsFd;
     let usr = std::fs::File::open("/usr").map_err(|e| format!("/usr: {e}"))?;
     let tree = sys::clone_mount_tree(usr.as_fd()).map_err(|e| format!("open_tree(/usr): {e}"))?;
@@ -220,8 +276,7 @@ fn mount_api() -> Result<String, String> {
         sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID,
         true,
     )
-    .map_err(|e| format!("mount_setattr: {e}"))?;
-    Ok("open_tree + mount_setattr on a detached clone of /usr".into())
+    .map_err(|e| format!("mount_setattr: {e}"))
 }
 
 /// Runs `/bin/true` in a cell with the default contract: every control at once.
@@ -259,5 +314,31 @@ fn end_to_end(host_ids: HostIdRange) -> Result<String, String> {
             status.as_str(),
             report.error.unwrap_or_default()
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debians_userns_switch_off_fails_naming_the_sysctl() {
+        let error = userns_restrictions(1000, Some("0\n"), None).unwrap_err();
+        assert!(
+            error.contains("sysctl -w kernel.unprivileged_userns_clone=1"),
+            "{error}"
+        );
+        assert!(userns_restrictions(1000, Some("1\n"), None).is_ok());
+    }
+
+    #[test]
+    fn ubuntus_apparmor_restriction_names_the_shipped_profile() {
+        let said = userns_restrictions(1000, None, Some("1\n")).unwrap();
+        assert!(said.contains("packaging/apparmor/airlock"), "{said}");
+    }
+
+    #[test]
+    fn root_is_restricted_by_neither_switch() {
+        assert!(userns_restrictions(0, Some("0"), Some("1")).is_ok());
     }
 }

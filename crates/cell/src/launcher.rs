@@ -45,6 +45,9 @@ pub struct ChildSetup<'a> {
     /// The window size of the payload's terminal, for a plan with one: the caller's,
     /// taken before the clone so that the payload's first look at it is already right.
     pub window: libc::winsize,
+    /// The cell clones its mount sources itself: the supervisor is not root and cannot
+    /// (see [`rootfs::deferred_cgroup_view`]).
+    pub clones_in_cell: bool,
 }
 
 /// Entry point of the cloned child. Never returns.
@@ -183,10 +186,19 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
     sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
     // The supervisor may already be gone (the death signal only covers later deaths):
     // waiting for its go-ahead settles it - EOF means it died.
-    let devices = match receive(setup)? {
+    let mut devices = match receive(setup)? {
         (ToCell::Mapped { devices }, fds) => rootfs::from_wire(devices, fds)?,
         _ => return Err(unexpected("the id maps")),
     };
+    // Cloned now, with the maps written (the sources are read as the caller, whom the
+    // cell's root maps to) and before the staging tmpfs over /tmp could hide one.
+    // Such a cell received its cgroup view (cloned by `from_wire`) instead of devices.
+    let mut sources = Vec::new();
+    if setup.clones_in_cell {
+        let cgroup_view = std::mem::replace(&mut devices, rootfs::prepare_devices(plan)?);
+        sources = rootfs::prepare_sources(plan, None)?.0;
+        sources.extend(cgroup_view);
+    }
     sys::set_ids(plan.identity.uid, plan.identity.gid).map_err(|e| Stage::errno("identity", e))?;
     // Changing ids clears the parent-death signal: set it again, then make sure the
     // supervisor did not die in between (its end of the socket would have hung up).
@@ -209,6 +221,8 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
         ),
         _ => return Err(unexpected("the release")),
     };
+    sources.extend(mounts);
+    let mounts = sources;
     // The supervisor has placed us in the cell cgroup; make it our cgroup root.
     sys::unshare(libc::CLONE_NEWCGROUP).map_err(|e| Stage::errno("cgroup_namespace", e))?;
     rootfs::finish(&mut kernel, plan, mounts)?;

@@ -31,6 +31,7 @@ mod landlock_policy;
 mod launcher;
 pub mod output;
 pub mod peer;
+mod privilege;
 pub mod process;
 mod protocol;
 pub mod report;

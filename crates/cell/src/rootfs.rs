@@ -24,8 +24,17 @@ use std::path::{Path, PathBuf};
 const STAGING: &str = "/tmp";
 
 enum Source {
-    Tree { fd: OwnedFd, is_dir: bool },
+    Tree {
+        fd: OwnedFd,
+        is_dir: bool,
+    },
     Symlink(PathBuf),
+    /// A host path the cell clones itself, in its own mount namespace (see
+    /// [`deferred_cgroup_view`]).
+    Deferred {
+        path: PathBuf,
+        attrs: u64,
+    },
 }
 
 /// A mount source opened by the supervisor, waiting to be placed at `target` in the cell.
@@ -38,8 +47,19 @@ pub struct Prepared {
 /// alongside as SCM_RIGHTS (in the order of the `tree` entries).
 #[derive(serde::Serialize, serde::Deserialize)]
 pub enum PreparedWire {
-    Tree { target: PathBuf, is_dir: bool },
-    Symlink { target: PathBuf, link: PathBuf },
+    Tree {
+        target: PathBuf,
+        is_dir: bool,
+    },
+    Symlink {
+        target: PathBuf,
+        link: PathBuf,
+    },
+    Deferred {
+        target: PathBuf,
+        path: PathBuf,
+        attrs: u64,
+    },
 }
 
 pub fn to_wire(prepared: Vec<Prepared>) -> (Vec<PreparedWire>, Vec<OwnedFd>) {
@@ -52,6 +72,11 @@ pub fn to_wire(prepared: Vec<Prepared>) -> (Vec<PreparedWire>, Vec<OwnedFd>) {
                 PreparedWire::Tree { target, is_dir }
             }
             Source::Symlink(link) => PreparedWire::Symlink { target, link },
+            Source::Deferred { path, attrs } => PreparedWire::Deferred {
+                target,
+                path,
+                attrs,
+            },
         })
         .collect();
     (wire, fds)
@@ -74,6 +99,15 @@ pub fn from_wire(wire: Vec<PreparedWire>, fds: Vec<OwnedFd>) -> Result<Vec<Prepa
                 PreparedWire::Symlink { target, link } => Prepared {
                     target,
                     source: Source::Symlink(link),
+                },
+                // Runs in the cell: the clone is made in its mount namespace.
+                PreparedWire::Deferred {
+                    target,
+                    path,
+                    attrs,
+                } => Prepared {
+                    target,
+                    source: restricted_clone(&path, attrs, false)?,
                 },
             })
         })
@@ -356,6 +390,25 @@ pub fn prepare_cgroup_view(
         .collect()
 }
 
+/// [`prepare_cgroup_view`] for a supervisor that cannot clone mount trees (it is not
+/// root: `open_tree(OPEN_TREE_CLONE)` needs CAP_SYS_ADMIN over the mount namespace, which
+/// only the cell has, over its own): sent with the id maps instead of the device nodes,
+/// it is cloned by the cell as it arrives, with every other source the cell then clones
+/// for itself, all before its staging tmpfs and its pivot hide the host's paths
+/// (`crates/cell/src/launcher.rs`).
+pub fn deferred_cgroup_view(plan: &CellPlan, view: &[(PathBuf, PathBuf)]) -> Vec<Prepared> {
+    let attrs = tree_attrs(&plan.layout.trees.cgroup_view);
+    view.iter()
+        .map(|(target, host)| Prepared {
+            target: target.clone(),
+            source: Source::Deferred {
+                path: host.clone(),
+                attrs,
+            },
+        })
+        .collect()
+}
+
 /// The host's device nodes for the cell's `/dev`, cloned by the supervisor. They travel
 /// with the id maps, so the cell can mask `/proc` (with `/dev/null`) before the release.
 pub fn prepare_devices(plan: &CellPlan) -> Result<Vec<Prepared>, Stage> {
@@ -462,6 +515,11 @@ fn place<K: Kernel>(kernel: &mut K, item: Prepared) -> Result<(), Stage> {
                 .attach_tree(fd, at)
                 .map_err(|e| Stage::io("rootfs.attach", at, e))
         }
+        // `from_wire` clones deferred sources as they arrive in the cell.
+        Source::Deferred { path, .. } => Err(Stage::new(
+            "rootfs.attach",
+            format!("{}: a deferred source was never cloned", path.display()),
+        )),
     }
 }
 

@@ -1838,6 +1838,20 @@ pub fn overlay_lower_only(lowerdirs: &[&Path], attrs: u64) -> io::Result<OwnedFd
     Ok(unsafe { OwnedFd::from_raw_fd(mnt) })
 }
 
+// ---------------------------------------------------------------------------------------
+// Unprivileged operation (crates/cell/src/cgroup/mod.rs: delegated cgroup subtrees)
+
+/// Whether this process may write `path` and search it when it is a directory, judged
+/// by the kernel with the effective ids (`faccessat(AT_EACCESS)`), as a later write will.
+pub fn writable_by_caller(path: &Path) -> bool {
+    let mode = libc::W_OK | if path.is_dir() { libc::X_OK } else { 0 };
+    let Ok(path) = cstring(path) else {
+        return false;
+    };
+    // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
+    unsafe { libc::faccessat(libc::AT_FDCWD, path.as_ptr(), mode, libc::AT_EACCESS) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,11 +74,45 @@ impl CgroupLayout {
         self.backend().parents()
     }
 
-    /// Detects the layout; `AIRLOCK_CGROUP_ROOT` overrides the mount point (tests use it).
+    /// Detects the layout and where this process may create cells in it (see
+    /// [`CgroupLayout::for_caller`]); `AIRLOCK_CGROUP_ROOT` overrides the mount point
+    /// (tests use it).
     pub fn detect() -> Result<CgroupLayout, CellError> {
         let root = std::env::var_os("AIRLOCK_CGROUP_ROOT")
             .map_or_else(|| PathBuf::from(CGROUP_ROOT), PathBuf::from);
-        CgroupLayout::detect_at(&root, swap_enabled())
+        let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        CgroupLayout::detect_at(&root, swap_enabled())?.for_caller(
+            crate::sys::geteuid(),
+            &own,
+            &crate::sys::writable_by_caller,
+        )
+    }
+
+    /// Where `uid`'s cells go. Root creates them under `airlock` in each hierarchy.
+    /// Anyone else needs a subtree delegated to them (its directory and `cgroup.procs`
+    /// writable: `writable`), in every hierarchy: `airlock/user-<uid>` (an operator's
+    /// `mkdir` + `chown`, or libcgroup's `cgcreate -a -t`), else the process's own cgroup
+    /// from `own_cgroups` (the text of `/proc/self/cgroup`) when it was delegated. Without
+    /// one the cell cannot hold its ceilings: refused, naming the fix.
+    pub fn for_caller(
+        self,
+        uid: u32,
+        own_cgroups: &str,
+        writable: &dyn Fn(&Path) -> bool,
+    ) -> Result<CgroupLayout, CellError> {
+        if uid == 0 {
+            return Ok(self);
+        }
+        match self {
+            CgroupLayout::V1(v1) => v1_delegated(v1, uid, own_cgroups, writable).map(CgroupLayout::V1),
+            CgroupLayout::V2(v2) => Err(CellError::Unavailable {
+                control: "cgroups.delegation",
+                reason: format!(
+                    "uid {uid} cannot create cell cgroups on cgroup v2 at {}: delegated v2 subtrees are not supported yet; run airlock as root",
+                    v2.root.display()
+                ),
+            }),
+        }
     }
 
     /// The layout of the cgroup tree mounted at `root`, on a host with or without swap.
@@ -92,6 +126,7 @@ impl CgroupLayout {
             if missing.is_empty() {
                 return Ok(CgroupLayout::V2(V2 {
                     root: root.to_path_buf(),
+                    cells_under: PathBuf::from(PARENT_NAME),
                 }));
             }
             return Err(CellError::Unavailable {
@@ -125,6 +160,7 @@ impl CgroupLayout {
                     pids,
                     cpu,
                     freezer,
+                    cells_under: std::array::from_fn(|_| PathBuf::from(PARENT_NAME)),
                 }))
             }
             (memory, pids, cpu, freezer) => {
@@ -149,6 +185,85 @@ impl CgroupLayout {
             }
         }
     }
+}
+
+/// The user's subtree in each v1 hierarchy, or the refusal naming the hierarchies without
+/// one and the commands that would delegate them.
+fn v1_delegated(
+    v1: V1,
+    uid: u32,
+    own_cgroups: &str,
+    writable: &dyn Fn(&Path) -> bool,
+) -> Result<V1, CellError> {
+    let conventional = Path::new(PARENT_NAME).join(format!("user-{uid}"));
+    let usable = |root: &Path, under: &Path| {
+        let dir = root.join(under);
+        dir.is_dir() && writable(&dir) && writable(&dir.join("cgroup.procs"))
+    };
+    let mut found: Vec<Option<PathBuf>> = Vec::new();
+    for root in v1.hierarchies() {
+        let controller = hierarchy_controller(root);
+        let own = own_cgroup(own_cgroups, controller);
+        let choice = [Some(conventional.clone()), own]
+            .into_iter()
+            .flatten()
+            .find(|under| usable(root, under));
+        found.push(choice);
+    }
+    let missing: Vec<&str> = v1
+        .hierarchies()
+        .iter()
+        .zip(&found)
+        .filter(|(_, f)| f.is_none())
+        .map(|(root, _)| hierarchy_controller(root))
+        .collect();
+    if !missing.is_empty() {
+        return Err(CellError::Unavailable {
+            control: "cgroups.delegation",
+            reason: format!(
+                "no cgroup subtree is delegated to uid {uid} in the {} hierarchy(ies) (looked for a writable {} and the process's own cgroups); to delegate one, as root: {}",
+                missing.join(", "),
+                conventional.display(),
+                delegation_command(&v1, uid),
+            ),
+        });
+    }
+    let cells_under: Vec<PathBuf> = found.into_iter().flatten().collect();
+    Ok(V1 {
+        cells_under: cells_under.try_into().expect("four hierarchies"),
+        ..v1
+    })
+}
+
+/// The one command that delegates `airlock/user-<uid>` in every hierarchy a cell needs.
+pub fn delegation_command(v1: &V1, uid: u32) -> String {
+    let dirs: Vec<String> = v1
+        .hierarchies()
+        .iter()
+        .map(|root| format!("{}/{PARENT_NAME}/user-{uid}", root.display()))
+        .collect();
+    format!(
+        "for d in {}; do mkdir -p $d && chown {uid} $d $d/cgroup.procs; done",
+        dirs.join(" ")
+    )
+}
+
+/// The controller a v1 hierarchy is named for (`cpu,cpuacct` -> `cpu`).
+fn hierarchy_controller(root: &Path) -> &str {
+    let name = root.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name.split(',').next().unwrap_or(name)
+}
+
+/// The process's own cgroup in the v1 hierarchy of `controller`, relative to its root,
+/// from `/proc/self/cgroup` (`id:controllers:/path`); `None` at the root.
+fn own_cgroup(own_cgroups: &str, controller: &str) -> Option<PathBuf> {
+    own_cgroups.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let relative = path.trim_start_matches('/');
+        (controllers.split(',').any(|c| c == controller) && !relative.is_empty())
+            .then(|| PathBuf::from(relative))
+    })
 }
 
 fn swap_enabled() -> bool {
@@ -373,6 +488,15 @@ pub fn cgroup_name(started: u64) -> String {
     format!("{}-{started}-{nanos}", std::process::id())
 }
 
+/// Whether `name` is a cell's (see [`cgroup_name`]): three numbers joined by dashes.
+fn is_cell_name(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('-').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
 fn supervisor_alive(name: &str) -> bool {
     let mut parts = name.split('-');
     let (Some(pid), Some(started)) = (parts.next(), parts.next()) else {
@@ -400,7 +524,9 @@ pub fn find_leftovers(layout: &CgroupLayout) -> Vec<LeftoverCgroup> {
             let name = entry.file_name().to_string_lossy().into_owned();
             // d_type from the directory listing: no stat per control file.
             let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            // Only cells: a subtree delegated to a user (`user-<uid>`) is not one.
             if is_dir
+                && is_cell_name(&name)
                 && !*alive
                     .entry(name.clone())
                     .or_insert_with(|| supervisor_alive(&name))
@@ -519,6 +645,149 @@ mod tests {
         );
         let layout = CgroupLayout::detect_at(root.path(), true).unwrap();
         (root, layout)
+    }
+
+    /// `/proc/self/cgroup` of a process in a cgroup of its own in every v1 hierarchy.
+    const OWN_CGROUPS: &str =
+        "8:pids:/jobs/ci\n6:freezer:/jobs/ci\n4:memory:/jobs/ci\n2:cpu,cpuacct:/jobs/ci\n0::/\n";
+
+    fn everything_writable(_: &Path) -> bool {
+        true
+    }
+
+    fn cells_under(layout: &CgroupLayout) -> Vec<PathBuf> {
+        let CgroupLayout::V1(v1) = layout else {
+            panic!("v1 expected")
+        };
+        v1.cells_under.to_vec()
+    }
+
+    #[test]
+    fn a_delegated_user_subtree_is_never_taken_for_a_leftover_cell() {
+        let (root, layout) = v1_fixture();
+        let parents = layout.parents();
+        for parent in &parents {
+            fs::create_dir_all(parent.join("user-1001")).unwrap();
+            fs::create_dir_all(parent.join("1-2-3")).unwrap();
+        }
+        let found: Vec<PathBuf> = find_leftovers(&layout)
+            .into_iter()
+            .map(|l| l.path)
+            .collect();
+        assert_eq!(found.len(), 4, "{found:?}");
+        assert!(found.iter().all(|p| p.ends_with("1-2-3")), "{found:?}");
+        assert!(is_cell_name(&cgroup_name(7)));
+        drop(root);
+    }
+
+    #[test]
+    fn root_keeps_the_airlock_subtree_in_every_hierarchy() {
+        let (_root, layout) = v1_fixture();
+        let layout = layout.for_caller(0, OWN_CGROUPS, &|_| false).unwrap();
+        assert_eq!(cells_under(&layout), vec![PathBuf::from("airlock"); 4]);
+    }
+
+    #[test]
+    fn a_user_takes_the_operators_user_subtree_first() {
+        let (root, layout) = v1_fixture();
+        for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
+            touch(
+                &root
+                    .path()
+                    .join(hierarchy)
+                    .join("airlock/user-1001/cgroup.procs"),
+                "",
+            );
+            touch(
+                &root.path().join(hierarchy).join("jobs/ci/cgroup.procs"),
+                "",
+            );
+        }
+        let layout = layout
+            .for_caller(1001, OWN_CGROUPS, &everything_writable)
+            .unwrap();
+        assert_eq!(
+            cells_under(&layout),
+            vec![PathBuf::from("airlock/user-1001"); 4]
+        );
+        assert!(layout.parents()[2].ends_with("cpu,cpuacct/airlock/user-1001"));
+    }
+
+    #[test]
+    fn a_user_falls_back_to_its_own_delegated_cgroup() {
+        let (root, layout) = v1_fixture();
+        for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
+            touch(
+                &root.path().join(hierarchy).join("jobs/ci/cgroup.procs"),
+                "",
+            );
+        }
+        let layout = layout
+            .for_caller(1001, OWN_CGROUPS, &everything_writable)
+            .unwrap();
+        assert_eq!(cells_under(&layout), vec![PathBuf::from("jobs/ci"); 4]);
+    }
+
+    #[test]
+    fn a_subtree_the_user_cannot_write_is_not_delegated() {
+        let (root, layout) = v1_fixture();
+        for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
+            touch(
+                &root
+                    .path()
+                    .join(hierarchy)
+                    .join("airlock/user-1001/cgroup.procs"),
+                "",
+            );
+        }
+        // The operator chowned the directory but not the pids hierarchy's cgroup.procs.
+        let pids_procs = root.path().join("pids/airlock/user-1001/cgroup.procs");
+        let writable = |p: &Path| p != pids_procs;
+        let error = layout.for_caller(1001, OWN_CGROUPS, &writable).unwrap_err();
+        let CellError::Unavailable { control, reason } = &error else {
+            panic!("{error:?}")
+        };
+        assert_eq!(*control, "cgroups.delegation");
+        assert!(reason.contains("in the pids hierarchy"), "{reason}");
+        assert!(
+            reason.contains("mkdir -p $d && chown 1001 $d $d/cgroup.procs"),
+            "{reason}"
+        );
+        assert_eq!(
+            error.class(),
+            crate::report::ResultClass::SandboxUnavailable
+        );
+    }
+
+    #[test]
+    fn a_user_without_any_subtree_is_refused_naming_every_hierarchy() {
+        let (_root, layout) = v1_fixture();
+        let error = layout
+            .for_caller(1001, "0::/\n", &everything_writable)
+            .unwrap_err();
+        let reason = error.to_string();
+        for controller in ["memory", "pids", "cpu", "freezer"] {
+            assert!(reason.contains(controller), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_user_on_cgroup_v2_is_refused_until_v2_delegation_exists() {
+        let (_root, layout) = v2_fixture();
+        let error = layout
+            .for_caller(1001, "0::/user.slice\n", &everything_writable)
+            .unwrap_err();
+        assert!(error.to_string().contains("cgroup v2"), "{error}");
+    }
+
+    #[test]
+    fn the_own_cgroup_is_read_per_controller_and_never_the_root() {
+        assert_eq!(
+            own_cgroup(OWN_CGROUPS, "cpu"),
+            Some(PathBuf::from("jobs/ci"))
+        );
+        assert_eq!(own_cgroup("4:memory:/\n", "memory"), None);
+        assert_eq!(own_cgroup("4:memory:/a\n", "pids"), None);
     }
 
     /// Removes the fixture's plain control files, which a real cgroupfs rmdir ignores.

@@ -14,6 +14,16 @@ pub struct V1 {
     pub pids: PathBuf,
     pub cpu: PathBuf,
     pub freezer: PathBuf,
+    /// Where the cells go below each hierarchy's root (memory, pids, cpu, freezer):
+    /// `airlock` for root, a subtree delegated to the user otherwise (see
+    /// [`super::CgroupLayout::for_caller`]).
+    pub cells_under: [PathBuf; 4],
+}
+
+impl V1 {
+    pub fn hierarchies(&self) -> [&PathBuf; 4] {
+        [&self.memory, &self.pids, &self.cpu, &self.freezer]
+    }
 }
 
 impl CgroupBackend for V1 {
@@ -22,9 +32,10 @@ impl CgroupBackend for V1 {
     }
 
     fn parents(&self) -> Vec<PathBuf> {
-        [&self.memory, &self.pids, &self.cpu, &self.freezer]
+        self.hierarchies()
             .iter()
-            .map(|p| p.join(super::PARENT_NAME))
+            .zip(&self.cells_under)
+            .map(|(root, under)| root.join(under))
             .collect()
     }
 

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct V2 {
     pub root: PathBuf,
+    /// Where the cells go below the root: `airlock` (root only: see
+    /// [`super::CgroupLayout::for_caller`]).
+    pub cells_under: PathBuf,
 }
 
 impl CgroupBackend for V2 {
@@ -19,7 +22,7 @@ impl CgroupBackend for V2 {
     }
 
     fn parents(&self) -> Vec<PathBuf> {
-        vec![self.root.join(super::PARENT_NAME)]
+        vec![self.root.join(&self.cells_under)]
     }
 
     fn enable_controllers(&self, parent: &Path) -> std::io::Result<()> {

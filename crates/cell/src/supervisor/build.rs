@@ -144,7 +144,14 @@ pub fn build<'a>(
     };
     // The device nodes go with the maps: the cell builds /dev and masks /proc with them
     // before the release.
-    let mapped = rootfs::prepare_devices(plan)
+    let clones_in_cell = cell_clones_its_sources();
+    // The cgroup exists by now: such a cell clones its view of it with everything else.
+    let devices = if clones_in_cell {
+        Ok(rootfs::deferred_cgroup_view(plan, &cgroup.view()))
+    } else {
+        rootfs::prepare_devices(plan)
+    };
+    let mapped = devices
         .map_err(launch_error)
         .and_then(|devices| {
             write_id_maps(spawned.pid, plan, host)?;
@@ -161,6 +168,9 @@ pub fn build<'a>(
     let spawned_ms = ms_since(started);
     let prepared = seccomp::program(&plan.seccomp).and_then(|program| {
         let cell_ids = (host.source == IdentitySource::Pool).then_some((host.uid, host.gid));
+        if clones_in_cell {
+            return Ok((program, Vec::new(), Vec::new()));
+        }
         let (mut mounts, notes) = rootfs::prepare_sources(plan, cell_ids).map_err(launch_error)?;
         mounts.extend(rootfs::prepare_cgroup_view(plan, &cgroup.view()).map_err(launch_error)?);
         Ok((program, mounts, notes))
@@ -461,6 +471,13 @@ fn kill_and_reap(pidfd: &OwnedFd, pid: libc::pid_t) {
 /// Clones the cell. `supervisor` is this process: the proof that it is single-threaded
 /// and its command line area (which pid 1 overwrites); `host` the cell's host identity
 /// and the lock file of its slot (which pid 1 keeps open).
+/// open_tree(OPEN_TREE_CLONE) needs CAP_SYS_ADMIN over the host's mount namespace: a
+/// supervisor without it (not root, or root in a container) leaves the cloning to the
+/// cell, in its own.
+fn cell_clones_its_sources() -> bool {
+    !crate::privilege::can_clone_mount_trees()
+}
+
 fn spawn_cell(
     (single, supervisor_command_line): (sys::SingleThreaded, &sys::CommandLineArea),
     (host, slot): (HostIdentity, Option<RawFd>),
@@ -470,6 +487,9 @@ fn spawn_cell(
     payload_cpus: Option<&sys::CpuSet>,
     caller_terminal: Option<&mut CallerTerminal>,
 ) -> Result<SpawnedCell, CellError> {
+    // Read before the clone: in the child, until its maps are written, every id is the
+    // overflow id.
+    let clones_in_cell = cell_clones_its_sources();
     let window = caller_terminal
         .as_ref()
         .map_or(DEFAULT_WINDOW, |t| t.window());
@@ -514,6 +534,7 @@ fn spawn_cell(
                 session,
                 setup_cpu,
                 window,
+                clones_in_cell,
             })
         }
         Ok(sys::CloneOutcome::Parent { pid, pidfd }) => {

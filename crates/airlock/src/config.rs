@@ -17,6 +17,8 @@ pub struct OperatorConfig {
     /// OCI images as cell roots: the default registry and the unpacker's ceilings.
     pub images: ImagesConfig,
     pub host_ids: HostIdsConfig,
+    /// The tool registry, the generic tools' contract and the agent loop (docs/tools.md).
+    pub tools: airlock_agent::ToolsConfig,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

@@ -1,11 +1,14 @@
 //! The `airlock` command line: run a command in a cell, check the host, and (later
 //! issues) query the audit store.
 
+mod agent;
 mod audit;
 mod config;
 mod image;
+mod mcp;
 mod run;
 mod run_image;
+mod tool;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -55,6 +58,12 @@ enum Command {
     },
     /// Import, list, inspect, remove and garbage-collect OCI images (cell roots).
     Image(image::ImageArgs),
+    /// The operator's tools: list, describe, call one through the tool protocol.
+    Tool(tool::ToolArgs),
+    /// Serve the tools over MCP (stdio, or streamable HTTP with --listen).
+    Mcp(mcp::McpArgs),
+    /// Run a task with an OpenAI-compatible model and the operator's tools.
+    Agent(agent::AgentArgs),
     /// Check that this host can enforce every control of a cell.
     Doctor {
         /// Print the checks as JSON.
@@ -86,6 +95,9 @@ fn main() -> ExitCode {
         Command::Stats { store, json } => audit::stats(store, json),
         Command::Config { command } => config_command(command),
         Command::Image(args) => image::image(args),
+        Command::Tool(args) => tool::tool(args),
+        Command::Mcp(args) => mcp::mcp(args),
+        Command::Agent(args) => agent::agent(args),
         Command::Doctor { json, config } => doctor(json, config.as_deref()),
     }
 }

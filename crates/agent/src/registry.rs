@@ -327,6 +327,18 @@ output_schema = { type = "object" }
         assert!(Registry::load(&config(&text), Path::new("/")).is_err());
     }
 
+    /// docs/tool.schema.json is the schema of one tool file; `AIRLOCK_BLESS=1` rewrites it.
+    #[test]
+    fn checked_in_tool_schema_matches_the_types() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/tool.schema.json");
+        let schema = serde_json::to_string_pretty(&schemars::schema_for!(ToolSpec)).unwrap() + "\n";
+        if std::env::var_os("AIRLOCK_BLESS").is_some() {
+            std::fs::write(&path, &schema).unwrap();
+        }
+        let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(checked_in, schema, "docs/tool.schema.json is stale: AIRLOCK_BLESS=1 cargo test -p airlock-agent");
+    }
+
     #[test]
     fn tool_names_are_function_names() {
         assert!(valid_tool_name("db_query"));

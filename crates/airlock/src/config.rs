@@ -432,6 +432,8 @@ mod tests {
             ("store", "StoreConfig"),
             ("images", "ImagesConfig"),
             ("host_ids", "HostIdsConfig"),
+            ("tools", "ToolsConfig"),
+            ("tools.agent", "AgentSettings"),
         ] {
             let properties = schema["$defs"][def]["properties"].as_object().unwrap();
             for key in properties.keys() {

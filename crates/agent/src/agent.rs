@@ -134,9 +134,15 @@ pub fn run_agent(
     }
     outcome.tool_calls = state.tool_calls;
     drop(state);
-    outcome.transcript_id = store_transcript(toolbox, options, task, &outcome, &messages, started_ms)
-        .map_err(|err| outcome.error.get_or_insert(format!("transcript not stored: {err}")).clone())
-        .ok();
+    outcome.transcript_id =
+        store_transcript(toolbox, options, task, &outcome, &messages, started_ms)
+            .map_err(|err| {
+                outcome
+                    .error
+                    .get_or_insert(format!("transcript not stored: {err}"))
+                    .clone()
+            })
+            .ok();
     outcome
 }
 
@@ -174,9 +180,7 @@ impl Loop<'_> {
         };
         let output = shell::run_shell(&session, output_bytes, &call.id, &action, cancel);
         let value = serde_json::to_value(&output).unwrap_or_default();
-        self.toolbox
-            .redacted_value(value)
-            .to_string()
+        self.toolbox.redacted_value(value).to_string()
     }
 
     fn shell_session(&mut self) -> Result<(Arc<Session>, u64), AgentError> {

@@ -141,7 +141,10 @@ impl ToolBox {
     /// Calls tool `name` with `input`.
     pub fn call(&self, name: &str, input: &Value, cancel: &Cancel) -> CallResult {
         let Some(tool) = self.registry.get(name) else {
-            let message = format!("there is no tool named {:?}", crate::schema::bounded(name, 64));
+            let message = format!(
+                "there is no tool named {:?}",
+                crate::schema::bounded(name, 64)
+            );
             return self.refuse(name, reason::UNKNOWN_TOOL, &message);
         };
         if let Err(violation) = tool.input.check(input) {
@@ -150,7 +153,7 @@ impl ToolBox {
         }
         let planned = match self.plan_for(tool) {
             Ok(planned) => planned,
-            Err(refused) => return refused,
+            Err(refused) => return *refused,
         };
         let stdin = serde_json::to_vec(input).unwrap_or_default();
         let executed = self.execute(tool, planned.plan, &stdin, cancel);
@@ -161,14 +164,20 @@ impl ToolBox {
         }
     }
 
-    fn plan_for(&self, tool: &Tool) -> Result<PlannedCell, CallResult> {
+    fn plan_for(&self, tool: &Tool) -> Result<PlannedCell, Box<CallResult>> {
         let planned = self
             .planner
             .plan(Some(&tool.contract), &tool.command)
             .map_err(|err| {
                 let message = "the tool's contract could not be compiled (the audit record \
                                has the details)";
-                self.refuse_recorded(&tool.name, err.class, reason::CONTRACT, message, &err.detail)
+                Box::new(self.refuse_recorded(
+                    &tool.name,
+                    err.class,
+                    reason::CONTRACT,
+                    message,
+                    &err.detail,
+                ))
             })?;
         let forbidden = planned
             .plan
@@ -181,13 +190,13 @@ impl ToolBox {
                 credential.name, credential.from_env
             );
             let message = "the tool's contract asks for the model endpoint's API key";
-            return Err(self.refuse_recorded(
+            return Err(Box::new(self.refuse_recorded(
                 &tool.name,
                 ResultClass::PolicyDenied,
                 reason::CREDENTIAL,
                 message,
                 &detail,
-            ));
+            )));
         }
         Ok(planned)
     }
@@ -265,7 +274,13 @@ impl ToolBox {
 
     fn failed(&self, name: &str, detail: &str) -> CallResult {
         let message = "airlock could not run the tool (the audit record has the details)";
-        self.refuse_recorded(name, ResultClass::RuntimeFault, reason::RUNTIME, message, detail)
+        self.refuse_recorded(
+            name,
+            ResultClass::RuntimeFault,
+            reason::RUNTIME,
+            message,
+            detail,
+        )
     }
 
     /// Secrets never reach the model, whatever a message quotes.

@@ -33,8 +33,8 @@ pub struct CommandResult {
 
 impl CommandResult {
     fn of(execution: &Execution, cap: u64) -> CommandResult {
-        let truncated = execution.stdout_seen > cap
-            || (execution.stdout.len() as u64) < execution.stdout_seen;
+        let truncated =
+            execution.stdout_seen > cap || (execution.stdout.len() as u64) < execution.stdout_seen;
         let shown = &execution.stdout[..execution.stdout.len().min(cap as usize)];
         let output = execution.report.output.as_ref();
         CommandResult {
@@ -94,7 +94,14 @@ impl Generic {
             keep_stderr: false,
             wall_time_ms: None,
         };
-        let executed = exec::run_once(&self.toolbox.engine, plan, "generic", Vec::new(), run, cancel)?;
+        let executed = exec::run_once(
+            &self.toolbox.engine,
+            plan,
+            "generic",
+            Vec::new(),
+            run,
+            cancel,
+        )?;
         Ok(CommandResult::of(&executed, self.cap()))
     }
 
@@ -139,7 +146,12 @@ impl Generic {
         self.lock()
             .get(id)
             .map(|open| (Arc::clone(&open.session), open.output_bytes))
-            .ok_or_else(|| AgentError::Agent(format!("no open session {:?}", crate::schema::bounded(id, 64))))
+            .ok_or_else(|| {
+                AgentError::Agent(format!(
+                    "no open session {:?}",
+                    crate::schema::bounded(id, 64)
+                ))
+            })
     }
 
     /// Runs `argv` in session `id`.
@@ -189,10 +201,12 @@ impl Generic {
 
     /// Closes session `id`: its cell is destroyed.
     pub fn session_close(&self, id: &str) -> Result<CallMeta, AgentError> {
-        let open = self
-            .lock()
-            .remove(id)
-            .ok_or_else(|| AgentError::Agent(format!("no open session {:?}", crate::schema::bounded(id, 64))))?;
+        let open = self.lock().remove(id).ok_or_else(|| {
+            AgentError::Agent(format!(
+                "no open session {:?}",
+                crate::schema::bounded(id, 64)
+            ))
+        })?;
         let session = Arc::try_unwrap(open.session)
             .map_err(|_| AgentError::Agent("the session has a command running".into()))?;
         let report = session.close()?;

@@ -21,7 +21,7 @@ pub mod registry;
 pub mod schema;
 pub mod shell;
 
-pub use call::{CallMeta, CallResult, Planner, PlannedCell, ToolBox};
+pub use call::{CallMeta, CallResult, PlannedCell, Planner, ToolBox};
 pub use error::AgentError;
 pub use protocol::{ErrorInfo, ToolReply};
 pub use registry::{Registry, Tool, ToolSpec, ToolsConfig};

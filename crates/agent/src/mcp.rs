@@ -116,8 +116,12 @@ impl McpState {
 
     fn tools(&self) -> Vec<Tool> {
         let registry = self.toolbox.registry.tools.values().map(|tool| {
-            Tool::new(tool.name.clone(), tool.description.clone(), object(tool.input.source()))
-                .with_raw_output_schema(Arc::new(object(tool.output.source())))
+            Tool::new(
+                tool.name.clone(),
+                tool.description.clone(),
+                object(tool.input.source()),
+            )
+            .with_raw_output_schema(Arc::new(object(tool.output.source())))
         });
         let generic = self.generic_tools.iter().map(|tool| {
             Tool::new(tool.name, tool.description, object(tool.input.source()))
@@ -145,7 +149,12 @@ impl McpState {
         let argv = || -> Vec<String> {
             args.get("command")
                 .and_then(Value::as_array)
-                .map(|items| items.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+                .map(|items| {
+                    items
+                        .iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect()
+                })
                 .unwrap_or_default()
         };
         let generic = &self.generic;

@@ -177,7 +177,11 @@ impl ChatClient {
         }
     }
 
-    fn attempt(&self, request: &ChatRequest<'_>, timeout: Duration) -> Result<ChatResponse, Attempt> {
+    fn attempt(
+        &self,
+        request: &ChatRequest<'_>,
+        timeout: Duration,
+    ) -> Result<ChatResponse, Attempt> {
         let response = self
             .http
             .post(&self.url)

@@ -255,7 +255,10 @@ mod tests {
     fn valid_output_is_ok_with_the_value_and_run_id() {
         let r = report(ResultClass::Ok);
         let reply = verdict(&outcome(&r, b"{\"rows\":[]}\n", 12), &schema());
-        assert_eq!(reply.to_value(), json!({"ok": true, "output": {"rows": []}, "run_id": "r1"}));
+        assert_eq!(
+            reply.to_value(),
+            json!({"ok": true, "output": {"rows": []}, "run_id": "r1"})
+        );
     }
 
     #[test]

@@ -306,7 +306,10 @@ output_schema = { type = "object" }
             "input_schema = { \"$ref\" = \"http://127.0.0.1:9/s.json\" }",
         );
         let err = Registry::load(&config(&text), Path::new("/")).unwrap_err();
-        assert!(err.to_string().starts_with("tools.echo.input_schema"), "{err}");
+        assert!(
+            err.to_string().starts_with("tools.echo.input_schema"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -318,7 +321,10 @@ output_schema = { type = "object" }
         let text = format!("dir = {:?}\n", dir.path());
         let registry = Registry::load(&config(&text), Path::new("/")).unwrap();
         assert_eq!(registry.tools.keys().collect::<Vec<_>>(), ["upper"]);
-        assert_eq!(registry.get("upper").unwrap().contract, dir.path().join("c.yaml"));
+        assert_eq!(
+            registry.get("upper").unwrap().contract,
+            dir.path().join("c.yaml")
+        );
     }
 
     #[test]
@@ -336,7 +342,10 @@ output_schema = { type = "object" }
             std::fs::write(&path, &schema).unwrap();
         }
         let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
-        assert_eq!(checked_in, schema, "docs/tool.schema.json is stale: AIRLOCK_BLESS=1 cargo test -p airlock-agent");
+        assert_eq!(
+            checked_in, schema,
+            "docs/tool.schema.json is stale: AIRLOCK_BLESS=1 cargo test -p airlock-agent"
+        );
     }
 
     #[test]

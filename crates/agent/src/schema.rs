@@ -119,7 +119,8 @@ mod tests {
 
     #[test]
     fn a_remote_ref_is_refused_naming_where_it_is() {
-        let schema = json!({"type": "object", "properties": {"q": {"$ref": "http://127.0.0.1:1/s.json"}}});
+        let schema =
+            json!({"type": "object", "properties": {"q": {"$ref": "http://127.0.0.1:1/s.json"}}});
         let err = Schema::compile(schema).unwrap_err();
         assert!(err.contains("/properties/q/$ref"), "{err}");
     }

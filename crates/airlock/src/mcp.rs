@@ -47,14 +47,15 @@ async fn serve(state: Arc<McpState>, args: &McpArgs) -> anyhow::Result<()> {
     let key = std::env::var(&args.key_env)
         .map_err(|_| anyhow::anyhow!("--listen needs a Bearer key in ${}", args.key_env))?;
     if key.len() < 16 {
-        anyhow::bail!("the Bearer key in ${} is shorter than 16 characters", args.key_env);
+        anyhow::bail!(
+            "the Bearer key in ${} is shorter than 16 characters",
+            args.key_env
+        );
     }
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let address = listener.local_addr()?;
-    let router = axum::Router::new().nest_service(
-        "/mcp",
-        http_router(state, single_key(key), Vec::new()),
-    );
+    let router =
+        axum::Router::new().nest_service("/mcp", http_router(state, single_key(key), Vec::new()));
     eprintln!("airlock: mcp: listening on http://{address}/mcp");
     axum::serve(listener, router).await?;
     Ok(())

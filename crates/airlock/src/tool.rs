@@ -73,7 +73,10 @@ fn list(registry: &Registry, json: bool) -> ExitCode {
             .values()
             .map(|t| serde_json::json!({"name": t.name, "description": t.description}))
             .collect();
-        println!("{}", serde_json::to_string_pretty(&tools).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&tools).unwrap_or_default()
+        );
     } else {
         for tool in registry.tools.values() {
             println!("{:<24} {}", tool.name, tool.description);
@@ -96,7 +99,10 @@ fn describe(registry: &Registry, name: &str) -> ExitCode {
         "command": tool.command,
         "max_output_bytes": tool.max_output_bytes,
     });
-    println!("{}", serde_json::to_string_pretty(&described).unwrap_or_default());
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&described).unwrap_or_default()
+    );
     ExitCode::SUCCESS
 }
 
@@ -108,7 +114,11 @@ fn call(toolbox: &ToolBox, name: &str, input: &str) -> ExitCode {
     let meta = &result.meta;
     eprintln!(
         "airlock: tool {name}: run {} {} exit {} limit {} truncated {}",
-        if meta.run_id.is_empty() { "-" } else { &meta.run_id },
+        if meta.run_id.is_empty() {
+            "-"
+        } else {
+            &meta.run_id
+        },
         meta.result_class,
         meta.exit_code.map_or("-".to_string(), |c| c.to_string()),
         meta.limit_fired.as_deref().unwrap_or("-"),
@@ -155,7 +165,9 @@ impl Planner for CliPlanner {
         let (contract, base_dir) = match contract {
             Some(path) => (
                 load_contract_file(path).map_err(refused)?,
-                path.parent().map(Path::to_path_buf).unwrap_or_else(crate::current_dir),
+                path.parent()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(crate::current_dir),
             ),
             None => (airlock_contract::default_contract(), crate::current_dir()),
         };

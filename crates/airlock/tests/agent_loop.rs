@@ -52,8 +52,17 @@ impl ChatServer {
         std::io::BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let port = line.trim().strip_prefix("listening ").unwrap().parse().unwrap();
-        ChatServer { child, port, record }
+        let port = line
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap()
+            .parse()
+            .unwrap();
+        ChatServer {
+            child,
+            port,
+            record,
+        }
     }
 
     fn base_url(&self) -> String {
@@ -93,7 +102,14 @@ fn agent(server: &ChatServer, state: &Path, extra: &[&str], task: &str) -> std::
         .arg(fixtures().join("airlock.toml"))
         .arg("--state-dir")
         .arg(state)
-        .args(["--model", "test-model", "--base-url", &server.base_url(), "--max-turns", "4"])
+        .args([
+            "--model",
+            "test-model",
+            "--base-url",
+            &server.base_url(),
+            "--max-turns",
+            "4",
+        ])
         .args(extra)
         .arg(task)
         .output()
@@ -136,14 +152,29 @@ fn the_model_receives_only_validated_envelopes_never_stderr_keys_or_host_paths()
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "all done");
     let received = server.received();
-    assert_eq!(received.len(), 3, "a 429, its retry, the answer: {received:?}");
+    assert_eq!(
+        received.len(),
+        3,
+        "a 429, its retry, the answer: {received:?}"
+    );
     for request in &received {
         assert_eq!(request["authorization"], format!("Bearer {API_KEY}"));
         let raw = request["raw"].as_str().unwrap();
-        assert!(!raw.contains(API_KEY), "the key is only in the header: {raw}");
+        assert!(
+            !raw.contains(API_KEY),
+            "the key is only in the header: {raw}"
+        );
         assert!(!raw.contains("AIRLOCK_TEST_API_KEY"), "{raw}");
-        assert!(!raw.contains("STDERR-MARKER") && !raw.contains("id_rsa"), "no stderr: {raw}");
-        for host_path in [state.to_str().unwrap(), fixtures().to_str().unwrap(), "/work/", "/var/lib/airlock"] {
+        assert!(
+            !raw.contains("STDERR-MARKER") && !raw.contains("id_rsa"),
+            "no stderr: {raw}"
+        );
+        for host_path in [
+            state.to_str().unwrap(),
+            fixtures().to_str().unwrap(),
+            "/work/",
+            "/var/lib/airlock",
+        ] {
             assert!(!raw.contains(host_path), "no host path {host_path}: {raw}");
         }
         assert_eq!(request["body"]["tools"][0]["type"], "function");
@@ -153,27 +184,46 @@ fn the_model_receives_only_validated_envelopes_never_stderr_keys_or_host_paths()
     assert_eq!(valid["ok"], true);
     assert_eq!(valid["output"], json!({"echo": {"text": "hello"}}));
     assert_eq!(valid["run_id"].as_str().map(str::len), Some(36));
-    assert_eq!(tool_message(last, "call_invalid")["error"]["reason"], "input.schema");
-    assert_eq!(tool_message(last, "call_not_json")["error"]["reason"], "input.not_json");
+    assert_eq!(
+        tool_message(last, "call_invalid")["error"]["reason"],
+        "input.schema"
+    );
+    assert_eq!(
+        tool_message(last, "call_not_json")["error"]["reason"],
+        "input.not_json"
+    );
     let flood = tool_message(last, "call_flood");
     assert_eq!(flood["error"]["reason"], "output.truncated");
-    assert!(last["raw"].as_str().unwrap().len() < 64 << 10, "nothing of the 10 MB reached the model");
+    assert!(
+        last["raw"].as_str().unwrap().len() < 64 << 10,
+        "nothing of the 10 MB reached the model"
+    );
     assert_eq!(tool_message(last, "call_stderr")["ok"], true);
     assert_eq!(tool_message(last, "call_env")["ok"], true);
-    assert_eq!(tool_message(last, "call_unknown")["error"]["reason"], "tool.unknown");
+    assert_eq!(
+        tool_message(last, "call_unknown")["error"]["reason"],
+        "tool.unknown"
+    );
     // Every tool message is exactly an envelope.
     for message in last["body"]["messages"].as_array().unwrap() {
         if message["role"] == "tool" {
-            let envelope: Value = serde_json::from_str(message["content"].as_str().unwrap()).unwrap();
+            let envelope: Value =
+                serde_json::from_str(message["content"].as_str().unwrap()).unwrap();
             let keys: Vec<&String> = envelope.as_object().unwrap().keys().collect();
-            assert!(keys == ["ok", "output", "run_id"] || keys == ["error", "ok", "run_id"], "{envelope}");
+            assert!(
+                keys == ["ok", "output", "run_id"] || keys == ["error", "ok", "run_id"],
+                "{envelope}"
+            );
         }
     }
     // The transcript is stored, redacted.
     let stderr = String::from_utf8_lossy(&out.stderr);
     let id = stderr.split("transcript ").nth(1).unwrap().trim();
     let store = airlock_store::Store::open(&state).unwrap();
-    let transcript = store.transcript(id).unwrap().expect("the transcript is stored");
+    let transcript = store
+        .transcript(id)
+        .unwrap()
+        .expect("the transcript is stored");
     assert_eq!(transcript.outcome, "answered");
     assert_eq!(transcript.tool_calls, 7);
     assert!(!transcript.messages.to_string().contains(API_KEY));
@@ -184,13 +234,20 @@ fn a_contract_taking_the_api_key_as_a_credential_is_refused() {
     require_cells!();
     let dir = tempfile::tempdir().unwrap();
     let contract = dir.path().join("greedy.yaml");
-    std::fs::write(&contract, "image: host\ncredentials:\n  - { name: key, from_env: AIRLOCK_TEST_API_KEY, env: KEY }\n").unwrap();
+    std::fs::write(
+        &contract,
+        "image: host\ncredentials:\n  - { name: key, from_env: AIRLOCK_TEST_API_KEY, env: KEY }\n",
+    )
+    .unwrap();
     let config = dir.path().join("airlock.toml");
     std::fs::write(&config, format!(
         "[tools.agent]\napi_key_env = \"AIRLOCK_TEST_API_KEY\"\n[tools.greedy]\ndescription = \"g\"\ncontract = {:?}\ncommand = [\"env\"]\ninput_schema = {{ type = \"object\" }}\noutput_schema = {{ type = \"object\" }}\n",
         contract
     )).unwrap();
-    let script = json!([assistant(vec![tool_call("call_1", "greedy", "{}")]), answer("ok")]);
+    let script = json!([
+        assistant(vec![tool_call("call_1", "greedy", "{}")]),
+        answer("ok")
+    ]);
     let server = ChatServer::start(dir.path(), &script);
     let out = Command::new(common::airlock_bin())
         .env("AIRLOCK_TEST_API_KEY", API_KEY)
@@ -219,7 +276,12 @@ fn openai_shell_actions_run_in_one_session() {
         answer("shell done"),
     ]);
     let server = ChatServer::start(dir.path(), &script);
-    let out = agent(&server, &dir.path().join("state"), &["--shell"], "Use the shell.");
+    let out = agent(
+        &server,
+        &dir.path().join("state"),
+        &["--shell"],
+        "Use the shell.",
+    );
     assert_eq!(out.status.code(), Some(0), "{}", common::output_text(&out));
     let received = server.received();
     let output = tool_message(&received[1], "call_sh");
@@ -227,8 +289,14 @@ fn openai_shell_actions_run_in_one_session() {
     assert_eq!(output["call_id"], "call_sh");
     assert_eq!(output["max_output_length"], 64);
     let entries = output["output"].as_array().unwrap();
-    assert_eq!(entries[0]["outcome"], json!({"type": "exit", "exit_code": 0}));
-    assert_eq!(entries[1]["stdout"], "kept\n", "files persist between commands: {output}");
+    assert_eq!(
+        entries[0]["outcome"],
+        json!({"type": "exit", "exit_code": 0})
+    );
+    assert_eq!(
+        entries[1]["stdout"], "kept\n",
+        "files persist between commands: {output}"
+    );
     assert_eq!(entries[1]["stderr"], "to-stderr\n");
     assert_eq!(entries[2]["outcome"]["type"], "timeout", "{output}");
     let offered = received[0]["body"]["tools"].as_array().unwrap();
@@ -257,5 +325,9 @@ fn the_openai_python_package_round_trips_tool_calls_through_airlock() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("round trip"));
     let received = server.received();
     let reply = tool_message(received.last().unwrap(), "call_py");
-    assert_eq!(reply["output"], json!({"echo": {"from": "openai-python"}}), "{reply}");
+    assert_eq!(
+        reply["output"],
+        json!({"echo": {"from": "openai-python"}}),
+        "{reply}"
+    );
 }

@@ -18,7 +18,12 @@ fn state(state_dir: &Path) -> Arc<McpState> {
     let mut config = airlock_engine::EngineConfig::new(state_dir.to_path_buf(), Default::default());
     config.program = common::airlock_bin();
     let engine = Arc::new(airlock_engine::Engine::new(config));
-    McpState::new(Arc::new(ToolBox::new(registry, engine, Arc::new(HostPlanner)))).unwrap()
+    McpState::new(Arc::new(ToolBox::new(
+        registry,
+        engine,
+        Arc::new(HostPlanner),
+    )))
+    .unwrap()
 }
 
 const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"router-test","version":"1"}}}"#;
@@ -29,7 +34,8 @@ fn only_requests_with_an_accepted_bearer_key_reach_mcp() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let accepted = ["tenant-a-key-0123456789", "tenant-b-key-9876543210"];
     let check: airlock_agent::mcp::KeyCheck = Arc::new(move |key| accepted.contains(&key));
-    let router = axum::Router::new().nest_service("/mcp", http_router(state(dir.path()), check, Vec::new()));
+    let router =
+        axum::Router::new().nest_service("/mcp", http_router(state(dir.path()), check, Vec::new()));
     let address = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
@@ -48,7 +54,10 @@ fn only_requests_with_an_accepted_bearer_key_reach_mcp() {
             request = request.bearer_auth(key);
         }
         let response = request.send().unwrap();
-        (response.status().as_u16(), response.text().unwrap_or_default())
+        (
+            response.status().as_u16(),
+            response.text().unwrap_or_default(),
+        )
     };
     assert_eq!(post(None).0, 401);
     assert_eq!(post(Some("tenant-c-key-0000000000")).0, 401);

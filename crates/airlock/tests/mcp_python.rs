@@ -28,13 +28,22 @@ fn drive(transport: &str) {
         .output()
         .expect("the test's Python runs");
     let text = common::output_text(&out);
-    assert!(out.status.success(), "the MCP client's checks failed:\n{text}");
+    assert!(
+        out.status.success(),
+        "the MCP client's checks failed:\n{text}"
+    );
     let seen: serde_json::Value = serde_json::from_slice(
-        out.stdout.split(|b| *b == b'\n').find(|l| l.starts_with(b"{")).unwrap_or(b"{}"),
+        out.stdout
+            .split(|b| *b == b'\n')
+            .find(|l| l.starts_with(b"{"))
+            .unwrap_or(b"{}"),
     )
     .unwrap();
     assert!(seen["progress"].as_u64() >= Some(2), "{seen}");
-    assert!(!seen["cancelled_pids"].as_array().unwrap().is_empty(), "{seen}");
+    assert!(
+        !seen["cancelled_pids"].as_array().unwrap().is_empty(),
+        "{seen}"
+    );
 }
 
 #[test]

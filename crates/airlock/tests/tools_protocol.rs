@@ -35,15 +35,28 @@ fn tool_cmd(config: &Path, state: &Path, args: &[&str]) -> Output {
 
 /// `airlock tool call NAME --input INPUT`: the envelope, and the whole output.
 fn call_in(config: &Path, state: &Path, name: &str, input: &Value) -> (Value, Output) {
-    let out = tool_cmd(config, state, &["call", name, "--input", &input.to_string()]);
+    let out = tool_cmd(
+        config,
+        state,
+        &["call", name, "--input", &input.to_string()],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let envelope = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("stdout is one JSON value ({e}): {stdout:?} {}", common::output_text(&out)));
+    let envelope = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "stdout is one JSON value ({e}): {stdout:?} {}",
+            common::output_text(&out)
+        )
+    });
     (envelope, out)
 }
 
 fn call(name: &str, input: Value) -> (Value, Output) {
-    call_in(&fixtures().join("airlock.toml"), common::state_dir(), name, &input)
+    call_in(
+        &fixtures().join("airlock.toml"),
+        common::state_dir(),
+        name,
+        &input,
+    )
 }
 
 /// What the store holds of run `id` (`airlock runs show`).
@@ -62,17 +75,29 @@ fn the_example_tools_answer_with_validated_output() {
     require_cells!();
     let config = examples().join("airlock.toml");
     let state = common::state_dir();
-    let query = json!({"query": "SELECT name, stock FROM items ORDER BY stock DESC", "max_rows": 2});
+    let query =
+        json!({"query": "SELECT name, stock FROM items ORDER BY stock DESC", "max_rows": 2});
     let (reply, out) = call_in(&config, state, "db_query", &query);
     assert_eq!(reply["ok"], true, "{reply} {}", common::output_text(&out));
-    assert_eq!(reply["output"]["rows"], json!([["washer", 3100], ["bolt", 1200]]));
+    assert_eq!(
+        reply["output"]["rows"],
+        json!([["washer", 3100], ["bolt", 1200]])
+    );
     assert_eq!(reply["output"]["truncated"], true);
     assert_eq!(reply["run_id"].as_str().map(str::len), Some(36));
 
     let (reply, _) = call_in(&config, state, "csv_to_json", &json!({"csv": "a,b\n1,2\n"}));
-    assert_eq!(reply["output"], json!({"columns": ["a", "b"], "rows": [{"a": "1", "b": "2"}]}));
+    assert_eq!(
+        reply["output"],
+        json!({"columns": ["a", "b"], "rows": [{"a": "1", "b": "2"}]})
+    );
 
-    let (reply, _) = call_in(&config, state, "python_snippet", &json!({"code": "print(6 * 7)"}));
+    let (reply, _) = call_in(
+        &config,
+        state,
+        "python_snippet",
+        &json!({"code": "print(6 * 7)"}),
+    );
     assert_eq!(reply["output"], json!({"printed": "42\n", "error": null}));
 }
 
@@ -108,13 +133,20 @@ fn invalid_input_is_refused_naming_the_field_before_any_plan_or_cell() {
     // Valid input gets as far as the contract.
     let (reply, _) = call("strict", json!({"count": 1}));
     assert_eq!(reply["error"]["reason"], "tool.contract", "{reply}");
-    assert!(!reply.to_string().contains("missing-contract"), "no host path: {reply}");
+    assert!(
+        !reply.to_string().contains("missing-contract"),
+        "no host path: {reply}"
+    );
 }
 
 #[test]
 fn input_that_is_not_json_and_unknown_tools_are_refused() {
     require_cells!();
-    let out = tool_cmd(&fixtures().join("airlock.toml"), common::state_dir(), &["call", "echo", "--input", "{nope"]);
+    let out = tool_cmd(
+        &fixtures().join("airlock.toml"),
+        common::state_dir(),
+        &["call", "echo", "--input", "{nope"],
+    );
     let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(reply["error"]["reason"], "input.not_json");
     let (reply, _) = call("no_such_tool", json!({}));
@@ -126,7 +158,10 @@ fn the_tool_gets_exactly_the_validated_json_on_stdin() {
     require_cells!();
     let input = json!({"b": [1, 2.5, "é"], "a": {"nested": null}});
     let (reply, _) = call("echo", input.clone());
-    assert_eq!(reply, json!({"ok": true, "output": {"echo": input}, "run_id": reply["run_id"]}));
+    assert_eq!(
+        reply,
+        json!({"ok": true, "output": {"echo": input}, "run_id": reply["run_id"]})
+    );
 }
 
 #[test]
@@ -146,7 +181,11 @@ fn a_tool_printing_10_mb_is_truncated_and_none_of_it_is_handed_on() {
     assert_eq!(reply["ok"], false);
     assert_eq!(reply["error"]["reason"], "output.truncated", "{reply}");
     assert_eq!(reply["error"]["class"], "capacity_exceeded");
-    assert!(out.stdout.len() < 1024, "the envelope is small: {} bytes", out.stdout.len());
+    assert!(
+        out.stdout.len() < 1024,
+        "the envelope is small: {} bytes",
+        out.stdout.len()
+    );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("xxxx"));
     assert!(String::from_utf8_lossy(&out.stderr).contains("truncated true"));
 }
@@ -159,7 +198,10 @@ fn stderr_goes_to_the_audit_record_only() {
     let all = common::output_text(&out);
     assert!(!all.contains("STDERR-MARKER"), "{all}");
     let record = record_of(reply["run_id"].as_str().unwrap());
-    assert!(record.contains("STDERR-MARKER"), "the record keeps stderr: {record}");
+    assert!(
+        record.contains("STDERR-MARKER"),
+        "the record keeps stderr: {record}"
+    );
 }
 
 #[test]
@@ -184,7 +226,12 @@ fn a_tool_sees_neither_the_callers_environment_nor_other_processes_environ() {
     assert!(!text.contains("AIRLOCK_TEST_API_KEY"), "{text}");
     // pid 1 (airlock's) is unreadable; the tool's own environ is the plan's.
     let proc = &reply["output"]["echo"]["proc"];
-    assert!(proc["1"].as_str().is_some_and(|s| s.starts_with("unreadable")), "{proc}");
+    assert!(
+        proc["1"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("unreadable")),
+        "{proc}"
+    );
 }
 
 /// A loopback HTTP server answering every request with a schema, counting them.
@@ -228,21 +275,44 @@ fn a_schema_with_a_remote_ref_is_refused_at_load_and_never_fetched() {
         let out = tool_cmd(&config, dir.path(), &["list"]);
         let text = common::output_text(&out);
         assert_eq!(out.status.code(), Some(2), "{text}");
-        assert!(text.contains("tools.remote."), "names the tool and field: {text}");
-        assert!(text.contains("never fetched") || text.contains("$id"), "{text}");
+        assert!(
+            text.contains("tools.remote."),
+            "names the tool and field: {text}"
+        );
+        assert!(
+            text.contains("never fetched") || text.contains("$id"),
+            "{text}"
+        );
     }
     std::thread::sleep(std::time::Duration::from_millis(200));
-    assert_eq!(count.load(Ordering::SeqCst), 0, "no request reached the schema server");
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        0,
+        "no request reached the schema server"
+    );
 }
 
 #[test]
 fn list_and_describe_show_the_registry() {
     let state = tempfile::tempdir().unwrap();
-    let out = tool_cmd(&examples().join("airlock.toml"), state.path(), &["list", "--json"]);
+    let out = tool_cmd(
+        &examples().join("airlock.toml"),
+        state.path(),
+        &["list", "--json"],
+    );
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let names: Vec<&str> = listed.as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
     assert_eq!(names, ["csv_to_json", "db_query", "python_snippet"]);
-    let out = tool_cmd(&examples().join("airlock.toml"), state.path(), &["describe", "db_query"]);
+    let out = tool_cmd(
+        &examples().join("airlock.toml"),
+        state.path(),
+        &["describe", "db_query"],
+    );
     let described: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(described["input_schema"]["required"], json!(["query"]));
     assert_eq!(described["max_output_bytes"], 1048576);

@@ -207,8 +207,13 @@ impl Generic {
                 crate::schema::bounded(id, 64)
             ))
         })?;
-        let session = Arc::try_unwrap(open.session)
-            .map_err(|_| AgentError::Agent("the session has a command running".into()))?;
+        // A command still running in it holds the session: it is destroyed when that
+        // command ends (nothing can reach it by its id any more).
+        let session = Arc::try_unwrap(open.session).map_err(|_| {
+            AgentError::Agent(
+                "a command of the session is running; its cell is destroyed when it ends".into(),
+            )
+        })?;
         let report = session.close()?;
         Ok(CallMeta::of(&report, false))
     }

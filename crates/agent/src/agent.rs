@@ -128,7 +128,7 @@ pub fn run_agent(
             break;
         }
         for call in &calls {
-            let content = state.answer(call);
+            let content = state.answer(call, deadline);
             messages.push(Message::tool(&call.id, content));
         }
     }
@@ -148,20 +148,27 @@ pub fn run_agent(
 
 impl Loop<'_> {
     /// The content of the tool message answering `call`.
-    fn answer(&mut self, call: &ToolCall) -> String {
+    /// A tool call's command is cut at the task's deadline.
+    fn answer(&mut self, call: &ToolCall, deadline: Instant) -> String {
         self.tool_calls += 1;
         let cancel = Cancel::default();
+        let remaining_ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
         if self.options.shell && call.function.name == SHELL_TOOL {
-            return self.shell_call(call, &cancel);
+            return self.shell_call(call, &cancel, remaining_ms);
         }
-        let result = self
-            .toolbox
-            .call_text(&call.function.name, &call.function.arguments, &cancel);
+        let result = self.toolbox.call_text_within(
+            &call.function.name,
+            &call.function.arguments,
+            &cancel,
+            Some(remaining_ms),
+        );
         result.reply.to_value().to_string()
     }
 
-    fn shell_call(&mut self, call: &ToolCall, cancel: &Cancel) -> String {
-        let action: ShellAction = match serde_json::from_str(&call.function.arguments) {
+    fn shell_call(&mut self, call: &ToolCall, cancel: &Cancel, remaining_ms: u64) -> String {
+        let mut action: ShellAction = match serde_json::from_str(&call.function.arguments) {
             Ok(action) => action,
             Err(err) => {
                 let message = format!("the shell action is not valid: {err}");
@@ -178,6 +185,8 @@ impl Loop<'_> {
                 .to_string()
             }
         };
+        let timeout = action.timeout_ms.unwrap_or(shell::DEFAULT_TIMEOUT_MS);
+        action.timeout_ms = Some(timeout.min(remaining_ms).max(1));
         let output = shell::run_shell(&session, output_bytes, &call.id, &action, cancel);
         let value = serde_json::to_value(&output).unwrap_or_default();
         self.toolbox.redacted_value(value).to_string()

@@ -125,12 +125,24 @@ impl ToolBox {
 
     /// Calls tool `name` with `input` (JSON text, as a model sends function arguments).
     pub fn call_text(&self, name: &str, input: &str, cancel: &Cancel) -> CallResult {
+        self.call_text_within(name, input, cancel, None)
+    }
+
+    /// [`ToolBox::call_text`] whose command's wall time is at most `wall_cap_ms` (the
+    /// agent loop's deadline); the contract's wall time otherwise.
+    pub fn call_text_within(
+        &self,
+        name: &str,
+        input: &str,
+        cancel: &Cancel,
+        wall_cap_ms: Option<u64>,
+    ) -> CallResult {
         if input.len() > MAX_INPUT_BYTES {
             let message = format!("the input is over {MAX_INPUT_BYTES} bytes");
             return self.refuse(name, reason::INPUT_TOO_LARGE, &message);
         }
         match serde_json::from_str::<Value>(input) {
-            Ok(value) => self.call(name, &value, cancel),
+            Ok(value) => self.call_within(name, &value, cancel, wall_cap_ms),
             Err(err) => {
                 let message = format!("the input is not JSON: {err}");
                 self.refuse(name, reason::INPUT_NOT_JSON, &message)
@@ -140,6 +152,16 @@ impl ToolBox {
 
     /// Calls tool `name` with `input`.
     pub fn call(&self, name: &str, input: &Value, cancel: &Cancel) -> CallResult {
+        self.call_within(name, input, cancel, None)
+    }
+
+    fn call_within(
+        &self,
+        name: &str,
+        input: &Value,
+        cancel: &Cancel,
+        wall_cap_ms: Option<u64>,
+    ) -> CallResult {
         let Some(tool) = self.registry.get(name) else {
             let message = format!(
                 "there is no tool named {:?}",
@@ -156,7 +178,8 @@ impl ToolBox {
             Err(refused) => return *refused,
         };
         let stdin = serde_json::to_vec(input).unwrap_or_default();
-        let executed = self.execute(tool, planned.plan, &stdin, cancel);
+        let wall_time_ms = wall_cap_ms.map(|cap| cap.clamp(1, planned.plan.limits.wall_time_ms));
+        let executed = self.execute(tool, planned.plan, &stdin, cancel, wall_time_ms);
         drop(planned.keep_alive);
         match executed {
             Ok(execution) => self.judge(tool, &execution, cancel),
@@ -207,6 +230,7 @@ impl ToolBox {
         plan: CellPlan,
         stdin: &[u8],
         cancel: &Cancel,
+        wall_time_ms: Option<u64>,
     ) -> Result<Execution, crate::AgentError> {
         let credentials = airlock_cell::credential_env(&plan)
             .map_err(|err| crate::AgentError::Agent(err.to_string()))?;
@@ -215,7 +239,7 @@ impl ToolBox {
             stdin,
             cap: tool.max_output_bytes,
             keep_stderr: false,
-            wall_time_ms: None,
+            wall_time_ms,
         };
         let class = format!("tool:{}", tool.name);
         exec::run_once(&self.engine, plan, &class, credentials, command, cancel)

@@ -230,6 +230,33 @@ fn the_model_receives_only_validated_envelopes_never_stderr_keys_or_host_paths()
 }
 
 #[test]
+fn the_deadline_cuts_a_tool_call_and_ends_the_task() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let script = json!([
+        assistant(vec![tool_call("call_slow", "sleep", r#"{"seconds": 50}"#)]),
+        answer("too late"),
+    ]);
+    let server = ChatServer::start(dir.path(), &script);
+    let started = std::time::Instant::now();
+    let out = agent(
+        &server,
+        &dir.path().join("state"),
+        &["--deadline", "4"],
+        "Sleep.",
+    );
+    let text = common::output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("deadline after"), "{text}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(40),
+        "{text}"
+    );
+    // The tool's cell was cut at the deadline; the model was not asked again.
+    assert_eq!(server.received().len(), 1, "{text}");
+}
+
+#[test]
 fn a_contract_taking_the_api_key_as_a_credential_is_refused() {
     require_cells!();
     let dir = tempfile::tempdir().unwrap();

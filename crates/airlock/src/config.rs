@@ -19,6 +19,8 @@ pub struct OperatorConfig {
     pub host_ids: HostIdsConfig,
     /// Workload classes, the approvers of requests that need approval (docs/policy.md).
     pub policy: airlock_policy::PolicyConfig,
+    /// The tool registry, the generic tools' contract and the agent loop (docs/tools.md).
+    pub tools: airlock_agent::ToolsConfig,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -433,6 +435,8 @@ mod tests {
             ("store", "StoreConfig"),
             ("images", "ImagesConfig"),
             ("host_ids", "HostIdsConfig"),
+            ("tools", "ToolsConfig"),
+            ("tools.agent", "AgentSettings"),
         ] {
             let properties = schema["$defs"][def]["properties"].as_object().unwrap();
             for key in properties.keys() {

@@ -1,14 +1,17 @@
 //! The `airlock` command line: run a command in a cell, check the host, and (later
 //! issues) query the audit store.
 
+mod agent;
 mod approvals;
 mod audit;
 mod class;
 mod config;
 mod image;
+mod mcp;
 mod quarantine;
 mod run;
 mod run_image;
+mod tool;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -79,6 +82,12 @@ enum Command {
         #[command(subcommand)]
         command: quarantine::QuarantineCommand,
     },
+    /// The operator's tools: list, describe, call one through the tool protocol.
+    Tool(tool::ToolArgs),
+    /// Serve the tools over MCP (stdio, or streamable HTTP with --listen).
+    Mcp(mcp::McpArgs),
+    /// Run a task with an OpenAI-compatible model and the operator's tools.
+    Agent(agent::AgentArgs),
     /// Check that this host can enforce every control of a cell.
     Doctor {
         /// Print the checks as JSON.
@@ -118,6 +127,9 @@ fn main() -> ExitCode {
         Command::Approvals(args) => approvals::approvals_command(args),
         Command::Reviews { store, command } => audit::reviews(store, command),
         Command::Quarantine { store, command } => audit::quarantine(store, command),
+        Command::Tool(args) => tool::tool(args),
+        Command::Mcp(args) => mcp::mcp(args),
+        Command::Agent(args) => agent::agent(args),
         Command::Doctor { json, config } => doctor(json, config.as_deref()),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();

@@ -31,10 +31,17 @@ fn base_image() {
     BUILT.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        for d in ["tmp", "proc", "sys", "dev", "usr", "etc", "run", "var/tmp", "airlock"] {
+        for d in [
+            "tmp", "proc", "sys", "dev", "usr", "etc", "run", "var/tmp", "airlock",
+        ] {
             std::fs::create_dir_all(root.join(d)).unwrap();
         }
-        for (link, to) in [("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")] {
+        for (link, to) in [
+            ("bin", "usr/bin"),
+            ("lib", "usr/lib"),
+            ("lib64", "usr/lib64"),
+            ("sbin", "usr/sbin"),
+        ] {
             std::os::unix::fs::symlink(to, root.join(link)).unwrap();
         }
         let tar = Command::new("sh")
@@ -60,7 +67,12 @@ impl ContainerCgroups {
     fn new(name: &str) -> ContainerCgroups {
         let dirs: Vec<PathBuf> = ["memory", "pids", "cpu", "freezer"]
             .iter()
-            .map(|h| PathBuf::from(format!("/sys/fs/cgroup/{h}/airlock-ctr-{name}-{}", std::process::id())))
+            .map(|h| {
+                PathBuf::from(format!(
+                    "/sys/fs/cgroup/{h}/airlock-ctr-{name}-{}",
+                    std::process::id()
+                ))
+            })
             .collect();
         for dir in &dirs {
             let user = dir.join(format!("airlock/user-{CONTAINER_UID}"));
@@ -87,7 +99,11 @@ impl ContainerCgroups {
 impl Drop for ContainerCgroups {
     fn drop(&mut self) {
         for dir in &self.dirs {
-            for sub in [format!("airlock/user-{CONTAINER_UID}"), "airlock".into(), String::new()] {
+            for sub in [
+                format!("airlock/user-{CONTAINER_UID}"),
+                "airlock".into(),
+                String::new(),
+            ] {
                 let _ = std::fs::remove_dir(dir.join(sub));
             }
         }
@@ -104,7 +120,17 @@ fn in_container(security: &[&str], cgroups: Option<&ContainerCgroups>, script: &
         .map(|s| s.to_string())
         .collect();
     args.push(format!("{CONTAINER_UID}:{CONTAINER_UID}"));
-    args.extend(["-e", "HOME=/tmp", "-v", "/usr:/usr:ro", "-v", "/etc:/etc:ro"].map(String::from));
+    args.extend(
+        [
+            "-e",
+            "HOME=/tmp",
+            "-v",
+            "/usr:/usr:ro",
+            "-v",
+            "/etc:/etc:ro",
+        ]
+        .map(String::from),
+    );
     args.extend(["-v".into(), format!("{}:/airlock:ro", bin_dir.display())]);
     if let Some(cgroups) = cgroups {
         args.extend(cgroups.volumes());
@@ -152,8 +178,14 @@ fn in_a_container_with_the_shipped_profile_the_main_command_runs_and_boundaries_
     let out = in_container(&refs, Some(&cgroups), script);
     let text = common::output_text(&out);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("hello from a cell") && text.contains("container-ok"), "{text}");
-    assert!(text.contains("boundaries-checked") && !text.contains("BREACH"), "{text}");
+    assert!(
+        text.contains("hello from a cell") && text.contains("container-ok"),
+        "{text}"
+    );
+    assert!(
+        text.contains("boundaries-checked") && !text.contains("BREACH"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! House rules that are cheap to check mechanically: all `unsafe` code lives in
 //! `crates/cell/src/sys.rs`, and crates depend on each other only in the documented
-//! direction (contract <- cell, egress; cell, egress, store <- engine <- airlock; store
-//! and images stand alone).
+//! direction (contract <- cell, egress; cell, egress, store <- engine <- agent <-
+//! airlock; store and images stand alone).
 
 use std::path::{Path, PathBuf};
 
@@ -143,6 +143,25 @@ fn crates_depend_in_the_documented_direction() {
         "the engine sits on the cell, the egress proxy and the store; nothing below it \
          knows of it"
     );
+    let mut agent = airlock_dependencies("agent");
+    agent.sort();
+    assert_eq!(
+        agent,
+        [
+            "airlock-cell",
+            "airlock-contract",
+            "airlock-engine",
+            "airlock-store"
+        ],
+        "the agent crate (tools, MCP, the agent loop) sits on the engine; only the CLI \
+         knows of it"
+    );
+    for below in ["contract", "cell", "egress", "store", "engine", "images"] {
+        assert!(
+            !airlock_dependencies(below).contains(&"airlock-agent".to_string()),
+            "{below} must not depend on the agent crate"
+        );
+    }
 }
 
 /// The contract crate decides (compile is a pure function); only `lib.rs` loads files.

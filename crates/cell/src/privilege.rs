@@ -34,7 +34,10 @@ mod tests {
         // setpcap, net_bind_service, net_raw, sys_chroot, mknod, audit_write, setfcap.
         let docker_root = "CapEff:\t00000000a80425fb\n";
         assert!(!has_capability(docker_root, CAP_SYS_ADMIN));
-        assert!(!has_capability("CapEff:\t0000000000000000\n", CAP_SYS_ADMIN));
+        assert!(!has_capability(
+            "CapEff:\t0000000000000000\n",
+            CAP_SYS_ADMIN
+        ));
         assert!(!has_capability("no such line\n", CAP_SYS_ADMIN));
     }
 }

@@ -27,6 +27,7 @@ pub mod input_cache;
 mod proc_info;
 mod redact;
 mod schema;
+mod transcripts;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -41,6 +42,7 @@ use sha2::{Digest, Sha256};
 
 pub use error::{ChainBreak, ErrorClass, StoreError};
 pub use redact::{Redactor, REDACTED};
+pub use transcripts::{StoredTranscript, TranscriptRecord};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// A run id: a UUIDv7 in its hyphenated text form (time-ordered, sorts by start).

@@ -111,7 +111,24 @@ CREATE TABLE capability_reviews (
 );
 "#;
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, APPROVALS_AND_REVIEWS];
+/// The transcripts of `airlock agent` (crates/store/src/transcripts.rs), redacted.
+const AGENT_TRANSCRIPTS: &str = r#"
+CREATE TABLE agent_transcripts (
+    id TEXT PRIMARY KEY,
+    started_at INTEGER NOT NULL,
+    finished_at INTEGER NOT NULL,
+    model TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    task TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    turns INTEGER NOT NULL,
+    tool_calls INTEGER NOT NULL,
+    messages TEXT NOT NULL
+);
+CREATE INDEX agent_transcripts_started ON agent_transcripts (started_at);
+"#;
+
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, APPROVALS_AND_REVIEWS, AGENT_TRANSCRIPTS];
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
 
 pub fn version(conn: &Connection) -> rusqlite::Result<i64> {

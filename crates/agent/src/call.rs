@@ -1,0 +1,322 @@
+//! A tool call from request to verdict: the input is parsed and validated against the
+//! tool's input schema before anything else (no plan, no cell: a refusal is recorded
+//! with its class), the contract compiled, the command run in a cell of its own with
+//! exactly the validated JSON on stdin, its stdout judged by `protocol::verdict`.
+
+use crate::exec::{self, Cancel, CommandRun, Execution};
+use crate::protocol::{self, reason, CellOutcome, ToolReply};
+use crate::registry::{Registry, Tool};
+use airlock_cell::report::{ResultClass, RunReport};
+use airlock_contract::CellPlan;
+use airlock_engine::{Engine, Refusal};
+use serde::Serialize;
+use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The most bytes of a tool's input accepted.
+pub const MAX_INPUT_BYTES: usize = 1 << 20;
+
+/// A compiled plan and whatever must live as long as its cell (an image's lease).
+pub struct PlannedCell {
+    pub plan: CellPlan,
+    pub keep_alive: Option<Box<dyn std::any::Any + Send>>,
+}
+
+/// Why no plan: a result class and the whole story for the record (not for the model).
+pub struct PlanError {
+    pub class: ResultClass,
+    pub detail: String,
+}
+
+/// Turns a contract (unset: the default contract) and a command into a plan. The CLI's
+/// planner resolves OCI images through the image store; [`HostPlanner`] knows only the
+/// host's root.
+pub trait Planner: Send + Sync {
+    fn plan(&self, contract: Option<&Path>, argv: &[String]) -> Result<PlannedCell, PlanError>;
+}
+
+/// Contracts with `image: host` only.
+pub struct HostPlanner;
+
+impl Planner for HostPlanner {
+    fn plan(&self, contract: Option<&Path>, argv: &[String]) -> Result<PlannedCell, PlanError> {
+        let refused = |err: airlock_contract::ContractError| PlanError {
+            class: ResultClass::from_name(err.class()).unwrap_or(ResultClass::RuntimeFault),
+            detail: format!("contract: {err}"),
+        };
+        let (contract, base) = match contract {
+            Some(path) => (
+                airlock_contract::load_contract_file(path).map_err(refused)?,
+                path.parent().unwrap_or(Path::new("/")).to_path_buf(),
+            ),
+            None => (airlock_contract::default_contract(), std::env::temp_dir()),
+        };
+        let profile = airlock_contract::read_seccomp_profile(&contract, &base).map_err(refused)?;
+        let mut input = airlock_contract::CompileInput::new(&base, argv);
+        input.seccomp_profile = profile.as_deref();
+        let plan = airlock_contract::compile(&contract, &input).map_err(refused)?;
+        Ok(PlannedCell {
+            plan,
+            keep_alive: None,
+        })
+    }
+}
+
+/// What every result carries besides the envelope (MCP's structured results, the CLI).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CallMeta {
+    pub run_id: String,
+    pub result_class: String,
+    pub exit_code: Option<i32>,
+    pub limit_fired: Option<String>,
+    pub truncated: bool,
+}
+
+impl CallMeta {
+    fn refused(run_id: &str, class: ResultClass) -> CallMeta {
+        CallMeta {
+            run_id: run_id.to_string(),
+            result_class: class.as_str().to_string(),
+            exit_code: None,
+            limit_fired: None,
+            truncated: false,
+        }
+    }
+
+    pub fn of(report: &RunReport, truncated: bool) -> CallMeta {
+        CallMeta {
+            run_id: report.run_id.clone(),
+            result_class: report.status.as_str().to_string(),
+            exit_code: report.exit.code,
+            limit_fired: report.limit_fired.map(|l| l.as_str().to_string()),
+            truncated,
+        }
+    }
+}
+
+pub struct CallResult {
+    pub reply: ToolReply,
+    pub meta: CallMeta,
+}
+
+/// The registry, the engine and the planner: everything a tool call needs.
+pub struct ToolBox {
+    pub registry: Registry,
+    pub engine: Arc<Engine>,
+    pub planner: Arc<dyn Planner>,
+    /// Environment variables no tool's contract may take a credential from (the agent
+    /// loop's API key variable).
+    pub forbidden_credential_env: Vec<String>,
+    /// Values that must never reach the model (API keys), redacted from every message.
+    pub secrets: Vec<String>,
+}
+
+impl ToolBox {
+    pub fn new(registry: Registry, engine: Arc<Engine>, planner: Arc<dyn Planner>) -> ToolBox {
+        ToolBox {
+            registry,
+            engine,
+            planner,
+            forbidden_credential_env: Vec::new(),
+            secrets: Vec::new(),
+        }
+    }
+
+    /// Calls tool `name` with `input` (JSON text, as a model sends function arguments).
+    pub fn call_text(&self, name: &str, input: &str, cancel: &Cancel) -> CallResult {
+        self.call_text_within(name, input, cancel, None)
+    }
+
+    /// [`ToolBox::call_text`] whose command's wall time is at most `wall_cap_ms` (the
+    /// agent loop's deadline); the contract's wall time otherwise.
+    pub fn call_text_within(
+        &self,
+        name: &str,
+        input: &str,
+        cancel: &Cancel,
+        wall_cap_ms: Option<u64>,
+    ) -> CallResult {
+        if input.len() > MAX_INPUT_BYTES {
+            let message = format!("the input is over {MAX_INPUT_BYTES} bytes");
+            return self.refuse(name, reason::INPUT_TOO_LARGE, &message);
+        }
+        match serde_json::from_str::<Value>(input) {
+            Ok(value) => self.call_within(name, &value, cancel, wall_cap_ms),
+            Err(err) => {
+                let message = format!("the input is not JSON: {err}");
+                self.refuse(name, reason::INPUT_NOT_JSON, &message)
+            }
+        }
+    }
+
+    /// Calls tool `name` with `input`.
+    pub fn call(&self, name: &str, input: &Value, cancel: &Cancel) -> CallResult {
+        self.call_within(name, input, cancel, None)
+    }
+
+    fn call_within(
+        &self,
+        name: &str,
+        input: &Value,
+        cancel: &Cancel,
+        wall_cap_ms: Option<u64>,
+    ) -> CallResult {
+        let Some(tool) = self.registry.get(name) else {
+            let message = format!(
+                "there is no tool named {:?}",
+                crate::schema::bounded(name, 64)
+            );
+            return self.refuse(name, reason::UNKNOWN_TOOL, &message);
+        };
+        if let Err(violation) = tool.input.check(input) {
+            let message = format!("the input does not match the tool's schema: {violation}");
+            return self.refuse(name, reason::INPUT_SCHEMA, &message);
+        }
+        let planned = match self.plan_for(tool) {
+            Ok(planned) => planned,
+            Err(refused) => return *refused,
+        };
+        let stdin = serde_json::to_vec(input).unwrap_or_default();
+        let wall_time_ms = wall_cap_ms.map(|cap| cap.clamp(1, planned.plan.limits.wall_time_ms));
+        let executed = self.execute(tool, planned.plan, &stdin, cancel, wall_time_ms);
+        drop(planned.keep_alive);
+        match executed {
+            Ok(execution) => self.judge(tool, &execution, cancel),
+            Err(err) => self.failed(name, &err.to_string()),
+        }
+    }
+
+    fn plan_for(&self, tool: &Tool) -> Result<PlannedCell, Box<CallResult>> {
+        let planned = self
+            .planner
+            .plan(Some(&tool.contract), &tool.command)
+            .map_err(|err| {
+                let message = "the tool's contract could not be compiled (the audit record \
+                               has the details)";
+                Box::new(self.refuse_recorded(
+                    &tool.name,
+                    err.class,
+                    reason::CONTRACT,
+                    message,
+                    &err.detail,
+                ))
+            })?;
+        let forbidden = planned
+            .plan
+            .credentials
+            .iter()
+            .find(|c| self.forbidden_credential_env.contains(&c.from_env));
+        if let Some(credential) = forbidden {
+            let detail = format!(
+                "credential {:?} comes from {}, the model endpoint's API key",
+                credential.name, credential.from_env
+            );
+            let message = "the tool's contract asks for the model endpoint's API key";
+            return Err(Box::new(self.refuse_recorded(
+                &tool.name,
+                ResultClass::PolicyDenied,
+                reason::CREDENTIAL,
+                message,
+                &detail,
+            )));
+        }
+        Ok(planned)
+    }
+
+    fn execute(
+        &self,
+        tool: &Tool,
+        plan: CellPlan,
+        stdin: &[u8],
+        cancel: &Cancel,
+        wall_time_ms: Option<u64>,
+    ) -> Result<Execution, crate::AgentError> {
+        let credentials = airlock_cell::credential_env(&plan)
+            .map_err(|err| crate::AgentError::Agent(err.to_string()))?;
+        let command = CommandRun {
+            argv: plan.argv.clone(),
+            stdin,
+            cap: tool.max_output_bytes,
+            keep_stderr: false,
+            wall_time_ms,
+        };
+        let class = format!("tool:{}", tool.name);
+        exec::run_once(&self.engine, plan, &class, credentials, command, cancel)
+    }
+
+    fn judge(&self, tool: &Tool, execution: &Execution, cancel: &Cancel) -> CallResult {
+        let outcome = CellOutcome {
+            report: &execution.report,
+            stdout: &execution.stdout,
+            stdout_seen: execution.stdout_seen,
+            cap: tool.max_output_bytes,
+        };
+        let reply = if cancel.fired() {
+            ToolReply::error(
+                execution.report.status,
+                reason::CANCELLED,
+                "the call was cancelled; its cell is destroyed",
+                &execution.report.run_id,
+            )
+        } else {
+            protocol::verdict(&outcome, &tool.output)
+        };
+        CallResult {
+            reply: self.redacted(reply),
+            meta: CallMeta::of(&execution.report, outcome.truncated()),
+        }
+    }
+
+    /// A call refused before any plan: recorded, with its reason.
+    fn refuse(&self, name: &str, reason: &str, message: &str) -> CallResult {
+        self.refuse_recorded(name, ResultClass::PolicyDenied, reason, message, message)
+    }
+
+    fn refuse_recorded(
+        &self,
+        name: &str,
+        class: ResultClass,
+        reason: &str,
+        message: &str,
+        detail: &str,
+    ) -> CallResult {
+        let argv = vec![format!("tool:{}", crate::schema::bounded(name, 64))];
+        let recorded = self.engine.refuse(Refusal {
+            argv: &argv,
+            workload_class: &argv[0],
+            status: class,
+            error: format!("{reason}: {detail}"),
+            plan: None,
+        });
+        let run_id = recorded.report.run_id;
+        CallResult {
+            reply: self.redacted(ToolReply::error(class, reason, message, &run_id)),
+            meta: CallMeta::refused(&run_id, class),
+        }
+    }
+
+    fn failed(&self, name: &str, detail: &str) -> CallResult {
+        let message = "airlock could not run the tool (the audit record has the details)";
+        self.refuse_recorded(
+            name,
+            ResultClass::RuntimeFault,
+            reason::RUNTIME,
+            message,
+            detail,
+        )
+    }
+
+    /// Secrets never reach the model, whatever a message quotes.
+    pub fn redacted(&self, reply: ToolReply) -> ToolReply {
+        if self.secrets.is_empty() {
+            return reply;
+        }
+        serde_json::from_value(self.redacted_value(reply.to_value())).unwrap_or(reply)
+    }
+
+    /// `value` with every secret replaced.
+    pub fn redacted_value(&self, value: Value) -> Value {
+        airlock_store::Redactor::new(self.secrets.clone()).value(value)
+    }
+}

@@ -1,0 +1,220 @@
+//! The generic tools MCP offers besides the registry's, all under the registry's
+//! `generic_contract` (unset: the default contract): run a command, run a Python
+//! snippet, and sessions (open, exec, read a file, write a file, close). Each command
+//! runs in a cell (a session's commands in the session's one cell); each result carries
+//! the run id, the result class, the exit code, the limit that fired and whether its
+//! stdout was cut. stderr stays in the run's record: a command that wants it returned
+//! redirects it (`2>&1`).
+
+use crate::call::{CallMeta, ToolBox};
+use crate::exec::{self, Cancel, CommandRun, Execution};
+use crate::AgentError;
+use airlock_engine::Session;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The most sessions open at once through one server.
+pub const MAX_SESSIONS: usize = 16;
+/// How long a session may live (the cell's lifetime, enforced by its supervisor).
+pub const SESSION_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// What a generic command returns.
+#[derive(Debug, Clone, Serialize)]
+pub struct CommandResult {
+    #[serde(flatten)]
+    pub meta: CallMeta,
+    /// The first `max_output_bytes` of stdout, as text (invalid UTF-8 replaced).
+    pub stdout: String,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+impl CommandResult {
+    fn of(execution: &Execution, cap: u64) -> CommandResult {
+        let truncated =
+            execution.stdout_seen > cap || (execution.stdout.len() as u64) < execution.stdout_seen;
+        let shown = &execution.stdout[..execution.stdout.len().min(cap as usize)];
+        let output = execution.report.output.as_ref();
+        CommandResult {
+            meta: CallMeta::of(&execution.report, truncated),
+            stdout: String::from_utf8_lossy(shown).into_owned(),
+            stdout_bytes: execution.stdout_seen,
+            stderr_bytes: output.map_or(0, |o| o.stderr.bytes_seen),
+        }
+    }
+}
+
+struct OpenSession {
+    session: Arc<Session>,
+    output_bytes: u64,
+}
+
+/// The generic tools of one server: its open sessions.
+pub struct Generic {
+    toolbox: Arc<ToolBox>,
+    sessions: Mutex<BTreeMap<String, OpenSession>>,
+}
+
+impl Generic {
+    pub fn new(toolbox: Arc<ToolBox>) -> Generic {
+        Generic {
+            toolbox,
+            sessions: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn cap(&self) -> u64 {
+        self.toolbox.registry.max_output_bytes
+    }
+
+    fn plan(&self, argv: &[String]) -> Result<airlock_contract::CellPlan, AgentError> {
+        let contract = self.toolbox.registry.generic_contract.as_deref();
+        let planned = self
+            .toolbox
+            .planner
+            .plan(contract, argv)
+            .map_err(|err| AgentError::Agent(format!("generic contract: {}", err.detail)))?;
+        Ok(planned.plan)
+    }
+
+    /// Runs `argv` in a cell of its own.
+    pub fn run_command(
+        &self,
+        argv: Vec<String>,
+        stdin: &str,
+        cancel: &Cancel,
+    ) -> Result<CommandResult, AgentError> {
+        let plan = self.plan(&argv)?;
+        let run = CommandRun {
+            argv,
+            stdin: stdin.as_bytes(),
+            cap: self.cap(),
+            keep_stderr: false,
+            wall_time_ms: None,
+        };
+        let executed = exec::run_once(
+            &self.toolbox.engine,
+            plan,
+            "generic",
+            Vec::new(),
+            run,
+            cancel,
+        )?;
+        Ok(CommandResult::of(&executed, self.cap()))
+    }
+
+    /// Runs a Python snippet (`python3 -c CODE`) in a cell of its own.
+    pub fn run_python(&self, code: &str, cancel: &Cancel) -> Result<CommandResult, AgentError> {
+        let argv = vec!["python3".to_string(), "-c".to_string(), code.to_string()];
+        self.run_command(argv, "", cancel)
+    }
+
+    /// Opens a session; its id.
+    pub fn session_open(&self) -> Result<String, AgentError> {
+        if self.lock().len() >= MAX_SESSIONS {
+            return Err(AgentError::Agent(format!(
+                "{MAX_SESSIONS} sessions are open; close one first"
+            )));
+        }
+        let plan = self.plan(&["true".to_string()])?;
+        let output_bytes = plan.limits.output_bytes;
+        let session = exec::open_session(
+            &self.toolbox.engine,
+            plan,
+            "generic-session",
+            Vec::new(),
+            SESSION_LIFETIME,
+        )?;
+        let id = session.id().to_string();
+        self.lock().insert(
+            id.clone(),
+            OpenSession {
+                session,
+                output_bytes,
+            },
+        );
+        Ok(id)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, OpenSession>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn session(&self, id: &str) -> Result<(Arc<Session>, u64), AgentError> {
+        self.lock()
+            .get(id)
+            .map(|open| (Arc::clone(&open.session), open.output_bytes))
+            .ok_or_else(|| {
+                AgentError::Agent(format!(
+                    "no open session {:?}",
+                    crate::schema::bounded(id, 64)
+                ))
+            })
+    }
+
+    /// Runs `argv` in session `id`.
+    pub fn session_exec(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        stdin: &str,
+        cancel: &Cancel,
+    ) -> Result<CommandResult, AgentError> {
+        let (session, output_bytes) = self.session(id)?;
+        let run = CommandRun {
+            argv,
+            stdin: stdin.as_bytes(),
+            cap: self.cap(),
+            keep_stderr: false,
+            wall_time_ms: None,
+        };
+        let executed = exec::run_in(&session, output_bytes, run, cancel)?;
+        Ok(CommandResult::of(&executed, self.cap()))
+    }
+
+    /// The content of `path` in session `id` (its first `max_output_bytes`).
+    pub fn session_read_file(
+        &self,
+        id: &str,
+        path: &str,
+        cancel: &Cancel,
+    ) -> Result<CommandResult, AgentError> {
+        let argv = vec!["cat".to_string(), "--".to_string(), path.to_string()];
+        self.session_exec(id, argv, "", cancel)
+    }
+
+    /// Writes `content` to `path` in session `id` (created or replaced).
+    pub fn session_write_file(
+        &self,
+        id: &str,
+        path: &str,
+        content: &str,
+        cancel: &Cancel,
+    ) -> Result<CommandResult, AgentError> {
+        let argv = ["sh", "-c", "cat > \"$1\"", "sh", path]
+            .map(String::from)
+            .to_vec();
+        self.session_exec(id, argv, content, cancel)
+    }
+
+    /// Closes session `id`: its cell is destroyed.
+    pub fn session_close(&self, id: &str) -> Result<CallMeta, AgentError> {
+        let open = self.lock().remove(id).ok_or_else(|| {
+            AgentError::Agent(format!(
+                "no open session {:?}",
+                crate::schema::bounded(id, 64)
+            ))
+        })?;
+        // A command still running in it holds the session: it is destroyed when that
+        // command ends (nothing can reach it by its id any more).
+        let session = Arc::try_unwrap(open.session).map_err(|_| {
+            AgentError::Agent(
+                "a command of the session is running; its cell is destroyed when it ends".into(),
+            )
+        })?;
+        let report = session.close()?;
+        Ok(CallMeta::of(&report, false))
+    }
+}

@@ -1,0 +1,421 @@
+//! The MCP server (the official Rust SDK, `rmcp`): over stdio (`airlock mcp`) and as a
+//! streamable-HTTP service ([`http_router`], which `airlock serve` mounts at `/mcp`
+//! behind its tenant keys). It offers every registry tool with its `inputSchema` and
+//! `outputSchema` (results: the output in `structuredContent`, the envelope as text) and
+//! the generic tools of `generic.rs`. Every result's `_meta.airlock` carries the run id,
+//! result class, exit code, limit fired and truncation. A call with a progress token gets
+//! a progress notification every second while its cell runs; a cancelled call kills its
+//! command and destroys its cell before the handler returns.
+
+use crate::call::{CallMeta, ToolBox};
+use crate::exec::Cancel;
+use crate::generic::{CommandResult, Generic};
+use crate::protocol::{reason, ToolReply};
+use crate::schema::Schema;
+use crate::AgentError;
+use airlock_cell::report::ResultClass;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData, ServerHandler, ServiceExt};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often a long call reports progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// The generic tools: name, description, input schema, output schema.
+fn generic_tool_specs() -> Vec<(&'static str, &'static str, Value, Value)> {
+    let argv = json!({"type": "array", "items": {"type": "string"}, "minItems": 1,
+                      "description": "argv: the program and its arguments (no shell)"});
+    let session = json!({"type": "string", "description": "the id session_open returned"});
+    let command_result = json!({
+        "type": "object",
+        "required": ["run_id", "result_class", "truncated", "stdout"],
+        "properties": {
+            "run_id": {"type": "string"},
+            "result_class": {"type": "string"},
+            "exit_code": {"type": ["integer", "null"]},
+            "limit_fired": {"type": ["string", "null"]},
+            "truncated": {"type": "boolean"},
+            "stdout": {"type": "string"},
+            "stdout_bytes": {"type": "integer"},
+            "stderr_bytes": {"type": "integer"}
+        }
+    });
+    let object = |properties: Value, required: &[&str]| {
+        json!({"type": "object", "properties": properties, "required": required,
+               "additionalProperties": false})
+    };
+    vec![
+        ("run_command", "Run a command in a fresh cell (no network unless the operator's contract allows it). stdout is returned; stderr stays in the audit record (redirect it with sh -c '... 2>&1' to see it).",
+         object(json!({"command": argv, "stdin": {"type": "string"}}), &["command"]), command_result.clone()),
+        ("run_python", "Run a Python 3 snippet (python3 -c CODE) in a fresh cell; what it prints is returned.",
+         object(json!({"code": {"type": "string"}}), &["code"]), command_result.clone()),
+        ("session_open", "Open a session: one cell whose files persist between its commands until session_close.",
+         object(json!({}), &[]),
+         json!({"type": "object", "required": ["session_id"], "properties": {"session_id": {"type": "string"}}})),
+        ("session_exec", "Run a command in an open session.",
+         object(json!({"session_id": session, "command": argv, "stdin": {"type": "string"}}), &["session_id", "command"]), command_result.clone()),
+        ("session_read_file", "Read a file of an open session (its first max_output_bytes).",
+         object(json!({"session_id": session, "path": {"type": "string"}}), &["session_id", "path"]), command_result.clone()),
+        ("session_write_file", "Write a file in an open session (a writable path of its contract).",
+         object(json!({"session_id": session, "path": {"type": "string"}, "content": {"type": "string"}}), &["session_id", "path", "content"]), command_result),
+        ("session_close", "Close a session: its cell is destroyed.",
+         object(json!({"session_id": session}), &["session_id"]),
+         json!({"type": "object", "required": ["run_id", "result_class"], "properties": {
+             "run_id": {"type": "string"}, "result_class": {"type": "string"},
+             "exit_code": {"type": ["integer", "null"]}, "limit_fired": {"type": ["string", "null"]},
+             "truncated": {"type": "boolean"}}})),
+    ]
+}
+
+struct GenericTool {
+    name: &'static str,
+    description: &'static str,
+    input: Schema,
+    output: Value,
+}
+
+/// What every MCP connection of one server shares.
+pub struct McpState {
+    toolbox: Arc<ToolBox>,
+    generic: Generic,
+    generic_tools: Vec<GenericTool>,
+}
+
+impl McpState {
+    /// Refuses a registry whose tool names collide with a generic tool's.
+    pub fn new(toolbox: Arc<ToolBox>) -> Result<Arc<McpState>, AgentError> {
+        let mut generic_tools = Vec::new();
+        for (name, description, input, output) in generic_tool_specs() {
+            if toolbox.registry.get(name).is_some() {
+                return Err(AgentError::Tool {
+                    tool: name.to_string(),
+                    message: "is the name of a generic MCP tool; rename it".into(),
+                });
+            }
+            let input = Schema::compile(input).map_err(AgentError::Agent)?;
+            generic_tools.push(GenericTool {
+                name,
+                description,
+                input,
+                output,
+            });
+        }
+        Ok(Arc::new(McpState {
+            generic: Generic::new(Arc::clone(&toolbox)),
+            toolbox,
+            generic_tools,
+        }))
+    }
+
+    fn tools(&self) -> Vec<Tool> {
+        let registry = self.toolbox.registry.tools.values().map(|tool| {
+            Tool::new(
+                tool.name.clone(),
+                tool.description.clone(),
+                object(tool.input.source()),
+            )
+            .with_raw_output_schema(Arc::new(object(tool.output.source())))
+        });
+        let generic = self.generic_tools.iter().map(|tool| {
+            Tool::new(tool.name, tool.description, object(tool.input.source()))
+                .with_raw_output_schema(Arc::new(object(&tool.output)))
+        });
+        registry.chain(generic).collect()
+    }
+
+    /// Runs one call to its end (blocking: on a thread of its own).
+    fn call(&self, name: &str, arguments: Value, cancel: &Cancel) -> CallToolResult {
+        if let Some(tool) = self.generic_tools.iter().find(|t| t.name == name) {
+            return match tool.input.check(&arguments) {
+                Ok(()) => self.call_generic(name, &arguments, cancel),
+                Err(violation) => refused_generic(&format!(
+                    "the input does not match the tool's schema: {violation}"
+                )),
+            };
+        }
+        let result = self.toolbox.call(name, &arguments, cancel);
+        registry_result(&result.reply, &result.meta)
+    }
+
+    fn call_generic(&self, name: &str, args: &Value, cancel: &Cancel) -> CallToolResult {
+        let text = |key: &str| args.get(key).and_then(Value::as_str).unwrap_or_default();
+        let argv = || -> Vec<String> {
+            args.get("command")
+                .and_then(Value::as_array)
+                .map(|items| {
+                    items
+                        .iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let generic = &self.generic;
+        let session = text("session_id");
+        let ran = match name {
+            "run_command" => generic.run_command(argv(), text("stdin"), cancel),
+            "run_python" => generic.run_python(text("code"), cancel),
+            "session_exec" => generic.session_exec(session, argv(), text("stdin"), cancel),
+            "session_read_file" => generic.session_read_file(session, text("path"), cancel),
+            "session_write_file" => {
+                generic.session_write_file(session, text("path"), text("content"), cancel)
+            }
+            "session_open" => {
+                return match generic.session_open() {
+                    Ok(id) => structured(json!({"session_id": id}), None, false),
+                    Err(err) => generic_error(&err),
+                }
+            }
+            _ => {
+                return match generic.session_close(session) {
+                    Ok(meta) => structured(json!(meta), Some(&meta), false),
+                    Err(err) => generic_error(&err),
+                }
+            }
+        };
+        match ran {
+            Ok(result) => command_result(&result),
+            Err(err) => generic_error(&err),
+        }
+    }
+}
+
+fn object(value: &Value) -> JsonObject {
+    value.as_object().cloned().unwrap_or_default()
+}
+
+fn airlock_meta(meta: &CallMeta) -> MetaObject {
+    let mut object = JsonObject::new();
+    object.insert("airlock".into(), json!(meta));
+    MetaObject(object)
+}
+
+/// A result with `value` as its structured content and its text rendering.
+fn structured(value: Value, meta: Option<&CallMeta>, is_error: bool) -> CallToolResult {
+    let mut result = match is_error {
+        true => CallToolResult::error(vec![ContentBlock::text(value.to_string())]),
+        false => CallToolResult::structured(value),
+    };
+    result.meta = meta.map(airlock_meta);
+    result
+}
+
+fn command_result(result: &CommandResult) -> CallToolResult {
+    let value = json!(result);
+    let failed = result.meta.result_class != ResultClass::Ok.as_str();
+    let mut out = CallToolResult::structured(value);
+    out.is_error = Some(failed);
+    out.meta = Some(airlock_meta(&result.meta));
+    out
+}
+
+/// A registry tool's result: the output as structured content, the envelope as text.
+fn registry_result(reply: &ToolReply, meta: &CallMeta) -> CallToolResult {
+    let mut envelope = reply.to_value();
+    envelope["meta"] = json!(meta);
+    let text = vec![ContentBlock::text(envelope.to_string())];
+    let mut result = match reply {
+        ToolReply::Ok { output, .. } => {
+            let mut ok = CallToolResult::success(text);
+            ok.structured_content = Some(output.clone());
+            ok
+        }
+        ToolReply::Err { .. } => CallToolResult::error(text),
+    };
+    result.meta = Some(airlock_meta(meta));
+    result
+}
+
+fn refused_generic(message: &str) -> CallToolResult {
+    let reply = ToolReply::error(ResultClass::PolicyDenied, reason::INPUT_SCHEMA, message, "");
+    CallToolResult::error(vec![ContentBlock::text(reply.to_value().to_string())])
+}
+
+fn generic_error(err: &AgentError) -> CallToolResult {
+    let message = crate::schema::bounded(&err.to_string(), crate::protocol::MESSAGE_CHARS);
+    let reply = ToolReply::error(ResultClass::RuntimeFault, reason::RUNTIME, &message, "");
+    CallToolResult::error(vec![ContentBlock::text(reply.to_value().to_string())])
+}
+
+/// One MCP connection's handler.
+#[derive(Clone)]
+pub struct McpServer {
+    state: Arc<McpState>,
+}
+
+impl McpServer {
+    pub fn new(state: Arc<McpState>) -> McpServer {
+        McpServer { state }
+    }
+}
+
+impl ServerHandler for McpServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("airlock", env!("CARGO_PKG_VERSION")))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.state.tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let name = request.name.to_string();
+        let arguments = Value::Object(request.arguments.unwrap_or_default());
+        let cancel = Cancel::default();
+        let state = Arc::clone(&self.state);
+        let call_cancel = cancel.clone();
+        let mut running =
+            tokio::task::spawn_blocking(move || state.call(&name, arguments, &call_cancel));
+        let progress_token = context.meta.get_progress_token();
+        let mut ticks = tokio::time::interval(PROGRESS_EVERY);
+        ticks.tick().await;
+        let mut seconds = 0u32;
+        loop {
+            tokio::select! {
+                done = &mut running => {
+                    let result = done.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+                    if cancel.fired() {
+                        return Err(ErrorData::internal_error("the call was cancelled; its cell is destroyed", None));
+                    }
+                    return Ok(result.into());
+                }
+                _ = context.ct.cancelled(), if !cancel.fired() => cancel.fire(),
+                _ = ticks.tick() => {
+                    seconds += 1;
+                    if let Some(token) = &progress_token {
+                        let param = ProgressNotificationParam::new(token.clone(), f64::from(seconds))
+                            .with_message(format!("running in its cell for {seconds} s"));
+                        let _ = context.peer.notify_progress(param).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Serves MCP on this process's stdin and stdout until the client closes them.
+pub async fn serve_stdio(state: Arc<McpState>) -> Result<(), AgentError> {
+    let running = McpServer::new(state)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| AgentError::Agent(format!("mcp: {e}")))?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| AgentError::Agent(format!("mcp: {e}")))?;
+    Ok(())
+}
+
+/// Decides whether a request's Bearer key is accepted (the service's tenant keys).
+pub type KeyCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// The streamable-HTTP MCP service as an axum router, to be mounted (e.g. at `/mcp`). A
+/// request without `Authorization: Bearer KEY` that `key_check` accepts is answered 401
+/// before MCP sees it. Hosts other than loopback are refused by rmcp unless `allowed_hosts`
+/// names them (DNS rebinding).
+pub fn http_router(
+    state: Arc<McpState>,
+    key_check: KeyCheck,
+    allowed_hosts: Vec<String>,
+) -> axum::Router {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+    let mut config = StreamableHttpServerConfig::default();
+    if !allowed_hosts.is_empty() {
+        config.allowed_hosts = allowed_hosts;
+    }
+    let service = StreamableHttpService::new(
+        move || Ok(McpServer::new(Arc::clone(&state))),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    axum::Router::new()
+        .fallback_service(service)
+        .layer(axum::middleware::from_fn(move |request, next| {
+            let key_check = Arc::clone(&key_check);
+            bearer_only(key_check, request, next)
+        }))
+}
+
+async fn bearer_only(
+    key_check: KeyCheck,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let key = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match key {
+        Some(key) if key_check(key) => next.run(request).await,
+        _ => axum::response::IntoResponse::into_response((
+            axum::http::StatusCode::UNAUTHORIZED,
+            "a Bearer key is required\n",
+        )),
+    }
+}
+
+/// A key check that accepts exactly `key` (compared in constant time).
+pub fn single_key(key: String) -> KeyCheck {
+    Arc::new(move |offered: &str| constant_time_eq(offered.as_bytes(), key.as_bytes()))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_compare_whole() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+
+    #[test]
+    fn every_generic_schema_compiles() {
+        for (name, _, input, output) in generic_tool_specs() {
+            Schema::compile(input).unwrap_or_else(|e| panic!("{name}: {e}"));
+            Schema::compile(output).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+
+    #[test]
+    fn a_registry_error_has_no_structured_content_and_carries_the_run() {
+        let reply = ToolReply::error(ResultClass::TaskError, "output.schema", "m", "r1");
+        let meta = CallMeta {
+            run_id: "r1".into(),
+            result_class: "task_error".into(),
+            exit_code: Some(0),
+            limit_fired: None,
+            truncated: false,
+        };
+        let result = registry_result(&reply, &meta);
+        assert_eq!(result.is_error, Some(true));
+        assert!(result.structured_content.is_none());
+        let meta = result.meta.unwrap();
+        assert_eq!(meta.0["airlock"]["run_id"], "r1");
+    }
+}

@@ -195,6 +195,7 @@ fn refuse(
         status,
         error,
         plan,
+        tenant: None,
     });
     report_refusal(args, &refused.report, plan, &refused.secrets)
 }
@@ -260,6 +261,7 @@ fn prepare(
         stdout: caller_output(std::io::stdout().as_fd()),
         stderr: caller_output(std::io::stderr().as_fd()),
         started,
+        tenant: None,
     };
     Ok((request, stdin_kind, lease))
 }

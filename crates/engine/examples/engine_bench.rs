@@ -59,6 +59,7 @@ fn request() -> RunRequest {
         stdout: None,
         stderr: None,
         started: Instant::now(),
+        tenant: None,
     }
 }
 

@@ -81,7 +81,7 @@ impl Engine {
                     (Ok(stdio), true) => drive_one_shot(&host, &run_id, &plan.argv, stdio),
                     // Built for this run: the record was written while it was built.
                     (Ok(stdio), false) => match wait_parked(&host.control) {
-                        Ok(()) => drive_one_shot(&host, &run_id, &plan.argv, stdio),
+                        Ok(_) => drive_one_shot(&host, &run_id, &plan.argv, stdio),
                         Err(report) => Err(report),
                     },
                 };
@@ -244,11 +244,12 @@ fn drive_one_shot(
     }
 }
 
-/// Blocks until the cell is parked; a cell that could not be built is its report.
-pub(crate) fn wait_parked(control: &EngineControl) -> Result<(), Box<RunReport>> {
+/// Blocks until the cell is parked and returns its pid 1; a cell that could not be built
+/// is its report.
+pub(crate) fn wait_parked(control: &EngineControl) -> Result<i32, Box<RunReport>> {
     loop {
         match control.recv() {
-            Ok(Some(ToEngine::Parked { .. })) => return Ok(()),
+            Ok(Some(ToEngine::Parked { pid, .. })) => return Ok(pid),
             Ok(Some(ToEngine::Failed { report })) | Ok(Some(ToEngine::Closed { report })) => {
                 return Err(report)
             }

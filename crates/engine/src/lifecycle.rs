@@ -31,6 +31,8 @@ pub struct RunRequest {
     pub stderr: Option<OwnedFd>,
     /// When the caller started handling the request (the start-up figure covers it).
     pub started: Instant,
+    /// The service tenant the run is recorded for; `None` for the command line.
+    pub tenant: Option<String>,
 }
 
 /// A run whose cell is gone and whose record is not complete yet: the caller delivers
@@ -96,6 +98,8 @@ pub struct Refusal<'a> {
     pub error: String,
     /// The plan, when the contract compiled.
     pub plan: Option<&'a CellPlan>,
+    /// The service tenant of the refused request; `None` for the command line.
+    pub tenant: Option<&'a str>,
 }
 
 /// The record of a refusal: its run id, or why it could not be recorded.
@@ -126,6 +130,7 @@ impl Engine {
             workload_class: refusal.workload_class.to_string(),
             plan_json: serde_json::to_value(refusal.plan).unwrap_or_default(),
             session_id: None,
+            tenant: refusal.tenant.map(str::to_string),
         };
         let recorded = self.open_store().and_then(|store| {
             let handle = store
@@ -235,6 +240,7 @@ impl Engine {
                 status,
                 error,
                 plan: Some(plan),
+                tenant: request.tenant.as_deref(),
             }))
         };
         if let Some(missing) = plan
@@ -260,6 +266,7 @@ impl Engine {
                 workload_class: request.workload_class.clone(),
                 plan_json: serde_json::to_value(plan).unwrap_or_default(),
                 session_id: None,
+                tenant: request.tenant.clone(),
             },
             secrets: record::secrets_of(plan, &request.credentials),
         })

@@ -74,7 +74,13 @@ const V4: &str = r#"
 ALTER TABLE runs ADD COLUMN session_id TEXT;
 "#;
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+/// The service tenant a run belongs to (`airlock serve`; NULL for the command line's runs),
+/// so that one tenant's runs are listed and shown only to it.
+const RUN_TENANTS: &str = r#"
+ALTER TABLE runs ADD COLUMN tenant TEXT;
+"#;
+
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, RUN_TENANTS];
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
 
 pub fn version(conn: &Connection) -> rusqlite::Result<i64> {

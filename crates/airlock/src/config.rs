@@ -17,6 +17,8 @@ pub struct OperatorConfig {
     /// OCI images as cell roots: the default registry and the unpacker's ceilings.
     pub images: ImagesConfig,
     pub host_ids: HostIdsConfig,
+    /// `airlock serve`: listeners, tenants, quotas, named contracts, pools (docs/api.md).
+    pub server: airlock_server::ServerConfig,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

@@ -6,6 +6,7 @@ mod config;
 mod image;
 mod run;
 mod run_image;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -55,6 +56,8 @@ enum Command {
     },
     /// Import, list, inspect, remove and garbage-collect OCI images (cell roots).
     Image(image::ImageArgs),
+    /// Run the execution service: the /v1 HTTP API on a unix socket (and TCP).
+    Serve(serve::ServeArgs),
     /// Check that this host can enforce every control of a cell.
     Doctor {
         /// Print the checks as JSON.
@@ -86,6 +89,7 @@ fn main() -> ExitCode {
         Command::Stats { store, json } => audit::stats(store, json),
         Command::Config { command } => config_command(command),
         Command::Image(args) => image::image(args),
+        Command::Serve(args) => serve::serve(args),
         Command::Doctor { json, config } => doctor(json, config.as_deref()),
     }
 }

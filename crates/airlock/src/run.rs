@@ -262,6 +262,7 @@ fn prepare(
         stderr: caller_output(std::io::stderr().as_fd()),
         started,
         tenant: None,
+        on_recorded: None,
     };
     Ok((request, stdin_kind, lease))
 }

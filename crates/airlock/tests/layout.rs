@@ -137,6 +137,17 @@ fn crates_depend_in_the_documented_direction() {
         ],
         "the engine sits on the cell, the egress proxy and the store; nothing below it \
          knows of it"
+    );    let mut server = airlock_dependencies("server");
+    server.sort();
+    assert_eq!(
+        server,
+        [
+            "airlock-cell",
+            "airlock-contract",
+            "airlock-engine",
+            "airlock-store"
+        ],
+        "the service sits on the engine (and the types of the crates below it)"
     );
 }
 

@@ -60,6 +60,7 @@ fn request() -> RunRequest {
         stderr: None,
         started: Instant::now(),
         tenant: None,
+        on_recorded: None,
     }
 }
 

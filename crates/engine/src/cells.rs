@@ -34,6 +34,7 @@ impl Engine {
             stdout,
             stderr,
             artifacts,
+            on_recorded,
             ..
         } = request;
         // A parked cell has no credentials and no artifact destination of its own: only
@@ -54,6 +55,9 @@ impl Engine {
         };
         let secrets = prepared.secrets.clone();
         let record = self.begin_record(prepared.start.clone(), &secrets);
+        if let (Ok((_, handle)), Some(hook)) = (&record, on_recorded) {
+            hook(&handle.run_id());
+        }
         let mut latency = None;
         let (report, inputs) = match (host, &record) {
             (Err(err), _) => (RunReport::refused("", err.class(), err.to_string()), None),

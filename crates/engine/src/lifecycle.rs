@@ -33,7 +33,13 @@ pub struct RunRequest {
     pub started: Instant,
     /// The service tenant the run is recorded for; `None` for the command line.
     pub tenant: Option<String>,
+    /// Called with the run id once the begin record exists, before the payload starts
+    /// ([`Engine::run`] only): the service's `start` frame.
+    pub on_recorded: Option<RecordedHook>,
 }
+
+/// See [`RunRequest::on_recorded`].
+pub type RecordedHook = Box<dyn FnOnce(&str) + Send>;
 
 /// A run whose cell is gone and whose record is not complete yet: the caller delivers
 /// what it promised (artifacts, a result file) and then [`Engine::complete`]s it, so

@@ -327,6 +327,21 @@ impl Session {
         state.closed.as_deref().cloned()
     }
 
+    /// [`Session::close`] from a shared reference, for a session other threads may be
+    /// waiting on (their commands end with the cell): asks for the cell's destruction
+    /// and waits for the final report; its record is complete by then.
+    pub fn end(&self) -> Result<RunReport, EngineError> {
+        let _ = self.host.control.close();
+        let (state, changed) = &*self.shared;
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(report) = &state.closed {
+                return Ok((**report).clone());
+            }
+            state = changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
     /// Destroys the session's cell (the completion sequence runs once, for the whole
     /// session) and returns its final report; its record is complete by then.
     pub fn close(mut self) -> Result<RunReport, EngineError> {

@@ -171,6 +171,7 @@ fn request(plan: CellPlan, stdout: Option<OwnedFd>) -> RunRequest {
         stderr: None,
         started: Instant::now(),
         tenant: None,
+        on_recorded: None,
     }
 }
 

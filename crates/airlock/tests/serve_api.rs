@@ -203,8 +203,16 @@ fn runs_stream_over_both_listeners_and_tenants_see_only_their_own() {
     ]);
     let got = frames(&String::from_utf8_lossy(&out.stdout));
     let types: Vec<&str> = got.iter().map(|f| f["type"].as_str().unwrap()).collect();
-    assert_eq!(types, ["start", "stdout", "stderr", "exit", "result"], "{got:?}");
-    assert_eq!(got[1]["data"], "hi\n");
+    // stdout and stderr are two pipes: their frames may come in either order.
+    assert_eq!(types.len(), 5, "{got:?}");
+    assert_eq!((types[0], types[3], types[4]), ("start", "exit", "result"), "{got:?}");
+    let data = |stream: &str| -> String {
+        got.iter()
+            .filter(|f| f["type"] == stream)
+            .map(|f| f["data"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!((data("stdout"), data("stderr")), ("hi\n".into(), "err\n".into()));
     assert_eq!(got[3]["exit_code"], 3);
     assert_eq!(got[4]["record"]["status"], "task_error");
     let operator_run = got[0]["run_id"].as_str().unwrap().to_string();
@@ -281,12 +289,18 @@ fn a_python_client_streams_ndjson_and_parses_the_metrics() {
     assert_eq!(seen["stdout"], "one\n");
     assert_eq!(seen["exit_code"], 4);
     assert_eq!(seen["task_errors"], 1.0);
-    let families: Vec<&str> = seen["families"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    let parsed: Vec<&str> = seen["families"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    for family in ["airlock_runs", "airlock_start_latency_seconds", "airlock_cells_alive", "airlock_pool_free"] {
+        assert!(parsed.contains(&family), "{family} not parsed: {parsed:?}");
+    }
+    let families: Vec<&str> = seen["declared"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    // Cleanup failures cannot be provoked from here: crates/server/src/metrics.rs tests
+    // that family.
     for family in [
         "airlock_runs", "airlock_start_latency_seconds", "airlock_wall_time_seconds",
         "airlock_denials", "airlock_deadline_kills", "airlock_ceilings_fired",
-        "airlock_cleanup_failures", "airlock_pool_size", "airlock_pool_free",
-        "airlock_sessions_active", "airlock_cells_alive",
+        "airlock_pool_size", "airlock_pool_free", "airlock_sessions_active",
+        "airlock_cells_alive",
     ] {
         assert!(families.contains(&family), "{family} missing from {families:?}");
     }

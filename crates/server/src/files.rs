@@ -4,6 +4,11 @@
 //! is the operator's); the rest of the path inside that mount with `RESOLVE_IN_ROOT |
 //! RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`: `..` and symlinks planted by the payload
 //! resolve within the mount and never leave it, nor cross into another mount.
+//!
+//! Everything past the mount is done as the mount's owner (the cell's host identity), on
+//! the calling thread only: the kernel refuses to create a file for an id its tmpfs (made
+//! in the cell's user namespace) cannot represent, written files belong to the cell, and
+//! the service reads no more of the cell than the cell's own identity can.
 
 use crate::error::ApiError;
 use airlock_contract::{CellPlan, MountPlan};
@@ -106,8 +111,29 @@ fn within(mount: &OwnedFd, rest: &Path, flags: OFlags, mode: Mode, shown: &Path)
     .map_err(|e| io_error(shown, e))
 }
 
-/// Writes `data` at `path` (created or truncated), owned like the writable mount's root,
-/// which the runtime gives to the cell's identity.
+/// Runs `f` on this thread as the owner of `mount_fd` (effective uid and gid; the saved
+/// ids stay, so the thread's own come back after). A thread that cannot get its own
+/// identity back must not serve anything else: the process aborts.
+fn as_owner_of<T>(mount_fd: &OwnedFd, shown: &Path, f: impl FnOnce() -> Result<T, ApiError>) -> Result<T, ApiError> {
+    use rustix::thread::{set_thread_res_gid, set_thread_res_uid};
+    let owner = rustix::fs::fstat(mount_fd).map_err(|e| io_error(shown, e))?;
+    let (uid, gid) = (rustix::process::geteuid(), rustix::process::getegid());
+    let to = |e| io_error(shown, e);
+    set_thread_res_gid(None, Some(rustix::fs::Gid::from_raw(owner.st_gid)), None).map_err(to)?;
+    if let Err(err) = set_thread_res_uid(None, Some(rustix::fs::Uid::from_raw(owner.st_uid)), None) {
+        if set_thread_res_gid(None, Some(gid), None).is_err() {
+            std::process::abort();
+        }
+        return Err(to(err));
+    }
+    let result = f();
+    if set_thread_res_uid(None, Some(uid), None).is_err() || set_thread_res_gid(None, Some(gid), None).is_err() {
+        std::process::abort();
+    }
+    result
+}
+
+/// Writes `data` at `path` (created or truncated) as the cell's identity.
 pub fn write(proc_dir: &OwnedFd, writable: &[PathBuf], path: &str, data: &[u8]) -> Result<u64, ApiError> {
     let (mount, rest) = locate(path, writable)?;
     let shown = mount.join(&rest);
@@ -115,21 +141,16 @@ pub fn write(proc_dir: &OwnedFd, writable: &[PathBuf], path: &str, data: &[u8]) 
         return Err(ApiError::bad_request("path.kind", format!("{}: a directory", shown.display())));
     }
     let mount_fd = open_mount(proc_dir, &mount)?;
-    let owner = rustix::fs::fstat(&mount_fd).map_err(|e| io_error(&shown, e))?;
     // O_NOFOLLOW: a symlink as the last component is refused, never written through.
-    let file = within(
-        &mount_fd,
-        &rest,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW,
-        Mode::from_raw_mode(0o644),
-        &shown,
-    )?;
-    rustix::fs::fchown(
-        &file,
-        Some(rustix::fs::Uid::from_raw(owner.st_uid)),
-        Some(rustix::fs::Gid::from_raw(owner.st_gid)),
-    )
-    .map_err(|e| io_error(&shown, e))?;
+    let file = as_owner_of(&mount_fd, &shown, || {
+        within(
+            &mount_fd,
+            &rest,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW,
+            Mode::from_raw_mode(0o644),
+            &shown,
+        )
+    })?;
     let mut file = std::fs::File::from(file);
     std::io::Write::write_all(&mut file, data).map_err(|e| {
         io_error(&shown, rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO))
@@ -142,7 +163,9 @@ pub fn read(proc_dir: &OwnedFd, writable: &[PathBuf], path: &str, cap: usize) ->
     let (mount, rest) = locate(path, writable)?;
     let shown = mount.join(&rest);
     let mount_fd = open_mount(proc_dir, &mount)?;
-    let file = within(&mount_fd, &rest, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty(), &shown)?;
+    let file = as_owner_of(&mount_fd, &shown, || {
+        within(&mount_fd, &rest, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty(), &shown)
+    })?;
     let stat = rustix::fs::fstat(&file).map_err(|e| io_error(&shown, e))?;
     if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
         return Err(ApiError::bad_request("path.kind", format!("{}: not a regular file", shown.display())));
@@ -167,7 +190,9 @@ pub fn list(proc_dir: &OwnedFd, writable: &[PathBuf], path: &str) -> Result<Vec<
     let (mount, rest) = locate(path, writable)?;
     let shown = mount.join(&rest);
     let mount_fd = open_mount(proc_dir, &mount)?;
-    let dir = within(&mount_fd, &rest, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty(), &shown)?;
+    let dir = as_owner_of(&mount_fd, &shown, || {
+        within(&mount_fd, &rest, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty(), &shown)
+    })?;
     let entries = rustix::fs::Dir::read_from(&dir).map_err(|e| io_error(&shown, e))?;
     let mut listed = Vec::new();
     for entry in entries.flatten() {

@@ -103,8 +103,10 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Counts an ended run or command.
-    pub fn observe(&self, class: &str, tenant: &str, report: &RunReport) {
+    /// Counts an ended run or command; `start` (request to payload start) and `wall`
+    /// (payload start to exit), seconds, when they were measured (the report's own start
+    /// timing of a warm cell counts from when it was built, not from the request).
+    pub fn observe(&self, class: &str, tenant: &str, report: &RunReport, (start, wall): (Option<f64>, Option<f64>)) {
         let ct = ClassTenant {
             class: class.to_string(),
             tenant: tenant.to_string(),
@@ -116,12 +118,12 @@ impl Metrics {
                 result: report.status.as_str().to_string(),
             })
             .inc();
-        self.start_latency
-            .get_or_create(&ct)
-            .observe(report.timings.startup_ms / 1000.0);
-        self.wall_time
-            .get_or_create(&ct)
-            .observe(report.timings.wall_ms / 1000.0);
+        if let Some(start) = start {
+            self.start_latency.get_or_create(&ct).observe(start);
+        }
+        if let Some(wall) = wall {
+            self.wall_time.get_or_create(&ct).observe(wall);
+        }
         if let Some(limit) = report.limit_fired {
             if limit == Ceiling::WallTime {
                 self.deadline_kills.get_or_create(&ct).inc();
@@ -175,8 +177,37 @@ impl Metrics {
                 .set(*open);
         }
         self.cells_alive.set(engine.live_cells() as i64);
+        self.encode()
+    }
+
+    fn encode(&self) -> String {
         let mut text = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_cell::report::ResultClass;
+
+    #[test]
+    fn a_run_is_counted_by_class_tenant_result_ceiling_and_cleanup() {
+        let metrics = Metrics::default();
+        let mut report = RunReport::refused("r", ResultClass::TaskError, "x".into());
+        report.limit_fired = Some(Ceiling::WallTime);
+        report.cleanup.ok = false;
+        metrics.observe("small", "alice", &report, (Some(0.002), Some(1.0)));
+        let text = metrics.encode();
+        for line in [
+            r#"airlock_runs_total{class="small",tenant="alice",result="task_error"} 1"#,
+            r#"airlock_deadline_kills_total{class="small",tenant="alice"} 1"#,
+            r#"airlock_ceilings_fired_total{class="small",tenant="alice",limit="wall_time"} 1"#,
+            r#"airlock_cleanup_failures_total{class="small",tenant="alice"} 1"#,
+            r#"airlock_start_latency_seconds_count{class="small",tenant="alice"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
     }
 }

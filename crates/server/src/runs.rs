@@ -70,8 +70,8 @@ pub async fn create_run(
     let tenant_name = tenant.name.clone();
     tokio::task::spawn_blocking(move || {
         let (_permit, _guard) = (permit, guard);
-        let (report, secrets) = run_to_end(&task_state.engine, request);
-        task_state.metrics.observe(&class, &tenant_name, &report);
+        let (report, secrets, latency) = run_to_end(&task_state.engine, request);
+        task_state.metrics.observe(&class, &tenant_name, &report, latency.unzip());
         task_log.finish(ended_of(&report, &secrets));
     });
     let run_id = begun_rx.await.ok();
@@ -125,25 +125,35 @@ pub fn stdin_of(text: Option<String>) -> Result<PayloadStdin, ApiError> {
     Ok(PayloadStdin::Relayed(read))
 }
 
-/// Runs `request` through the engine and completes its record; its report and secrets.
-fn run_to_end(engine: &Engine, request: RunRequest) -> (RunReport, Vec<String>) {
+/// (request to payload start, payload start to exit), seconds.
+type Latency = Option<(f64, f64)>;
+
+/// Runs `request` through the engine and completes its record; its report, secrets and
+/// latency.
+fn run_to_end(engine: &Engine, request: RunRequest) -> (RunReport, Vec<String>, Latency) {
+    let started = request.started;
     match engine.run(request) {
         Ok(finished) => {
             let secrets = finished.secrets.clone();
+            let latency = finished.latency.map(|l| {
+                let start = l.exec_confirmed.saturating_duration_since(started);
+                let wall = l.exit_known.saturating_duration_since(l.exec_confirmed);
+                (start.as_secs_f64(), wall.as_secs_f64())
+            });
             if finished.audit_error().is_some() {
-                return (finished.report, secrets);
+                return (finished.report, secrets, None);
             }
             let mut report = finished.report.clone();
             match engine.complete(finished) {
-                Ok(report) => (report, secrets),
+                Ok(report) => (report, secrets, latency),
                 Err(err) => {
                     report.status = ResultClass::RuntimeFault;
                     report.error = Some(format!("the run's record could not be completed: {err}"));
-                    (report, secrets)
+                    (report, secrets, latency)
                 }
             }
         }
-        Err(refused) => (refused.report, refused.secrets),
+        Err(refused) => (refused.report, refused.secrets, None),
     }
 }
 

@@ -300,7 +300,9 @@ fn watch_command(state: &Shared, entry: &Arc<SessionEntry>, id: u64, permit: Per
         let report = report.unwrap_or_else(|err| {
             airlock_cell::report::RunReport::refused(&command.run_id, err.class(), err.to_string())
         });
-        state.metrics.observe(&entry.workload_class, &entry.tenant, &report);
+        // A command's own wall time; its start is the session's cell's, not a request's.
+        let wall = report.timings.wall_ms / 1000.0;
+        state.metrics.observe(&entry.workload_class, &entry.tenant, &report, (None, Some(wall)));
         command.log.finish(ended_of(&report, &entry.secrets));
         entry.touch();
     });

@@ -137,7 +137,8 @@ fn crates_depend_in_the_documented_direction() {
         ],
         "the engine sits on the cell, the egress proxy and the store; nothing below it \
          knows of it"
-    );    let mut server = airlock_dependencies("server");
+    );
+    let mut server = airlock_dependencies("server");
     server.sort();
     assert_eq!(
         server,

@@ -120,7 +120,9 @@ impl Listen {
                 .map(Listen::Tcp)
                 .map_err(|err| format!("{text}: {err}"));
         }
-        Err(format!("{text}: a listener is `unix:PATH` or `tcp:ADDR:PORT`"))
+        Err(format!(
+            "{text}: a listener is `unix:PATH` or `tcp:ADDR:PORT`"
+        ))
     }
 }
 
@@ -166,19 +168,28 @@ impl ServerConfig {
                     ));
                 }
                 if let Some(other) = keys.insert(key.to_ascii_lowercase(), name) {
-                    return Err(format!("server.tenants: {name} and {other} share an API key"));
+                    return Err(format!(
+                        "server.tenants: {name} and {other} share an API key"
+                    ));
                 }
             }
             for uid in &tenant.uids {
                 if let Some(other) = uids.insert(*uid, name) {
-                    return Err(format!("server.tenants: {name} and {other} share uid {uid}"));
+                    return Err(format!(
+                        "server.tenants: {name} and {other} share uid {uid}"
+                    ));
                 }
             }
         }
         let bounded = [
             ("max_body_bytes", self.max_body_bytes as u64, 1, 1 << 30),
             ("max_file_bytes", self.max_file_bytes as u64, 1, 1 << 32),
-            ("max_header_bytes", self.max_header_bytes as u64, 8192, 1 << 20),
+            (
+                "max_header_bytes",
+                self.max_header_bytes as u64,
+                8192,
+                1 << 20,
+            ),
             ("max_stream_bytes", self.max_stream_bytes as u64, 1, 1 << 32),
             ("header_timeout_ms", self.header_timeout_ms, 1, 600_000),
             ("body_timeout_ms", self.body_timeout_ms, 1, 3_600_000),

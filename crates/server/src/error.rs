@@ -98,7 +98,12 @@ impl ApiError {
     }
 
     pub fn forbidden(reason: &str, error: String) -> ApiError {
-        ApiError::new(StatusCode::FORBIDDEN, ResultClass::PolicyDenied, reason, error)
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            ResultClass::PolicyDenied,
+            reason,
+            error,
+        )
     }
 
     pub fn too_many(reason: &str, error: String, retry_after: u64) -> ApiError {

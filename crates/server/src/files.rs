@@ -50,7 +50,10 @@ pub fn locate(path: &str, writable: &[PathBuf]) -> Result<(PathBuf, PathBuf), Ap
         .ok_or_else(|| {
             ApiError::forbidden(
                 "path.not_writable",
-                format!("{} is not within the session's writable paths", path.display()),
+                format!(
+                    "{} is not within the session's writable paths",
+                    path.display()
+                ),
             )
         })
 }
@@ -70,7 +73,9 @@ fn io_error(path: &Path, err: rustix::io::Errno) -> ApiError {
             "file.too_large",
             format!("{shown}: {err}"),
         ),
-        Errno::ISDIR | Errno::NOTDIR => ApiError::bad_request("path.kind", format!("{shown}: {err}")),
+        Errno::ISDIR | Errno::NOTDIR => {
+            ApiError::bad_request("path.kind", format!("{shown}: {err}"))
+        }
         Errno::SRCH => ApiError::not_found("session"),
         _ => ApiError::internal("file.io", format!("{shown}: {err}")),
     }
@@ -99,8 +104,18 @@ fn open_mount(proc_dir: &OwnedFd, mount: &Path) -> Result<OwnedFd, ApiError> {
     .map_err(|e| io_error(mount, e))
 }
 
-fn within(mount: &OwnedFd, rest: &Path, flags: OFlags, mode: Mode, shown: &Path) -> Result<OwnedFd, ApiError> {
-    let rest = if rest.as_os_str().is_empty() { Path::new(".") } else { rest };
+fn within(
+    mount: &OwnedFd,
+    rest: &Path,
+    flags: OFlags,
+    mode: Mode,
+    shown: &Path,
+) -> Result<OwnedFd, ApiError> {
+    let rest = if rest.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rest
+    };
     rustix::fs::openat2(
         mount.as_fd(),
         rest,
@@ -114,31 +129,46 @@ fn within(mount: &OwnedFd, rest: &Path, flags: OFlags, mode: Mode, shown: &Path)
 /// Runs `f` on this thread as the owner of `mount_fd` (effective uid and gid; the saved
 /// ids stay, so the thread's own come back after). A thread that cannot get its own
 /// identity back must not serve anything else: the process aborts.
-fn as_owner_of<T>(mount_fd: &OwnedFd, shown: &Path, f: impl FnOnce() -> Result<T, ApiError>) -> Result<T, ApiError> {
+fn as_owner_of<T>(
+    mount_fd: &OwnedFd,
+    shown: &Path,
+    f: impl FnOnce() -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
     use rustix::thread::{set_thread_res_gid, set_thread_res_uid};
     let owner = rustix::fs::fstat(mount_fd).map_err(|e| io_error(shown, e))?;
     let (uid, gid) = (rustix::process::geteuid(), rustix::process::getegid());
     let to = |e| io_error(shown, e);
     set_thread_res_gid(None, Some(rustix::fs::Gid::from_raw(owner.st_gid)), None).map_err(to)?;
-    if let Err(err) = set_thread_res_uid(None, Some(rustix::fs::Uid::from_raw(owner.st_uid)), None) {
+    if let Err(err) = set_thread_res_uid(None, Some(rustix::fs::Uid::from_raw(owner.st_uid)), None)
+    {
         if set_thread_res_gid(None, Some(gid), None).is_err() {
             std::process::abort();
         }
         return Err(to(err));
     }
     let result = f();
-    if set_thread_res_uid(None, Some(uid), None).is_err() || set_thread_res_gid(None, Some(gid), None).is_err() {
+    if set_thread_res_uid(None, Some(uid), None).is_err()
+        || set_thread_res_gid(None, Some(gid), None).is_err()
+    {
         std::process::abort();
     }
     result
 }
 
 /// Writes `data` at `path` (created or truncated) as the cell's identity.
-pub fn write(proc_dir: &OwnedFd, writable: &[PathBuf], path: &str, data: &[u8]) -> Result<u64, ApiError> {
+pub fn write(
+    proc_dir: &OwnedFd,
+    writable: &[PathBuf],
+    path: &str,
+    data: &[u8],
+) -> Result<u64, ApiError> {
     let (mount, rest) = locate(path, writable)?;
     let shown = mount.join(&rest);
     if rest.as_os_str().is_empty() {
-        return Err(ApiError::bad_request("path.kind", format!("{}: a directory", shown.display())));
+        return Err(ApiError::bad_request(
+            "path.kind",
+            format!("{}: a directory", shown.display()),
+        ));
     }
     let mount_fd = open_mount(proc_dir, &mount)?;
     // O_NOFOLLOW: a symlink as the last component is refused, never written through.
@@ -153,22 +183,39 @@ pub fn write(proc_dir: &OwnedFd, writable: &[PathBuf], path: &str, data: &[u8]) 
     })?;
     let mut file = std::fs::File::from(file);
     std::io::Write::write_all(&mut file, data).map_err(|e| {
-        io_error(&shown, rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO))
+        io_error(
+            &shown,
+            rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
+        )
     })?;
     Ok(data.len() as u64)
 }
 
 /// The content of the regular file at `path`, at most `cap` bytes (a larger one is 413).
-pub fn read(proc_dir: &OwnedFd, writable: &[PathBuf], path: &str, cap: usize) -> Result<Vec<u8>, ApiError> {
+pub fn read(
+    proc_dir: &OwnedFd,
+    writable: &[PathBuf],
+    path: &str,
+    cap: usize,
+) -> Result<Vec<u8>, ApiError> {
     let (mount, rest) = locate(path, writable)?;
     let shown = mount.join(&rest);
     let mount_fd = open_mount(proc_dir, &mount)?;
     let file = as_owner_of(&mount_fd, &shown, || {
-        within(&mount_fd, &rest, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty(), &shown)
+        within(
+            &mount_fd,
+            &rest,
+            OFlags::RDONLY | OFlags::NONBLOCK,
+            Mode::empty(),
+            &shown,
+        )
     })?;
     let stat = rustix::fs::fstat(&file).map_err(|e| io_error(&shown, e))?;
     if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
-        return Err(ApiError::bad_request("path.kind", format!("{}: not a regular file", shown.display())));
+        return Err(ApiError::bad_request(
+            "path.kind",
+            format!("{}: not a regular file", shown.display()),
+        ));
     }
     let mut data = Vec::new();
     let mut limited = std::io::Read::take(std::fs::File::from(file), cap as u64 + 1);
@@ -179,19 +226,32 @@ pub fn read(proc_dir: &OwnedFd, writable: &[PathBuf], path: &str, cap: usize) ->
             axum::http::StatusCode::PAYLOAD_TOO_LARGE,
             airlock_cell::report::ResultClass::CapacityExceeded,
             "file.too_large",
-            format!("{}: larger than server.max_file_bytes ({cap})", shown.display()),
+            format!(
+                "{}: larger than server.max_file_bytes ({cap})",
+                shown.display()
+            ),
         ));
     }
     Ok(data)
 }
 
 /// The entries of the directory at `path`.
-pub fn list(proc_dir: &OwnedFd, writable: &[PathBuf], path: &str) -> Result<Vec<crate::api::DirEntry>, ApiError> {
+pub fn list(
+    proc_dir: &OwnedFd,
+    writable: &[PathBuf],
+    path: &str,
+) -> Result<Vec<crate::api::DirEntry>, ApiError> {
     let (mount, rest) = locate(path, writable)?;
     let shown = mount.join(&rest);
     let mount_fd = open_mount(proc_dir, &mount)?;
     let dir = as_owner_of(&mount_fd, &shown, || {
-        within(&mount_fd, &rest, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty(), &shown)
+        within(
+            &mount_fd,
+            &rest,
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+            &shown,
+        )
     })?;
     let entries = rustix::fs::Dir::read_from(&dir).map_err(|e| io_error(&shown, e))?;
     let mut listed = Vec::new();
@@ -200,7 +260,11 @@ pub fn list(proc_dir: &OwnedFd, writable: &[PathBuf], path: &str) -> Result<Vec<
         if name == "." || name == ".." {
             continue;
         }
-        let stat = rustix::fs::statat(&dir, entry.file_name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW);
+        let stat = rustix::fs::statat(
+            &dir,
+            entry.file_name(),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        );
         let (kind, size) = match stat {
             Ok(st) => {
                 let kind = match rustix::fs::FileType::from_raw_mode(st.st_mode) {
@@ -238,7 +302,11 @@ mod tests {
     use super::*;
 
     fn writable() -> Vec<PathBuf> {
-        vec![PathBuf::from("/tmp"), PathBuf::from("/work"), PathBuf::from("/work/out")]
+        vec![
+            PathBuf::from("/tmp"),
+            PathBuf::from("/work"),
+            PathBuf::from("/work/out"),
+        ]
     }
 
     #[test]
@@ -251,7 +319,10 @@ mod tests {
             locate("/work/out/x", &writable()).unwrap(),
             ("/work/out".into(), "x".into())
         );
-        assert_eq!(locate("/tmp", &writable()).unwrap(), ("/tmp".into(), "".into()));
+        assert_eq!(
+            locate("/tmp", &writable()).unwrap(),
+            ("/tmp".into(), "".into())
+        );
     }
 
     #[test]

@@ -40,7 +40,11 @@ pub async fn readyz(State(state): State<Shared>) -> Response {
     } else {
         format!("pools filling: {}", filling.join(", "))
     };
-    let code = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let code = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (code, Json(Health { ok, detail })).into_response()
 }
 
@@ -48,12 +52,20 @@ pub async fn readyz(State(state): State<Shared>) -> Response {
     responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain")))]
 pub async fn metrics(State(state): State<Shared>) -> Response {
     let mut open: BTreeMap<String, i64> = BTreeMap::new();
-    for entry in state.sessions.lock().unwrap_or_else(|p| p.into_inner()).values() {
+    for entry in state
+        .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+    {
         *open.entry(entry.tenant.clone()).or_default() += 1;
     }
     let text = state.metrics.render(&state.engine, &state.pools, &open);
     (
-        [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         text,
     )
         .into_response()

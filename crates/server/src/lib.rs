@@ -76,9 +76,11 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
     let engine = Arc::new(Engine::new(engine));
     let mut pools = BTreeMap::new();
     for (name, size) in &server.pools {
-        let template = contracts
-            .template(name)
-            .ok_or_else(|| ServerError::Config(format!("server.pools.{name}: its contract does not compile without a command")))?;
+        let template = contracts.template(name).ok_or_else(|| {
+            ServerError::Config(format!(
+                "server.pools.{name}: its contract does not compile without a command"
+            ))
+        })?;
         pools.insert(name.clone(), PlanShape::of(&template));
         engine.keep_warm(template, *size)?;
     }
@@ -113,7 +115,10 @@ pub fn router(state: Shared) -> Router {
             get(sessions::get_session).delete(sessions::delete_session),
         )
         .route("/v1/sessions/{id}/exec", post(sessions::exec))
-        .route("/v1/sessions/{id}/commands/{cid}", get(sessions::get_command))
+        .route(
+            "/v1/sessions/{id}/commands/{cid}",
+            get(sessions::get_command),
+        )
         .route(
             "/v1/sessions/{id}/commands/{cid}/output",
             get(sessions::command_output),

@@ -62,7 +62,10 @@ fn bind_unix(path: &Path, euid_is_root: bool) -> std::io::Result<UnixListener> {
 
 pub async fn bind(config: &ServerConfig, euid_is_root: bool) -> Result<Vec<Bound>, ServerError> {
     let listen: Vec<String> = if config.listen.is_empty() {
-        vec![format!("unix:{}", crate::config::default_socket(euid_is_root).display())]
+        vec![format!(
+            "unix:{}",
+            crate::config::default_socket(euid_is_root).display()
+        )]
     } else {
         config.listen.clone()
     };

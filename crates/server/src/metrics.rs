@@ -87,17 +87,53 @@ impl Default for Metrics {
             cells_alive: Gauge::default(),
             registry: Registry::default(),
         };
-        registry.register("runs", "Runs and session commands ended, by result class", m.runs.clone());
-        registry.register("start_latency_seconds", "From request to payload start", m.start_latency.clone());
-        registry.register("wall_time_seconds", "Payload wall time", m.wall_time.clone());
-        registry.register("denials", "Denials by reason code (egress, quotas, refusals)", m.denials.clone());
-        registry.register("deadline_kills", "Runs killed at their wall-time deadline", m.deadline_kills.clone());
-        registry.register("ceilings_fired", "Ceilings that decided a run, by ceiling", m.ceilings.clone());
-        registry.register("cleanup_failures", "Cells whose teardown left something behind", m.cleanup_failures.clone());
+        registry.register(
+            "runs",
+            "Runs and session commands ended, by result class",
+            m.runs.clone(),
+        );
+        registry.register(
+            "start_latency_seconds",
+            "From request to payload start",
+            m.start_latency.clone(),
+        );
+        registry.register(
+            "wall_time_seconds",
+            "Payload wall time",
+            m.wall_time.clone(),
+        );
+        registry.register(
+            "denials",
+            "Denials by reason code (egress, quotas, refusals)",
+            m.denials.clone(),
+        );
+        registry.register(
+            "deadline_kills",
+            "Runs killed at their wall-time deadline",
+            m.deadline_kills.clone(),
+        );
+        registry.register(
+            "ceilings_fired",
+            "Ceilings that decided a run, by ceiling",
+            m.ceilings.clone(),
+        );
+        registry.register(
+            "cleanup_failures",
+            "Cells whose teardown left something behind",
+            m.cleanup_failures.clone(),
+        );
         registry.register("pool_size", "Warm cells a pool keeps", m.pool_size.clone());
         registry.register("pool_free", "Warm cells parked now", m.pool_free.clone());
-        registry.register("sessions_active", "Open sessions", m.sessions_active.clone());
-        registry.register("cells_alive", "Cells alive: parked, running, in sessions", m.cells_alive.clone());
+        registry.register(
+            "sessions_active",
+            "Open sessions",
+            m.sessions_active.clone(),
+        );
+        registry.register(
+            "cells_alive",
+            "Cells alive: parked, running, in sessions",
+            m.cells_alive.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -106,7 +142,13 @@ impl Metrics {
     /// Counts an ended run or command; `start` (request to payload start) and `wall`
     /// (payload start to exit), seconds, when they were measured (the report's own start
     /// timing of a warm cell counts from when it was built, not from the request).
-    pub fn observe(&self, class: &str, tenant: &str, report: &RunReport, (start, wall): (Option<f64>, Option<f64>)) {
+    pub fn observe(
+        &self,
+        class: &str,
+        tenant: &str,
+        report: &RunReport,
+        (start, wall): (Option<f64>, Option<f64>),
+    ) {
         let ct = ClassTenant {
             class: class.to_string(),
             tenant: tenant.to_string(),
@@ -139,7 +181,12 @@ impl Metrics {
         if !report.cleanup.ok {
             self.cleanup_failures.get_or_create(&ct).inc();
         }
-        for reason in report.egress.iter().flatten().filter_map(|e| e.reason.as_deref()) {
+        for reason in report
+            .egress
+            .iter()
+            .flatten()
+            .filter_map(|e| e.reason.as_deref())
+        {
             self.deny(class, tenant, reason);
         }
     }
@@ -156,7 +203,12 @@ impl Metrics {
     }
 
     /// The text exposition, with the gauges read now.
-    pub fn render(&self, engine: &Engine, pools: &BTreeMap<String, airlock_engine::PlanShape>, sessions: &BTreeMap<String, i64>) -> String {
+    pub fn render(
+        &self,
+        engine: &Engine,
+        pools: &BTreeMap<String, airlock_engine::PlanShape>,
+        sessions: &BTreeMap<String, i64>,
+    ) -> String {
         let status = engine.pool_status();
         for (name, shape) in pools {
             let pool = status.iter().find(|p| &p.shape == shape);

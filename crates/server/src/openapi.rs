@@ -72,7 +72,13 @@ mod tests {
     fn the_document_is_openapi_3_1_and_has_every_route() {
         let doc: serde_json::Value = serde_json::from_str(&super::document()).unwrap();
         assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
-        for path in ["/v1/runs", "/v1/runs/{id}", "/v1/sessions/{id}/exec", "/v1/audit/verify", "/metrics"] {
+        for path in [
+            "/v1/runs",
+            "/v1/runs/{id}",
+            "/v1/sessions/{id}/exec",
+            "/v1/audit/verify",
+            "/metrics",
+        ] {
             assert!(doc["paths"][path].is_object(), "{path} missing");
         }
     }

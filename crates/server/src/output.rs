@@ -253,7 +253,10 @@ pub fn ndjson_body(log: Arc<OutputLog>, first: Option<Frame>, follow: bool) -> a
             }
             if !first.is_empty() {
                 let chunk = axum::body::Bytes::from(first);
-                return Some((Ok::<_, std::convert::Infallible>(chunk), (log, cursor, Vec::new(), false)));
+                return Some((
+                    Ok::<_, std::convert::Infallible>(chunk),
+                    (log, cursor, Vec::new(), false),
+                ));
             }
             loop {
                 match log.next(&mut cursor) {
@@ -325,7 +328,13 @@ mod tests {
         let Next::Frames(end) = log.next(&mut cursor) else {
             panic!("end frames expected")
         };
-        assert!(matches!(end[0], Frame::Exit { dropped_bytes: 4, .. }));
+        assert!(matches!(
+            end[0],
+            Frame::Exit {
+                dropped_bytes: 4,
+                ..
+            }
+        ));
         assert!(matches!(end[1], Frame::Result { .. }));
         assert!(matches!(log.next(&mut cursor), Next::Done));
     }

@@ -69,7 +69,11 @@ impl Contracts {
     }
 
     /// The plan of a request, and its workload class (the contract's name).
-    pub fn plan(&self, wanted: &Wanted<'_>, inline_allowed: bool) -> Result<(CellPlan, String), PlanRefusal> {
+    pub fn plan(
+        &self,
+        wanted: &Wanted<'_>,
+        inline_allowed: bool,
+    ) -> Result<(CellPlan, String), PlanRefusal> {
         let (contract, base_dir, class) = self.contract_of(wanted, inline_allowed)?;
         if let Some(name) = wanted
             .env
@@ -142,7 +146,11 @@ impl Contracts {
         };
         match (wanted.contract, wanted.inline) {
             (Some(name), None) => match self.named.get(name) {
-                Some(named) => Ok((named.contract.clone(), named.base_dir.clone(), name.to_string())),
+                Some(named) => Ok((
+                    named.contract.clone(),
+                    named.base_dir.clone(),
+                    name.to_string(),
+                )),
                 None => Err(refusal(ApiError::bad_request(
                     "contract.unknown",
                     format!("no contract named {name:?} in the service's configuration"),

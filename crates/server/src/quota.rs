@@ -133,7 +133,10 @@ fn decide(u: &mut Usage, limits: Limits, work: Work, now: Instant) -> Result<(),
         let wait = MINUTE.saturating_sub(now.duration_since(oldest));
         return Err(ApiError::too_many(
             "quota.runs_per_minute",
-            format!("the tenant started {} runs in the last minute", limits.runs_per_minute),
+            format!(
+                "the tenant started {} runs in the last minute",
+                limits.runs_per_minute
+            ),
             wait.as_secs() + 1,
         ));
     }
@@ -175,7 +178,10 @@ mod tests {
         let q = Arc::new(Quotas::default());
         let now = Instant::now();
         let _s = q.admit("a", limits(5, 1, 100), Work::Session, now).unwrap();
-        let err = q.admit("a", limits(5, 1, 100), Work::Session, now).err().unwrap();
+        let err = q
+            .admit("a", limits(5, 1, 100), Work::Session, now)
+            .err()
+            .unwrap();
         assert_eq!(err.body.reason, "quota.sessions");
         let full = limits(1, 1, 100);
         q.admit("a", full, Work::Command, now).unwrap();
@@ -188,13 +194,17 @@ mod tests {
         let t0 = Instant::now();
         let l = limits(10, 1, 2);
         drop(q.admit("a", l, Work::Run, t0).unwrap());
-        drop(q.admit("a", l, Work::Run, t0 + Duration::from_secs(10)).unwrap());
+        drop(
+            q.admit("a", l, Work::Run, t0 + Duration::from_secs(10))
+                .unwrap(),
+        );
         let err = q
             .admit("a", l, Work::Run, t0 + Duration::from_secs(30))
             .err()
             .unwrap();
         assert_eq!(err.body.reason, "quota.runs_per_minute");
         assert_eq!(err.retry_after, Some(31));
-        q.admit("a", l, Work::Run, t0 + Duration::from_secs(61)).unwrap();
+        q.admit("a", l, Work::Run, t0 + Duration::from_secs(61))
+            .unwrap();
     }
 }

@@ -71,7 +71,9 @@ pub async fn create_run(
     tokio::task::spawn_blocking(move || {
         let (_permit, _guard) = (permit, guard);
         let (report, secrets, latency) = run_to_end(&task_state.engine, request);
-        task_state.metrics.observe(&class, &tenant_name, &report, latency.unzip());
+        task_state
+            .metrics
+            .observe(&class, &tenant_name, &report, latency.unzip());
         task_log.finish(ended_of(&report, &secrets));
     });
     let run_id = begun_rx.await.ok();
@@ -159,10 +161,7 @@ fn run_to_end(engine: &Engine, request: RunRequest) -> (RunReport, Vec<String>, 
 
 /// The last two frames of a command, redacted like the store's records.
 pub fn ended_of(report: &RunReport, secrets: &[String]) -> Ended {
-    let record = record::redact_result(
-        serde_json::to_value(report).unwrap_or_default(),
-        secrets,
-    );
+    let record = record::redact_result(serde_json::to_value(report).unwrap_or_default(), secrets);
     Ended {
         exit: Frame::Exit {
             status: report.status.as_str().to_string(),
@@ -188,9 +187,12 @@ pub async fn record_refusal(
         class,
         workload_class,
     } = refusal;
-    state.metrics.deny(&workload_class, &tenant.name, &error.body.reason);
+    state
+        .metrics
+        .deny(&workload_class, &tenant.name, &error.body.reason);
     let engine = Arc::clone(&state.engine);
-    let (argv, tenant_name, message) = (argv.to_vec(), tenant.name.clone(), error.body.error.clone());
+    let (argv, tenant_name, message) =
+        (argv.to_vec(), tenant.name.clone(), error.body.error.clone());
     let recorded = tokio::task::spawn_blocking(move || {
         engine
             .refuse(Refusal {
@@ -244,7 +246,9 @@ pub async fn list_runs(
         tenant: (!tenant.operator).then(|| tenant.name.clone()),
         ..Default::default()
     };
-    let runs = state.with_store(move |store| store.list_runs(&filter)).await?;
+    let runs = state
+        .with_store(move |store| store.list_runs(&filter))
+        .await?;
     Ok(Json(RunList { runs }))
 }
 

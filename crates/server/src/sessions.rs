@@ -7,8 +7,8 @@
 //! is enforced here, by [`reap`].
 
 use crate::api::{
-    CommandView, DirList, DirQuery, ExecBody, FollowQuery, SessionBody, SessionList,
-    SessionView, SignalBody, TimeoutBody, Written,
+    CommandView, DirList, DirQuery, ExecBody, FollowQuery, SessionBody, SessionList, SessionView,
+    SignalBody, TimeoutBody, Written,
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::files;
@@ -59,7 +59,11 @@ impl SessionEntry {
     }
 
     fn command(&self, id: u64) -> Option<Arc<CommandEntry>> {
-        self.commands.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+        self.commands
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
     }
 
     fn view(&self) -> SessionView {
@@ -76,7 +80,11 @@ impl SessionEntry {
             workload_class: self.workload_class.clone(),
             idle_timeout_s: self.idle_timeout().as_secs(),
             max_lifetime_s: self.max_lifetime.as_secs(),
-            writable_paths: self.writable.iter().map(|p| p.display().to_string()).collect(),
+            writable_paths: self
+                .writable
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
             commands,
         }
     }
@@ -138,7 +146,9 @@ pub async fn create_session(
     let config = &state.config;
     let idle = seconds(
         body.idle_timeout_s,
-        config.session_idle_timeout_s.min(config.max_session_idle_timeout_s),
+        config
+            .session_idle_timeout_s
+            .min(config.max_session_idle_timeout_s),
         config.max_session_idle_timeout_s,
     )?;
     let lifetime = seconds(
@@ -202,7 +212,10 @@ pub async fn create_session(
 
 #[utoipa::path(get, path = "/v1/sessions",
     responses((status = 200, body = SessionList), (status = 401, body = ErrorBody)))]
-pub async fn list_sessions(State(state): State<Shared>, Caller(tenant): Caller) -> Json<SessionList> {
+pub async fn list_sessions(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+) -> Json<SessionList> {
     let sessions = state.sessions.lock().unwrap_or_else(|p| p.into_inner());
     Json(SessionList {
         sessions: sessions
@@ -236,8 +249,15 @@ pub async fn exec(
 ) -> Result<Response, ApiError> {
     let entry = session_of(&state, &tenant, &id)?;
     let permit = state.admit(&tenant, Work::Command)?;
-    if body.env.keys().any(|n| airlock_contract::RESERVED_ENV_NAMES.contains(&n.as_str())) {
-        return Err(ApiError::bad_request("env.reserved", "a reserved variable".into()));
+    if body
+        .env
+        .keys()
+        .any(|n| airlock_contract::RESERVED_ENV_NAMES.contains(&n.as_str()))
+    {
+        return Err(ApiError::bad_request(
+            "env.reserved",
+            "a reserved variable".into(),
+        ));
     }
     entry.touch();
     let log = OutputLog::new(state.config.max_stream_bytes);
@@ -296,21 +316,35 @@ fn watch_command(state: &Shared, entry: &Arc<SessionEntry>, id: u64, permit: Per
     tokio::task::spawn_blocking(move || {
         let (_permit, _guard) = (permit, guard);
         let report = entry.session.wait(id);
-        let Some(command) = entry.command(id) else { return };
+        let Some(command) = entry.command(id) else {
+            return;
+        };
         let report = report.unwrap_or_else(|err| {
             airlock_cell::report::RunReport::refused(&command.run_id, err.class(), err.to_string())
         });
         // A command's own wall time; its start is the session's cell's, not a request's.
         let wall = report.timings.wall_ms / 1000.0;
-        state.metrics.observe(&entry.workload_class, &entry.tenant, &report, (None, Some(wall)));
+        state.metrics.observe(
+            &entry.workload_class,
+            &entry.tenant,
+            &report,
+            (None, Some(wall)),
+        );
         command.log.finish(ended_of(&report, &entry.secrets));
         entry.touch();
     });
 }
 
-fn command_of(state: &Shared, tenant: &Tenant, id: &str, cid: u64) -> Result<(Arc<SessionEntry>, Arc<CommandEntry>), ApiError> {
+fn command_of(
+    state: &Shared,
+    tenant: &Tenant,
+    id: &str,
+    cid: u64,
+) -> Result<(Arc<SessionEntry>, Arc<CommandEntry>), ApiError> {
     let entry = session_of(state, tenant, id)?;
-    let command = entry.command(cid).ok_or_else(|| ApiError::not_found("command"))?;
+    let command = entry
+        .command(cid)
+        .ok_or_else(|| ApiError::not_found("command"))?;
     Ok((entry, command))
 }
 
@@ -335,7 +369,11 @@ pub async fn command_output(
     Query(query): Query<FollowQuery>,
 ) -> Result<Response, ApiError> {
     let (_, command) = command_of(&state, &tenant, &id, cid)?;
-    Ok(ndjson(output::ndjson_body(Arc::clone(&command.log), None, query.follow)))
+    Ok(ndjson(output::ndjson_body(
+        Arc::clone(&command.log),
+        None,
+        query.follow,
+    )))
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/commands/{cid}/signal", params(("id" = String, Path), ("cid" = u64, Path)), request_body = SignalBody,
@@ -366,7 +404,11 @@ pub async fn set_timeout(
     ApiJson(body): ApiJson<TimeoutBody>,
 ) -> Result<Json<SessionView>, ApiError> {
     let entry = session_of(&state, &tenant, &id)?;
-    let idle = seconds(Some(body.idle_timeout_s), 0, state.config.max_session_idle_timeout_s)?;
+    let idle = seconds(
+        Some(body.idle_timeout_s),
+        0,
+        state.config.max_session_idle_timeout_s,
+    )?;
     *entry.idle.lock().unwrap_or_else(|p| p.into_inner()) = (Instant::now(), idle);
     Ok(Json(entry.view()))
 }
@@ -419,9 +461,10 @@ pub async fn reap(state: &Shared) {
 
 /// Ends every session (the drain).
 pub async fn end_all(state: &Shared) {
-    let all: Vec<Arc<SessionEntry>> = std::mem::take(&mut *state.sessions.lock().unwrap_or_else(|p| p.into_inner()))
-        .into_values()
-        .collect();
+    let all: Vec<Arc<SessionEntry>> =
+        std::mem::take(&mut *state.sessions.lock().unwrap_or_else(|p| p.into_inner()))
+            .into_values()
+            .collect();
     for entry in all {
         let _ = end_session(entry).await;
     }
@@ -449,7 +492,11 @@ pub async fn put_file(
     })
     .await
     .map_err(|e| ApiError::internal("server.task", e.to_string()))??;
-    Ok((axum::http::StatusCode::CREATED, Json(Written { path: shown, bytes })).into_response())
+    Ok((
+        axum::http::StatusCode::CREATED,
+        Json(Written { path: shown, bytes }),
+    )
+        .into_response())
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", params(("id" = String, Path), ("path" = String, Path)),
@@ -463,10 +510,16 @@ pub async fn get_file(
     let entry = session_of(&state, &tenant, &id)?;
     entry.touch();
     let cap = state.config.max_file_bytes;
-    let data = tokio::task::spawn_blocking(move || files::read(&entry.proc_dir, &entry.writable, &path, cap))
-        .await
-        .map_err(|e| ApiError::internal("server.task", e.to_string()))??;
-    Ok(([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+    let data = tokio::task::spawn_blocking(move || {
+        files::read(&entry.proc_dir, &entry.writable, &path, cap)
+    })
+    .await
+    .map_err(|e| ApiError::internal("server.task", e.to_string()))??;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        data,
+    )
+        .into_response())
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files", params(("id" = String, Path), DirQuery),
@@ -479,9 +532,10 @@ pub async fn list_files(
 ) -> Result<Json<DirList>, ApiError> {
     let entry = session_of(&state, &tenant, &id)?;
     let dir = query.dir.clone();
-    let entries = tokio::task::spawn_blocking(move || files::list(&entry.proc_dir, &entry.writable, &dir))
-        .await
-        .map_err(|e| ApiError::internal("server.task", e.to_string()))??;
+    let entries =
+        tokio::task::spawn_blocking(move || files::list(&entry.proc_dir, &entry.writable, &dir))
+            .await
+            .map_err(|e| ApiError::internal("server.task", e.to_string()))??;
     Ok(Json(DirList {
         dir: file_path(&query.dir),
         entries,

@@ -141,9 +141,25 @@ mod tests {
         let t = tenants();
         let op = t.resolve(Peer::Unix { uid: 0, pid: None }, None).unwrap();
         assert!(op.operator);
-        let alice = t.resolve(Peer::Unix { uid: 1000, pid: None }, None).unwrap();
+        let alice = t
+            .resolve(
+                Peer::Unix {
+                    uid: 1000,
+                    pid: None,
+                },
+                None,
+            )
+            .unwrap();
         assert_eq!(alice.name, "alice");
-        let err = t.resolve(Peer::Unix { uid: 1001, pid: None }, None).unwrap_err();
+        let err = t
+            .resolve(
+                Peer::Unix {
+                    uid: 1001,
+                    pid: None,
+                },
+                None,
+            )
+            .unwrap_err();
         assert_eq!(err.body.reason, "auth.unknown_peer");
     }
 

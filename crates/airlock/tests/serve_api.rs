@@ -319,7 +319,10 @@ fn runs_stream_over_both_listeners_and_tenants_see_only_their_own() {
     // airlock's own variables are not a request's to set.
     let env = r#"{"contract": "small", "argv": ["true"], "env": {"HTTP_PROXY": "http://x.test"}}"#;
     let (code, body) = server.tcp(ALICE, "POST", "/v1/runs", Some(env));
-    assert_eq!((code, json(&body)["reason"].clone()), (400, "env.reserved".into()));
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (400, "env.reserved".into())
+    );
 
     // Oversized and malformed bodies.
     let big = run_body(&[&"x".repeat(100_000)]);
@@ -798,7 +801,9 @@ fn thirty_two_clients_at_once_lose_no_record_and_the_chain_verifies() {
 
 /// The shell examples of docs/api.md, in order, in one shell with `set -e`.
 fn api_doc_examples() -> String {
-    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md")).unwrap();
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md"))
+            .unwrap();
     let mut script = String::new();
     let mut inside = false;
     for line in doc.lines() {

@@ -10,7 +10,12 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 /// One request on `conn`; the response's status and body.
-fn request(conn: &mut BufReader<UnixStream>, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+fn request(
+    conn: &mut BufReader<UnixStream>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: airlock\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
@@ -20,7 +25,11 @@ fn request(conn: &mut BufReader<UnixStream>, method: &str, path: &str, body: &st
     stream.write_all(body.as_bytes())?;
     let mut status_line = String::new();
     conn.read_line(&mut status_line)?;
-    let status = status_line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let mut length = 0usize;
     loop {
         let mut line = String::new();
@@ -62,7 +71,10 @@ fn metric(text: &str, name: &str) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let socket = args.first().expect("usage: load SOCKET [CLIENTS] [SECONDS] [CONTRACT]").clone();
+    let socket = args
+        .first()
+        .expect("usage: load SOCKET [CLIENTS] [SECONDS] [CONTRACT]")
+        .clone();
     let clients: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(16);
     let seconds: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(20);
     let contract = args.get(3).cloned().unwrap_or_else(|| "small".into());

@@ -36,7 +36,7 @@ pub struct Wanted<'a> {
 /// Why no plan: an answer, and whether the refusal is worth a record (a contract that
 /// did not compile is; a request naming nothing is not).
 pub struct PlanRefusal {
-    pub error: ApiError,
+    pub error: Box<ApiError>,
     pub class: ResultClass,
     pub workload_class: String,
 }
@@ -81,10 +81,10 @@ impl Contracts {
             .find(|n| airlock_contract::RESERVED_ENV_NAMES.contains(&n.as_str()))
         {
             return Err(PlanRefusal {
-                error: ApiError::bad_request(
+                error: Box::new(ApiError::bad_request(
                     "env.reserved",
                     format!("{name} is set by airlock, not by a request"),
-                ),
+                )),
                 class: ResultClass::PolicyDenied,
                 workload_class: class,
             });
@@ -92,12 +92,12 @@ impl Contracts {
         let refuse = |err: ContractError| {
             let class = ResultClass::from_name(err.class()).unwrap_or(ResultClass::PolicyDenied);
             PlanRefusal {
-                error: ApiError::new(
+                error: Box::new(ApiError::new(
                     axum::http::StatusCode::UNPROCESSABLE_ENTITY,
                     class,
                     "contract.invalid",
                     format!("contract: {err}"),
-                ),
+                )),
                 class,
                 workload_class: class_name(wanted),
             }
@@ -140,7 +140,7 @@ impl Contracts {
         inline_allowed: bool,
     ) -> Result<(Contract, PathBuf, String), PlanRefusal> {
         let refusal = |error: ApiError| PlanRefusal {
-            error,
+            error: Box::new(error),
             class: ResultClass::PolicyDenied,
             workload_class: String::new(),
         };

@@ -210,7 +210,7 @@ pub async fn record_refusal(
     if let Ok(run_id) = recorded.map(|id| (!id.is_empty()).then_some(id)) {
         error.body.run_id = run_id;
     }
-    error
+    *error
 }
 
 #[utoipa::path(get, path = "/v1/runs/{id}", params(("id" = String, Path, description = "Run id")),

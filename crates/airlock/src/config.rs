@@ -250,6 +250,7 @@ impl OperatorConfig {
                 );
             }
         }
+        self.server.check().map_err(|e| anyhow::anyhow!(e))?;
         if let Some(dir) = &self.store.state_dir {
             if !dir.is_absolute() {
                 bail!(

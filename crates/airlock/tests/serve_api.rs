@@ -536,7 +536,11 @@ fn a_sessions_files_and_commands_persist_until_delete_and_never_leave_its_writab
         ))
         .output()
         .unwrap();
-    assert_eq!(split_status(&big).0, 413);
+    let (code, body) = split_status(&big);
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (413, "file.too_large".into())
+    );
 
     // Another tenant sees nothing of it.
     for path in [

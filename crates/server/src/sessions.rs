@@ -16,10 +16,9 @@ use crate::output::{self, Frame, OutputLog};
 use crate::plans::Wanted;
 use crate::quota::{Permit, Work};
 use crate::runs::{ended_of, ndjson, output_pipes, record_refusal, stdin_of};
-use crate::state::{ApiJson, Caller, Shared};
+use crate::state::{ApiBytes, ApiJson, Caller, Shared};
 use crate::tenants::Tenant;
 use airlock_engine::{record, CommandRequest, Session, SessionRequest};
-use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -482,7 +481,7 @@ pub async fn put_file(
     State(state): State<Shared>,
     Caller(tenant): Caller,
     Path((id, path)): Path<(String, String)>,
-    body: Bytes,
+    ApiBytes(body): ApiBytes,
 ) -> Result<Response, ApiError> {
     let entry = session_of(&state, &tenant, &id)?;
     entry.touch();

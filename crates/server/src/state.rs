@@ -156,3 +156,27 @@ impl<T: serde::de::DeserializeOwned> FromRequest<Shared> for ApiJson<T> {
         }
     }
 }
+
+/// A raw body (an upload) whose rejection (too large) is an API error with a reason.
+pub struct ApiBytes(pub axum::body::Bytes);
+
+impl FromRequest<Shared> for ApiBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Shared) -> Result<ApiBytes, ApiError> {
+        match axum::body::Bytes::from_request(req, state).await {
+            Ok(bytes) => Ok(ApiBytes(bytes)),
+            Err(rejection) => {
+                let status = rejection.status();
+                let reason = if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                    "file.too_large"
+                } else {
+                    "request.invalid"
+                };
+                let mut err = ApiError::bad_request(reason, rejection.body_text());
+                err.status = status;
+                Err(err)
+            }
+        }
+    }
+}

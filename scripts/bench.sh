@@ -178,6 +178,53 @@ for name, r in zip(names, results):
     print(f"{r['median']*1000:8.3f} ms median  x{r['median']/bwrap:5.2f} of bwrap  {name}")
 print(f"target: handed-off median <= 1.0 ms and <= 0.35x bwrap: {handed*1000:.3f} ms, {handed/bwrap:.2f}x")
 PY
+echo "== service (airlock serve over its unix socket)"
+# SERVICE_CLIENTS clients for SERVICE_SECONDS running /bin/true through
+# POST /v1/runs?wait=true (crates/server/examples/load.rs) against a pool of 16, then the
+# same number of bwrap loops in parallel for the same time; and the service's RSS idle
+# with a pool of 8 (the service process; its factory is a process of its own).
+SERVICE_CLIENTS=${SERVICE_CLIENTS:-16}
+SERVICE_SECONDS=${SERVICE_SECONDS:-20}
+cargo build -q --release -p airlock-server --example load
+install -m 0755 target/x86_64-unknown-linux-gnu/release/examples/load "$BIN/load"
+SERVICE_DIR=$(mktemp -d)
+cp examples/contracts/default.yaml "$SERVICE_DIR/small.yaml"
+start_service() { # POOL
+  printf '[server]\nlisten = ["unix:%s/airlock.sock"]\n[server.contracts]\nsmall = "small.yaml"\n[server.pools]\nsmall = %s\n' \
+    "$SERVICE_DIR" "$1" > "$SERVICE_DIR/airlock.toml"
+  $AIRLOCK serve --config "$SERVICE_DIR/airlock.toml" --state-dir "$SERVICE_DIR/state" 2>"$SERVICE_DIR/serve.log" &
+  SERVICE_PID=$!
+  until curl -sf --unix-socket "$SERVICE_DIR/airlock.sock" http://airlock/readyz >/dev/null; do sleep 0.2; done
+}
+stop_service() { kill -TERM "$SERVICE_PID"; wait "$SERVICE_PID" || true; }
+start_service 8
+sleep 2
+echo "service idle RSS, pool of 8: $(awk '/VmRSS/ {print $2, $3}' /proc/$SERVICE_PID/status)"
+stop_service
+start_service 16
+"$BIN/load" "$SERVICE_DIR/airlock.sock" "$SERVICE_CLIENTS" "$SERVICE_SECONDS" small
+stop_service
+python3 - "$SERVICE_CLIENTS" "$SERVICE_SECONDS" <<'PY'
+import subprocess, sys, threading, time
+threads, seconds = int(sys.argv[1]), float(sys.argv[2])
+argv = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "/bin/true"]
+until = time.monotonic() + seconds
+count = [0]
+lock = threading.Lock()
+def loop():
+    n = 0
+    while time.monotonic() < until:
+        subprocess.run(argv, check=True)
+        n += 1
+    with lock:
+        count[0] += n
+started = time.monotonic()
+workers = [threading.Thread(target=loop) for _ in range(threads)]
+for w in workers: w.start()
+for w in workers: w.join()
+print(f"baseline: {threads} bwrap loops x {seconds:.0f} s: {count[0] / (time.monotonic() - started):.1f} runs/s")
+PY
+rm -rf "$SERVICE_DIR"
 
 echo "== images"
 AIRLOCK=$AIRLOCK scripts/bench-images.sh

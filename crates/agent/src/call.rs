@@ -288,6 +288,7 @@ impl ToolBox {
             status: class,
             error: format!("{reason}: {detail}"),
             plan: None,
+            tenant: None,
         });
         let run_id = recorded.report.run_id;
         CallResult {

@@ -97,6 +97,7 @@ pub fn open_session(
         artifacts: None,
         idle_timeout: wall.max(lifetime) + SESSION_SLACK,
         max_lifetime: wall.max(lifetime) + SESSION_SLACK,
+        tenant: None,
     })?;
     Ok(Arc::new(session))
 }

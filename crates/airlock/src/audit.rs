@@ -188,6 +188,7 @@ pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
                     limit: Some(limit),
                     caller_uid: own_runs_only(all_users),
                     session_id: session,
+                    tenant: None,
                 };
                 let runs = store.list_runs(&filter)?;
                 if json {

@@ -373,6 +373,8 @@ fn request_again(request: &airlock_engine::RunRequest) -> Option<airlock_engine:
         stdout: copy(&request.stdout),
         stderr: copy(&request.stderr),
         started: std::time::Instant::now(),
+        tenant: request.tenant.clone(),
+        on_recorded: None,
     })
 }
 
@@ -445,6 +447,7 @@ impl Request<'_> {
             workload_class: self.class.to_string(),
             plan_json: Value::Null,
             session_id: None,
+            tenant: None,
         };
         let handle = store.begin_run(start, Vec::new())?;
         let event = json!({

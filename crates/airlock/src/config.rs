@@ -21,6 +21,8 @@ pub struct OperatorConfig {
     pub policy: airlock_policy::PolicyConfig,
     /// The tool registry, the generic tools' contract and the agent loop (docs/tools.md).
     pub tools: airlock_agent::ToolsConfig,
+    /// `airlock serve`: listeners, tenants, quotas, named contracts, pools (docs/api.md).
+    pub server: airlock_server::ServerConfig,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -253,6 +255,7 @@ impl OperatorConfig {
             }
         }
         self.policy.check()?;
+        self.server.check().map_err(|e| anyhow::anyhow!(e))?;
         if let Some(dir) = &self.store.state_dir {
             if !dir.is_absolute() {
                 bail!(

@@ -11,6 +11,7 @@ mod mcp;
 mod quarantine;
 mod run;
 mod run_image;
+mod serve;
 mod tool;
 
 use clap::{Parser, Subcommand};
@@ -88,6 +89,8 @@ enum Command {
     Mcp(mcp::McpArgs),
     /// Run a task with an OpenAI-compatible model and the operator's tools.
     Agent(agent::AgentArgs),
+    /// Run the execution service: the /v1 HTTP API on a unix socket (and TCP).
+    Serve(serve::ServeArgs),
     /// Check that this host can enforce every control of a cell.
     Doctor {
         /// Print the checks as JSON.
@@ -130,6 +133,7 @@ fn main() -> ExitCode {
         Command::Tool(args) => tool::tool(args),
         Command::Mcp(args) => mcp::mcp(args),
         Command::Agent(args) => agent::agent(args),
+        Command::Serve(args) => serve::serve(args),
         Command::Doctor { json, config } => doctor(json, config.as_deref()),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();

@@ -178,6 +178,7 @@ fn refuse(
         status,
         error,
         plan,
+        tenant: None,
     });
     report_refusal(args, &refused.report, plan, &refused.secrets)
 }
@@ -245,6 +246,8 @@ fn prepare(
         stdout: caller_output(std::io::stdout().as_fd()),
         stderr: caller_output(std::io::stderr().as_fd()),
         started,
+        tenant: None,
+        on_recorded: None,
     };
     Ok((request, stdin_kind, lease))
 }

@@ -162,6 +162,18 @@ fn crates_depend_in_the_documented_direction() {
             "{below} must not depend on the agent crate"
         );
     }
+    let mut server = airlock_dependencies("server");
+    server.sort();
+    assert_eq!(
+        server,
+        [
+            "airlock-cell",
+            "airlock-contract",
+            "airlock-engine",
+            "airlock-store"
+        ],
+        "the service sits on the engine (and the types of the crates below it)"
+    );
 }
 
 /// The contract crate decides (compile is a pure function); only `lib.rs` loads files.

@@ -59,6 +59,8 @@ fn request() -> RunRequest {
         stdout: None,
         stderr: None,
         started: Instant::now(),
+        tenant: None,
+        on_recorded: None,
     }
 }
 

@@ -35,6 +35,7 @@ impl Engine {
             stdout,
             stderr,
             artifacts,
+            on_recorded,
             ..
         } = request;
         // A parked cell has no credentials and no artifact destination of its own: only
@@ -66,6 +67,9 @@ impl Engine {
             (stdio, _) => (Some(stdio), None),
         };
         let record = self.begin_record(prepared.start.clone(), &secrets);
+        if let (Ok((_, handle)), Some(hook)) = (&record, on_recorded) {
+            hook(&handle.run_id());
+        }
         let mut latency = None;
         let (report, inputs) = match (host, &record) {
             (Err(err), _) => (RunReport::refused("", err.class(), err.to_string()), None),
@@ -100,7 +104,7 @@ impl Engine {
                         // Built for this run: the record was written while it was built.
                         let ready = match parked {
                             true => Ok(()),
-                            false => wait_parked(&host.control),
+                            false => wait_parked(&host.control).map(drop),
                         };
                         ready.and_then(|()| {
                             let sent = Instant::now();
@@ -273,11 +277,12 @@ fn read_reports(
     }
 }
 
-/// Blocks until the cell is parked; a cell that could not be built is its report.
-pub(crate) fn wait_parked(control: &EngineControl) -> Result<(), Box<RunReport>> {
+/// Blocks until the cell is parked and returns its pid 1; a cell that could not be built
+/// is its report.
+pub(crate) fn wait_parked(control: &EngineControl) -> Result<i32, Box<RunReport>> {
     loop {
         match control.recv() {
-            Ok(Some(ToEngine::Parked { .. })) => return Ok(()),
+            Ok(Some(ToEngine::Parked { pid, .. })) => return Ok(pid),
             Ok(Some(ToEngine::Failed { report })) | Ok(Some(ToEngine::Closed { report })) => {
                 return Err(report)
             }

@@ -317,13 +317,14 @@ pub fn serve_connection(
         gid: identity.gid,
         pid: identity.pid,
     };
-    let refuse = |class, error: String, plan: Option<&CellPlan>| {
+    let refuse = |class, error: String, plan: Option<&CellPlan>, tenant: Option<&str>| {
         let recorded = engine.refuse(Refusal {
             argv: &request.argv,
             workload_class: &request.workload_class,
             status: class,
             error,
             plan,
+            tenant,
         });
         HandoffReply::Refused {
             report: Box::new(redacted_report(&recorded.report, &recorded.secrets)),
@@ -331,23 +332,24 @@ pub fn serve_connection(
         }
     };
     // Held until this function returns: the run is over by then.
-    let _admission = match gate.admit(&peer) {
+    let admission = match gate.admit(&peer) {
         Ok(admission) => admission,
         Err(refusal) => {
-            let reply = refuse(refusal.class, refusal.error, None);
+            let reply = refuse(refusal.class, refusal.error, None, None);
             return write_frame(&stream, &reply, &[]);
         }
     };
+    let tenant = admission.tenant.as_deref();
     let loaded = match load_as_peer(&request, &identity, gate) {
         Ok(loaded) => loaded,
         Err(Loading::Declined(why)) => {
             return write_frame(&stream, &HandoffReply::Declined { why }, &[])
         }
         Err(Loading::Refused(class, error)) => {
-            return write_frame(&stream, &refuse(class, error, None), &[]);
+            return write_frame(&stream, &refuse(class, error, None, tenant), &[]);
         }
         Err(Loading::RefusedPlan(class, error, plan)) => {
-            return write_frame(&stream, &refuse(class, error, Some(&plan)), &[]);
+            return write_frame(&stream, &refuse(class, error, Some(&plan), tenant), &[]);
         }
     };
     let PeerPlan { plan, pins } = loaded;
@@ -355,7 +357,7 @@ pub fn serve_connection(
         Ok(classified) => classified,
         Err(err) => {
             let error = format!("reading inputs: {err}");
-            let reply = refuse(ResultClass::RuntimeFault, error, Some(&plan));
+            let reply = refuse(ResultClass::RuntimeFault, error, Some(&plan), tenant);
             return write_frame(&stream, &reply, &[]);
         }
     };
@@ -368,6 +370,8 @@ pub fn serve_connection(
         stdout: Some(stdout),
         stderr: Some(stderr),
         started,
+        tenant: admission.tenant.clone(),
+        on_recorded: None,
     });
     // The inputs are mounted (or the run is over): their pinned descriptors may go.
     drop(pins);

@@ -22,9 +22,11 @@ mod session;
 mod stores;
 
 pub use error::EngineError;
-pub use lifecycle::{CommandLatency, FinishedRun, RecordedRefusal, Refusal, RunRequest};
+pub use lifecycle::{
+    CommandLatency, FinishedRun, RecordedHook, RecordedRefusal, Refusal, RunRequest,
+};
 pub use pool::{PlanShape, PoolStatus};
-pub use session::{CommandRequest, Session, SessionRequest};
+pub use session::{CommandRequest, CommandStatus, Session, SessionRequest};
 
 use factory::CellFactory;
 use std::path::PathBuf;

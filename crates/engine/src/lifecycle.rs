@@ -31,7 +31,15 @@ pub struct RunRequest {
     pub stderr: Option<OwnedFd>,
     /// When the caller started handling the request (the start-up figure covers it).
     pub started: Instant,
+    /// The service tenant the run is recorded for; `None` for the command line.
+    pub tenant: Option<String>,
+    /// Called with the run id once the begin record exists, before the payload starts
+    /// ([`Engine::run`] only): the service's `start` frame.
+    pub on_recorded: Option<RecordedHook>,
 }
+
+/// See [`RunRequest::on_recorded`].
+pub type RecordedHook = Box<dyn FnOnce(&str) + Send>;
 
 /// A run whose cell is gone and whose record is not complete yet: the caller delivers
 /// what it promised (artifacts, a result file) and then [`Engine::complete`]s it, so
@@ -96,6 +104,8 @@ pub struct Refusal<'a> {
     pub error: String,
     /// The plan, when the contract compiled.
     pub plan: Option<&'a CellPlan>,
+    /// The service tenant of the refused request; `None` for the command line.
+    pub tenant: Option<&'a str>,
 }
 
 /// The record of a refusal: its run id, or why it could not be recorded.
@@ -126,6 +136,7 @@ impl Engine {
             workload_class: refusal.workload_class.to_string(),
             plan_json: serde_json::to_value(refusal.plan).unwrap_or_default(),
             session_id: None,
+            tenant: refusal.tenant.map(str::to_string),
         };
         let recorded = self.open_store().and_then(|store| {
             let handle = store
@@ -235,6 +246,7 @@ impl Engine {
                 status,
                 error,
                 plan: Some(plan),
+                tenant: request.tenant.as_deref(),
             }))
         };
         if let Some(missing) = plan
@@ -260,6 +272,7 @@ impl Engine {
                 workload_class: request.workload_class.clone(),
                 plan_json: serde_json::to_value(plan).unwrap_or_default(),
                 session_id: None,
+                tenant: request.tenant.clone(),
             },
             secrets: record::secrets_of(plan, &request.credentials),
         })

@@ -39,6 +39,8 @@ pub struct SessionRequest {
     pub idle_timeout: Duration,
     /// Destroyed this long after it was built, whatever runs.
     pub max_lifetime: Duration,
+    /// The service tenant the session and its commands are recorded for.
+    pub tenant: Option<String>,
 }
 
 /// One command of a session.
@@ -113,6 +115,9 @@ pub struct Session {
     next_id: AtomicU64,
     plan: CellPlan,
     workload_class: String,
+    tenant: Option<String>,
+    /// pid 1 of the session's cell, in this process's pid namespace.
+    cell_pid: i32,
 }
 
 impl Engine {
@@ -125,6 +130,7 @@ impl Engine {
             artifacts,
             idle_timeout,
             max_lifetime,
+            tenant,
         } = request;
         let secrets = record::secrets_of(&plan, &credentials);
         let host = self.spawn_host(HostRequest {
@@ -144,17 +150,21 @@ impl Engine {
             workload_class: workload_class.clone(),
             plan_json: serde_json::to_value(&plan).unwrap_or_default(),
             session_id: None,
+            tenant: tenant.clone(),
         };
         // Written while the supervisor builds the cell.
         let (store, handle) = self
             .begin_record(start, &secrets)
             .map_err(EngineError::NotRecorded)?;
-        if let Err(report) = wait_parked(&host.control) {
-            let _ = record::finish(&store, &handle, &report, &stored(&report));
-            return Err(EngineError::SessionFailed(
-                report.error.clone().unwrap_or_default(),
-            ));
-        }
+        let cell_pid = match wait_parked(&host.control) {
+            Ok(pid) => pid,
+            Err(report) => {
+                let _ = record::finish(&store, &handle, &report, &stored(&report));
+                return Err(EngineError::SessionFailed(
+                    report.error.clone().unwrap_or_default(),
+                ));
+            }
+        };
         let session_id = handle.run_id();
         let host = Arc::new(host);
         let shared: Shared = Arc::default();
@@ -180,6 +190,8 @@ impl Engine {
             next_id: AtomicU64::new(1),
             plan,
             workload_class,
+            tenant,
+            cell_pid,
         })
     }
 }
@@ -192,6 +204,23 @@ impl Session {
     /// The session's own run id (its commands' records name it as their session).
     pub fn id(&self) -> &str {
         &self.run_id
+    }
+
+    /// The plan the session's cell was built from (its writable paths, its identity).
+    pub fn plan(&self) -> &CellPlan {
+        &self.plan
+    }
+
+    /// pid 1 of the session's cell as this process sees it (the factory and its
+    /// supervisors share this process's pid namespace): its `/proc/<pid>/root` is the
+    /// cell's root, while the cell lives.
+    pub fn cell_pid(&self) -> i32 {
+        self.cell_pid
+    }
+
+    /// The tenant the session is recorded for.
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
     }
 
     /// Starts a command and returns its id at once (a background command); its report is
@@ -208,6 +237,7 @@ impl Session {
             workload_class: self.workload_class.clone(),
             plan_json: serde_json::Value::Null,
             session_id: Some(self.run_id.clone()),
+            tenant: self.tenant.clone(),
         };
         let store = self.stores.take()?;
         let handle = store
@@ -295,6 +325,21 @@ impl Session {
         let (state, _) = &*self.shared;
         let state = state.lock().unwrap_or_else(|p| p.into_inner());
         state.closed.as_deref().cloned()
+    }
+
+    /// [`Session::close`] from a shared reference, for a session other threads may be
+    /// waiting on (their commands end with the cell): asks for the cell's destruction
+    /// and waits for the final report; its record is complete by then.
+    pub fn end(&self) -> Result<RunReport, EngineError> {
+        let _ = self.host.control.close();
+        let (state, changed) = &*self.shared;
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(report) = &state.closed {
+                return Ok((**report).clone());
+            }
+            state = changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// Destroys the session's cell (the completion sequence runs once, for the whole

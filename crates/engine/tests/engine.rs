@@ -170,6 +170,8 @@ fn request(plan: CellPlan, stdout: Option<OwnedFd>) -> RunRequest {
         stdout,
         stderr: None,
         started: Instant::now(),
+        tenant: None,
+        on_recorded: None,
     }
 }
 
@@ -581,6 +583,7 @@ fn session_request(plan: CellPlan) -> SessionRequest {
         artifacts: None,
         idle_timeout: Duration::from_secs(30),
         max_lifetime: Duration::from_secs(120),
+        tenant: None,
     }
 }
 

@@ -17,6 +17,7 @@ fn start() -> RunStart {
         workload_class: "bench".into(),
         plan_json: json!({"net": "none", "memory": "256M", "pids": 64}),
         session_id: None,
+        tenant: None,
     }
 }
 

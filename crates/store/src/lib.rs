@@ -134,6 +134,10 @@ pub struct RunStart {
     /// sessions); `None` for a run of its own or a session's own record.
     #[serde(default)]
     pub session_id: Option<String>,
+    /// The service tenant the run belongs to (`airlock serve`); `None` for a run of the
+    /// command line.
+    #[serde(default)]
+    pub tenant: Option<String>,
 }
 
 /// What the caller knows when a run ends.
@@ -197,6 +201,8 @@ pub struct RunRecord {
     pub caller_uid: Option<u32>,
     /// The session this run is a command of (schema version 4).
     pub session_id: Option<String>,
+    /// The service tenant of the run (migration `RUN_TENANTS`); `None` outside the service.
+    pub tenant: Option<String>,
 }
 
 /// One entry of the audit chain.
@@ -232,6 +238,8 @@ pub struct RunFilter {
     pub caller_uid: Option<u32>,
     /// Only the commands of this session.
     pub session_id: Option<String>,
+    /// Only the runs of this service tenant.
+    pub tenant: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -388,7 +396,7 @@ const RUN_COLUMNS: &str = "run_id, started_at, finished_at, argv_json, input_sha
     contract_sha256, workload_class, plan_json, status, exit_code, exit_signal, limit_fired, \
     usage_json, startup_ms, wall_ms, stdout_head, stdout_tail, stderr_head, stderr_tail, \
     cleanup_ok, cleanup_leftovers_json, result_json, supervisor_pid, supervisor_start_time, boot_id, \
-    caller_uid, session_id";
+    caller_uid, session_id, tenant";
 
 fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     let argv: Option<String> = r.get(3)?;
@@ -422,6 +430,7 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         boot_id: r.get(24)?,
         caller_uid: r.get(25)?,
         session_id: r.get(26)?,
+        tenant: r.get(27)?,
     })
 }
 
@@ -715,6 +724,7 @@ impl Store {
             "boot_id": me.boot_id,
             "caller_uid": proc_info::real_uid(),
             "session_id": start.session_id,
+            "tenant": start.tenant,
         }));
         // Columns are taken from the redacted body, so row and audit entry agree.
         let s = |k: &str| body[k].as_str().unwrap_or_default().to_string();
@@ -724,8 +734,8 @@ impl Store {
             c.prepare_cached(
                 "INSERT INTO runs (run_id, started_at, argv_json, input_sha256, contract_sha256,
                     workload_class, plan_json, status, supervisor_pid, supervisor_start_time,
-                    boot_id, caller_uid, session_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                    boot_id, caller_uid, session_id, tenant)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             )?
             .execute(params![
                 run_id,
@@ -741,6 +751,7 @@ impl Store {
                 s("boot_id"),
                 body["caller_uid"].as_u64(),
                 body["session_id"].as_str(),
+                body["tenant"].as_str(),
             ])?;
             Ok(())
         })?;
@@ -936,6 +947,10 @@ impl Store {
         if let Some(session) = &filter.session_id {
             sql.push_str(" AND session_id = ?");
             args.push(session.clone().into());
+        }
+        if let Some(tenant) = &filter.tenant {
+            sql.push_str(" AND tenant = ?");
+            args.push(tenant.clone().into());
         }
         sql.push_str(" ORDER BY started_at DESC, run_id DESC");
         if let Some(n) = filter.limit {

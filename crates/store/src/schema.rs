@@ -128,7 +128,21 @@ CREATE TABLE agent_transcripts (
 CREATE INDEX agent_transcripts_started ON agent_transcripts (started_at);
 "#;
 
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, APPROVALS_AND_REVIEWS, AGENT_TRANSCRIPTS];
+/// The service tenant a run belongs to (`airlock serve`; NULL for the command line's runs),
+/// so that one tenant's runs are listed and shown only to it.
+const RUN_TENANTS: &str = r#"
+ALTER TABLE runs ADD COLUMN tenant TEXT;
+"#;
+
+pub const MIGRATIONS: &[&str] = &[
+    V1,
+    V2,
+    V3,
+    V4,
+    APPROVALS_AND_REVIEWS,
+    AGENT_TRANSCRIPTS,
+    RUN_TENANTS,
+];
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
 
 pub fn version(conn: &Connection) -> rusqlite::Result<i64> {

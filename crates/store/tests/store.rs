@@ -19,6 +19,7 @@ fn start(class: &str) -> RunStart {
         workload_class: class.into(),
         plan_json: json!({"net": "none"}),
         session_id: None,
+        tenant: None,
     }
 }
 
@@ -468,7 +469,7 @@ fn deleting_or_inserting_a_run_row_is_detected() {
                 contract_sha256, workload_class, plan_json, status, exit_code, exit_signal,
                 limit_fired, usage_json, startup_ms, wall_ms, stdout_head, stdout_tail,
                 stderr_head, stderr_tail, cleanup_ok, cleanup_leftovers_json, result_json,
-                supervisor_pid, supervisor_start_time, boot_id, caller_uid, session_id
+                supervisor_pid, supervisor_start_time, boot_id, caller_uid, session_id, tenant
                 FROM runs LIMIT 1",
             [],
         )

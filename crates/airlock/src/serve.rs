@@ -1,0 +1,61 @@
+//! `airlock serve`: the execution service (crates/server) with the operator's
+//! configuration; its `[server]` section is documented in docs/api.md.
+
+use crate::config::OperatorConfig;
+use airlock_engine::EngineConfig;
+use clap::Args;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Operator configuration (TOML) with a `[server]` section.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Directory of the audit store (default /var/lib/airlock as root, else the XDG state dir).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+}
+
+pub fn serve(args: ServeArgs) -> ExitCode {
+    match start(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("airlock serve: {}", crate::user_message(&err));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn start(args: ServeArgs) -> anyhow::Result<()> {
+    let config = OperatorConfig::load(args.config.as_deref())?;
+    let host_ids = config.host_id_range()?;
+    let mut engine = EngineConfig::new(
+        config.state_dir(args.state_dir.as_deref()),
+        config.egress.clone(),
+    );
+    engine.host_ids = host_ids;
+    let config_dir = args
+        .config
+        .as_deref()
+        .and_then(|p| std::path::absolute(p).ok())
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .unwrap_or_else(crate::current_dir);
+    airlock_server::serve(airlock_server::ServeOptions {
+        server: config.server,
+        config_dir,
+        engine,
+        euid_is_root: euid_is_root(),
+    })?;
+    Ok(())
+}
+
+/// Whether this process's effective uid is 0 (from /proc/self/status: no libc call).
+fn euid_is_root() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0")
+}

@@ -1,0 +1,847 @@
+//! `airlock serve` through the real binary and real clients: curl over the unix socket and
+//! TCP, a Python (httpx) client streaming NDJSON and parsing /metrics, every endpoint's
+//! denied path, sessions, quotas, SIGKILL and SIGTERM of the server mid-run, and 32
+//! clients at once with no record lost.
+
+mod common;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const ALICE: &str = "alice-key";
+const BOB: &str = "bob-key";
+const CAROL: &str = "carol-key";
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Server {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Server {
+    fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/contracts/default.yaml"),
+            dir.path().join("small.yaml"),
+        )
+        .unwrap();
+        let config = format!(
+            r#"[server]
+listen = ["unix:{sock}", "tcp:127.0.0.1:{port}"]
+max_body_bytes = 65536
+max_file_bytes = 65536
+[server.contracts]
+small = "small.yaml"
+[server.pools]
+small = 2
+[server.tenants.alice]
+api_key_sha256 = ["{alice}"]
+max_cells = 40
+runs_per_minute = 1000
+[server.tenants.bob]
+api_key_sha256 = ["{bob}"]
+[server.tenants.carol]
+api_key_sha256 = ["{carol}"]
+runs_per_minute = 2
+max_sessions = 1
+"#,
+            sock = dir.path().join("airlock.sock").display(),
+            alice = sha256_hex(ALICE),
+            bob = sha256_hex(BOB),
+            carol = sha256_hex(CAROL),
+        );
+        std::fs::write(dir.path().join("airlock.toml"), config).unwrap();
+        let mut server = Server {
+            child: None,
+            dir,
+            port,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let _ = std::fs::remove_file(self.sock());
+        let child = Command::new(common::airlock_bin())
+            .arg("serve")
+            .arg("--config")
+            .arg(self.dir.path().join("airlock.toml"))
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.path().join("serve.log")).unwrap())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.curl_unix(&["http://airlock/healthz"]).status.success() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the server did not answer: {}", self.log());
+    }
+
+    fn sock(&self) -> PathBuf {
+        self.dir.path().join("airlock.sock")
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
+    }
+
+    fn curl_unix(&self, args: &[&str]) -> Output {
+        Command::new("curl")
+            .args(["-sS", "--max-time", "120", "--unix-socket"])
+            .arg(self.sock())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// `curl` over TCP as the tenant of `key`: (HTTP status, body).
+    fn tcp(&self, key: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let mut cmd = Command::new("curl");
+        cmd.args([
+            "-sS",
+            "--max-time",
+            "120",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+        ]);
+        cmd.args(["-H", &format!("Authorization: Bearer {key}")]);
+        if let Some(body) = body {
+            cmd.args([
+                "-H",
+                "content-type: application/json",
+                "--data-binary",
+                body,
+            ]);
+        }
+        cmd.arg(format!("http://127.0.0.1:{}{path}", self.port));
+        split_status(&cmd.output().unwrap())
+    }
+
+    fn signal(&mut self, signal: i32) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .unwrap();
+        child.wait().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn split_status(output: &Output) -> (u16, String) {
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn frames(text: &str) -> Vec<Value> {
+    text.lines().filter(|l| !l.is_empty()).map(json).collect()
+}
+
+fn run_body(argv: &[&str]) -> String {
+    serde_json::json!({"contract": "small", "argv": argv}).to_string()
+}
+
+/// Whether a process whose command line contains `marker` lives.
+fn process_with(marker: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        std::fs::read(entry.path().join("cmdline"))
+            .map(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(marker)
+            })
+            .unwrap_or(false)
+    })
+}
+
+fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn runs_stream_over_both_listeners_and_tenants_see_only_their_own() {
+    require_cells!();
+    let server = Server::start();
+    // The unix socket, as root: the operator tenant.
+    let out = server.curl_unix(&[
+        "-N",
+        "-H",
+        "content-type: application/json",
+        "--data-binary",
+        &run_body(&["sh", "-c", "echo hi; echo err >&2; exit 3"]),
+        "http://airlock/v1/runs",
+    ]);
+    let got = frames(&String::from_utf8_lossy(&out.stdout));
+    let types: Vec<&str> = got.iter().map(|f| f["type"].as_str().unwrap()).collect();
+    // stdout and stderr are two pipes: their frames may come in either order.
+    assert_eq!(types.len(), 5, "{got:?}");
+    assert_eq!(
+        (types[0], types[3], types[4]),
+        ("start", "exit", "result"),
+        "{got:?}"
+    );
+    let data = |stream: &str| -> String {
+        got.iter()
+            .filter(|f| f["type"] == stream)
+            .map(|f| f["data"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        (data("stdout"), data("stderr")),
+        ("hi\n".into(), "err\n".into())
+    );
+    assert_eq!(got[3]["exit_code"], 3);
+    assert_eq!(got[4]["record"]["status"], "task_error");
+    let operator_run = got[0]["run_id"].as_str().unwrap().to_string();
+
+    // TCP with alice's key, ?wait=true: the record only.
+    let (code, body) = server.tcp(
+        ALICE,
+        "POST",
+        "/v1/runs?wait=true",
+        Some(&run_body(&["echo", "x"])),
+    );
+    assert_eq!(code, 200, "{body}");
+    let record = json(&body);
+    assert_eq!(record["status"], "ok");
+    let alice_run = record["run_id"].as_str().unwrap().to_string();
+
+    let (code, body) = server.tcp(ALICE, "GET", &format!("/v1/runs/{alice_run}"), None);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["run"]["tenant"], "alice");
+    // Another tenant's run is not found, whether it exists or not.
+    let (code, body) = server.tcp(BOB, "GET", &format!("/v1/runs/{alice_run}"), None);
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (404, "not_found".into())
+    );
+    let (code, _) = server.tcp(ALICE, "GET", &format!("/v1/runs/{operator_run}"), None);
+    assert_eq!(code, 404);
+    let (code, body) = server.tcp(BOB, "GET", "/v1/runs", None);
+    assert_eq!(code, 200);
+    assert_eq!(json(&body)["runs"].as_array().unwrap().len(), 0, "{body}");
+    let (_, body) = server.tcp(ALICE, "GET", "/v1/runs?status=ok", None);
+    let runs = json(&body)["runs"].as_array().unwrap().clone();
+    assert!(
+        runs.iter()
+            .all(|r| r["tenant"] == "alice" && r["status"] == "ok"),
+        "{runs:?}"
+    );
+    assert!(!runs.is_empty());
+
+    // Wrong key, no key over TCP.
+    let (code, body) = server.tcp("wrong", "GET", "/v1/runs", None);
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (401, "auth.bad_key".into())
+    );
+    let out = Command::new("curl")
+        .args(["-sS", "-w", "\n%{http_code}"])
+        .arg(format!("http://127.0.0.1:{}/v1/runs", server.port))
+        .output()
+        .unwrap();
+    let (code, body) = split_status(&out);
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (401, "auth.missing_key".into())
+    );
+
+    // An inline contract needs the tenant's permission; an unknown one is refused and
+    // recorded.
+    let inline = r#"{"contract_inline": {"image": "host"}, "argv": ["true"]}"#;
+    let (code, body) = server.tcp(ALICE, "POST", "/v1/runs", Some(inline));
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (403, "contract.inline_not_allowed".into())
+    );
+    assert!(
+        json(&body)["run_id"].is_string(),
+        "the refusal is recorded: {body}"
+    );
+    let (code, body) = server.tcp(
+        ALICE,
+        "POST",
+        "/v1/runs",
+        Some(r#"{"contract": "nope", "argv": ["true"]}"#),
+    );
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (400, "contract.unknown".into())
+    );
+
+    // airlock's own variables are not a request's to set.
+    let env = r#"{"contract": "small", "argv": ["true"], "env": {"HTTP_PROXY": "http://x.test"}}"#;
+    let (code, body) = server.tcp(ALICE, "POST", "/v1/runs", Some(env));
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (400, "env.reserved".into())
+    );
+
+    // Oversized and malformed bodies.
+    let big = run_body(&[&"x".repeat(100_000)]);
+    let (code, _) = server.tcp(ALICE, "POST", "/v1/runs", Some(&big));
+    assert_eq!(code, 413);
+    let (code, body) = server.tcp(ALICE, "POST", "/v1/runs", Some("{not json"));
+    assert_eq!(
+        (code, json(&body)["class"].clone()),
+        (400, "policy_denied".into())
+    );
+
+    let (code, body) = server.tcp(ALICE, "GET", "/v1/audit/verify", None);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["ok"], true);
+}
+
+#[test]
+fn a_python_client_streams_ndjson_and_parses_the_metrics() {
+    require_cells!();
+    let server = Server::start();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/serve/client.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(server.sock())
+        .arg(ALICE)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = json(String::from_utf8_lossy(&out.stdout).trim());
+    assert_eq!(seen["types"][0], "start");
+    assert_eq!(seen["stdout"], "one\n");
+    assert_eq!(seen["exit_code"], 4);
+    assert_eq!(seen["task_errors"], 1.0);
+    let parsed: Vec<&str> = seen["families"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    for family in [
+        "airlock_runs",
+        "airlock_start_latency_seconds",
+        "airlock_cells_alive",
+        "airlock_pool_free",
+    ] {
+        assert!(parsed.contains(&family), "{family} not parsed: {parsed:?}");
+    }
+    let families: Vec<&str> = seen["declared"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    // Cleanup failures cannot be provoked from here: crates/server/src/metrics.rs tests
+    // that family.
+    for family in [
+        "airlock_runs",
+        "airlock_start_latency_seconds",
+        "airlock_wall_time_seconds",
+        "airlock_denials",
+        "airlock_deadline_kills",
+        "airlock_ceilings_fired",
+        "airlock_pool_size",
+        "airlock_pool_free",
+        "airlock_sessions_active",
+        "airlock_cells_alive",
+    ] {
+        assert!(
+            families.contains(&family),
+            "{family} missing from {families:?}"
+        );
+    }
+}
+
+#[test]
+fn a_sessions_files_and_commands_persist_until_delete_and_never_leave_its_writable_paths() {
+    require_cells!();
+    let server = Server::start();
+    let (code, body) = server.tcp(
+        ALICE,
+        "POST",
+        "/v1/sessions",
+        Some(r#"{"contract": "small"}"#),
+    );
+    assert_eq!(code, 201, "{body}");
+    let session = json(&body);
+    let id = session["session_id"].as_str().unwrap().to_string();
+    assert!(
+        session["writable_paths"]
+            .as_array()
+            .unwrap()
+            .contains(&"/tmp".into()),
+        "{session}"
+    );
+    let base = format!("/v1/sessions/{id}");
+
+    // A file put by the client is read by a command, a file a command wrote is read back.
+    let put = Command::new("curl")
+        .args([
+            "-sS",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            "PUT",
+            "-H",
+            &format!("Authorization: Bearer {ALICE}"),
+        ])
+        .args(["--data-binary", "from the client"])
+        .arg(format!(
+            "http://127.0.0.1:{}{base}/files/tmp/in.txt",
+            server.port
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(split_status(&put).0, 201, "{:?}", put);
+    let exec = |argv: &[&str], background: bool| {
+        let body = serde_json::json!({"argv": argv, "background": background}).to_string();
+        server.tcp(ALICE, "POST", &format!("{base}/exec"), Some(&body))
+    };
+    let (code, body) = exec(&["sh", "-c", "cat /tmp/in.txt; stat -c %u /tmp/in.txt; echo made > /tmp/out.txt; ln -s /etc /tmp/etc-link; ln -s ../../../../etc/passwd /tmp/up-link"], false);
+    assert_eq!(code, 200, "{body}");
+    let got = frames(&body);
+    let stdout: String = got
+        .iter()
+        .filter(|f| f["type"] == "stdout")
+        .map(|f| f["data"].as_str().unwrap())
+        .collect();
+    assert!(stdout.starts_with("from the client"), "{stdout}");
+    // The file is the cell identity's, as the payload sees it.
+    assert!(stdout.contains("10001"), "{stdout}");
+    let (code, body) = server.tcp(ALICE, "GET", &format!("{base}/files/tmp/out.txt"), None);
+    assert_eq!((code, body.as_str()), (200, "made\n"));
+    let (code, body) = server.tcp(ALICE, "GET", &format!("{base}/files?dir=/tmp"), None);
+    assert_eq!(code, 200, "{body}");
+    let names: Vec<String> = json(&body)["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        names.contains(&"out.txt".to_string()) && names.contains(&"in.txt".to_string()),
+        "{names:?}"
+    );
+
+    // Paths that try to leave: `..`, symlinks planted by the payload, outside the
+    // writable paths, a symlink as the last component of a write.
+    let (code, body) = server.tcp(
+        ALICE,
+        "GET",
+        &format!("{base}/files/tmp/..%2Fetc%2Fpasswd"),
+        None,
+    );
+    assert!(code == 400 || code == 404, "{code} {body}");
+    assert!(!body.contains("root:"), "{body}");
+    let (code, body) = server.tcp(
+        ALICE,
+        "GET",
+        &format!("{base}/files/tmp/etc-link/passwd"),
+        None,
+    );
+    assert_eq!(
+        code, 404,
+        "the symlink resolves inside /tmp, where there is no passwd: {body}"
+    );
+    let (code, body) = server.tcp(ALICE, "GET", &format!("{base}/files/tmp/up-link"), None);
+    assert_eq!(code, 404, "{body}");
+    let (code, body) = server.tcp(ALICE, "GET", &format!("{base}/files/etc/passwd"), None);
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (403, "path.not_writable".into())
+    );
+    let put_link = Command::new("curl")
+        .args([
+            "-sS",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            "PUT",
+            "-H",
+            &format!("Authorization: Bearer {ALICE}"),
+        ])
+        .args(["--data-binary", "x"])
+        .arg(format!(
+            "http://127.0.0.1:{}{base}/files/tmp/etc-link/evil",
+            server.port
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(split_status(&put_link).0, 404, "{put_link:?}");
+    assert!(!Path::new("/etc/evil").exists());
+    // A file larger than max_file_bytes.
+    let big = Command::new("curl")
+        .args([
+            "-sS",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            "PUT",
+            "-H",
+            &format!("Authorization: Bearer {ALICE}"),
+        ])
+        .args(["--data-binary", &"y".repeat(70_000)])
+        .arg(format!(
+            "http://127.0.0.1:{}{base}/files/tmp/big",
+            server.port
+        ))
+        .output()
+        .unwrap();
+    let (code, body) = split_status(&big);
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (413, "file.too_large".into())
+    );
+
+    // Another tenant sees nothing of it.
+    for path in [
+        base.clone(),
+        format!("{base}/files/tmp/out.txt"),
+        format!("{base}/commands/1"),
+    ] {
+        assert_eq!(server.tcp(BOB, "GET", &path, None).0, 404, "{path}");
+    }
+    assert_eq!(
+        server
+            .tcp(
+                BOB,
+                "POST",
+                &format!("{base}/exec"),
+                Some(r#"{"argv":["true"]}"#)
+            )
+            .0,
+        404
+    );
+    assert_eq!(server.tcp(BOB, "DELETE", &base, None).0, 404);
+
+    // A background command: its output followed, then killed.
+    let (code, body) = exec(&["sh", "-c", "echo started; exec sleep 600"], true);
+    assert_eq!(code, 202, "{body}");
+    let cid = json(&body)["command_id"].as_u64().unwrap();
+    wait_until("the background command's output", || {
+        let (_, out) = server.tcp(ALICE, "GET", &format!("{base}/commands/{cid}/output"), None);
+        out.contains("started")
+    });
+    let (code, _) = server.tcp(
+        ALICE,
+        "POST",
+        &format!("{base}/commands/{cid}/signal"),
+        Some(r#"{"signal":"KILL"}"#),
+    );
+    assert_eq!(code, 204);
+    let (_, out) = server.tcp(
+        ALICE,
+        "GET",
+        &format!("{base}/commands/{cid}/output?follow=true"),
+        None,
+    );
+    let last = frames(&out);
+    assert_eq!(last.last().unwrap()["type"], "result", "{out}");
+    let (_, body) = server.tcp(ALICE, "GET", &format!("{base}/commands/{cid}"), None);
+    assert_eq!(json(&body)["running"], false);
+
+    let (code, body) = server.tcp(
+        ALICE,
+        "POST",
+        &format!("{base}/timeout"),
+        Some(r#"{"idle_timeout_s": 999999}"#),
+    );
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (400, "session.timeout_out_of_range".into())
+    );
+    let (code, _) = server.tcp(
+        ALICE,
+        "POST",
+        &format!("{base}/timeout"),
+        Some(r#"{"idle_timeout_s": 600}"#),
+    );
+    assert_eq!(code, 200);
+
+    // DELETE: the record, and then nothing of the session.
+    let (code, body) = server.tcp(ALICE, "DELETE", &base, None);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["run_id"], id.as_str());
+    assert_eq!(
+        server
+            .tcp(ALICE, "GET", &format!("{base}/files/tmp/out.txt"), None)
+            .0,
+        404
+    );
+    assert_eq!(server.tcp(ALICE, "GET", &base, None).0, 404);
+    let (_, body) = server.tcp(ALICE, "GET", &format!("/v1/runs/{id}"), None);
+    assert_ne!(json(&body)["run"]["status"], "running", "{body}");
+}
+
+#[test]
+fn quotas_answer_429_with_retry_after() {
+    require_cells!();
+    let server = Server::start();
+    let body = run_body(&["true"]);
+    for _ in 0..2 {
+        assert_eq!(
+            server
+                .tcp(CAROL, "POST", "/v1/runs?wait=true", Some(&body))
+                .0,
+            200
+        );
+    }
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-i",
+            "-H",
+            &format!("Authorization: Bearer {CAROL}"),
+            "-H",
+            "content-type: application/json",
+        ])
+        .args(["--data-binary", &body])
+        .arg(format!("http://127.0.0.1:{}/v1/runs", server.port))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(text.starts_with("http/1.1 429"), "{text}");
+    assert!(text.contains("retry-after: "), "{text}");
+    assert!(text.contains("quota.runs_per_minute"), "{text}");
+    // Another tenant is not affected.
+    assert_eq!(
+        server.tcp(BOB, "POST", "/v1/runs?wait=true", Some(&body)).0,
+        200
+    );
+}
+
+#[test]
+fn sigkill_of_the_server_leaves_no_cell_and_its_runs_are_aborted_at_restart() {
+    require_cells!();
+    let mut server = Server::start();
+    let marker = format!("{}.{}", 300 + std::process::id() % 100, 7331);
+    let mut streaming = Command::new("curl")
+        .args([
+            "-sS",
+            "-N",
+            "-H",
+            &format!("Authorization: Bearer {ALICE}"),
+            "-H",
+            "content-type: application/json",
+        ])
+        .args(["--data-binary", &run_body(&["sleep", &marker])])
+        .arg(format!("http://127.0.0.1:{}/v1/runs", server.port))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the payload to start", || {
+        process_with(&format!("sleep {marker}"))
+    });
+    let (_, body) = server.tcp(ALICE, "GET", "/v1/runs?status=running", None);
+    let run_id = json(&body)["runs"][0]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    server.signal(9);
+    wait_until("the cell to die with its server", || {
+        !process_with(&format!("sleep {marker}"))
+    });
+    let _ = streaming.wait();
+    server.spawn();
+    let (_, body) = server.tcp(ALICE, "GET", &format!("/v1/runs/{run_id}"), None);
+    assert_eq!(json(&body)["run"]["status"], "aborted", "{body}");
+}
+
+#[test]
+fn sigterm_drains_running_commands_and_sessions_then_exits() {
+    require_cells!();
+    let mut server = Server::start();
+    let (_, body) = server.tcp(
+        ALICE,
+        "POST",
+        "/v1/sessions",
+        Some(r#"{"contract": "small"}"#),
+    );
+    let session = json(&body)["session_id"].as_str().unwrap().to_string();
+    let streaming = Command::new("curl")
+        .args([
+            "-sS",
+            "-N",
+            "-H",
+            &format!("Authorization: Bearer {ALICE}"),
+            "-H",
+            "content-type: application/json",
+        ])
+        .args([
+            "--data-binary",
+            &run_body(&["sh", "-c", "echo begun; sleep 2; echo finished"]),
+        ])
+        .arg(format!("http://127.0.0.1:{}/v1/runs", server.port))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the run to start", || {
+        let (_, body) = server.tcp(ALICE, "GET", "/v1/runs?status=running&class=small", None);
+        json(&body)["runs"].as_array().unwrap().len() >= 2
+    });
+    let status = server.signal(15);
+    assert!(status.success(), "{status:?}: {}", server.log());
+    let out = streaming.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("finished"),
+        "the run finished during the drain: {text}"
+    );
+    assert!(text.contains(r#""type":"result""#), "{text}");
+    server.spawn();
+    let (_, body) = server.tcp(ALICE, "GET", &format!("/v1/runs/{session}"), None);
+    let status = json(&body)["run"]["status"].clone();
+    assert!(
+        status != "running" && status != "aborted",
+        "the drain closed the session: {body}"
+    );
+}
+
+#[test]
+fn thirty_two_clients_at_once_lose_no_record_and_the_chain_verifies() {
+    require_cells!();
+    let server = Server::start();
+    let port = server.port;
+    let clients: Vec<_> = (0..32)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let out = Command::new("curl")
+                    .args(["-sS", "--max-time", "300", "-w", "\n%{http_code}"])
+                    .args([
+                        "-H",
+                        &format!("Authorization: Bearer {ALICE}"),
+                        "-H",
+                        "content-type: application/json",
+                    ])
+                    .args([
+                        "--data-binary",
+                        &run_body(&["echo", &format!("client-{i}")]),
+                    ])
+                    .arg(format!("http://127.0.0.1:{port}/v1/runs?wait=true"))
+                    .output()
+                    .unwrap();
+                split_status(&out)
+            })
+        })
+        .collect();
+    let mut ids = std::collections::BTreeSet::new();
+    for client in clients {
+        let (code, body) = client.join().unwrap();
+        assert_eq!(code, 200, "{body}");
+        let record = json(&body);
+        assert_eq!(record["status"], "ok", "{body}");
+        ids.insert(record["run_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(ids.len(), 32);
+    let (_, body) = server.tcp(ALICE, "GET", "/v1/runs?limit=1000", None);
+    let stored: std::collections::BTreeSet<String> = json(&body)["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(ids.is_subset(&stored), "records lost");
+    let verify = Command::new(common::airlock_bin())
+        .args(["audit", "--state-dir"])
+        .arg(server.state_dir())
+        .arg("verify")
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+}
+
+/// The shell examples of docs/api.md, in order, in one shell with `set -e`.
+fn api_doc_examples() -> String {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md"))
+            .unwrap();
+    let mut script = String::new();
+    let mut inside = false;
+    for line in doc.lines() {
+        match (inside, line.trim_end()) {
+            (false, "```sh") => inside = true,
+            (true, "```") => inside = false,
+            (true, code) => {
+                script.push_str(code);
+                script.push('\n');
+            }
+            _ => {}
+        }
+    }
+    script
+}
+
+#[test]
+fn the_curl_examples_of_the_api_document_work() {
+    require_cells!();
+    let server = Server::start();
+    let script = api_doc_examples();
+    assert!(script.matches("curl").count() >= 15, "{script}");
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .env("SOCK", server.sock())
+        .env("URL", format!("http://127.0.0.1:{}", server.port))
+        .env("KEY", ALICE)
+        .current_dir(server.dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "docs/api.md examples failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

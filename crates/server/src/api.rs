@@ -1,0 +1,188 @@
+//! The request and response bodies of the `/v1` API (docs/openapi.json is generated from
+//! these types).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// `POST /v1/runs`: what to run and under which contract.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunBody {
+    /// A contract of the service's configuration (`[server.contracts]`), by name: the
+    /// run's workload class.
+    #[serde(default)]
+    pub contract: Option<String>,
+    /// A contract in JSON (only tenants with `inline_contracts`).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub contract_inline: Option<serde_json::Value>,
+    pub argv: Vec<String>,
+    /// Added to the contract's environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The payload's stdin, whole (none: `/dev/null`).
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Shortens the contract's wall-time deadline, milliseconds.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct WaitQuery {
+    /// Answer with the record only, once the run ended (no NDJSON stream).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct RunsQuery {
+    /// Workload class (the contract's name).
+    pub class: Option<String>,
+    /// `running`, `ok`, `task_error`, `aborted`, ...
+    pub status: Option<String>,
+    /// Runs started at or after this unix time, milliseconds.
+    pub since: Option<i64>,
+    /// At most this many (default 100, at most 1000).
+    pub limit: Option<usize>,
+}
+
+/// A run as stored, with its audit entries.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RunView {
+    #[schema(value_type = Object)]
+    pub run: airlock_store::RunRecord,
+    #[schema(value_type = Vec<Object>)]
+    pub events: Vec<airlock_store::AuditEntry>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RunList {
+    #[schema(value_type = Vec<Object>)]
+    pub runs: Vec<airlock_store::RunRecord>,
+}
+
+/// `POST /v1/sessions`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionBody {
+    #[serde(default)]
+    pub contract: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub contract_inline: Option<serde_json::Value>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Closed after this long without a command, seconds (at most the service's maximum).
+    #[serde(default)]
+    pub idle_timeout_s: Option<u64>,
+    /// Closed this long after it opened, seconds (at most the service's maximum).
+    #[serde(default)]
+    pub max_lifetime_s: Option<u64>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SessionView {
+    pub session_id: String,
+    pub tenant: String,
+    pub workload_class: String,
+    pub idle_timeout_s: u64,
+    pub max_lifetime_s: u64,
+    /// The cell paths files may be written to and read from.
+    pub writable_paths: Vec<String>,
+    pub commands: Vec<CommandView>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<SessionView>,
+}
+
+/// `POST /v1/sessions/{id}/exec`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecBody {
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    /// Answer at once with the command's id instead of streaming it.
+    #[serde(default)]
+    pub background: bool,
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct CommandView {
+    pub command_id: u64,
+    pub run_id: String,
+    pub argv: Vec<String>,
+    pub running: bool,
+    /// The command's record, once it ended.
+    #[schema(value_type = Option<Object>)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct FollowQuery {
+    /// Keep streaming until the command ends.
+    #[serde(default)]
+    pub follow: bool,
+}
+
+/// `POST .../commands/{cid}/signal`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalBody {
+    /// `KILL` (the only one for now: the command's process group is killed).
+    pub signal: String,
+}
+
+/// `POST .../timeout`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutBody {
+    pub idle_timeout_s: u64,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct DirQuery {
+    /// A directory within the session's writable paths.
+    pub dir: String,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DirEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DirList {
+    pub dir: String,
+    pub entries: Vec<DirEntry>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Written {
+    pub path: String,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Verified {
+    pub ok: bool,
+    pub entries: u64,
+    pub runs: u64,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Health {
+    pub ok: bool,
+    pub detail: String,
+}

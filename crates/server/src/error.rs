@@ -1,0 +1,161 @@
+//! Errors: the crate's own ([`ServerError`], starting the service) and the API's
+//! ([`ApiError`], one HTTP answer), whose body carries a result class and a reason code
+//! like a run's result does.
+
+use airlock_cell::report::ResultClass;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// Why the service could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("server configuration: {0}")]
+    Config(String),
+    #[error("contract {name} ({path}): {source}")]
+    Contract {
+        name: String,
+        path: String,
+        source: airlock_contract::ContractError,
+    },
+    #[error("listener {listen}: {source}")]
+    Listen {
+        listen: String,
+        source: std::io::Error,
+    },
+    #[error("audit store: {0}")]
+    Store(#[from] airlock_store::StoreError),
+    #[error("engine: {0}")]
+    Engine(#[from] airlock_engine::EngineError),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+}
+
+/// The body of every error answer (docs/openapi.json `ErrorBody`).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// A result class (`policy_denied`, `capacity_exceeded`, `runtime_fault`, ...).
+    pub class: String,
+    /// A stable reason code (`auth.bad_key`, `quota.runs_per_minute`, ...).
+    pub reason: String,
+    pub error: String,
+    /// The run the refusal was recorded as, when it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub body: ErrorBody,
+    /// Seconds, for 429 and 503.
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, class: ResultClass, reason: &str, error: String) -> ApiError {
+        ApiError {
+            status,
+            body: ErrorBody {
+                class: class.as_str().to_string(),
+                reason: reason.to_string(),
+                error,
+                run_id: None,
+            },
+            retry_after: None,
+        }
+    }
+
+    pub fn unauthorized(reason: &str, error: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            ResultClass::PolicyDenied,
+            reason,
+            error.to_string(),
+        )
+    }
+
+    /// Absent, or another tenant's: the same answer, so ids of others cannot be probed.
+    pub fn not_found(what: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            ResultClass::PolicyDenied,
+            "not_found",
+            format!("no such {what}"),
+        )
+    }
+
+    pub fn bad_request(reason: &str, error: String) -> ApiError {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ResultClass::PolicyDenied,
+            reason,
+            error,
+        )
+    }
+
+    pub fn forbidden(reason: &str, error: String) -> ApiError {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            ResultClass::PolicyDenied,
+            reason,
+            error,
+        )
+    }
+
+    pub fn too_many(reason: &str, error: String, retry_after: u64) -> ApiError {
+        let mut err = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ResultClass::CapacityExceeded,
+            reason,
+            error,
+        );
+        err.retry_after = Some(retry_after.max(1));
+        err
+    }
+
+    pub fn internal(reason: &str, error: String) -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ResultClass::RuntimeFault,
+            reason,
+            error,
+        )
+    }
+
+    pub fn draining() -> ApiError {
+        let mut err = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ResultClass::CapacityExceeded,
+            "server.draining",
+            "the service is shutting down and takes no new work".into(),
+        );
+        err.retry_after = Some(5);
+        err
+    }
+
+    /// An engine failure as an answer: capacity is 429, the rest a fault.
+    pub fn engine(err: &airlock_engine::EngineError) -> ApiError {
+        match err.class() {
+            ResultClass::CapacityExceeded => {
+                ApiError::too_many("engine.capacity", err.to_string(), 1)
+            }
+            _ => ApiError::internal("engine", err.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+        }
+        response
+    }
+}

@@ -1,0 +1,198 @@
+//! airlock-server: `airlock serve`, the execution service over the engine. An HTTP `/v1`
+//! API (docs/api.md, docs/openapi.json) on a unix socket (peer uid -> tenant) and
+//! optionally TCP (API key -> tenant): one-shot runs streamed as NDJSON, sessions with
+//! their commands and files, records and the audit chain, health and metrics. Every cell
+//! is cloned by the engine's cell factory; the service itself never forks.
+
+pub mod api;
+pub mod config;
+pub mod error;
+mod files;
+mod health;
+pub mod listen;
+mod metrics;
+pub mod openapi;
+pub mod output;
+mod plans;
+pub mod quota;
+mod runs;
+mod sessions;
+mod state;
+pub mod tenants;
+
+pub use config::ServerConfig;
+pub use error::ServerError;
+
+use airlock_engine::{Engine, EngineConfig, PlanShape};
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post, put};
+use axum::Router;
+use state::{AppState, Shared};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What `airlock serve` starts the service with.
+pub struct ServeOptions {
+    pub server: ServerConfig,
+    /// Relative contract paths of `[server.contracts]` are taken from here.
+    pub config_dir: PathBuf,
+    pub engine: EngineConfig,
+    pub euid_is_root: bool,
+}
+
+/// How long open connections get to finish once the work is drained.
+const CONNECTION_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs the service until SIGTERM or SIGINT, then drains: no new work, running commands
+/// finish (or are killed at their deadline), sessions are closed and recorded.
+pub fn serve(options: ServeOptions) -> Result<(), ServerError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("airlock-serve")
+        .build()
+        .map_err(|source| ServerError::Io {
+            context: "starting the runtime".into(),
+            source,
+        })?;
+    runtime.block_on(serve_async(options))
+}
+
+fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
+    let ServeOptions {
+        server,
+        config_dir,
+        engine,
+        ..
+    } = options;
+    server.check().map_err(ServerError::Config)?;
+    // The service's one connection; opening it also records the runs and sessions of a
+    // previous service that died (SIGKILL, a crash) as aborted.
+    let store = airlock_store::Store::open(&engine.state_dir)?;
+    store.reap_aborted()?;
+    let contracts = plans::Contracts::load(&server, &config_dir)?;
+    let engine = Arc::new(Engine::new(engine));
+    let mut pools = BTreeMap::new();
+    for (name, size) in &server.pools {
+        let template = contracts.template(name).ok_or_else(|| {
+            ServerError::Config(format!(
+                "server.pools.{name}: its contract does not compile without a command"
+            ))
+        })?;
+        pools.insert(name.clone(), PlanShape::of(&template));
+        engine.keep_warm(template, *size)?;
+    }
+    Ok(Arc::new(AppState {
+        engine,
+        store: Mutex::new(store),
+        tenants: tenants::Tenants::of(&server),
+        quotas: Arc::default(),
+        contracts,
+        sessions: Mutex::default(),
+        metrics: metrics::Metrics::default(),
+        draining: Default::default(),
+        work: Arc::default(),
+        pools,
+        config: server,
+    }))
+}
+
+/// The `/v1` API and the health endpoints.
+pub fn router(state: Shared) -> Router {
+    let max_file = state.config.max_file_bytes;
+    Router::new()
+        .route("/v1/runs", post(runs::create_run).get(runs::list_runs))
+        .route("/v1/runs/{id}", get(runs::get_run))
+        .route("/v1/audit/verify", get(runs::verify))
+        .route(
+            "/v1/sessions",
+            post(sessions::create_session).get(sessions::list_sessions),
+        )
+        .route(
+            "/v1/sessions/{id}",
+            get(sessions::get_session).delete(sessions::delete_session),
+        )
+        .route("/v1/sessions/{id}/exec", post(sessions::exec))
+        .route(
+            "/v1/sessions/{id}/commands/{cid}",
+            get(sessions::get_command),
+        )
+        .route(
+            "/v1/sessions/{id}/commands/{cid}/output",
+            get(sessions::command_output),
+        )
+        .route(
+            "/v1/sessions/{id}/commands/{cid}/signal",
+            post(sessions::signal),
+        )
+        .route("/v1/sessions/{id}/timeout", post(sessions::set_timeout))
+        .route("/v1/sessions/{id}/files", get(sessions::list_files))
+        .route(
+            "/v1/sessions/{id}/files/{*path}",
+            put(sessions::put_file)
+                .get(sessions::get_file)
+                .layer(DefaultBodyLimit::max(max_file)),
+        )
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .with_state(state)
+}
+
+async fn serve_async(options: ServeOptions) -> Result<(), ServerError> {
+    let euid_is_root = options.euid_is_root;
+    let state = build_state(options)?;
+    let bound = listen::bind(&state.config, euid_is_root).await?;
+    let graceful = Arc::new(hyper_util::server::graceful::GracefulShutdown::new());
+    let app = listen::App {
+        router: router(Arc::clone(&state)),
+        graceful: Arc::clone(&graceful),
+        max_header_bytes: state.config.max_header_bytes,
+        header_timeout: Duration::from_millis(state.config.header_timeout_ms),
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let accepting = tokio::spawn(listen::accept_all(app, bound, stopped));
+    let reaper = {
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                sessions::reap(&state).await;
+            }
+        })
+    };
+    eprintln!("airlock serve: ready");
+    wait_for_signal().await?;
+    eprintln!("airlock serve: draining");
+    state.draining.store(true, Ordering::SeqCst);
+    let _ = stop.send(true);
+    let _ = accepting.await;
+    reaper.abort();
+    // Running work ends by itself, at its deadline at the latest.
+    state.work.wait_idle().await;
+    sessions::end_all(&state).await;
+    if let Ok(graceful) = Arc::try_unwrap(graceful) {
+        let _ = tokio::time::timeout(CONNECTION_GRACE, graceful.shutdown()).await;
+    }
+    eprintln!("airlock serve: stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() -> Result<(), ServerError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let io = |source| ServerError::Io {
+        context: "installing the signal handlers".into(),
+        source,
+    };
+    let mut term = signal(SignalKind::terminate()).map_err(io)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(io)?;
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+    Ok(())
+}

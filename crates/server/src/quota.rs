@@ -1,0 +1,210 @@
+//! Per-tenant quotas: cells alive, sessions open, runs started per minute. Over a quota
+//! the answer is 429 with `Retry-After` at once: nothing waits in a queue.
+
+use crate::config::TenantConfig;
+use crate::error::ApiError;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Default)]
+struct Usage {
+    cells: usize,
+    sessions: usize,
+    /// When each run of the last minute started, oldest first.
+    starts: VecDeque<Instant>,
+}
+
+/// The quotas of one tenant as numbers (the operator's are unbounded).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_cells: usize,
+    pub max_sessions: usize,
+    pub runs_per_minute: u32,
+}
+
+impl Limits {
+    pub const UNBOUNDED: Limits = Limits {
+        max_cells: usize::MAX,
+        max_sessions: usize::MAX,
+        runs_per_minute: u32::MAX,
+    };
+
+    pub fn of(config: &TenantConfig) -> Limits {
+        Limits {
+            max_cells: config.max_cells,
+            max_sessions: config.max_sessions,
+            runs_per_minute: config.runs_per_minute,
+        }
+    }
+}
+
+/// What a new piece of work takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// A one-shot run: a cell and a start.
+    Run,
+    /// A session: a cell and a session slot.
+    Session,
+    /// A command of an open session: a start only (its cell is the session's).
+    Command,
+}
+
+#[derive(Default)]
+pub struct Quotas {
+    usage: Mutex<BTreeMap<String, Usage>>,
+}
+
+/// Held while the work lives; gives its cell and session slot back when dropped.
+pub struct Permit {
+    quotas: Arc<Quotas>,
+    tenant: String,
+    work: Work,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut usage = self.quotas.usage.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(u) = usage.get_mut(&self.tenant) {
+            if self.work != Work::Command {
+                u.cells = u.cells.saturating_sub(1);
+            }
+            if self.work == Work::Session {
+                u.sessions = u.sessions.saturating_sub(1);
+            }
+        }
+    }
+}
+
+impl Quotas {
+    /// Takes what `work` needs of `tenant`'s quotas, or says which one is exhausted.
+    pub fn admit(
+        self: &Arc<Self>,
+        tenant: &str,
+        limits: Limits,
+        work: Work,
+        now: Instant,
+    ) -> Result<Permit, ApiError> {
+        let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        let u = usage.entry(tenant.to_string()).or_default();
+        decide(u, limits, work, now)?;
+        if work != Work::Command {
+            u.cells += 1;
+        }
+        if work == Work::Session {
+            u.sessions += 1;
+        }
+        u.starts.push_back(now);
+        Ok(Permit {
+            quotas: Arc::clone(self),
+            tenant: tenant.to_string(),
+            work,
+        })
+    }
+}
+
+/// The pure decision: refused with the exhausted quota's reason code and when to retry.
+fn decide(u: &mut Usage, limits: Limits, work: Work, now: Instant) -> Result<(), ApiError> {
+    while u
+        .starts
+        .front()
+        .is_some_and(|t| now.duration_since(*t) >= MINUTE)
+    {
+        u.starts.pop_front();
+    }
+    if work != Work::Command && u.cells >= limits.max_cells {
+        return Err(ApiError::too_many(
+            "quota.cells",
+            format!("the tenant has its {} cells alive", limits.max_cells),
+            1,
+        ));
+    }
+    if work == Work::Session && u.sessions >= limits.max_sessions {
+        return Err(ApiError::too_many(
+            "quota.sessions",
+            format!("the tenant has its {} sessions open", limits.max_sessions),
+            5,
+        ));
+    }
+    if u.starts.len() >= limits.runs_per_minute as usize {
+        let oldest = u.starts.front().copied().unwrap_or(now);
+        let wait = MINUTE.saturating_sub(now.duration_since(oldest));
+        return Err(ApiError::too_many(
+            "quota.runs_per_minute",
+            format!(
+                "the tenant started {} runs in the last minute",
+                limits.runs_per_minute
+            ),
+            wait.as_secs() + 1,
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(cells: usize, sessions: usize, per_minute: u32) -> Limits {
+        Limits {
+            max_cells: cells,
+            max_sessions: sessions,
+            runs_per_minute: per_minute,
+        }
+    }
+
+    #[test]
+    fn cells_are_given_back_when_the_permit_drops() {
+        let q = Arc::new(Quotas::default());
+        let now = Instant::now();
+        let first = q.admit("a", limits(1, 1, 100), Work::Run, now).unwrap();
+        let err = q
+            .admit("a", limits(1, 1, 100), Work::Run, now)
+            .err()
+            .unwrap();
+        assert_eq!(err.body.reason, "quota.cells");
+        assert_eq!(err.status, 429);
+        assert_eq!(err.retry_after, Some(1));
+        // Another tenant is not affected.
+        q.admit("b", limits(1, 1, 100), Work::Run, now).unwrap();
+        drop(first);
+        q.admit("a", limits(1, 1, 100), Work::Run, now).unwrap();
+    }
+
+    #[test]
+    fn sessions_have_their_own_quota_and_commands_take_no_cell() {
+        let q = Arc::new(Quotas::default());
+        let now = Instant::now();
+        let _s = q.admit("a", limits(5, 1, 100), Work::Session, now).unwrap();
+        let err = q
+            .admit("a", limits(5, 1, 100), Work::Session, now)
+            .err()
+            .unwrap();
+        assert_eq!(err.body.reason, "quota.sessions");
+        let full = limits(1, 1, 100);
+        q.admit("a", full, Work::Command, now).unwrap();
+        q.admit("a", full, Work::Command, now).unwrap();
+    }
+
+    #[test]
+    fn the_rate_window_slides_and_says_when_to_retry() {
+        let q = Arc::new(Quotas::default());
+        let t0 = Instant::now();
+        let l = limits(10, 1, 2);
+        drop(q.admit("a", l, Work::Run, t0).unwrap());
+        drop(
+            q.admit("a", l, Work::Run, t0 + Duration::from_secs(10))
+                .unwrap(),
+        );
+        let err = q
+            .admit("a", l, Work::Run, t0 + Duration::from_secs(30))
+            .err()
+            .unwrap();
+        assert_eq!(err.body.reason, "quota.runs_per_minute");
+        assert_eq!(err.retry_after, Some(31));
+        q.admit("a", l, Work::Run, t0 + Duration::from_secs(61))
+            .unwrap();
+    }
+}

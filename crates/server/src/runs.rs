@@ -1,0 +1,285 @@
+//! One-shot runs: `POST /v1/runs` (NDJSON frames as they happen, or the record with
+//! `?wait=true`), `GET /v1/runs/{id}`, `GET /v1/runs`, and `GET /v1/audit/verify`.
+
+use crate::api::{RunBody, RunList, RunView, RunsQuery, Verified, WaitQuery};
+use crate::error::{ApiError, ErrorBody};
+use crate::output::{self, Ended, Frame, OutputLog, Stream};
+use crate::plans::{PlanRefusal, Wanted};
+use crate::quota::Work;
+use crate::state::{ApiJson, Caller, Shared};
+use crate::tenants::Tenant;
+use airlock_cell::report::{ResultClass, RunReport};
+use airlock_cell::PayloadStdin;
+use airlock_engine::{record, Engine, Refusal, RunRequest};
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub const NDJSON: &str = "application/x-ndjson";
+
+#[utoipa::path(post, path = "/v1/runs", request_body = RunBody, params(WaitQuery),
+    responses(
+        (status = 200, description = "NDJSON frames (start, stdout, stderr, exit, result) as they happen; with wait=true the run's record", content_type = "application/x-ndjson"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 422, description = "The contract did not compile (the refusal is recorded)", body = ErrorBody),
+        (status = 429, description = "Over a quota or capacity; see Retry-After", body = ErrorBody),
+        (status = 503, description = "Draining", body = ErrorBody)))]
+pub async fn create_run(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Query(query): Query<WaitQuery>,
+    ApiJson(body): ApiJson<RunBody>,
+) -> Result<Response, ApiError> {
+    let permit = state.admit(&tenant, Work::Run)?;
+    let wanted = Wanted {
+        contract: body.contract.as_deref(),
+        inline: body.contract_inline.as_ref(),
+        argv: &body.argv,
+        env: &body.env,
+        deadline_ms: body.deadline_ms,
+    };
+    let (plan, class) = match state.contracts.plan(&wanted, state.inline_allowed(&tenant)) {
+        Ok(planned) => planned,
+        Err(refusal) => return Err(record_refusal(&state, &tenant, &body.argv, refusal).await),
+    };
+    let log = OutputLog::new(state.config.max_stream_bytes);
+    let (stdout, stderr) = output_pipes(&log)?;
+    let stdin = stdin_of(body.stdin)?;
+    let (begun, begun_rx) = tokio::sync::oneshot::channel::<String>();
+    let request = RunRequest {
+        plan,
+        workload_class: class.clone(),
+        credentials: Vec::new(),
+        stdin,
+        artifacts: None,
+        stdout: Some(stdout),
+        stderr: Some(stderr),
+        started: Instant::now(),
+        tenant: Some(tenant.name.clone()),
+        on_recorded: Some(Box::new(move |run_id| {
+            let _ = begun.send(run_id.to_string());
+        })),
+    };
+    let guard = state.work.enter();
+    let task_state = Arc::clone(&state);
+    let task_log = Arc::clone(&log);
+    let tenant_name = tenant.name.clone();
+    tokio::task::spawn_blocking(move || {
+        let (_permit, _guard) = (permit, guard);
+        let (report, secrets, latency) = run_to_end(&task_state.engine, request);
+        task_state
+            .metrics
+            .observe(&class, &tenant_name, &report, latency.unzip());
+        task_log.finish(ended_of(&report, &secrets));
+    });
+    let run_id = begun_rx.await.ok();
+    if let Some(run_id) = &run_id {
+        log.set_run_id(run_id);
+    }
+    if query.wait {
+        let ended = wait_ended(&log).await;
+        return Ok(Json(ended.record).into_response());
+    }
+    let start = run_id.map(|run_id| Frame::Start {
+        run_id,
+        command_id: None,
+    });
+    Ok(ndjson(output::ndjson_body(log, start, true)))
+}
+
+pub fn ndjson(body: axum::body::Body) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, NDJSON)], body).into_response()
+}
+
+/// Waits for the end of the command `log` belongs to.
+pub async fn wait_ended(log: &OutputLog) -> Ended {
+    loop {
+        if let Some(ended) = log.ended() {
+            return ended;
+        }
+        log.changed_since(usize::MAX - 1).await;
+    }
+}
+
+/// The two output pipes of a command: their read ends feed `log`, their write ends are
+/// the command's stdout and stderr.
+pub fn output_pipes(log: &Arc<OutputLog>) -> Result<(OwnedFd, OwnedFd), ApiError> {
+    let pipe = || output::pipe().map_err(|e| ApiError::internal("server.pipe", e.to_string()));
+    let (out_read, out_write) = pipe()?;
+    let (err_read, err_write) = pipe()?;
+    output::spawn_reader(Arc::clone(log), Stream::Stdout, out_read);
+    output::spawn_reader(Arc::clone(log), Stream::Stderr, err_read);
+    Ok((out_write, err_write))
+}
+
+/// The payload's stdin: `/dev/null`, or a pipe the request's text is written into.
+pub fn stdin_of(text: Option<String>) -> Result<PayloadStdin, ApiError> {
+    let Some(text) = text else {
+        return Ok(PayloadStdin::Null);
+    };
+    let (read, write) =
+        output::pipe().map_err(|e| ApiError::internal("server.pipe", e.to_string()))?;
+    output::spawn_stdin_writer(write, text.into_bytes());
+    Ok(PayloadStdin::Relayed(read))
+}
+
+/// (request to payload start, payload start to exit), seconds.
+type Latency = Option<(f64, f64)>;
+
+/// Runs `request` through the engine and completes its record; its report, secrets and
+/// latency.
+fn run_to_end(engine: &Engine, request: RunRequest) -> (RunReport, Vec<String>, Latency) {
+    let started = request.started;
+    match engine.run(request) {
+        Ok(finished) => {
+            let secrets = finished.secrets.clone();
+            let latency = finished.latency.map(|l| {
+                let start = l.exec_confirmed.saturating_duration_since(started);
+                let wall = l.exit_known.saturating_duration_since(l.exec_confirmed);
+                (start.as_secs_f64(), wall.as_secs_f64())
+            });
+            if finished.audit_error().is_some() {
+                return (finished.report, secrets, None);
+            }
+            let mut report = finished.report.clone();
+            match engine.complete(finished) {
+                Ok(report) => (report, secrets, latency),
+                Err(err) => {
+                    report.status = ResultClass::RuntimeFault;
+                    report.error = Some(format!("the run's record could not be completed: {err}"));
+                    (report, secrets, latency)
+                }
+            }
+        }
+        Err(refused) => (refused.report, refused.secrets, None),
+    }
+}
+
+/// The last two frames of a command, redacted like the store's records.
+pub fn ended_of(report: &RunReport, secrets: &[String]) -> Ended {
+    let record = record::redact_result(serde_json::to_value(report).unwrap_or_default(), secrets);
+    Ended {
+        exit: Frame::Exit {
+            status: report.status.as_str().to_string(),
+            exit_code: report.exit.code,
+            signal: report.exit.signal,
+            limit_fired: report.limit_fired.map(|l| l.as_str().to_string()),
+            dropped_bytes: 0,
+        },
+        record,
+    }
+}
+
+/// Records a request refused before any cell (the contract did not compile, names
+/// nothing known, ...) and answers with the run id of the refusal.
+pub async fn record_refusal(
+    state: &Shared,
+    tenant: &Tenant,
+    argv: &[String],
+    refusal: PlanRefusal,
+) -> ApiError {
+    let PlanRefusal {
+        mut error,
+        class,
+        workload_class,
+    } = refusal;
+    state
+        .metrics
+        .deny(&workload_class, &tenant.name, &error.body.reason);
+    let engine = Arc::clone(&state.engine);
+    let (argv, tenant_name, message) =
+        (argv.to_vec(), tenant.name.clone(), error.body.error.clone());
+    let recorded = tokio::task::spawn_blocking(move || {
+        engine
+            .refuse(Refusal {
+                argv: &argv,
+                workload_class: &workload_class,
+                status: class,
+                error: message,
+                plan: None,
+                tenant: Some(&tenant_name),
+            })
+            .report
+            .run_id
+    })
+    .await;
+    if let Ok(run_id) = recorded.map(|id| (!id.is_empty()).then_some(id)) {
+        error.body.run_id = run_id;
+    }
+    *error
+}
+
+#[utoipa::path(get, path = "/v1/runs/{id}", params(("id" = String, Path, description = "Run id")),
+    responses((status = 200, body = RunView), (status = 401, body = ErrorBody),
+        (status = 404, description = "No such run, or another tenant's", body = ErrorBody)))]
+pub async fn get_run(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    let detail = state.with_store(move |store| store.show_run(&id)).await?;
+    match detail {
+        Some(detail) if tenant.may_see(detail.run.tenant.as_deref()) => Ok(Json(RunView {
+            run: detail.run,
+            events: detail.events,
+        })),
+        _ => Err(ApiError::not_found("run")),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/runs", params(RunsQuery),
+    responses((status = 200, body = RunList), (status = 401, body = ErrorBody)))]
+pub async fn list_runs(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Query(query): Query<RunsQuery>,
+) -> Result<Json<RunList>, ApiError> {
+    let filter = airlock_store::RunFilter {
+        status: query.status,
+        workload_class: query.class,
+        since: query.since,
+        limit: Some(query.limit.unwrap_or(100).min(1000)),
+        tenant: (!tenant.operator).then(|| tenant.name.clone()),
+        ..Default::default()
+    };
+    let runs = state
+        .with_store(move |store| store.list_runs(&filter))
+        .await?;
+    Ok(Json(RunList { runs }))
+}
+
+#[utoipa::path(get, path = "/v1/audit/verify",
+    responses((status = 200, body = Verified), (status = 401, body = ErrorBody),
+        (status = 409, description = "The audit chain is broken", body = ErrorBody)))]
+pub async fn verify(
+    State(state): State<Shared>,
+    Caller(_tenant): Caller,
+) -> Result<Json<Verified>, ApiError> {
+    let state = Arc::clone(&state);
+    let verified = tokio::task::spawn_blocking(move || {
+        state
+            .store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .verify()
+    })
+    .await
+    .map_err(|e| ApiError::internal("server.task", e.to_string()))?;
+    match verified {
+        Ok(report) => Ok(Json(Verified {
+            ok: true,
+            entries: report.entries,
+            runs: report.runs,
+        })),
+        Err(err) => Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            ResultClass::RuntimeFault,
+            "audit.chain_broken",
+            err.to_string(),
+        )),
+    }
+}

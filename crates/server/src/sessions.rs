@@ -1,0 +1,542 @@
+//! Sessions: one cell serving several commands of one job. `POST /v1/sessions`, its
+//! commands (streamed or in the background), their output and signals, its files, its
+//! idle timeout, and `DELETE` (the completion sequence, the record).
+//!
+//! The engine's supervisor enforces the session's maximum lifetime and the service's
+//! ceiling of idle time; the tenant's own idle timeout (which `POST .../timeout` extends)
+//! is enforced here, by [`reap`].
+
+use crate::api::{
+    CommandView, DirList, DirQuery, ExecBody, FollowQuery, SessionBody, SessionList, SessionView,
+    SignalBody, TimeoutBody, Written,
+};
+use crate::error::{ApiError, ErrorBody};
+use crate::files;
+use crate::output::{self, Frame, OutputLog};
+use crate::plans::Wanted;
+use crate::quota::{Permit, Work};
+use crate::runs::{ended_of, ndjson, output_pipes, record_refusal, stdin_of};
+use crate::state::{ApiBytes, ApiJson, Caller, Shared};
+use crate::tenants::Tenant;
+use airlock_engine::{record, CommandRequest, Session, SessionRequest};
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub struct CommandEntry {
+    pub run_id: String,
+    pub argv: Vec<String>,
+    pub log: Arc<OutputLog>,
+}
+
+pub struct SessionEntry {
+    pub session: Arc<Session>,
+    pub tenant: String,
+    pub workload_class: String,
+    proc_dir: OwnedFd,
+    writable: Vec<PathBuf>,
+    secrets: Vec<String>,
+    commands: Mutex<BTreeMap<u64, Arc<CommandEntry>>>,
+    /// (last activity, idle timeout).
+    idle: Mutex<(Instant, Duration)>,
+    max_lifetime: Duration,
+    _permit: Permit,
+}
+
+impl SessionEntry {
+    fn touch(&self) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).0 = Instant::now();
+    }
+
+    fn idle_timeout(&self) -> Duration {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).1
+    }
+
+    fn command(&self, id: u64) -> Option<Arc<CommandEntry>> {
+        self.commands
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    fn view(&self) -> SessionView {
+        let commands = self
+            .commands
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, c)| command_view(*id, c))
+            .collect();
+        SessionView {
+            session_id: self.session.id().to_string(),
+            tenant: self.tenant.clone(),
+            workload_class: self.workload_class.clone(),
+            idle_timeout_s: self.idle_timeout().as_secs(),
+            max_lifetime_s: self.max_lifetime.as_secs(),
+            writable_paths: self
+                .writable
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
+            commands,
+        }
+    }
+
+    /// Whether the tenant's idle timeout has passed with no command running.
+    fn idle_expired(&self, now: Instant) -> bool {
+        let (last, timeout) = *self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let running = self
+            .commands
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|c| c.log.ended().is_none());
+        !running && now.duration_since(last) >= timeout
+    }
+}
+
+fn command_view(id: u64, command: &CommandEntry) -> CommandView {
+    let ended = command.log.ended();
+    CommandView {
+        command_id: id,
+        run_id: command.run_id.clone(),
+        argv: command.argv.clone(),
+        running: ended.is_none(),
+        record: ended.map(|e| e.record),
+    }
+}
+
+/// The session `id` if `tenant` may see it (else 404, as for one that does not exist).
+fn session_of(state: &Shared, tenant: &Tenant, id: &str) -> Result<Arc<SessionEntry>, ApiError> {
+    let sessions = state.sessions.lock().unwrap_or_else(|p| p.into_inner());
+    match sessions.get(id) {
+        Some(entry) if tenant.may_see(Some(&entry.tenant)) => Ok(Arc::clone(entry)),
+        _ => Err(ApiError::not_found("session")),
+    }
+}
+
+fn seconds(value: Option<u64>, default: u64, max: u64) -> Result<Duration, ApiError> {
+    let value = value.unwrap_or(default);
+    if value == 0 || value > max {
+        return Err(ApiError::bad_request(
+            "session.timeout_out_of_range",
+            format!("{value} s: must be between 1 and {max}"),
+        ));
+    }
+    Ok(Duration::from_secs(value))
+}
+
+#[utoipa::path(post, path = "/v1/sessions", request_body = SessionBody,
+    responses((status = 201, body = SessionView), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 429, body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
+pub async fn create_session(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    ApiJson(body): ApiJson<SessionBody>,
+) -> Result<Response, ApiError> {
+    let config = &state.config;
+    let idle = seconds(
+        body.idle_timeout_s,
+        config
+            .session_idle_timeout_s
+            .min(config.max_session_idle_timeout_s),
+        config.max_session_idle_timeout_s,
+    )?;
+    let lifetime = seconds(
+        body.max_lifetime_s,
+        config.max_session_lifetime_s,
+        config.max_session_lifetime_s,
+    )?;
+    let permit = state.admit(&tenant, Work::Session)?;
+    // A session's plan is compiled with a placeholder command: its commands come later.
+    let placeholder = ["<session>".to_string()];
+    let wanted = Wanted {
+        contract: body.contract.as_deref(),
+        inline: body.contract_inline.as_ref(),
+        argv: &placeholder,
+        env: &body.env,
+        deadline_ms: None,
+    };
+    let (plan, class) = match state.contracts.plan(&wanted, state.inline_allowed(&tenant)) {
+        Ok(planned) => planned,
+        Err(refusal) => return Err(record_refusal(&state, &tenant, &[], refusal).await),
+    };
+    let writable = files::writable_paths(&plan);
+    let secrets = record::secrets_of(&plan, &[]);
+    let request = SessionRequest {
+        plan,
+        workload_class: class.clone(),
+        credentials: Vec::new(),
+        artifacts: None,
+        // The supervisor's own idle limit is the ceiling; the tenant's is enforced by reap.
+        idle_timeout: Duration::from_secs(config.max_session_idle_timeout_s),
+        max_lifetime: lifetime,
+        tenant: Some(tenant.name.clone()),
+    };
+    let engine = Arc::clone(&state.engine);
+    let opened = tokio::task::spawn_blocking(move || engine.open_session(request))
+        .await
+        .map_err(|e| ApiError::internal("server.task", e.to_string()))?
+        .map_err(|e| ApiError::engine(&e))?;
+    let proc_dir = files::open_proc_dir(opened.cell_pid())
+        .map_err(|e| ApiError::internal("session.proc", e.to_string()))?;
+    let entry = Arc::new(SessionEntry {
+        session: Arc::new(opened),
+        tenant: tenant.name.clone(),
+        workload_class: class,
+        proc_dir,
+        writable,
+        secrets,
+        commands: Mutex::default(),
+        idle: Mutex::new((Instant::now(), idle)),
+        max_lifetime: lifetime,
+        _permit: permit,
+    });
+    let view = entry.view();
+    state
+        .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(view.session_id.clone(), entry);
+    Ok((axum::http::StatusCode::CREATED, Json(view)).into_response())
+}
+
+#[utoipa::path(get, path = "/v1/sessions",
+    responses((status = 200, body = SessionList), (status = 401, body = ErrorBody)))]
+pub async fn list_sessions(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+) -> Json<SessionList> {
+    let sessions = state.sessions.lock().unwrap_or_else(|p| p.into_inner());
+    Json(SessionList {
+        sessions: sessions
+            .values()
+            .filter(|s| tenant.may_see(Some(&s.tenant)))
+            .map(|s| s.view())
+            .collect(),
+    })
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}", params(("id" = String, Path)),
+    responses((status = 200, body = SessionView), (status = 404, body = ErrorBody)))]
+pub async fn get_session(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+) -> Result<Json<SessionView>, ApiError> {
+    Ok(Json(session_of(&state, &tenant, &id)?.view()))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/exec", params(("id" = String, Path)), request_body = ExecBody,
+    responses(
+        (status = 200, description = "NDJSON frames like a run's (start names the command id too)", content_type = "application/x-ndjson"),
+        (status = 202, description = "A background command", body = CommandView),
+        (status = 404, body = ErrorBody), (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn exec(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ExecBody>,
+) -> Result<Response, ApiError> {
+    let entry = session_of(&state, &tenant, &id)?;
+    let permit = state.admit(&tenant, Work::Command)?;
+    if body
+        .env
+        .keys()
+        .any(|n| airlock_contract::RESERVED_ENV_NAMES.contains(&n.as_str()))
+    {
+        return Err(ApiError::bad_request(
+            "env.reserved",
+            "a reserved variable".into(),
+        ));
+    }
+    entry.touch();
+    let log = OutputLog::new(state.config.max_stream_bytes);
+    let (stdout, stderr) = output_pipes(&log)?;
+    let command = CommandRequest {
+        argv: body.argv.clone(),
+        env: body.env.into_iter().collect(),
+        stdin: stdin_of(body.stdin)?,
+        stdout: Some(stdout),
+        stderr: Some(stderr),
+        wall_time_ms: body.deadline_ms,
+        output_bytes: None,
+    };
+    let session = Arc::clone(&entry.session);
+    let command_id = tokio::task::spawn_blocking(move || session.exec(command))
+        .await
+        .map_err(|e| ApiError::internal("server.task", e.to_string()))?
+        .map_err(|e| match e {
+            airlock_engine::EngineError::SessionClosed => ApiError::not_found("session"),
+            other => ApiError::engine(&other),
+        })?;
+    let run_id = entry
+        .session
+        .list()
+        .into_iter()
+        .find(|c| c.id == command_id)
+        .map(|c| c.run_id)
+        .unwrap_or_default();
+    log.set_run_id(&run_id);
+    let command = Arc::new(CommandEntry {
+        run_id: run_id.clone(),
+        argv: body.argv,
+        log: Arc::clone(&log),
+    });
+    entry
+        .commands
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(command_id, Arc::clone(&command));
+    watch_command(&state, &entry, command_id, permit);
+    if body.background {
+        let view = command_view(command_id, &command);
+        return Ok((axum::http::StatusCode::ACCEPTED, Json(view)).into_response());
+    }
+    let start = Frame::Start {
+        run_id,
+        command_id: Some(command_id),
+    };
+    Ok(ndjson(output::ndjson_body(log, Some(start), true)))
+}
+
+/// Waits for command `id` on a blocking thread and completes its log with its end.
+fn watch_command(state: &Shared, entry: &Arc<SessionEntry>, id: u64, permit: Permit) {
+    let guard = state.work.enter();
+    let (state, entry) = (Arc::clone(state), Arc::clone(entry));
+    tokio::task::spawn_blocking(move || {
+        let (_permit, _guard) = (permit, guard);
+        let report = entry.session.wait(id);
+        let Some(command) = entry.command(id) else {
+            return;
+        };
+        let report = report.unwrap_or_else(|err| {
+            airlock_cell::report::RunReport::refused(&command.run_id, err.class(), err.to_string())
+        });
+        // A command's own wall time; its start is the session's cell's, not a request's.
+        let wall = report.timings.wall_ms / 1000.0;
+        state.metrics.observe(
+            &entry.workload_class,
+            &entry.tenant,
+            &report,
+            (None, Some(wall)),
+        );
+        command.log.finish(ended_of(&report, &entry.secrets));
+        entry.touch();
+    });
+}
+
+fn command_of(
+    state: &Shared,
+    tenant: &Tenant,
+    id: &str,
+    cid: u64,
+) -> Result<(Arc<SessionEntry>, Arc<CommandEntry>), ApiError> {
+    let entry = session_of(state, tenant, id)?;
+    let command = entry
+        .command(cid)
+        .ok_or_else(|| ApiError::not_found("command"))?;
+    Ok((entry, command))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/commands/{cid}", params(("id" = String, Path), ("cid" = u64, Path)),
+    responses((status = 200, body = CommandView), (status = 404, body = ErrorBody)))]
+pub async fn get_command(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path((id, cid)): Path<(String, u64)>,
+) -> Result<Json<CommandView>, ApiError> {
+    let (_, command) = command_of(&state, &tenant, &id, cid)?;
+    Ok(Json(command_view(cid, &command)))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/commands/{cid}/output", params(("id" = String, Path), ("cid" = u64, Path), FollowQuery),
+    responses((status = 200, description = "NDJSON frames: the output so far (and, with follow=true, until the command ends)", content_type = "application/x-ndjson"),
+        (status = 404, body = ErrorBody)))]
+pub async fn command_output(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path((id, cid)): Path<(String, u64)>,
+    Query(query): Query<FollowQuery>,
+) -> Result<Response, ApiError> {
+    let (_, command) = command_of(&state, &tenant, &id, cid)?;
+    Ok(ndjson(output::ndjson_body(
+        Arc::clone(&command.log),
+        None,
+        query.follow,
+    )))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/commands/{cid}/signal", params(("id" = String, Path), ("cid" = u64, Path)), request_body = SignalBody,
+    responses((status = 204, description = "Sent"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn signal(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path((id, cid)): Path<(String, u64)>,
+    ApiJson(body): ApiJson<SignalBody>,
+) -> Result<axum::http::StatusCode, ApiError> {
+    let (entry, _) = command_of(&state, &tenant, &id, cid)?;
+    if !matches!(body.signal.as_str(), "KILL" | "SIGKILL") {
+        return Err(ApiError::bad_request(
+            "signal.unsupported",
+            format!("{}: only KILL is supported", body.signal),
+        ));
+    }
+    entry.session.kill(cid).map_err(|e| ApiError::engine(&e))?;
+    Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/timeout", params(("id" = String, Path)), request_body = TimeoutBody,
+    responses((status = 200, body = SessionView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn set_timeout(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<TimeoutBody>,
+) -> Result<Json<SessionView>, ApiError> {
+    let entry = session_of(&state, &tenant, &id)?;
+    let idle = seconds(
+        Some(body.idle_timeout_s),
+        0,
+        state.config.max_session_idle_timeout_s,
+    )?;
+    *entry.idle.lock().unwrap_or_else(|p| p.into_inner()) = (Instant::now(), idle);
+    Ok(Json(entry.view()))
+}
+
+#[utoipa::path(delete, path = "/v1/sessions/{id}", params(("id" = String, Path)),
+    responses((status = 200, description = "The session's final record (the completion sequence ran)", body = Object),
+        (status = 404, body = ErrorBody)))]
+pub async fn delete_session(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    session_of(&state, &tenant, &id)?;
+    let entry = state
+        .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id)
+        .ok_or_else(|| ApiError::not_found("session"))?;
+    Ok(Json(end_session(entry).await?))
+}
+
+/// Runs the session's completion sequence; its final record.
+pub async fn end_session(entry: Arc<SessionEntry>) -> Result<serde_json::Value, ApiError> {
+    let session = Arc::clone(&entry.session);
+    let report = tokio::task::spawn_blocking(move || session.end())
+        .await
+        .map_err(|e| ApiError::internal("server.task", e.to_string()))?
+        .map_err(|e| ApiError::engine(&e))?;
+    Ok(ended_of(&report, &entry.secrets).record)
+}
+
+/// Ends sessions idle past their tenant's timeout, and forgets those whose cell is gone
+/// (their lifetime passed: the supervisor destroyed them and their record is complete).
+pub async fn reap(state: &Shared) {
+    let now = Instant::now();
+    let expired: Vec<Arc<SessionEntry>> = {
+        let mut sessions = state.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let ids: Vec<String> = sessions
+            .iter()
+            .filter(|(_, s)| s.idle_expired(now) || s.session.closed().is_some())
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.iter().filter_map(|id| sessions.remove(id)).collect()
+    };
+    for entry in expired {
+        let _ = end_session(entry).await;
+    }
+}
+
+/// Ends every session (the drain).
+pub async fn end_all(state: &Shared) {
+    let all: Vec<Arc<SessionEntry>> =
+        std::mem::take(&mut *state.sessions.lock().unwrap_or_else(|p| p.into_inner()))
+            .into_values()
+            .collect();
+    for entry in all {
+        let _ = end_session(entry).await;
+    }
+}
+
+fn file_path(path: &str) -> String {
+    format!("/{}", path.trim_start_matches('/'))
+}
+
+#[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", params(("id" = String, Path), ("path" = String, Path, description = "A cell path within a writable path")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 201, body = Written), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)))]
+pub async fn put_file(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path((id, path)): Path<(String, String)>,
+    ApiBytes(body): ApiBytes,
+) -> Result<Response, ApiError> {
+    let entry = session_of(&state, &tenant, &id)?;
+    entry.touch();
+    let shown = file_path(&path);
+    let bytes = tokio::task::spawn_blocking(move || {
+        files::write(&entry.proc_dir, &entry.writable, &path, &body)
+    })
+    .await
+    .map_err(|e| ApiError::internal("server.task", e.to_string()))??;
+    Ok((
+        axum::http::StatusCode::CREATED,
+        Json(Written { path: shown, bytes }),
+    )
+        .into_response())
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", params(("id" = String, Path), ("path" = String, Path)),
+    responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
+        (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)))]
+pub async fn get_file(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let entry = session_of(&state, &tenant, &id)?;
+    entry.touch();
+    let cap = state.config.max_file_bytes;
+    let data = tokio::task::spawn_blocking(move || {
+        files::read(&entry.proc_dir, &entry.writable, &path, cap)
+    })
+    .await
+    .map_err(|e| ApiError::internal("server.task", e.to_string()))??;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        data,
+    )
+        .into_response())
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/files", params(("id" = String, Path), DirQuery),
+    responses((status = 200, body = DirList), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn list_files(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+    Query(query): Query<DirQuery>,
+) -> Result<Json<DirList>, ApiError> {
+    let entry = session_of(&state, &tenant, &id)?;
+    let dir = query.dir.clone();
+    let entries =
+        tokio::task::spawn_blocking(move || files::list(&entry.proc_dir, &entry.writable, &dir))
+            .await
+            .map_err(|e| ApiError::internal("server.task", e.to_string()))??;
+    Ok(Json(DirList {
+        dir: file_path(&query.dir),
+        entries,
+    }))
+}

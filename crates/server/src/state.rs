@@ -1,0 +1,182 @@
+//! What every request handler shares: the engine, the store (opened once), the tenants
+//! and their quotas, the contracts, the open sessions, the metrics, and the drain state.
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::plans::Contracts;
+use crate::quota::{Limits, Permit, Quotas, Work};
+use crate::sessions::SessionEntry;
+use crate::tenants::{Peer, Tenant, Tenants};
+use airlock_engine::{Engine, PlanShape};
+use airlock_store::Store;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+pub struct AppState {
+    pub engine: Arc<Engine>,
+    /// The service's own connection (queries); the engine keeps its own for records.
+    pub store: Mutex<Store>,
+    pub tenants: Tenants,
+    pub config: ServerConfig,
+    pub quotas: Arc<Quotas>,
+    pub contracts: Contracts,
+    pub sessions: Mutex<BTreeMap<String, Arc<SessionEntry>>>,
+    pub metrics: Metrics,
+    pub draining: AtomicBool,
+    pub work: Arc<InFlight>,
+    /// Each pool's name (its contract's) and shape.
+    pub pools: BTreeMap<String, PlanShape>,
+}
+
+pub type Shared = Arc<AppState>;
+
+impl AppState {
+    pub fn limits(&self, tenant: &Tenant) -> Limits {
+        match self.config.tenants.get(&tenant.name) {
+            Some(config) if !tenant.operator => Limits::of(config),
+            _ => Limits::UNBOUNDED,
+        }
+    }
+
+    pub fn inline_allowed(&self, tenant: &Tenant) -> bool {
+        tenant.operator
+            || self
+                .config
+                .tenants
+                .get(&tenant.name)
+                .is_some_and(|t| t.inline_contracts)
+    }
+
+    /// Admits new work of `tenant`, or says why not (draining: 503; a quota: 429).
+    pub fn admit(self: &Arc<Self>, tenant: &Tenant, work: Work) -> Result<Permit, ApiError> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(ApiError::draining());
+        }
+        self.quotas
+            .admit(&tenant.name, self.limits(tenant), work, Instant::now())
+            .inspect_err(|err| self.metrics.deny("", &tenant.name, &err.body.reason))
+    }
+
+    /// Runs `f` with the store on a blocking thread.
+    pub async fn with_store<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Store) -> airlock_store::Result<T> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let state = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let store = state.store.lock().unwrap_or_else(|p| p.into_inner());
+            f(&store)
+        })
+        .await
+        .map_err(|err| ApiError::internal("server.task", err.to_string()))?
+        .map_err(|err| ApiError::internal("store", err.to_string()))
+    }
+}
+
+/// Work in flight (runs and session commands), so that a drain waits for it.
+#[derive(Default)]
+pub struct InFlight {
+    count: Mutex<usize>,
+    idle: tokio::sync::Notify,
+}
+
+pub struct WorkGuard(Arc<InFlight>);
+
+impl InFlight {
+    pub fn enter(self: &Arc<Self>) -> WorkGuard {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        WorkGuard(Arc::clone(self))
+    }
+
+    pub fn count(&self) -> usize {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.count() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for WorkGuard {
+    fn drop(&mut self) {
+        *self.0.count.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        self.0.idle.notify_waiters();
+    }
+}
+
+/// The tenant of the request (see tenants.rs).
+pub struct Caller(pub Tenant);
+
+impl FromRequestParts<Shared> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Shared) -> Result<Caller, ApiError> {
+        let peer = parts.extensions.get::<Peer>().copied().unwrap_or(Peer::Tcp);
+        let authorization = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .map(|v| v.to_str().unwrap_or("invalid"));
+        state.tenants.resolve(peer, authorization).map(Caller)
+    }
+}
+
+/// A JSON body whose rejections (malformed, too large) are API errors with a reason.
+pub struct ApiJson<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned> FromRequest<Shared> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Shared) -> Result<ApiJson<T>, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(value)) => Ok(ApiJson(value)),
+            Err(rejection) => {
+                let status = rejection.status();
+                let reason = if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                    "request.too_large"
+                } else {
+                    "request.invalid"
+                };
+                let mut err = ApiError::bad_request(reason, rejection.body_text());
+                err.status = status;
+                Err(err)
+            }
+        }
+    }
+}
+
+/// A raw body (an upload) whose rejection (too large) is an API error with a reason.
+pub struct ApiBytes(pub axum::body::Bytes);
+
+impl FromRequest<Shared> for ApiBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Shared) -> Result<ApiBytes, ApiError> {
+        match axum::body::Bytes::from_request(req, state).await {
+            Ok(bytes) => Ok(ApiBytes(bytes)),
+            Err(rejection) => {
+                let status = rejection.status();
+                let reason = if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                    "file.too_large"
+                } else {
+                    "request.invalid"
+                };
+                let mut err = ApiError::bad_request(reason, rejection.body_text());
+                err.status = status;
+                Err(err)
+            }
+        }
+    }
+}

@@ -64,6 +64,7 @@ mod proxy;
 pub mod reason;
 mod request;
 mod resolver;
+pub mod secrets;
 pub mod sni;
 mod socks;
 mod transparent;
@@ -113,6 +114,11 @@ pub struct EgressConfig {
     /// asked for another virtual host in bytes the proxy does not parse. Plain HTTP is
     /// still parsed and Host-checked on these destinations.
     pub opaque_tunnels: Vec<DestinationRule>,
+    /// The operator's secrets (`[secrets.NAME]`, a top-level table of the configuration
+    /// copied here by the binary so that the engine sees it): not part of `[egress]`.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub secrets: BTreeMap<String, secrets::SecretDefinition>,
 }
 
 impl Default for EgressConfig {
@@ -128,6 +134,7 @@ impl Default for EgressConfig {
             idle_timeout_ms: 30_000,
             connect_timeout_ms: 10_000,
             opaque_tunnels: Vec::new(),
+            secrets: BTreeMap::new(),
         }
     }
 }
@@ -227,7 +234,7 @@ pub fn start_proxy(
         dns: None,
         transparent: Vec::new(),
     };
-    proxy::start(config, rules, listeners)
+    proxy::start(config, rules, listeners, Vec::new())
 }
 
 /// [`start_proxy`] with the transparent path too.
@@ -236,7 +243,18 @@ pub fn start_proxy_on(
     rules: Vec<DestinationRule>,
     listeners: ProxyListeners,
 ) -> Result<ProxyHandle, EgressError> {
-    proxy::start(config, rules, listeners)
+    proxy::start(config, rules, listeners, Vec::new())
+}
+
+/// [`start_proxy_on`] for a run that uses injected secrets: the proxy swaps each
+/// injection's placeholder as docs/credentials.md describes and refuses every other use.
+pub fn start_proxy_with_secrets(
+    config: EgressConfig,
+    rules: Vec<DestinationRule>,
+    listeners: ProxyListeners,
+    injections: Vec<secrets::Injection>,
+) -> Result<ProxyHandle, EgressError> {
+    proxy::start(config, rules, listeners, injections)
 }
 
 /// Every socket the proxy serves, already bound (inside the cell's network namespace).

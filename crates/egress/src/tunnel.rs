@@ -104,7 +104,11 @@ pub async fn relay_tunnel(
             | reason::BAD_REQUEST
             | reason::HOST_MISMATCH
             | reason::AMBIGUOUS_FRAMING
-            | reason::PLAINTEXT_TUNNEL,
+            | reason::PLAINTEXT_TUNNEL
+            | reason::SECRET_WRONG_DESTINATION
+            | reason::SECRET_UNKNOWN
+            | reason::METHOD_NOT_ALLOWED
+            | reason::PATH_NOT_ALLOWED,
         ) => Decision::Denied,
         _ => Decision::Allowed,
     };
@@ -321,7 +325,7 @@ where
             }
         };
         let checked = request::parse(&pending[..end])
-            .and_then(|head| request::tunnel_request(&head, host, port));
+            .and_then(|head| request::tunnel_request(&head, host, port, &shared.injections));
         let forward_request = match checked {
             Ok(r) => r,
             Err(code) => return DirEnd::Deny(code),
@@ -503,10 +507,16 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut buf = vec![0u8; 64 * 1024];
+    // No secret placeholder may leave in a body (crate::secrets): a chunk holding the
+    // marker ends the request before it is forwarded.
+    let mut scanner = crate::secrets::StreamScanner::default();
     loop {
         let take = framing
             .feed(pending)
             .map_err(|()| DirEnd::Deny(reason::BAD_REQUEST))?;
+        if scanner.feed(&pending[..take]) {
+            return Err(DirEnd::Deny(reason::SECRET_WRONG_DESTINATION));
+        }
         forward(shared, writer, &pending[..take], &traffic.up).await?;
         pending.drain(..take);
         if framing.done() {

@@ -17,6 +17,9 @@ pub struct OperatorConfig {
     /// OCI images as cell roots: the default registry and the unpacker's ceilings.
     pub images: ImagesConfig,
     pub host_ids: HostIdsConfig,
+    /// Secrets the egress proxy injects (`[secrets.NAME]`, docs/credentials.md): a
+    /// contract names them, the cell only ever holds a per-run placeholder.
+    pub secrets: std::collections::BTreeMap<String, airlock_egress::secrets::SecretDefinition>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -248,6 +251,9 @@ impl OperatorConfig {
                 );
             }
         }
+        for (name, secret) in &self.secrets {
+            secret.check(name)?;
+        }
         if let Some(dir) = &self.store.state_dir {
             if !dir.is_absolute() {
                 bail!(
@@ -262,6 +268,13 @@ impl OperatorConfig {
     /// The range cells' host ids come from; [`OperatorConfig::check`] passed.
     pub fn host_id_range(&self) -> anyhow::Result<HostIdRange> {
         Ok(HostIdRange::new(self.host_ids.base, self.host_ids.count)?)
+    }
+
+    /// The egress configuration the engine gets: `[egress]` with the operator's secrets.
+    pub fn engine_egress(&self) -> airlock_egress::EgressConfig {
+        let mut egress = self.egress.clone();
+        egress.secrets = self.secrets.clone();
+        egress
     }
 
     /// `--state-dir`, else the config's, else the documented default.

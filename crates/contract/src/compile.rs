@@ -113,6 +113,14 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
                 from_env: credential.from_env.clone(),
             })
             .collect(),
+        secrets: contract
+            .secrets
+            .iter()
+            .map(|secret| SecretPlan {
+                name: secret.name.clone(),
+                env: secret.env.clone(),
+            })
+            .collect(),
         terminal: contract.terminal,
         layout: CellLayout::default(),
     };

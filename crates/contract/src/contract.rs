@@ -75,6 +75,10 @@ pub struct Contract {
     /// Credentials the supervisor injects into the cell's environment at start.
     #[serde(default)]
     pub credentials: Vec<Credential>,
+    /// Operator-defined secrets (`[secrets.NAME]` of the operator's configuration) the run
+    /// may use through the egress proxy: the cell gets only a per-run placeholder.
+    #[serde(default)]
+    pub secrets: Vec<SecretUse>,
     #[serde(default)]
     pub cleanup: Cleanup,
     /// Extra environment of the payload: `NAME: value` or `NAME: { value, secret }`.
@@ -314,6 +318,17 @@ pub struct Credential {
     pub from_env: String,
 }
 
+/// A secret of the operator's configuration that the run uses; its value never enters the
+/// cell (docs/credentials.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretUse {
+    /// The name of the operator's `[secrets.NAME]` table.
+    pub name: String,
+    /// Environment variable of the cell that holds the run's placeholder.
+    pub env: String,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Cleanup {
@@ -492,6 +507,7 @@ pub fn default_contract() -> Contract {
         network: Network::default(),
         resources: Resources::default(),
         credentials: Vec::new(),
+        secrets: Vec::new(),
         cleanup: Cleanup::default(),
         env: BTreeMap::new(),
         workdir: None,

@@ -48,6 +48,7 @@ impl Engine {
             None => self.spawn_host(HostRequest {
                 plan: PlanTransfer::of(&plan),
                 credentials,
+                secrets: prepared.injections.clone(),
                 artifacts,
                 mode: HostMode::OneShot,
             }),

@@ -3,14 +3,64 @@
 use airlock_cell::report::{EgressDecision, EgressRecord};
 use airlock_cell::{EgressListeners, EgressSession, EgressSummary};
 use airlock_egress::address::{classify, AddressClass};
+use airlock_contract::CellPlan;
+use airlock_egress::secrets::{Injection, SecretError};
 use airlock_egress::{
-    start_proxy_on, ConnectionRecord, Decision, DestinationRule, EgressConfig, ProxyHandle,
-    ProxyListeners, TransparentListener,
+    start_proxy_with_secrets, ConnectionRecord, Decision, DestinationRule, EgressConfig,
+    ProxyHandle, ProxyListeners, TransparentListener,
 };
+
+/// A run's injected secrets (docs/credentials.md): for each secret of the plan the
+/// operator's definition, its value read now and a fresh placeholder.
+pub fn prepare_secrets(
+    config: &EgressConfig,
+    plan: &CellPlan,
+) -> Result<Vec<PreparedSecret>, SecretError> {
+    plan.secrets
+        .iter()
+        .map(|secret| {
+            let definition =
+                config
+                    .secrets
+                    .get(&secret.name)
+                    .ok_or_else(|| SecretError::Undefined {
+                        name: secret.name.clone(),
+                    })?;
+            Ok(PreparedSecret {
+                env: secret.env.clone(),
+                injection: definition.prepare(&secret.name)?,
+            })
+        })
+        .collect()
+}
+
+/// One secret ready for a run: the cell variable that gets its placeholder.
+pub struct PreparedSecret {
+    pub env: String,
+    pub injection: Injection,
+}
+
+/// What the cell gets (its variables, placeholders only), what the records never show
+/// (values and placeholders), and what the proxy swaps.
+pub fn split_prepared(
+    prepared: Vec<PreparedSecret>,
+) -> (Vec<(String, String)>, Vec<String>, Vec<Injection>) {
+    let env = prepared
+        .iter()
+        .map(|p| (p.env.clone(), p.injection.placeholder.clone()))
+        .collect();
+    let hidden = prepared
+        .iter()
+        .flat_map(|p| [p.injection.value.clone(), p.injection.placeholder.clone()])
+        .collect();
+    let injections = prepared.into_iter().map(|p| p.injection).collect();
+    (env, hidden, injections)
+}
 
 pub struct ProxySession {
     config: EgressConfig,
     rules: Vec<DestinationRule>,
+    injections: Vec<Injection>,
     handle: Option<ProxyHandle>,
     pub records: Vec<ConnectionRecord>,
 }
@@ -19,6 +69,7 @@ impl ProxySession {
     pub fn new(
         config: EgressConfig,
         destinations: &[airlock_contract::DestinationRule],
+        injections: Vec<Injection>,
     ) -> ProxySession {
         let rules = destinations
             .iter()
@@ -30,6 +81,7 @@ impl ProxySession {
         ProxySession {
             config,
             rules,
+            injections,
             handle: None,
             records: Vec::new(),
         }
@@ -52,8 +104,11 @@ impl EgressSession for ProxySession {
             dns: Some(std::net::UdpSocket::from(listeners.dns)),
             transparent,
         };
-        let handle = start_proxy_on(self.config.clone(), self.rules.clone(), listeners)
-            .map_err(|e| e.to_string())?;
+        // The proxy holds the values; this session forgets them once it is started.
+        let injections = std::mem::take(&mut self.injections);
+        let handle =
+            start_proxy_with_secrets(self.config.clone(), self.rules.clone(), listeners, injections)
+                .map_err(|e| e.to_string())?;
         self.handle = Some(handle);
         Ok(())
     }

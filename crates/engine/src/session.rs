@@ -126,10 +126,17 @@ impl Engine {
             idle_timeout,
             max_lifetime,
         } = request;
-        let secrets = record::secrets_of(&plan, &credentials);
+        let ready = crate::egress_session::prepare_secrets(&self.config.egress, &plan)
+            .map_err(|err| EngineError::SessionFailed(err.to_string()))?;
+        let (placeholders, hidden, injections) = crate::egress_session::split_prepared(ready);
+        let mut credentials = credentials;
+        credentials.extend(placeholders);
+        let mut secrets = record::secrets_of(&plan, &credentials);
+        secrets.extend(hidden);
         let host = self.spawn_host(HostRequest {
             plan: PlanTransfer::of(&plan),
             credentials,
+            secrets: injections,
             artifacts,
             mode: HostMode::Session {
                 idle_timeout_ms: idle_timeout.as_millis() as u64,

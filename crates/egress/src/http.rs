@@ -94,9 +94,19 @@ pub async fn handle(
         refuse_and_record(&shared, &mut client, attempt, reason::LIMIT).await;
         return;
     }
-    let leftover = buf[head..].to_vec();
+    let continues = crate::tunnel::expects_continue(&req.headers);
+    let mut leftover = buf[head..].to_vec();
     drop(req);
     drop(buf);
+    if !continues {
+        let framing = &request.framing;
+        crate::tunnel::read_ahead(&mut client, &mut leftover, framing, shared.idle).await;
+    }
+    if crate::tunnel::body_ahead_has_marker(&leftover, &request.framing) {
+        let code = reason::SECRET_WRONG_DESTINATION;
+        refuse_and_record(&shared, &mut client, attempt, code).await;
+        return;
+    }
 
     let mut opened = match decide_and_connect_or_shutdown(&shared, &host, port).await {
         Ok(o) => o,

@@ -324,12 +324,22 @@ where
                 return DirEnd::Closed;
             }
         };
-        let checked = request::parse(&pending[..end])
-            .and_then(|head| request::tunnel_request(&head, host, port, &shared.injections));
-        let forward_request = match checked {
+        let checked = request::parse(&pending[..end]).and_then(|head| {
+            let continues = expects_continue(&head.headers);
+            request::tunnel_request(&head, host, port, &shared.injections).map(|r| (r, continues))
+        });
+        let (forward_request, continues) = match checked {
             Ok(r) => r,
             Err(code) => return DirEnd::Deny(code),
         };
+        let mut body = pending.split_off(end);
+        if !continues {
+            read_ahead(reader, &mut body, &forward_request.framing, shared.idle).await;
+        }
+        if body_ahead_has_marker(&body, &forward_request.framing) {
+            return DirEnd::Deny(reason::SECRET_WRONG_DESTINATION);
+        }
+        pending.append(&mut body);
         if let Err(e) = forward(shared, writer, &forward_request.head, &traffic.up).await {
             return e;
         }
@@ -526,6 +536,50 @@ where
             return Err(DirEnd::Closed);
         }
     }
+}
+
+/// How much of a request body is read before its head is forwarded, so that a body
+/// carrying a secret placeholder is refused before any of the request leaves.
+pub const READ_AHEAD: usize = 64 * 1024;
+
+/// Read the start of the body `framing` describes into `pending`: until the body is
+/// complete, [`READ_AHEAD`] bytes of it are there, the client pauses for `idle`, or it
+/// closes. A client that asked for `100-continue` waits for the upstream, so the caller
+/// does not read ahead for it; its body is still scanned as it streams (forward_body).
+pub async fn read_ahead<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    pending: &mut Vec<u8>,
+    framing: &BodyFraming,
+    idle: Duration,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let mut probe = framing.clone();
+        let Ok(take) = probe.feed(pending) else {
+            return;
+        };
+        if probe.done() || take >= READ_AHEAD {
+            return;
+        }
+        match tokio::time::timeout(idle, reader.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => pending.extend_from_slice(&buf[..n]),
+            _ => return,
+        }
+    }
+}
+
+/// Whether the part of `pending` that belongs to the body holds a secret placeholder.
+pub fn body_ahead_has_marker(pending: &[u8], framing: &BodyFraming) -> bool {
+    let mut probe = framing.clone();
+    let take = probe.feed(pending).unwrap_or(pending.len());
+    crate::secrets::contains_marker(&pending[..take])
+}
+
+/// Whether a request head asks for `Expect: 100-continue`.
+pub fn expects_continue(headers: &[httparse::Header<'_>]) -> bool {
+    headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("expect") && h.value.eq_ignore_ascii_case(b"100-continue")
+    })
 }
 
 /// How a request body is delimited.

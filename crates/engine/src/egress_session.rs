@@ -2,8 +2,8 @@
 
 use airlock_cell::report::{EgressDecision, EgressRecord};
 use airlock_cell::{EgressListeners, EgressSession, EgressSummary};
-use airlock_egress::address::{classify, AddressClass};
 use airlock_contract::CellPlan;
+use airlock_egress::address::{classify, AddressClass};
 use airlock_egress::secrets::{Injection, SecretError};
 use airlock_egress::{
     start_proxy_with_secrets, ConnectionRecord, Decision, DestinationRule, EgressConfig,
@@ -106,9 +106,13 @@ impl EgressSession for ProxySession {
         };
         // The proxy holds the values; this session forgets them once it is started.
         let injections = std::mem::take(&mut self.injections);
-        let handle =
-            start_proxy_with_secrets(self.config.clone(), self.rules.clone(), listeners, injections)
-                .map_err(|e| e.to_string())?;
+        let handle = start_proxy_with_secrets(
+            self.config.clone(),
+            self.rules.clone(),
+            listeners,
+            injections,
+        )
+        .map_err(|e| e.to_string())?;
         self.handle = Some(handle);
         Ok(())
     }

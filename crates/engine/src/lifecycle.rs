@@ -242,8 +242,8 @@ impl Engine {
         request: &RunRequest,
     ) -> Result<(PreparedRun, Vec<(String, String)>), Box<RecordedRefusal>> {
         let plan = &request.plan;
-        let ready = crate::egress_session::prepare_secrets(&self.config.egress, plan)
-            .map_err(|err| {
+        let ready =
+            crate::egress_session::prepare_secrets(&self.config.egress, plan).map_err(|err| {
                 Box::new(self.refuse(Refusal {
                     argv: &plan.argv,
                     workload_class: &request.workload_class,

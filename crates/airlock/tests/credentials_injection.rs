@@ -539,5 +539,87 @@ fn plain_http_inside_a_connect_tunnel_gets_the_same_swap_and_refusals() {
         "{}",
         up.raw_log()
     );
-    assert!(!up.raw_log().contains("airlock-secret-"), "{}", up.raw_log());
+    assert!(
+        !up.raw_log().contains("airlock-secret-"),
+        "{}",
+        up.raw_log()
+    );
+}
+
+#[test]
+fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() {
+    require_cells!();
+    let env = Env::bearer();
+    let up = Upstream::start(env.dir.path());
+    let port = up.port;
+    let contract = format!(
+        "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:{port}\", \"evil.test:{port}\"]\n  \
+         http_rules:\n    - {{ host: api.test, methods: [GET], path_prefixes: [/simple/] }}\n"
+    );
+    let api = format!("http://api.test:{port}");
+    let attempts = [
+        format!("{api}/simple/x"),
+        format!("-X POST {api}/simple/x"),
+        format!("{api}/admin"),
+        format!("--path-as-is {api}/simple/../admin"),
+        // The redirect is followed as a new request, which its own rule refuses.
+        format!("-L '{api}/simple/redirect?to={api}/admin'"),
+        // Plain HTTP inside a CONNECT tunnel meets the same rule.
+        format!("--proxytunnel -X POST {api}/simple/t"),
+        // HTTPS to a domain with a rule cannot be checked: refused.
+        format!("https://api.test:{port}/simple/tls"),
+        // A domain without a rule takes any request.
+        format!("-X POST http://evil.test:{port}/anything"),
+    ];
+    let mut script = String::new();
+    for attempt in &attempts {
+        script.push_str(&format!(
+            "curl -s -o /dev/null -w '%{{http_code}}\\n' --max-time 20 {attempt}; "
+        ));
+    }
+    let run = env.run(&contract, &script);
+    let stdout = run.stdout();
+    let codes: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        codes,
+        ["200", "403", "403", "403", "403", "403", "000", "200"],
+        "{}",
+        run.describe()
+    );
+    let mut reasons = denial_reasons(&run);
+    reasons.sort();
+    let mut expected = vec![
+        "egress.method_not_allowed",
+        "egress.path_not_allowed",
+        "egress.path_not_allowed",
+        "egress.path_not_allowed",
+        "egress.method_not_allowed",
+        "egress.tls_uninspectable",
+    ];
+    expected.sort();
+    assert_eq!(reasons, expected, "{}", run.describe());
+    let paths: Vec<String> = up
+        .requests()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/simple/x".to_string(),
+            format!("/simple/redirect?to={api}/admin"),
+            "/anything".to_string()
+        ],
+        "{}",
+        up.raw_log()
+    );
+    let run_id = run.result["run_id"].as_str().unwrap().to_string();
+    let (_, show, _) = env.airlock(&["runs", "show", &run_id, "--json"]);
+    for code in [
+        "egress.method_not_allowed",
+        "egress.path_not_allowed",
+        "egress.tls_uninspectable",
+    ] {
+        assert!(show.contains(code), "{code} not stored: {show}");
+    }
 }

@@ -121,6 +121,16 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
                 env: secret.env.clone(),
             })
             .collect(),
+        http_rules: contract
+            .network
+            .http_rules
+            .iter()
+            .map(|rule| HttpRulePlan {
+                host: rule.host.to_ascii_lowercase(),
+                methods: rule.methods.clone(),
+                path_prefixes: rule.path_prefixes.clone(),
+            })
+            .collect(),
         terminal: contract.terminal,
         layout: CellLayout::default(),
     };

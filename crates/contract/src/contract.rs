@@ -242,6 +242,24 @@ pub struct Network {
     /// `host`, `*.domain` or either with `:port`; only with `mode: allowlist`.
     #[serde(default)]
     pub allowed_domains: Vec<String>,
+    /// Per allowed domain, the methods and path prefixes plain-HTTP requests may use
+    /// (docs/credentials.md); a domain without a rule takes any request.
+    #[serde(default)]
+    pub http_rules: Vec<HttpRule>,
+}
+
+/// The requests one allowed domain accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpRule {
+    /// An `allowed_domains` host (`name` or `*.name`, without the port).
+    pub host: String,
+    /// Upper-case methods; empty: any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Path prefixes (starting with `/`); empty: any.
+    #[serde(default)]
+    pub path_prefixes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]

@@ -46,6 +46,9 @@ pub struct CellPlan {
     /// these variables (docs/credentials.md).
     #[serde(default)]
     pub secrets: Vec<SecretPlan>,
+    /// Per allowed domain, the methods and path prefixes its requests may use.
+    #[serde(default)]
+    pub http_rules: Vec<HttpRulePlan>,
     /// The payload runs on a pseudo-terminal allocated in the cell's devpts (its stdin,
     /// stdout, stderr and controlling terminal); the supervisor relays the master.
     /// Without it the payload has no controlling terminal at all.
@@ -269,6 +272,14 @@ pub struct CredentialPlan {
 pub struct SecretPlan {
     pub name: String,
     pub env: String,
+}
+
+/// The requests an allowed domain (`host`, a normalised allowlist pattern) accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HttpRulePlan {
+    pub host: String,
+    pub methods: Vec<String>,
+    pub path_prefixes: Vec<String>,
 }
 
 /// A plan as it travels between airlock's own processes (the engine to its cell factory):

@@ -91,6 +91,7 @@ pub(crate) fn check(contract: &Contract) -> Result<CheckedContract, Vec<FieldErr
     let (inputs, writable, output_allowlist) = check_filesystem(&contract.filesystem, &mut errors);
     let etc_files = crate::etc::check_etc_files(&contract.filesystem.etc_files, &mut errors);
     let destinations = check_network(&contract.network, &mut errors);
+    check_http_rules(&contract.network.http_rules, &destinations, &mut errors);
     check_resources(&contract.resources, &mut errors);
     check_env(&contract.env, &mut errors);
     check_credentials(&contract.credentials, &contract.env, &mut errors);
@@ -560,6 +561,37 @@ fn check_credentials(
                 format!("{field}.from_env"),
                 "must match [A-Za-z_][A-Za-z0-9_]*",
             );
+        }
+    }
+}
+
+/// HTTP rules: each for one allowed domain, once, with upper-case method tokens and
+/// path prefixes starting with `/`.
+fn check_http_rules(rules: &[HttpRule], destinations: &[DestinationRule], errors: &mut Errors) {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for (index, rule) in rules.iter().enumerate() {
+        let field = format!("network.http_rules[{index}]");
+        let host = rule.host.to_ascii_lowercase();
+        if !destinations.iter().any(|d| d.host_pattern == host) {
+            errors.push(
+                format!("{field}.host"),
+                "must be a host of network.allowed_domains (without its port)",
+            );
+        } else if let Some(first) = seen.insert(host, index) {
+            errors.push(
+                format!("{field}.host"),
+                format!("duplicates network.http_rules[{first}].host"),
+            );
+        }
+        let method_ok = |m: &String| !m.is_empty() && m.bytes().all(|b| b.is_ascii_uppercase());
+        if !rule.methods.iter().all(method_ok) {
+            errors.push(
+                format!("{field}.methods"),
+                "each must be an upper-case method name",
+            );
+        }
+        if !rule.path_prefixes.iter().all(|p| p.starts_with('/')) {
+            errors.push(format!("{field}.path_prefixes"), "each must start with `/`");
         }
     }
 }
@@ -1063,6 +1095,25 @@ mod tests {
             ]
         );
         assert_valid("env:\n  _X1: a\n  TOKEN: { value: s3cret, secret: true }\n");
+    }
+
+    #[test]
+    fn http_rules_are_checked() {
+        let network = "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:8080\", \"*.pypi.test\"]\n  http_rules:\n";
+        assert_eq!(
+            violations(&format!(
+                "{network}    - {{ host: other.test, methods: [GET] }}\n    - {{ host: API.test, methods: [get], path_prefixes: [v1] }}\n    - {{ host: api.test }}\n"
+            )),
+            [
+                "network.http_rules[0].host: must be a host of network.allowed_domains (without its port)",
+                "network.http_rules[1].methods: each must be an upper-case method name",
+                "network.http_rules[1].path_prefixes: each must start with `/`",
+                "network.http_rules[2].host: duplicates network.http_rules[1].host",
+            ]
+        );
+        assert_valid(&format!(
+            "{network}    - {{ host: '*.pypi.test', methods: [GET], path_prefixes: [/simple/] }}\n"
+        ));
     }
 
     #[test]

@@ -83,7 +83,7 @@ pub async fn handle(
         version,
         authority,
     };
-    let request = match check_and_rewrite(&target, &req.headers, &host, port, &shared.injections) {
+    let request = match check_and_rewrite(&target, &req.headers, &host, port, shared.run_policy()) {
         Ok(r) => r,
         Err(code) => {
             refuse_and_record(&shared, &mut client, attempt, code).await;
@@ -269,7 +269,7 @@ fn check_and_rewrite(
     headers: &[httparse::Header<'_>],
     host: &str,
     port: u16,
-    injections: &[crate::secrets::Injection],
+    (injections, http_rules): (&[crate::secrets::Injection], &[crate::l7::HttpRule]),
 ) -> Result<ForwardRequest, &'static str> {
     let RequestTarget {
         method,
@@ -281,13 +281,15 @@ fn check_and_rewrite(
     // Tokens listed in Connection are hop-by-hop too; naming framing or Host is refused.
     let extra_hop = request::connection_tokens(headers)?;
     let framing = request::framing(headers)?;
+    let canonical = crate::proxy::canonical_host(host);
+    crate::l7::check(http_rules, &canonical, method, path)?;
     let swapped = crate::secrets::apply(
         injections,
         &crate::secrets::Head {
             method,
             target: path,
             headers,
-            host: &crate::proxy::canonical_host(host),
+            host: &canonical,
         },
     )?;
 
@@ -438,7 +440,7 @@ mod tests {
             hdr("X-Secret", "1"),
             hdr("Accept", "*/*"),
         ];
-        let r = check_and_rewrite(&get("/p"), &headers, "api.test", 80, &[]).unwrap();
+        let r = check_and_rewrite(&get("/p"), &headers, "api.test", 80, (&[], &[])).unwrap();
         let text = String::from_utf8(r.head).unwrap();
         assert_eq!(
             text,
@@ -446,22 +448,22 @@ mod tests {
         );
         let bad = [hdr("Host", "other.test")];
         assert_eq!(
-            check_and_rewrite(&get("/"), &bad, "api.test", 80, &[]).err(),
+            check_and_rewrite(&get("/"), &bad, "api.test", 80, (&[], &[])).err(),
             Some(reason::HOST_MISMATCH)
         );
         let bad_port = [hdr("Host", "api.test:8080")];
         assert_eq!(
-            check_and_rewrite(&get("/"), &bad_port, "api.test", 80, &[]).err(),
+            check_and_rewrite(&get("/"), &bad_port, "api.test", 80, (&[], &[])).err(),
             Some(reason::HOST_MISMATCH)
         );
         let two = [hdr("Host", "api.test"), hdr("Host", "other.test")];
         assert_eq!(
-            check_and_rewrite(&get("/"), &two, "api.test", 80, &[]).err(),
+            check_and_rewrite(&get("/"), &two, "api.test", 80, (&[], &[])).err(),
             Some(reason::HOST_MISMATCH)
         );
         let none: [httparse::Header<'_>; 0] = [];
         assert_eq!(
-            check_and_rewrite(&get("/"), &none, "api.test", 80, &[]).err(),
+            check_and_rewrite(&get("/"), &none, "api.test", 80, (&[], &[])).err(),
             Some(reason::HOST_MISMATCH)
         );
         let smuggle = [
@@ -470,7 +472,7 @@ mod tests {
             hdr("Content-Length", "3"),
         ];
         assert_eq!(
-            check_and_rewrite(&get("/"), &smuggle, "api.test", 80, &[]).err(),
+            check_and_rewrite(&get("/"), &smuggle, "api.test", 80, (&[], &[])).err(),
             Some(reason::AMBIGUOUS_FRAMING)
         );
     }

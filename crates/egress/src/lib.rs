@@ -60,6 +60,7 @@ pub mod address;
 pub mod destination;
 pub mod dns;
 mod http;
+pub mod l7;
 mod proxy;
 pub mod reason;
 mod request;
@@ -234,7 +235,7 @@ pub fn start_proxy(
         dns: None,
         transparent: Vec::new(),
     };
-    proxy::start(config, rules, listeners, Vec::new())
+    proxy::start(config, rules, listeners, RunPolicy::default())
 }
 
 /// [`start_proxy`] with the transparent path too.
@@ -243,7 +244,7 @@ pub fn start_proxy_on(
     rules: Vec<DestinationRule>,
     listeners: ProxyListeners,
 ) -> Result<ProxyHandle, EgressError> {
-    proxy::start(config, rules, listeners, Vec::new())
+    proxy::start(config, rules, listeners, RunPolicy::default())
 }
 
 /// [`start_proxy_on`] for a run that uses injected secrets: the proxy swaps each
@@ -254,7 +255,33 @@ pub fn start_proxy_with_secrets(
     listeners: ProxyListeners,
     injections: Vec<secrets::Injection>,
 ) -> Result<ProxyHandle, EgressError> {
-    proxy::start(config, rules, listeners, injections)
+    proxy::start(
+        config,
+        rules,
+        listeners,
+        RunPolicy {
+            injections,
+            http_rules: Vec::new(),
+        },
+    )
+}
+
+/// What a run adds to its destinations' allowlist: injected secrets and per-domain HTTP
+/// rules.
+#[derive(Debug, Default, Clone)]
+pub struct RunPolicy {
+    pub injections: Vec<secrets::Injection>,
+    pub http_rules: Vec<l7::HttpRule>,
+}
+
+/// [`start_proxy_on`] with a run's secrets and HTTP rules.
+pub fn start_proxy_with_policy(
+    config: EgressConfig,
+    rules: Vec<DestinationRule>,
+    listeners: ProxyListeners,
+    policy: RunPolicy,
+) -> Result<ProxyHandle, EgressError> {
+    proxy::start(config, rules, listeners, policy)
 }
 
 /// Every socket the proxy serves, already bound (inside the cell's network namespace).

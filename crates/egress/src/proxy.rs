@@ -42,6 +42,8 @@ pub struct Shared {
     pub opaque_tunnels: Allowlist,
     /// The run's injected secrets (crate::secrets).
     pub injections: Vec<crate::secrets::Injection>,
+    /// The run's per-domain HTTP rules (crate::l7).
+    pub http_rules: Vec<crate::l7::HttpRule>,
     bytes_total: AtomicU64,
     active: AtomicU32,
     records: Mutex<Vec<ConnectionRecord>>,
@@ -202,6 +204,11 @@ pub fn canonical_host(raw: &str) -> String {
 }
 
 impl Shared {
+    /// The run's secrets and HTTP rules, as the request checks take them.
+    pub fn run_policy(&self) -> (&[crate::secrets::Injection], &[crate::l7::HttpRule]) {
+        (&self.injections, &self.http_rules)
+    }
+
     /// Whether the operator lets a tunnel to `raw_host:port` carry uninspected bytes.
     pub fn allows_opaque_tunnel(&self, raw_host: &str, port: u16) -> bool {
         match parse_host(raw_host) {
@@ -470,7 +477,7 @@ pub fn start(
     config: EgressConfig,
     rules: Vec<DestinationRule>,
     listeners: ProxyListeners,
-    injections: Vec<crate::secrets::Injection>,
+    policy: crate::RunPolicy,
 ) -> Result<ProxyHandle, EgressError> {
     let ProxyListeners {
         http: http_listener,
@@ -530,7 +537,8 @@ pub fn start(
             idle: Duration::from_millis(config.idle_timeout_ms.max(1)),
             connect_timeout: Duration::from_millis(config.connect_timeout_ms.max(1)),
             opaque_tunnels: Allowlist::new(&config.opaque_tunnels),
-            injections,
+            injections: policy.injections,
+            http_rules: policy.http_rules,
             bytes_total: AtomicU64::new(0),
             active: AtomicU32::new(0),
             records: Mutex::new(Vec::new()),

@@ -54,6 +54,9 @@ pub const METHOD_NOT_ALLOWED: &str = "egress.method_not_allowed";
 /// The request's path is not under a prefix its secret's (or destination's) rule allows,
 /// or could be read as another path (dot segments, encoded slashes or dots).
 pub const PATH_NOT_ALLOWED: &str = "egress.path_not_allowed";
+/// A TLS tunnel to a domain with an HTTP rule: the rule cannot be checked inside TLS
+/// (no interception yet), so the tunnel is refused rather than relayed unchecked.
+pub const TLS_UNINSPECTABLE: &str = "egress.tls_uninspectable";
 
 /// Every reason code, for documentation and exhaustiveness tests.
 pub const ALL: &[&str] = &[
@@ -73,4 +76,5 @@ pub const ALL: &[&str] = &[
     SECRET_UNKNOWN,
     METHOD_NOT_ALLOWED,
     PATH_NOT_ALLOWED,
+    TLS_UNINSPECTABLE,
 ];

@@ -245,7 +245,7 @@ pub fn tunnel_request(
     request: &RequestHead<'_>,
     host: &str,
     port: u16,
-    injections: &[crate::secrets::Injection],
+    (injections, http_rules): (&[crate::secrets::Injection], &[crate::l7::HttpRule]),
 ) -> Result<ForwardRequest, &'static str> {
     if request.method.eq_ignore_ascii_case("CONNECT") {
         return Err(reason::BAD_REQUEST);
@@ -254,13 +254,15 @@ pub fn tunnel_request(
     let has_host = check_host(&request.headers, request.version, host, port)?;
     connection_tokens(&request.headers)?;
     let framing = framing(&request.headers)?;
+    let canonical = canonical_host(host);
+    crate::l7::check(http_rules, &canonical, request.method, request.target)?;
     let swapped = crate::secrets::apply(
         injections,
         &crate::secrets::Head {
             method: request.method,
             target: request.target,
             headers: &request.headers,
-            host: &canonical_host(host),
+            host: &canonical,
         },
     )?;
 
@@ -486,7 +488,8 @@ mod tests {
 
     fn tunnel(head: &str) -> Result<String, &'static str> {
         let parsed = parse(head.as_bytes())?;
-        tunnel_request(&parsed, "api.test", 8080, &[]).map(|r| String::from_utf8(r.head).unwrap())
+        tunnel_request(&parsed, "api.test", 8080, (&[], &[]))
+            .map(|r| String::from_utf8(r.head).unwrap())
     }
 
     #[test]
@@ -500,7 +503,7 @@ mod tests {
             Ok("GET /x HTTP/1.0\r\nHost: api.test:8080\r\n\r\n".into())
         );
         let v6 = parse(b"GET / HTTP/1.0\r\n\r\n").unwrap();
-        let head = tunnel_request(&v6, "::1", 80, &[]).unwrap().head;
+        let head = tunnel_request(&v6, "::1", 80, (&[], &[])).unwrap().head;
         assert_eq!(head, b"GET / HTTP/1.0\r\nHost: [::1]\r\n\r\n");
         let refused = [
             (

@@ -108,7 +108,8 @@ pub async fn relay_tunnel(
             | reason::SECRET_WRONG_DESTINATION
             | reason::SECRET_UNKNOWN
             | reason::METHOD_NOT_ALLOWED
-            | reason::PATH_NOT_ALLOWED,
+            | reason::PATH_NOT_ALLOWED
+            | reason::TLS_UNINSPECTABLE,
         ) => Decision::Denied,
         _ => Decision::Allowed,
     };
@@ -158,6 +159,11 @@ pub async fn pump(
                     }
                     Ok(Some((Flight::Other, _))) if !opaque => {
                         DirEnd::Deny(reason::PLAINTEXT_TUNNEL)
+                    }
+                    Ok(Some((Flight::Tls, _)))
+                        if crate::l7::rule_for(&shared.http_rules, host).is_some() =>
+                    {
+                        DirEnd::Deny(reason::TLS_UNINSPECTABLE)
                     }
                     Ok(Some((Flight::Tls | Flight::Other, prefix))) => {
                         copy(
@@ -326,7 +332,7 @@ where
         };
         let checked = request::parse(&pending[..end]).and_then(|head| {
             let continues = expects_continue(&head.headers);
-            request::tunnel_request(&head, host, port, &shared.injections).map(|r| (r, continues))
+            request::tunnel_request(&head, host, port, shared.run_policy()).map(|r| (r, continues))
         });
         let (forward_request, continues) = match checked {
             Ok(r) => r,

@@ -6,8 +6,8 @@ use airlock_contract::CellPlan;
 use airlock_egress::address::{classify, AddressClass};
 use airlock_egress::secrets::{Injection, SecretError};
 use airlock_egress::{
-    start_proxy_with_secrets, ConnectionRecord, Decision, DestinationRule, EgressConfig,
-    ProxyHandle, ProxyListeners, TransparentListener,
+    start_proxy_with_policy, ConnectionRecord, Decision, DestinationRule, EgressConfig,
+    ProxyHandle, ProxyListeners, RunPolicy, TransparentListener,
 };
 
 /// A run's injected secrets (docs/credentials.md): for each secret of the plan the
@@ -60,7 +60,7 @@ pub fn split_prepared(
 pub struct ProxySession {
     config: EgressConfig,
     rules: Vec<DestinationRule>,
-    injections: Vec<Injection>,
+    policy: RunPolicy,
     handle: Option<ProxyHandle>,
     pub records: Vec<ConnectionRecord>,
 }
@@ -69,8 +69,17 @@ impl ProxySession {
     pub fn new(
         config: EgressConfig,
         destinations: &[airlock_contract::DestinationRule],
+        http_rules: &[airlock_contract::HttpRulePlan],
         injections: Vec<Injection>,
     ) -> ProxySession {
+        let http_rules = http_rules
+            .iter()
+            .map(|r| airlock_egress::l7::HttpRule {
+                host_pattern: r.host.clone(),
+                methods: r.methods.clone(),
+                path_prefixes: r.path_prefixes.clone(),
+            })
+            .collect();
         let rules = destinations
             .iter()
             .map(|d| DestinationRule {
@@ -81,7 +90,10 @@ impl ProxySession {
         ProxySession {
             config,
             rules,
-            injections,
+            policy: RunPolicy {
+                injections,
+                http_rules,
+            },
             handle: None,
             records: Vec::new(),
         }
@@ -105,12 +117,12 @@ impl EgressSession for ProxySession {
             transparent,
         };
         // The proxy holds the values; this session forgets them once it is started.
-        let injections = std::mem::take(&mut self.injections);
-        let handle = start_proxy_with_secrets(
+        let policy = std::mem::take(&mut self.policy);
+        let handle = start_proxy_with_policy(
             self.config.clone(),
             self.rules.clone(),
             listeners,
-            injections,
+            policy,
         )
         .map_err(|e| e.to_string())?;
         self.handle = Some(handle);

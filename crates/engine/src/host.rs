@@ -43,9 +43,12 @@ pub fn serve(
 ) {
     let plan = request.plan.into_plan();
     let mut proxy = match &plan.network {
-        NetworkPlan::Allowlist { destinations } => {
-            Some(ProxySession::new(egress, destinations, request.secrets))
-        }
+        NetworkPlan::Allowlist { destinations } => Some(ProxySession::new(
+            egress,
+            destinations,
+            &plan.http_rules,
+            request.secrets,
+        )),
         NetworkPlan::Deny => None,
     };
     let mode = match request.mode {

@@ -309,6 +309,7 @@ impl Engine {
             NetworkPlan::Allowlist { destinations } => Some(ProxySession::new(
                 self.config.egress.clone(),
                 destinations,
+                &plan.http_rules,
                 injections,
             )),
             NetworkPlan::Deny => None,

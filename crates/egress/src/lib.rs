@@ -59,6 +59,8 @@
 pub mod address;
 pub mod destination;
 pub mod dns;
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 pub mod l7;
 mod proxy;

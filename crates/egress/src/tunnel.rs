@@ -597,6 +597,11 @@ pub enum BodyFraming {
 }
 
 impl BodyFraming {
+    /// [`BodyFraming::feed`], for crate::fuzzing.
+    pub(crate) fn feed_for_fuzzing(&mut self, bytes: &[u8]) -> Result<usize, ()> {
+        self.feed(bytes)
+    }
+
     /// How many of `bytes` belong to the body (stops at its end).
     fn feed(&mut self, bytes: &[u8]) -> Result<usize, ()> {
         match self {

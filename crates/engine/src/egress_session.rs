@@ -118,13 +118,9 @@ impl EgressSession for ProxySession {
         };
         // The proxy holds the values; this session forgets them once it is started.
         let policy = std::mem::take(&mut self.policy);
-        let handle = start_proxy_with_policy(
-            self.config.clone(),
-            self.rules.clone(),
-            listeners,
-            policy,
-        )
-        .map_err(|e| e.to_string())?;
+        let handle =
+            start_proxy_with_policy(self.config.clone(), self.rules.clone(), listeners, policy)
+                .map_err(|e| e.to_string())?;
         self.handle = Some(handle);
         Ok(())
     }

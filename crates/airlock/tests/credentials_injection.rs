@@ -623,3 +623,90 @@ fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() 
         assert!(show.contains(code), "{code} not stored: {show}");
     }
 }
+
+/// A token provider (a shell script of the test) issuing `tok-<ttl>-<nanos>` and logging
+/// each revocation.
+fn provider_env(expires_at_unix: &str) -> (Env, PathBuf) {
+    let env = Env::new(
+        "hosts = [\"api.test\"]\nplacement = { header = { name = \"Authorization\", format = \"Bearer {}\" } }",
+    );
+    let dir = env.dir.path().join("provider");
+    std::fs::create_dir_all(&dir).unwrap();
+    let revoked = dir.join("revoked.log");
+    let issue = dir.join("issue.sh");
+    std::fs::write(
+        &issue,
+        format!(
+            "#!/bin/sh\necho \"{{\\\"token\\\": \\\"tok-$AIRLOCK_TOKEN_TTL_SECONDS-$(date +%N)\\\", \\\"expires_at_unix\\\": {expires_at_unix}}}\"\n"
+        ),
+    )
+    .unwrap();
+    let revoke = dir.join("revoke.sh");
+    std::fs::write(
+        &revoke,
+        format!("#!/bin/sh\ncat >> {0}\necho >> {0}\n", revoked.display()),
+    )
+    .unwrap();
+    for script in [&issue, &revoke] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let config = std::fs::read_to_string(&env.config).unwrap().replace(
+        &format!("source = {{ file = \"{}\" }}", env.value_file.display()),
+        &format!(
+            "source = {{ provider = {{ command = [\"{}\"], revoke = [\"{}\"] }} }}",
+            issue.display(),
+            revoke.display()
+        ),
+    );
+    std::fs::write(&env.config, config).unwrap();
+    (env, revoked)
+}
+
+#[test]
+fn a_provider_token_fits_the_deadline_reaches_only_the_upstream_and_is_revoked_at_the_end() {
+    require_cells!();
+    let (env, revoked) = provider_env("99999999999");
+    let up = Upstream::start(env.dir.path());
+    let port = up.port;
+    let contract = format!(
+        "{}resources:\n  wall_time_seconds: 30\n",
+        contract(port)
+    );
+    let script = format!(
+        "echo \"$API_TOKEN\"; curl -s -o /dev/null -w '%{{http_code}}\\n' --max-time 20 -X POST \
+           -H \"Authorization: Bearer $API_TOKEN\" http://api.test:{port}/v1/x"
+    );
+    let run = env.run(&contract, &script);
+    assert_eq!(run.status(), "ok", "{}", run.describe());
+    assert!(run.stdout().ends_with("200\n"), "{}", run.describe());
+    assert!(!run.stdout().contains("tok-"), "the cell saw the token: {}", run.describe());
+    // The provider was asked for the deadline plus a minute.
+    let sent = up.raw_log();
+    let token_start = sent.find("Bearer tok-90-").expect("the upstream got the token");
+    let token: String = sent[token_start + "Bearer ".len()..]
+        .chars()
+        .take_while(|c| *c != '"')
+        .collect();
+    assert_eq!(
+        std::fs::read_to_string(&revoked).unwrap().trim(),
+        token,
+        "the token was revoked when the run ended"
+    );
+    for text in [env.store_bytes(), env.export()] {
+        assert!(!text.contains(&token), "the token was stored");
+    }
+}
+
+#[test]
+fn a_provider_token_that_would_expire_before_the_deadline_refuses_the_run() {
+    require_cells!();
+    let (env, revoked) = provider_env("1");
+    let run = env.run(&contract(80), "echo ran");
+    assert_eq!(run.status(), "policy_denied", "{}", run.describe());
+    assert!(!run.stdout().contains("ran"), "{}", run.describe());
+    let error = run.result["error"].as_str().unwrap_or("");
+    assert!(error.contains("before the run's deadline"), "{error}");
+    assert!(!error.contains("tok-"), "{error}");
+    assert!(!revoked.exists(), "nothing was issued for the run to revoke");
+}

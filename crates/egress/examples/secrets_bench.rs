@@ -86,6 +86,7 @@ fn main() {
         },
         methods: vec!["POST".into()],
         path_prefixes: vec!["/v1/".into()],
+        revoke: vec![],
     };
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let listeners = ProxyListeners {

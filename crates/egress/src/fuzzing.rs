@@ -20,6 +20,7 @@ fn injection() -> Injection {
         },
         methods: vec!["POST".into()],
         path_prefixes: vec!["/v1/".into()],
+        revoke: Vec::new(),
     }
 }
 

@@ -13,6 +13,7 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -61,6 +62,17 @@ pub enum SecretSource {
     /// A command run by the trusted side (argv, no shell); its stdout, trailing line
     /// endings removed, is the value. A non-zero exit is an error.
     Command(Vec<String>),
+    /// A short-lived token: `command` runs at each run's start with
+    /// `AIRLOCK_TOKEN_TTL_SECONDS` (the run's deadline, rounded up, plus 60 s) and
+    /// `AIRLOCK_SECRET_NAME` in its environment and prints
+    /// `{"token": "...", "expires_at_unix": N}`; a token that expires before the run's
+    /// deadline refuses the run. `revoke`, when set, runs when the run (or session) ends,
+    /// the token on its stdin.
+    Provider {
+        command: Vec<String>,
+        #[serde(default)]
+        revoke: Vec<String>,
+    },
 }
 
 /// Where the proxy puts the value.
@@ -92,6 +104,9 @@ pub struct Injection {
     pub placement: Placement,
     pub methods: Vec<String>,
     pub path_prefixes: Vec<String>,
+    /// The provider's revoke command (empty: nothing to revoke).
+    #[serde(default)]
+    pub revoke: Vec<String>,
 }
 
 impl fmt::Debug for Injection {
@@ -149,13 +164,15 @@ impl SecretDefinition {
         Ok(())
     }
 
-    /// Reads the value and makes a fresh placeholder: the run's [`Injection`].
-    pub fn prepare(&self, name: &str) -> Result<Injection, SecretError> {
+    /// Reads the value and makes a fresh placeholder: the run's [`Injection`]. `lifetime`
+    /// is how long the run may last (a provider's token must outlive it).
+    pub fn prepare(&self, name: &str, lifetime: Duration) -> Result<Injection, SecretError> {
         self.check(name)?;
-        let value = read_source(&self.source).map_err(|why| SecretError::Source {
-            name: name.to_string(),
-            why,
-        })?;
+        let value =
+            read_source(&self.source, name, lifetime).map_err(|why| SecretError::Source {
+                name: name.to_string(),
+                why,
+            })?;
         if value.is_empty() || value.bytes().any(|b| b.is_ascii_control()) {
             return Err(SecretError::Source {
                 name: name.to_string(),
@@ -173,8 +190,81 @@ impl SecretDefinition {
             placement: self.placement.clone(),
             methods: self.methods.clone(),
             path_prefixes: self.path_prefixes.clone(),
+            revoke: match &self.source {
+                SecretSource::Provider { revoke, .. } => revoke.clone(),
+                _ => Vec::new(),
+            },
         })
     }
+}
+
+impl Injection {
+    /// Runs the provider's revoke command, the token on its stdin. The error names the
+    /// secret and the command, never the token.
+    pub fn revoke(&self) -> Result<(), String> {
+        let Some((program, args)) = self.revoke.split_first() else {
+            return Ok(());
+        };
+        let failed = |why: String| format!("revoking secret {:?}: {program}: {why}", self.name);
+        let mut child = Command::new(program)
+            .args(args)
+            .env("AIRLOCK_SECRET_NAME", &self.name)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| failed(e.kind().to_string()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write;
+            let _ = stdin.write_all(self.value.as_bytes());
+        }
+        let status = child.wait().map_err(|e| failed(e.kind().to_string()))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(failed(format!("exited with {status}")))
+        }
+    }
+}
+
+/// The TTL a provider is asked for: the run's lifetime rounded up, plus a minute for
+/// the run's start and completion.
+pub fn token_ttl(lifetime: Duration) -> u64 {
+    lifetime.as_secs() + u64::from(lifetime.subsec_nanos() > 0) + 60
+}
+
+/// A provider's answer.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IssuedToken {
+    token: String,
+    expires_at_unix: u64,
+}
+
+fn ask_provider(argv: &[String], name: &str, lifetime: Duration) -> Result<String, String> {
+    let ttl = token_ttl(lifetime);
+    let output = run_command(
+        argv,
+        &[
+            ("AIRLOCK_TOKEN_TTL_SECONDS", &ttl.to_string()),
+            ("AIRLOCK_SECRET_NAME", name),
+        ],
+    )?;
+    let issued: IssuedToken = serde_json::from_str(&output).map_err(|_| {
+        "the provider printed no {\"token\", \"expires_at_unix\"} object".to_string()
+    })?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let deadline = now + lifetime.as_secs() + u64::from(lifetime.subsec_nanos() > 0);
+    if issued.expires_at_unix < deadline {
+        return Err(format!(
+            "the provider's token expires at {} (unix), before the run's deadline {deadline}",
+            issued.expires_at_unix
+        ));
+    }
+    Ok(issued.token)
 }
 
 fn valid_host_pattern(pattern: &str) -> bool {
@@ -185,14 +275,15 @@ fn valid_host_pattern(pattern: &str) -> bool {
     )
 }
 
-fn read_source(source: &SecretSource) -> Result<String, String> {
+fn read_source(source: &SecretSource, name: &str, lifetime: Duration) -> Result<String, String> {
     let raw = match source {
+        SecretSource::Provider { command, .. } => ask_provider(command, name, lifetime)?,
         SecretSource::Env(var) => {
             std::env::var(var).map_err(|_| format!("environment variable {var} is not set"))?
         }
         SecretSource::File(path) => std::fs::read_to_string(path)
             .map_err(|e| format!("reading {}: {}", path.display(), e.kind()))?,
-        SecretSource::Command(argv) => run_source_command(argv)?,
+        SecretSource::Command(argv) => run_command(argv, &[])?,
     };
     if raw.len() > MAX_SECRET_BYTES {
         return Err(format!("the value is longer than {MAX_SECRET_BYTES} bytes"));
@@ -202,10 +293,11 @@ fn read_source(source: &SecretSource) -> Result<String, String> {
 
 /// Runs an operator command and returns its stdout (its stderr goes to airlock's, which
 /// the operator reads; the value never does).
-pub fn run_source_command(argv: &[String]) -> Result<String, String> {
+fn run_command(argv: &[String], env: &[(&str, &str)]) -> Result<String, String> {
     let (program, args) = argv.split_first().ok_or("the command is empty")?;
     let output = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
@@ -517,6 +609,7 @@ mod tests {
             placement,
             methods: vec!["POST".into()],
             path_prefixes: vec!["/v1/".into()],
+            revoke: vec![],
         }
     }
 
@@ -730,8 +823,8 @@ mod tests {
             methods: vec![],
             path_prefixes: vec![],
         };
-        let a = def.prepare("a").unwrap();
-        let b = def.prepare("a").unwrap();
+        let a = def.prepare("a", Duration::from_secs(5)).unwrap();
+        let b = def.prepare("a", Duration::from_secs(5)).unwrap();
         assert_eq!(a.value, "from-file");
         assert_ne!(a.placeholder, b.placeholder);
         assert_eq!(a.placeholder.len(), PLACEHOLDER_LEN);
@@ -744,13 +837,48 @@ mod tests {
             ]),
             ..def.clone()
         };
-        assert_eq!(cmd.prepare("a").unwrap().value, "fromcmd");
+        assert_eq!(
+            cmd.prepare("a", Duration::from_secs(5)).unwrap().value,
+            "fromcmd"
+        );
         let failing = SecretDefinition {
             source: SecretSource::Command(vec!["/bin/false".into()]),
             ..def
         };
-        assert!(failing.prepare("a").is_err());
+        assert!(failing.prepare("a", Duration::from_secs(5)).is_err());
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_provider_token_must_outlive_the_run_and_is_revoked_with_it() {
+        let dir = tempfile_dir().join("provider");
+        std::fs::create_dir_all(&dir).unwrap();
+        let revoked = dir.join("revoked");
+        let sh = |script: String| vec!["/bin/sh".to_string(), "-c".to_string(), script];
+        let provider = |expires: &str| {
+            SecretDefinition {
+            source: SecretSource::Provider {
+                command: sh(format!(
+                    "echo \"{{\\\"token\\\": \\\"tok-$AIRLOCK_TOKEN_TTL_SECONDS\\\", \\\"expires_at_unix\\\": {expires}}}\""
+                )),
+                revoke: sh(format!("cat > {}", revoked.display())),
+            },
+            hosts: vec!["api.test".into()],
+            placement: Placement::Query { name: "k".into() },
+            methods: vec![],
+            path_prefixes: vec![],
+        }
+        };
+        let far = "99999999999";
+        let injection = provider(far)
+            .prepare("p", Duration::from_millis(1500))
+            .unwrap();
+        assert_eq!(injection.value, "tok-62");
+        injection.revoke().unwrap();
+        assert_eq!(std::fs::read_to_string(&revoked).unwrap(), "tok-62");
+        let short = provider("1").prepare("p", Duration::from_secs(30));
+        let err = short.unwrap_err().to_string();
+        assert!(err.contains("before the run's deadline"), "{err}");
     }
 
     fn tempfile_dir() -> PathBuf {

@@ -23,6 +23,7 @@ fn injection() -> Injection {
         },
         methods: vec![],
         path_prefixes: vec![],
+        revoke: vec![],
     }
 }
 

@@ -15,6 +15,7 @@ use airlock_egress::{
 pub fn prepare_secrets(
     config: &EgressConfig,
     plan: &CellPlan,
+    lifetime: std::time::Duration,
 ) -> Result<Vec<PreparedSecret>, SecretError> {
     plan.secrets
         .iter()
@@ -28,7 +29,7 @@ pub fn prepare_secrets(
                     })?;
             Ok(PreparedSecret {
                 env: secret.env.clone(),
-                injection: definition.prepare(&secret.name)?,
+                injection: definition.prepare(&secret.name, lifetime)?,
             })
         })
         .collect()
@@ -55,6 +56,21 @@ pub fn split_prepared(
         .collect();
     let injections = prepared.into_iter().map(|p| p.injection).collect();
     (env, hidden, injections)
+}
+
+/// Revokes a run's provider tokens when dropped: at the end of the run or session, on
+/// every path out (a failed start included). A failure is reported on stderr (the token
+/// still expires on its own); it never carries the token.
+pub struct TokenRevoker(pub Vec<Injection>);
+
+impl Drop for TokenRevoker {
+    fn drop(&mut self) {
+        for injection in &self.0 {
+            if let Err(err) = injection.revoke() {
+                eprintln!("airlock: {err}");
+            }
+        }
+    }
 }
 
 pub struct ProxySession {

@@ -176,6 +176,7 @@ impl Engine {
             unhashed_inputs: Some(inputs::readonly_inputs(&plan)),
             input_contents: None,
         };
+        let _revoker = crate::egress_session::TokenRevoker(prepared.injections.clone());
         let mut proxy = self.proxy_for(&plan, prepared.injections);
         let report = airlock_cell::run_cell(
             &plan,
@@ -242,8 +243,9 @@ impl Engine {
         request: &RunRequest,
     ) -> Result<(PreparedRun, Vec<(String, String)>), Box<RecordedRefusal>> {
         let plan = &request.plan;
-        let ready =
-            crate::egress_session::prepare_secrets(&self.config.egress, plan).map_err(|err| {
+        let lifetime = std::time::Duration::from_millis(plan.limits.wall_time_ms);
+        let ready = crate::egress_session::prepare_secrets(&self.config.egress, plan, lifetime)
+            .map_err(|err| {
                 Box::new(self.refuse(Refusal {
                     argv: &plan.argv,
                     workload_class: &request.workload_class,

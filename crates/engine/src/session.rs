@@ -113,6 +113,9 @@ pub struct Session {
     next_id: AtomicU64,
     plan: CellPlan,
     workload_class: String,
+    /// Revokes the session's provider tokens; dropped after `Drop for Session` destroyed
+    /// the cell.
+    _revoker: crate::egress_session::TokenRevoker,
 }
 
 impl Engine {
@@ -126,13 +129,16 @@ impl Engine {
             idle_timeout,
             max_lifetime,
         } = request;
-        let ready = crate::egress_session::prepare_secrets(&self.config.egress, &plan)
-            .map_err(|err| EngineError::SessionFailed(err.to_string()))?;
+        let ready =
+            crate::egress_session::prepare_secrets(&self.config.egress, &plan, max_lifetime)
+                .map_err(|err| EngineError::SessionFailed(err.to_string()))?;
         let (placeholders, hidden, injections) = crate::egress_session::split_prepared(ready);
         let mut credentials = credentials;
         credentials.extend(placeholders);
         let mut secrets = record::secrets_of(&plan, &credentials);
         secrets.extend(hidden);
+        // Revokes the provider tokens when the session ends (or fails to open).
+        let revoker = crate::egress_session::TokenRevoker(injections.clone());
         let host = self.spawn_host(HostRequest {
             plan: PlanTransfer::of(&plan),
             credentials,
@@ -187,6 +193,7 @@ impl Engine {
             next_id: AtomicU64::new(1),
             plan,
             workload_class,
+            _revoker: revoker,
         })
     }
 }

@@ -669,10 +669,7 @@ fn a_provider_token_fits_the_deadline_reaches_only_the_upstream_and_is_revoked_a
     let (env, revoked) = provider_env("99999999999");
     let up = Upstream::start(env.dir.path());
     let port = up.port;
-    let contract = format!(
-        "{}resources:\n  wall_time_seconds: 30\n",
-        contract(port)
-    );
+    let contract = format!("{}resources:\n  wall_time_seconds: 30\n", contract(port));
     let script = format!(
         "echo \"$API_TOKEN\"; curl -s -o /dev/null -w '%{{http_code}}\\n' --max-time 20 -X POST \
            -H \"Authorization: Bearer $API_TOKEN\" http://api.test:{port}/v1/x"
@@ -680,10 +677,16 @@ fn a_provider_token_fits_the_deadline_reaches_only_the_upstream_and_is_revoked_a
     let run = env.run(&contract, &script);
     assert_eq!(run.status(), "ok", "{}", run.describe());
     assert!(run.stdout().ends_with("200\n"), "{}", run.describe());
-    assert!(!run.stdout().contains("tok-"), "the cell saw the token: {}", run.describe());
+    assert!(
+        !run.stdout().contains("tok-"),
+        "the cell saw the token: {}",
+        run.describe()
+    );
     // The provider was asked for the deadline plus a minute.
     let sent = up.raw_log();
-    let token_start = sent.find("Bearer tok-90-").expect("the upstream got the token");
+    let token_start = sent
+        .find("Bearer tok-90-")
+        .expect("the upstream got the token");
     let token: String = sent[token_start + "Bearer ".len()..]
         .chars()
         .take_while(|c| *c != '"')
@@ -708,5 +711,8 @@ fn a_provider_token_that_would_expire_before_the_deadline_refuses_the_run() {
     let error = run.result["error"].as_str().unwrap_or("");
     assert!(error.contains("before the run's deadline"), "{error}");
     assert!(!error.contains("tok-"), "{error}");
-    assert!(!revoked.exists(), "nothing was issued for the run to revoke");
+    assert!(
+        !revoked.exists(),
+        "nothing was issued for the run to revoke"
+    );
 }

@@ -99,9 +99,8 @@ pub fn secret_headers(bytes: &[u8]) {
     }
     assert!(!secrets::contains_marker(secrets::mask(&text).as_bytes()));
     let mut scanner = secrets::StreamScanner::default();
-    let found = bytes
-        .chunks(7)
-        .fold(false, |found, chunk| scanner.feed(chunk) || found);
+    // Stops at the first chunk that completes the marker: the answer is known then.
+    let found = bytes.chunks(7).any(|chunk| scanner.feed(chunk));
     assert_eq!(found, secrets::contains_marker(bytes));
 }
 

@@ -11,28 +11,36 @@ use airlock_egress::{
 };
 
 /// A run's injected secrets (docs/credentials.md): for each secret of the plan the
-/// operator's definition, its value read now and a fresh placeholder.
+/// operator's definition, its value read now and a fresh placeholder. When one fails,
+/// the provider tokens already issued for the others are revoked at once.
 pub fn prepare_secrets(
     config: &EgressConfig,
     plan: &CellPlan,
     lifetime: std::time::Duration,
 ) -> Result<Vec<PreparedSecret>, SecretError> {
-    plan.secrets
-        .iter()
-        .map(|secret| {
-            let definition =
-                config
-                    .secrets
-                    .get(&secret.name)
-                    .ok_or_else(|| SecretError::Undefined {
-                        name: secret.name.clone(),
-                    })?;
-            Ok(PreparedSecret {
-                env: secret.env.clone(),
-                injection: definition.prepare(&secret.name, lifetime)?,
+    let mut ready = Vec::with_capacity(plan.secrets.len());
+    for secret in &plan.secrets {
+        let prepared = config
+            .secrets
+            .get(&secret.name)
+            .ok_or_else(|| SecretError::Undefined {
+                name: secret.name.clone(),
             })
-        })
-        .collect()
+            .and_then(|definition| definition.prepare(&secret.name, lifetime));
+        match prepared {
+            Ok(injection) => ready.push(PreparedSecret {
+                env: secret.env.clone(),
+                injection,
+            }),
+            Err(err) => {
+                drop(TokenRevoker(
+                    ready.into_iter().map(|p| p.injection).collect(),
+                ));
+                return Err(err);
+            }
+        }
+    }
+    Ok(ready)
 }
 
 /// One secret ready for a run: the cell variable that gets its placeholder.

@@ -813,7 +813,7 @@ mod tests {
 
     #[test]
     fn prepared_values_come_from_the_source_and_placeholders_are_fresh() {
-        let dir = tempfile_dir();
+        let dir = tempfile_dir("sources");
         let file = dir.join("token");
         std::fs::write(&file, "from-file\n").unwrap();
         let def = SecretDefinition {
@@ -851,7 +851,7 @@ mod tests {
 
     #[test]
     fn a_provider_token_must_outlive_the_run_and_is_revoked_with_it() {
-        let dir = tempfile_dir().join("provider");
+        let dir = tempfile_dir("provider");
         std::fs::create_dir_all(&dir).unwrap();
         let revoked = dir.join("revoked");
         let sh = |script: String| vec!["/bin/sh".to_string(), "-c".to_string(), script];
@@ -879,10 +879,13 @@ mod tests {
         let short = provider("1").prepare("p", Duration::from_secs(30));
         let err = short.unwrap_err().to_string();
         assert!(err.contains("before the run's deadline"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
-    fn tempfile_dir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("airlock-secrets-{}", std::process::id()));
+    /// A directory of one test's own (tests run in parallel in one process).
+    fn tempfile_dir(test: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("airlock-secrets-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }

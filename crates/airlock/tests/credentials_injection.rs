@@ -721,11 +721,9 @@ fn a_provider_token_that_would_expire_before_the_deadline_refuses_the_run() {
 fn a_run_refused_after_its_token_was_issued_revokes_the_token() {
     require_cells!();
     let (env, revoked) = provider_env("99999999999");
-    let contract = format!(
-        "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:80\"]\n\
-         secrets:\n  - {{ name: api, env: API_TOKEN }}\n  - {{ name: nobody, env: OTHER }}\n"
-    );
-    let run = env.run(&contract, "echo ran");
+    let contract = "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:80\"]\n\
+         secrets:\n  - { name: api, env: API_TOKEN }\n  - { name: nobody, env: OTHER }\n";
+    let run = env.run(contract, "echo ran");
     assert_eq!(run.status(), "policy_denied", "{}", run.describe());
     let log = std::fs::read_to_string(&revoked).unwrap_or_default();
     assert!(

@@ -108,6 +108,11 @@ echo "== supervisor memory"
 echo "== egress proxy (loopback)"
 cargo run -q --release -p airlock-egress --example egress_bench
 
+echo "== secret injection (plain HTTP through the proxy, with and without a swapped placeholder)"
+# TLS interception is not built yet (docs/credentials.md): this measures what injection
+# adds to a forwarded plain-HTTP request, one connection per request, interleaved.
+cargo run -q --release -p airlock-egress --example secrets_bench
+
 echo "== engine (one process, cells through the cell factory)"
 # Claim-to-exec and request-to-exit of /bin/true from a warm pool, one claim at a time,
 # then ENGINE_THREADS threads driving runs for ENGINE_SECONDS; the same number of bwrap

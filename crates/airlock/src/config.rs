@@ -23,6 +23,9 @@ pub struct OperatorConfig {
     pub tools: airlock_agent::ToolsConfig,
     /// `airlock serve`: listeners, tenants, quotas, named contracts, pools (docs/api.md).
     pub server: airlock_server::ServerConfig,
+    /// Secrets the egress proxy injects (`[secrets.NAME]`, docs/credentials.md): a
+    /// contract names them, the cell only ever holds a per-run placeholder.
+    pub secrets: std::collections::BTreeMap<String, airlock_egress::secrets::SecretDefinition>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -256,6 +259,9 @@ impl OperatorConfig {
         }
         self.policy.check()?;
         self.server.check().map_err(|e| anyhow::anyhow!(e))?;
+        for (name, secret) in &self.secrets {
+            secret.check(name)?;
+        }
         if let Some(dir) = &self.store.state_dir {
             if !dir.is_absolute() {
                 bail!(
@@ -270,6 +276,13 @@ impl OperatorConfig {
     /// The range cells' host ids come from; [`OperatorConfig::check`] passed.
     pub fn host_id_range(&self) -> anyhow::Result<HostIdRange> {
         Ok(HostIdRange::new(self.host_ids.base, self.host_ids.count)?)
+    }
+
+    /// The egress configuration the engine gets: `[egress]` with the operator's secrets.
+    pub fn engine_egress(&self) -> airlock_egress::EgressConfig {
+        let mut egress = self.egress.clone();
+        egress.secrets = self.secrets.clone();
+        egress
     }
 
     /// `--state-dir`, else the config's, else the documented default.

@@ -277,7 +277,7 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
     };
     let mut engine_config = EngineConfig::new(
         config.state_dir(args.state_dir.as_deref()),
-        config.egress.clone(),
+        config.engine_egress(),
     );
     engine_config.host_ids = host_ids;
     let engine = Engine::new(engine_config);

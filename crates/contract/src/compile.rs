@@ -113,6 +113,24 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
                 from_env: credential.from_env.clone(),
             })
             .collect(),
+        secrets: contract
+            .secrets
+            .iter()
+            .map(|secret| SecretPlan {
+                name: secret.name.clone(),
+                env: secret.env.clone(),
+            })
+            .collect(),
+        http_rules: contract
+            .network
+            .http_rules
+            .iter()
+            .map(|rule| HttpRulePlan {
+                host: rule.host.to_ascii_lowercase(),
+                methods: rule.methods.clone(),
+                path_prefixes: rule.path_prefixes.clone(),
+            })
+            .collect(),
         terminal: contract.terminal,
         layout: CellLayout::default(),
     };

@@ -75,6 +75,10 @@ pub struct Contract {
     /// Credentials the supervisor injects into the cell's environment at start.
     #[serde(default)]
     pub credentials: Vec<Credential>,
+    /// Operator-defined secrets (`[secrets.NAME]` of the operator's configuration) the run
+    /// may use through the egress proxy: the cell gets only a per-run placeholder.
+    #[serde(default)]
+    pub secrets: Vec<SecretUse>,
     #[serde(default)]
     pub cleanup: Cleanup,
     /// Extra environment of the payload: `NAME: value` or `NAME: { value, secret }`.
@@ -238,6 +242,24 @@ pub struct Network {
     /// `host`, `*.domain` or either with `:port`; only with `mode: allowlist`.
     #[serde(default)]
     pub allowed_domains: Vec<String>,
+    /// Per allowed domain, the methods and path prefixes plain-HTTP requests may use
+    /// (docs/credentials.md); a domain without a rule takes any request.
+    #[serde(default)]
+    pub http_rules: Vec<HttpRule>,
+}
+
+/// The requests one allowed domain accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpRule {
+    /// An `allowed_domains` host (`name` or `*.name`, without the port).
+    pub host: String,
+    /// Upper-case methods; empty: any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Path prefixes (starting with `/`); empty: any.
+    #[serde(default)]
+    pub path_prefixes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
@@ -312,6 +334,17 @@ pub struct Credential {
     pub env: String,
     /// Environment variable of the trusted supervisor holding the value.
     pub from_env: String,
+}
+
+/// A secret of the operator's configuration that the run uses; its value never enters the
+/// cell (docs/credentials.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretUse {
+    /// The name of the operator's `[secrets.NAME]` table.
+    pub name: String,
+    /// Environment variable of the cell that holds the run's placeholder.
+    pub env: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -492,6 +525,7 @@ pub fn default_contract() -> Contract {
         network: Network::default(),
         resources: Resources::default(),
         credentials: Vec::new(),
+        secrets: Vec::new(),
         cleanup: Cleanup::default(),
         env: BTreeMap::new(),
         workdir: None,

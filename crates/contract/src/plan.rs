@@ -42,6 +42,13 @@ pub struct CellPlan {
     pub output_allowlist: Vec<String>,
     /// Credentials the supervisor injects; values never appear in the plan.
     pub credentials: Vec<CredentialPlan>,
+    /// Secrets the egress proxy injects; the cell holds only per-run placeholders in
+    /// these variables (docs/credentials.md).
+    #[serde(default)]
+    pub secrets: Vec<SecretPlan>,
+    /// Per allowed domain, the methods and path prefixes its requests may use.
+    #[serde(default)]
+    pub http_rules: Vec<HttpRulePlan>,
     /// The payload runs on a pseudo-terminal allocated in the cell's devpts (its stdin,
     /// stdout, stderr and controlling terminal); the supervisor relays the master.
     /// Without it the payload has no controlling terminal at all.
@@ -257,6 +264,22 @@ pub struct CredentialPlan {
     pub env: String,
     /// Environment variable of the trusted supervisor the value is read from.
     pub from_env: String,
+}
+
+/// A secret the run uses: the operator's definition by name, and the cell's variable
+/// for its placeholder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretPlan {
+    pub name: String,
+    pub env: String,
+}
+
+/// The requests an allowed domain (`host`, a normalised allowlist pattern) accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HttpRulePlan {
+    pub host: String,
+    pub methods: Vec<String>,
+    pub path_prefixes: Vec<String>,
 }
 
 /// A plan as it travels between airlock's own processes (the engine to its cell factory):

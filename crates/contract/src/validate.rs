@@ -91,9 +91,11 @@ pub(crate) fn check(contract: &Contract) -> Result<CheckedContract, Vec<FieldErr
     let (inputs, writable, output_allowlist) = check_filesystem(&contract.filesystem, &mut errors);
     let etc_files = crate::etc::check_etc_files(&contract.filesystem.etc_files, &mut errors);
     let destinations = check_network(&contract.network, &mut errors);
+    check_http_rules(&contract.network.http_rules, &destinations, &mut errors);
     check_resources(&contract.resources, &mut errors);
     check_env(&contract.env, &mut errors);
     check_credentials(&contract.credentials, &contract.env, &mut errors);
+    check_secrets(contract, &mut errors);
     check_cleanup(&contract.cleanup, &mut errors);
     check_hostname(&contract.hostname, &mut errors);
     let workdir = check_workdir(contract.workdir.as_deref(), &inputs, &writable, &mut errors);
@@ -563,6 +565,83 @@ fn check_credentials(
     }
 }
 
+/// HTTP rules: each for one allowed domain, once, with upper-case method tokens and
+/// path prefixes starting with `/`.
+fn check_http_rules(rules: &[HttpRule], destinations: &[DestinationRule], errors: &mut Errors) {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for (index, rule) in rules.iter().enumerate() {
+        let field = format!("network.http_rules[{index}]");
+        let host = rule.host.to_ascii_lowercase();
+        if !destinations.iter().any(|d| d.host_pattern == host) {
+            errors.push(
+                format!("{field}.host"),
+                "must be a host of network.allowed_domains (without its port)",
+            );
+        } else if let Some(first) = seen.insert(host, index) {
+            errors.push(
+                format!("{field}.host"),
+                format!("duplicates network.http_rules[{first}].host"),
+            );
+        }
+        let method_ok = |m: &String| !m.is_empty() && m.bytes().all(|b| b.is_ascii_uppercase());
+        if !rule.methods.iter().all(method_ok) {
+            errors.push(
+                format!("{field}.methods"),
+                "each must be an upper-case method name",
+            );
+        }
+        if !rule.path_prefixes.iter().all(|p| p.starts_with('/')) {
+            errors.push(format!("{field}.path_prefixes"), "each must start with `/`");
+        }
+    }
+}
+
+/// Secret uses: a known-good name, an unreserved variable nobody else sets, and a network
+/// that goes through the proxy (the only place a placeholder becomes its value).
+fn check_secrets(contract: &Contract, errors: &mut Errors) {
+    let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut targets: BTreeMap<&str, usize> = BTreeMap::new();
+    for (index, secret) in contract.secrets.iter().enumerate() {
+        let field = format!("secrets[{index}]");
+        if !is_record_name(&secret.name) {
+            errors.push(
+                format!("{field}.name"),
+                "must be non-empty and contain only letters, digits, `_`, `.` and `-`",
+            );
+        } else if let Some(first) = names.insert(&secret.name, index) {
+            errors.push(
+                format!("{field}.name"),
+                format!("duplicates secrets[{first}].name"),
+            );
+        }
+        let env_field = format!("{field}.env");
+        let credential = contract.credentials.iter().any(|c| c.env == secret.env);
+        if let Some(rule) = env_name_rule(&secret.env) {
+            errors.push(&env_field, rule);
+        } else if BASE_ENV_NAMES.contains(&secret.env.as_str())
+            || contract.env.contains_key(&secret.env)
+            || credential
+        {
+            errors.push(&env_field, "is already set by the cell's environment");
+        } else if let Some(first) = targets.insert(&secret.env, index) {
+            errors.push(&env_field, format!("duplicates secrets[{first}].env"));
+        }
+    }
+    if !contract.secrets.is_empty() && contract.network.mode != NetworkMode::Allowlist {
+        errors.push(
+            "secrets",
+            "needs network.mode allowlist: only the egress proxy can use a secret",
+        );
+    }
+}
+
+fn is_record_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
 fn check_cleanup(cleanup: &Cleanup, errors: &mut Errors) {
     if !cleanup.destroy_runtime {
         errors.push(
@@ -1016,6 +1095,51 @@ mod tests {
             ]
         );
         assert_valid("env:\n  _X1: a\n  TOKEN: { value: s3cret, secret: true }\n");
+    }
+
+    #[test]
+    fn http_rules_are_checked() {
+        let network = "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:8080\", \"*.pypi.test\"]\n  http_rules:\n";
+        assert_eq!(
+            violations(&format!(
+                "{network}    - {{ host: other.test, methods: [GET] }}\n    - {{ host: API.test, methods: [get], path_prefixes: [v1] }}\n    - {{ host: api.test }}\n"
+            )),
+            [
+                "network.http_rules[0].host: must be a host of network.allowed_domains (without its port)",
+                "network.http_rules[1].methods: each must be an upper-case method name",
+                "network.http_rules[1].path_prefixes: each must start with `/`",
+                "network.http_rules[2].host: duplicates network.http_rules[1].host",
+            ]
+        );
+        assert_valid(&format!(
+            "{network}    - {{ host: '*.pypi.test', methods: [GET], path_prefixes: [/simple/] }}\n"
+        ));
+    }
+
+    #[test]
+    fn secret_uses_are_checked() {
+        assert_eq!(
+            violations(
+                "network:\n  mode: allowlist\n  allowed_domains: [api.test]\n\
+                 credentials:\n  - { name: store, env: STORE_TOKEN, from_env: X }\n\
+                 secrets:\n  - { name: api, env: API_TOKEN }\n  - { name: api, env: STORE_TOKEN }\n  \
+                 - { name: 'a b', env: API_TOKEN }\n  - { name: c, env: https_proxy }\n"
+            ),
+            [
+                "secrets[1].name: duplicates secrets[0].name",
+                "secrets[1].env: is already set by the cell's environment",
+                "secrets[2].name: must be non-empty and contain only letters, digits, `_`, `.` and `-`",
+                "secrets[2].env: duplicates secrets[0].env",
+                "secrets[3].env: is reserved: airlock sets the proxy variables itself",
+            ]
+        );
+        assert_eq!(
+            violations("secrets:\n  - { name: api, env: API_TOKEN }\n"),
+            ["secrets: needs network.mode allowlist: only the egress proxy can use a secret"]
+        );
+        assert_valid(
+            "network:\n  mode: allowlist\n  allowed_domains: [api.test]\nsecrets:\n  - { name: api, env: API_TOKEN }\n",
+        );
     }
 
     #[test]

@@ -77,21 +77,36 @@ pub async fn handle(
         return;
     };
     attempt.target(&host, port);
-    let request =
-        match check_and_rewrite(method, path, version, &req.headers, &host, port, authority) {
-            Ok(r) => r,
-            Err(code) => {
-                refuse_and_record(&shared, &mut client, attempt, code).await;
-                return;
-            }
-        };
+    let target = RequestTarget {
+        method,
+        path,
+        version,
+        authority,
+    };
+    let request = match check_and_rewrite(&target, &req.headers, &host, port, shared.run_policy()) {
+        Ok(r) => r,
+        Err(code) => {
+            refuse_and_record(&shared, &mut client, attempt, code).await;
+            return;
+        }
+    };
     if over_limit {
         refuse_and_record(&shared, &mut client, attempt, reason::LIMIT).await;
         return;
     }
-    let leftover = buf[head..].to_vec();
+    let continues = crate::tunnel::expects_continue(&req.headers);
+    let mut leftover = buf[head..].to_vec();
     drop(req);
     drop(buf);
+    if !continues {
+        let framing = &request.framing;
+        crate::tunnel::read_ahead(&mut client, &mut leftover, framing, shared.idle).await;
+    }
+    if crate::tunnel::body_ahead_has_marker(&leftover, &request.framing) {
+        let code = reason::SECRET_WRONG_DESTINATION;
+        refuse_and_record(&shared, &mut client, attempt, code).await;
+        return;
+    }
 
     let mut opened = match decide_and_connect_or_shutdown(&shared, &host, port).await {
         Ok(o) => o,
@@ -125,13 +140,12 @@ pub async fn handle(
         &traffic,
     )
     .await;
-    attempt.finish(
-        &shared,
-        Decision::Allowed,
-        cut,
-        traffic.up(),
-        traffic.down(),
-    );
+    // A body that carried a placeholder was cut before it left: the request is refused.
+    let decision = match cut {
+        Some(reason::SECRET_WRONG_DESTINATION) => Decision::Denied,
+        _ => Decision::Allowed,
+    };
+    attempt.finish(&shared, decision, cut, traffic.up(), traffic.down());
 }
 
 async fn connect_tunnel(
@@ -239,33 +253,57 @@ pub fn split_authority(authority: &str, default_port: Option<u16>) -> Option<(St
     Some((host.to_string(), port))
 }
 
-/// Check a forward-proxy request for `host:port` and write the origin-form head to send
-/// upstream: hop-by-hop and proxy headers removed, framing canonical, `Connection: close`.
-fn check_and_rewrite(
-    method: &str,
-    path: &str,
+struct RequestTarget<'a> {
+    method: &'a str,
+    /// Origin-form.
+    path: &'a str,
     version: u8,
+    authority: &'a str,
+}
+
+/// Check a forward-proxy request for `host:port` and write the origin-form head to send
+/// upstream: hop-by-hop and proxy headers removed, framing canonical, `Connection: close`,
+/// the run's secret placeholders swapped where they may be (crate::secrets).
+fn check_and_rewrite(
+    target: &RequestTarget<'_>,
     headers: &[httparse::Header<'_>],
     host: &str,
     port: u16,
-    authority: &str,
+    (injections, http_rules): (&[crate::secrets::Injection], &[crate::l7::HttpRule]),
 ) -> Result<ForwardRequest, &'static str> {
+    let RequestTarget {
+        method,
+        path,
+        version,
+        authority,
+    } = *target;
     let has_host = request::check_host(headers, version, host, port)?;
     // Tokens listed in Connection are hop-by-hop too; naming framing or Host is refused.
     let extra_hop = request::connection_tokens(headers)?;
     let framing = request::framing(headers)?;
+    let canonical = crate::proxy::canonical_host(host);
+    crate::l7::check(http_rules, &canonical, method, path)?;
+    let swapped = crate::secrets::apply(
+        injections,
+        &crate::secrets::Head {
+            method,
+            target: path,
+            headers,
+            host: &canonical,
+        },
+    )?;
 
     let mut head = Vec::with_capacity(512);
     head.extend_from_slice(method.as_bytes());
     head.push(b' ');
-    head.extend_from_slice(path.as_bytes());
+    head.extend_from_slice(swapped.target.as_deref().unwrap_or(path).as_bytes());
     head.extend_from_slice(request::version_line(version));
     if !has_host {
         head.extend_from_slice(b"Host: ");
         head.extend_from_slice(authority.as_bytes());
         head.extend_from_slice(b"\r\n");
     }
-    for h in headers {
+    for (index, h) in headers.iter().enumerate() {
         let lower = h.name.to_ascii_lowercase();
         if HOP_BY_HOP.contains(&lower.as_str())
             || lower.starts_with("proxy-")
@@ -275,7 +313,14 @@ fn check_and_rewrite(
         {
             continue;
         }
-        request::write_header(&mut head, h);
+        let value = swapped.header(index, h.value);
+        request::write_header(
+            &mut head,
+            &httparse::Header {
+                name: h.name,
+                value,
+            },
+        );
     }
     request::write_framing(&mut head, &framing);
     head.extend_from_slice(b"Connection: close\r\n\r\n");
@@ -376,6 +421,15 @@ mod tests {
         }
     }
 
+    fn get(path: &str) -> RequestTarget<'_> {
+        RequestTarget {
+            method: "GET",
+            path,
+            version: 1,
+            authority: "api.test",
+        }
+    }
+
     #[test]
     fn rewrite_strips_proxy_headers_and_checks_host() {
         let headers = [
@@ -386,7 +440,7 @@ mod tests {
             hdr("X-Secret", "1"),
             hdr("Accept", "*/*"),
         ];
-        let r = check_and_rewrite("GET", "/p", 1, &headers, "api.test", 80, "api.test").unwrap();
+        let r = check_and_rewrite(&get("/p"), &headers, "api.test", 80, (&[], &[])).unwrap();
         let text = String::from_utf8(r.head).unwrap();
         assert_eq!(
             text,
@@ -394,22 +448,22 @@ mod tests {
         );
         let bad = [hdr("Host", "other.test")];
         assert_eq!(
-            check_and_rewrite("GET", "/", 1, &bad, "api.test", 80, "api.test").err(),
+            check_and_rewrite(&get("/"), &bad, "api.test", 80, (&[], &[])).err(),
             Some(reason::HOST_MISMATCH)
         );
         let bad_port = [hdr("Host", "api.test:8080")];
         assert_eq!(
-            check_and_rewrite("GET", "/", 1, &bad_port, "api.test", 80, "api.test").err(),
+            check_and_rewrite(&get("/"), &bad_port, "api.test", 80, (&[], &[])).err(),
             Some(reason::HOST_MISMATCH)
         );
         let two = [hdr("Host", "api.test"), hdr("Host", "other.test")];
         assert_eq!(
-            check_and_rewrite("GET", "/", 1, &two, "api.test", 80, "api.test").err(),
+            check_and_rewrite(&get("/"), &two, "api.test", 80, (&[], &[])).err(),
             Some(reason::HOST_MISMATCH)
         );
         let none: [httparse::Header<'_>; 0] = [];
         assert_eq!(
-            check_and_rewrite("GET", "/", 1, &none, "api.test", 80, "api.test").err(),
+            check_and_rewrite(&get("/"), &none, "api.test", 80, (&[], &[])).err(),
             Some(reason::HOST_MISMATCH)
         );
         let smuggle = [
@@ -418,7 +472,7 @@ mod tests {
             hdr("Content-Length", "3"),
         ];
         assert_eq!(
-            check_and_rewrite("POST", "/", 1, &smuggle, "api.test", 80, "api.test").err(),
+            check_and_rewrite(&get("/"), &smuggle, "api.test", 80, (&[], &[])).err(),
             Some(reason::AMBIGUOUS_FRAMING)
         );
     }

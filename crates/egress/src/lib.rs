@@ -59,11 +59,15 @@
 pub mod address;
 pub mod destination;
 pub mod dns;
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
+pub mod l7;
 mod proxy;
 pub mod reason;
 mod request;
 mod resolver;
+pub mod secrets;
 pub mod sni;
 mod socks;
 mod transparent;
@@ -113,6 +117,11 @@ pub struct EgressConfig {
     /// asked for another virtual host in bytes the proxy does not parse. Plain HTTP is
     /// still parsed and Host-checked on these destinations.
     pub opaque_tunnels: Vec<DestinationRule>,
+    /// The operator's secrets (`[secrets.NAME]`, a top-level table of the configuration
+    /// copied here by the binary so that the engine sees it): not part of `[egress]`.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub secrets: BTreeMap<String, secrets::SecretDefinition>,
 }
 
 impl Default for EgressConfig {
@@ -128,6 +137,7 @@ impl Default for EgressConfig {
             idle_timeout_ms: 30_000,
             connect_timeout_ms: 10_000,
             opaque_tunnels: Vec::new(),
+            secrets: BTreeMap::new(),
         }
     }
 }
@@ -227,7 +237,7 @@ pub fn start_proxy(
         dns: None,
         transparent: Vec::new(),
     };
-    proxy::start(config, rules, listeners)
+    proxy::start(config, rules, listeners, RunPolicy::default())
 }
 
 /// [`start_proxy`] with the transparent path too.
@@ -236,7 +246,44 @@ pub fn start_proxy_on(
     rules: Vec<DestinationRule>,
     listeners: ProxyListeners,
 ) -> Result<ProxyHandle, EgressError> {
-    proxy::start(config, rules, listeners)
+    proxy::start(config, rules, listeners, RunPolicy::default())
+}
+
+/// [`start_proxy_on`] for a run that uses injected secrets: the proxy swaps each
+/// injection's placeholder as docs/credentials.md describes and refuses every other use.
+pub fn start_proxy_with_secrets(
+    config: EgressConfig,
+    rules: Vec<DestinationRule>,
+    listeners: ProxyListeners,
+    injections: Vec<secrets::Injection>,
+) -> Result<ProxyHandle, EgressError> {
+    proxy::start(
+        config,
+        rules,
+        listeners,
+        RunPolicy {
+            injections,
+            http_rules: Vec::new(),
+        },
+    )
+}
+
+/// What a run adds to its destinations' allowlist: injected secrets and per-domain HTTP
+/// rules.
+#[derive(Debug, Default, Clone)]
+pub struct RunPolicy {
+    pub injections: Vec<secrets::Injection>,
+    pub http_rules: Vec<l7::HttpRule>,
+}
+
+/// [`start_proxy_on`] with a run's secrets and HTTP rules.
+pub fn start_proxy_with_policy(
+    config: EgressConfig,
+    rules: Vec<DestinationRule>,
+    listeners: ProxyListeners,
+    policy: RunPolicy,
+) -> Result<ProxyHandle, EgressError> {
+    proxy::start(config, rules, listeners, policy)
 }
 
 /// Every socket the proxy serves, already bound (inside the cell's network namespace).

@@ -40,6 +40,10 @@ pub struct Shared {
     pub connect_timeout: Duration,
     /// Destinations whose non-TLS, non-HTTP tunnels are relayed uninspected.
     pub opaque_tunnels: Allowlist,
+    /// The run's injected secrets (crate::secrets).
+    pub injections: Vec<crate::secrets::Injection>,
+    /// The run's per-domain HTTP rules (crate::l7).
+    pub http_rules: Vec<crate::l7::HttpRule>,
     bytes_total: AtomicU64,
     active: AtomicU32,
     records: Mutex<Vec<ConnectionRecord>>,
@@ -87,7 +91,13 @@ impl Shared {
         let mut attempt = Attempt::begin("dns");
         attempt.host = name.chars().take(255).collect();
         attempt.port = 53;
-        attempt.deny(self, reason::DNS_REFUSED);
+        // A name carrying a placeholder is an attempt to send it out through DNS.
+        let code = if crate::secrets::contains_marker(name.as_bytes()) {
+            reason::SECRET_WRONG_DESTINATION
+        } else {
+            reason::DNS_REFUSED
+        };
+        attempt.deny(self, code);
     }
 
     fn records_full(&self) -> bool {
@@ -166,7 +176,8 @@ impl Attempt {
     ) {
         shared.push_record(ConnectionRecord {
             protocol: self.protocol,
-            host: self.host,
+            // A placeholder sent as a name never reaches a record (docs/credentials.md).
+            host: crate::secrets::mask(&self.host),
             port: self.port,
             address: self.address,
             decision,
@@ -193,6 +204,11 @@ pub fn canonical_host(raw: &str) -> String {
 }
 
 impl Shared {
+    /// The run's secrets and HTTP rules, as the request checks take them.
+    pub fn run_policy(&self) -> (&[crate::secrets::Injection], &[crate::l7::HttpRule]) {
+        (&self.injections, &self.http_rules)
+    }
+
     /// Whether the operator lets a tunnel to `raw_host:port` carry uninspected bytes.
     pub fn allows_opaque_tunnel(&self, raw_host: &str, port: u16) -> bool {
         match parse_host(raw_host) {
@@ -236,6 +252,9 @@ pub async fn decide_and_connect(
     port: u16,
 ) -> Result<Opened, Refusal> {
     let deadline = Instant::now() + shared.connect_timeout;
+    if crate::secrets::contains_marker(raw_host.as_bytes()) {
+        return Err(Refusal::new(reason::SECRET_WRONG_DESTINATION));
+    }
     let (name, addrs) = match parse_host(raw_host) {
         ParsedHost::Invalid => return Err(Refusal::new(reason::NOT_ALLOWLISTED)),
         ParsedHost::BadNumeric => return Err(Refusal::new(reason::IP_LITERAL)),
@@ -458,6 +477,7 @@ pub fn start(
     config: EgressConfig,
     rules: Vec<DestinationRule>,
     listeners: ProxyListeners,
+    policy: crate::RunPolicy,
 ) -> Result<ProxyHandle, EgressError> {
     let ProxyListeners {
         http: http_listener,
@@ -517,6 +537,8 @@ pub fn start(
             idle: Duration::from_millis(config.idle_timeout_ms.max(1)),
             connect_timeout: Duration::from_millis(config.connect_timeout_ms.max(1)),
             opaque_tunnels: Allowlist::new(&config.opaque_tunnels),
+            injections: policy.injections,
+            http_rules: policy.http_rules,
             bytes_total: AtomicU64::new(0),
             active: AtomicU32::new(0),
             records: Mutex::new(Vec::new()),

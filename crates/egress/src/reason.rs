@@ -42,6 +42,22 @@ pub const PLAINTEXT_TUNNEL: &str = "egress.plaintext_tunnel";
 /// well-formed single-question query. Nothing is ever forwarded.
 pub const DNS_REFUSED: &str = "egress.dns_refused";
 
+/// A request carried a live secret placeholder somewhere its secret may not go: a host
+/// the secret is not for, a header, path or query parameter other than its placement,
+/// a body, a destination or DNS name (docs/credentials.md).
+pub const SECRET_WRONG_DESTINATION: &str = "egress.secret_wrong_destination";
+/// A request carried something shaped like a secret placeholder that this run did not
+/// issue: a placeholder of a run or session that has ended, or a guess.
+pub const SECRET_UNKNOWN: &str = "egress.secret_unknown";
+/// The request's method is not one its secret's (or destination's) rule allows.
+pub const METHOD_NOT_ALLOWED: &str = "egress.method_not_allowed";
+/// The request's path is not under a prefix its secret's (or destination's) rule allows,
+/// or could be read as another path (dot segments, encoded slashes or dots).
+pub const PATH_NOT_ALLOWED: &str = "egress.path_not_allowed";
+/// A TLS tunnel to a domain with an HTTP rule: the rule cannot be checked inside TLS
+/// (no interception yet), so the tunnel is refused rather than relayed unchecked.
+pub const TLS_UNINSPECTABLE: &str = "egress.tls_uninspectable";
+
 /// Every reason code, for documentation and exhaustiveness tests.
 pub const ALL: &[&str] = &[
     NOT_ALLOWLISTED,
@@ -56,4 +72,9 @@ pub const ALL: &[&str] = &[
     AMBIGUOUS_FRAMING,
     PLAINTEXT_TUNNEL,
     DNS_REFUSED,
+    SECRET_WRONG_DESTINATION,
+    SECRET_UNKNOWN,
+    METHOD_NOT_ALLOWED,
+    PATH_NOT_ALLOWED,
+    TLS_UNINSPECTABLE,
 ];

@@ -245,6 +245,7 @@ pub fn tunnel_request(
     request: &RequestHead<'_>,
     host: &str,
     port: u16,
+    (injections, http_rules): (&[crate::secrets::Injection], &[crate::l7::HttpRule]),
 ) -> Result<ForwardRequest, &'static str> {
     if request.method.eq_ignore_ascii_case("CONNECT") {
         return Err(reason::BAD_REQUEST);
@@ -253,11 +254,28 @@ pub fn tunnel_request(
     let has_host = check_host(&request.headers, request.version, host, port)?;
     connection_tokens(&request.headers)?;
     let framing = framing(&request.headers)?;
+    let canonical = canonical_host(host);
+    crate::l7::check(http_rules, &canonical, request.method, request.target)?;
+    let swapped = crate::secrets::apply(
+        injections,
+        &crate::secrets::Head {
+            method: request.method,
+            target: request.target,
+            headers: &request.headers,
+            host: &canonical,
+        },
+    )?;
 
     let mut head = Vec::with_capacity(512);
     head.extend_from_slice(request.method.as_bytes());
     head.push(b' ');
-    head.extend_from_slice(request.target.as_bytes());
+    head.extend_from_slice(
+        swapped
+            .target
+            .as_deref()
+            .unwrap_or(request.target)
+            .as_bytes(),
+    );
     head.extend_from_slice(version_line(request.version));
     if !has_host {
         // `host` is canonical: an IPv6 literal comes without its brackets.
@@ -273,12 +291,19 @@ pub fn tunnel_request(
         };
         head.extend_from_slice(format!("Host: {authority}\r\n").as_bytes());
     }
-    for h in &request.headers {
+    for (index, h) in request.headers.iter().enumerate() {
         let drop = ["content-length", "transfer-encoding", "upgrade"]
             .iter()
             .any(|n| h.name.eq_ignore_ascii_case(n));
         if !drop {
-            write_header(&mut head, h);
+            let value = swapped.header(index, h.value);
+            write_header(
+                &mut head,
+                &httparse::Header {
+                    name: h.name,
+                    value,
+                },
+            );
         }
     }
     write_framing(&mut head, &framing);
@@ -463,7 +488,8 @@ mod tests {
 
     fn tunnel(head: &str) -> Result<String, &'static str> {
         let parsed = parse(head.as_bytes())?;
-        tunnel_request(&parsed, "api.test", 8080).map(|r| String::from_utf8(r.head).unwrap())
+        tunnel_request(&parsed, "api.test", 8080, (&[], &[]))
+            .map(|r| String::from_utf8(r.head).unwrap())
     }
 
     #[test]
@@ -477,7 +503,7 @@ mod tests {
             Ok("GET /x HTTP/1.0\r\nHost: api.test:8080\r\n\r\n".into())
         );
         let v6 = parse(b"GET / HTTP/1.0\r\n\r\n").unwrap();
-        let head = tunnel_request(&v6, "::1", 80).unwrap().head;
+        let head = tunnel_request(&v6, "::1", 80, (&[], &[])).unwrap().head;
         assert_eq!(head, b"GET / HTTP/1.0\r\nHost: [::1]\r\n\r\n");
         let refused = [
             (

@@ -2,7 +2,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::proxy::{decide_and_connect_or_shutdown, or_shutdown, Attempt, ConnectionSlot};
@@ -27,14 +27,15 @@ fn reply_code(code: &'static str) -> u8 {
     }
 }
 
-async fn reply(client: &mut TcpStream, code: u8) {
+async fn reply<S: AsyncWrite + Unpin>(client: &mut S, code: u8) {
     // BND.ADDR/BND.PORT are zero: the proxy's upstream address is none of the cell's business.
     let _ = client
         .write_all(&[0x05, code, 0x00, 0x01, 0, 0, 0, 0, 0, 0])
         .await;
 }
 
-enum Request {
+#[derive(Debug)]
+pub(crate) enum Request {
     Connect {
         host: String,
         port: u16,
@@ -104,7 +105,9 @@ pub async fn handle(
 
 /// Method negotiation and the request. `Ok(None)`: the client went away before saying
 /// anything (not an attempt). `Err(code)`: malformed, already answered where possible.
-async fn negotiate(client: &mut TcpStream) -> Result<Option<Request>, &'static str> {
+pub(crate) async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut S,
+) -> Result<Option<Request>, &'static str> {
     let mut greeting = [0u8; 2];
     match client.read(&mut greeting[..1]).await {
         Ok(0) | Err(_) => return Ok(None),

@@ -104,7 +104,12 @@ pub async fn relay_tunnel(
             | reason::BAD_REQUEST
             | reason::HOST_MISMATCH
             | reason::AMBIGUOUS_FRAMING
-            | reason::PLAINTEXT_TUNNEL,
+            | reason::PLAINTEXT_TUNNEL
+            | reason::SECRET_WRONG_DESTINATION
+            | reason::SECRET_UNKNOWN
+            | reason::METHOD_NOT_ALLOWED
+            | reason::PATH_NOT_ALLOWED
+            | reason::TLS_UNINSPECTABLE,
         ) => Decision::Denied,
         _ => Decision::Allowed,
     };
@@ -154,6 +159,11 @@ pub async fn pump(
                     }
                     Ok(Some((Flight::Other, _))) if !opaque => {
                         DirEnd::Deny(reason::PLAINTEXT_TUNNEL)
+                    }
+                    Ok(Some((Flight::Tls, _)))
+                        if crate::l7::rule_for(&shared.http_rules, host).is_some() =>
+                    {
+                        DirEnd::Deny(reason::TLS_UNINSPECTABLE)
                     }
                     Ok(Some((Flight::Tls | Flight::Other, prefix))) => {
                         copy(
@@ -320,12 +330,22 @@ where
                 return DirEnd::Closed;
             }
         };
-        let checked = request::parse(&pending[..end])
-            .and_then(|head| request::tunnel_request(&head, host, port));
-        let forward_request = match checked {
+        let checked = request::parse(&pending[..end]).and_then(|head| {
+            let continues = expects_continue(&head.headers);
+            request::tunnel_request(&head, host, port, shared.run_policy()).map(|r| (r, continues))
+        });
+        let (forward_request, continues) = match checked {
             Ok(r) => r,
             Err(code) => return DirEnd::Deny(code),
         };
+        let mut body = pending.split_off(end);
+        if !continues {
+            read_ahead(reader, &mut body, &forward_request.framing, shared.idle).await;
+        }
+        if body_ahead_has_marker(&body, &forward_request.framing) {
+            return DirEnd::Deny(reason::SECRET_WRONG_DESTINATION);
+        }
+        pending.append(&mut body);
         if let Err(e) = forward(shared, writer, &forward_request.head, &traffic.up).await {
             return e;
         }
@@ -503,10 +523,16 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut buf = vec![0u8; 64 * 1024];
+    // No secret placeholder may leave in a body (crate::secrets): a chunk holding the
+    // marker ends the request before it is forwarded.
+    let mut scanner = crate::secrets::StreamScanner::default();
     loop {
         let take = framing
             .feed(pending)
             .map_err(|()| DirEnd::Deny(reason::BAD_REQUEST))?;
+        if scanner.feed(&pending[..take]) {
+            return Err(DirEnd::Deny(reason::SECRET_WRONG_DESTINATION));
+        }
         forward(shared, writer, &pending[..take], &traffic.up).await?;
         pending.drain(..take);
         if framing.done() {
@@ -518,6 +544,50 @@ where
     }
 }
 
+/// How much of a request body is read before its head is forwarded, so that a body
+/// carrying a secret placeholder is refused before any of the request leaves.
+pub const READ_AHEAD: usize = 64 * 1024;
+
+/// Read the start of the body `framing` describes into `pending`: until the body is
+/// complete, [`READ_AHEAD`] bytes of it are there, the client pauses for `idle`, or it
+/// closes. A client that asked for `100-continue` waits for the upstream, so the caller
+/// does not read ahead for it; its body is still scanned as it streams (forward_body).
+pub async fn read_ahead<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    pending: &mut Vec<u8>,
+    framing: &BodyFraming,
+    idle: Duration,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let mut probe = framing.clone();
+        let Ok(take) = probe.feed(pending) else {
+            return;
+        };
+        if probe.done() || take >= READ_AHEAD {
+            return;
+        }
+        match tokio::time::timeout(idle, reader.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => pending.extend_from_slice(&buf[..n]),
+            _ => return,
+        }
+    }
+}
+
+/// Whether the part of `pending` that belongs to the body holds a secret placeholder.
+pub fn body_ahead_has_marker(pending: &[u8], framing: &BodyFraming) -> bool {
+    let mut probe = framing.clone();
+    let take = probe.feed(pending).unwrap_or(pending.len());
+    crate::secrets::contains_marker(&pending[..take])
+}
+
+/// Whether a request head asks for `Expect: 100-continue`.
+pub fn expects_continue(headers: &[httparse::Header<'_>]) -> bool {
+    headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("expect") && h.value.eq_ignore_ascii_case(b"100-continue")
+    })
+}
+
 /// How a request body is delimited.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BodyFraming {
@@ -527,6 +597,11 @@ pub enum BodyFraming {
 }
 
 impl BodyFraming {
+    /// [`BodyFraming::feed`], for crate::fuzzing.
+    pub(crate) fn feed_for_fuzzing(&mut self, bytes: &[u8]) -> Result<usize, ()> {
+        self.feed(bytes)
+    }
+
     /// How many of `bytes` belong to the body (stops at its end).
     fn feed(&mut self, bytes: &[u8]) -> Result<usize, ()> {
         match self {

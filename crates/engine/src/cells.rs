@@ -28,6 +28,8 @@ impl Engine {
     /// (see [`Engine::keep_warm`]); otherwise a cell is built for the request.
     pub fn run(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
         let (prepared, request) = self.prepare(request)?;
+        // Revokes the run's provider tokens when this function returns: the cell is gone.
+        let _revoker = crate::egress_session::TokenRevoker(prepared.injections.clone());
         let RunRequest {
             plan,
             credentials,
@@ -50,6 +52,7 @@ impl Engine {
             None => self.spawn_host(HostRequest {
                 plan: PlanTransfer::of(&plan),
                 credentials,
+                secrets: prepared.injections.clone(),
                 artifacts,
                 mode: HostMode::OneShot,
             }),

@@ -2,15 +2,89 @@
 
 use airlock_cell::report::{EgressDecision, EgressRecord};
 use airlock_cell::{EgressListeners, EgressSession, EgressSummary};
+use airlock_contract::CellPlan;
 use airlock_egress::address::{classify, AddressClass};
+use airlock_egress::secrets::{Injection, SecretError};
 use airlock_egress::{
-    start_proxy_on, ConnectionRecord, Decision, DestinationRule, EgressConfig, ProxyHandle,
-    ProxyListeners, TransparentListener,
+    start_proxy_with_policy, ConnectionRecord, Decision, DestinationRule, EgressConfig,
+    ProxyHandle, ProxyListeners, RunPolicy, TransparentListener,
 };
+
+/// A run's injected secrets (docs/credentials.md): for each secret of the plan the
+/// operator's definition, its value read now and a fresh placeholder. When one fails,
+/// the provider tokens already issued for the others are revoked at once.
+pub fn prepare_secrets(
+    config: &EgressConfig,
+    plan: &CellPlan,
+    lifetime: std::time::Duration,
+) -> Result<Vec<PreparedSecret>, SecretError> {
+    let mut ready = Vec::with_capacity(plan.secrets.len());
+    for secret in &plan.secrets {
+        let prepared = config
+            .secrets
+            .get(&secret.name)
+            .ok_or_else(|| SecretError::Undefined {
+                name: secret.name.clone(),
+            })
+            .and_then(|definition| definition.prepare(&secret.name, lifetime));
+        match prepared {
+            Ok(injection) => ready.push(PreparedSecret {
+                env: secret.env.clone(),
+                injection,
+            }),
+            Err(err) => {
+                drop(TokenRevoker(
+                    ready.into_iter().map(|p| p.injection).collect(),
+                ));
+                return Err(err);
+            }
+        }
+    }
+    Ok(ready)
+}
+
+/// One secret ready for a run: the cell variable that gets its placeholder.
+pub struct PreparedSecret {
+    pub env: String,
+    pub injection: Injection,
+}
+
+/// What the cell gets (its variables, placeholders only), what the records never show
+/// (values and placeholders), and what the proxy swaps.
+pub fn split_prepared(
+    prepared: Vec<PreparedSecret>,
+) -> (Vec<(String, String)>, Vec<String>, Vec<Injection>) {
+    let env = prepared
+        .iter()
+        .map(|p| (p.env.clone(), p.injection.placeholder.clone()))
+        .collect();
+    let hidden = prepared
+        .iter()
+        .flat_map(|p| [p.injection.value.clone(), p.injection.placeholder.clone()])
+        .collect();
+    let injections = prepared.into_iter().map(|p| p.injection).collect();
+    (env, hidden, injections)
+}
+
+/// Revokes a run's provider tokens when dropped: at the end of the run or session, on
+/// every path out (a failed start included). A failure is reported on stderr (the token
+/// still expires on its own); it never carries the token.
+pub struct TokenRevoker(pub Vec<Injection>);
+
+impl Drop for TokenRevoker {
+    fn drop(&mut self) {
+        for injection in &self.0 {
+            if let Err(err) = injection.revoke() {
+                eprintln!("airlock: {err}");
+            }
+        }
+    }
+}
 
 pub struct ProxySession {
     config: EgressConfig,
     rules: Vec<DestinationRule>,
+    policy: RunPolicy,
     handle: Option<ProxyHandle>,
     pub records: Vec<ConnectionRecord>,
 }
@@ -19,7 +93,17 @@ impl ProxySession {
     pub fn new(
         config: EgressConfig,
         destinations: &[airlock_contract::DestinationRule],
+        http_rules: &[airlock_contract::HttpRulePlan],
+        injections: Vec<Injection>,
     ) -> ProxySession {
+        let http_rules = http_rules
+            .iter()
+            .map(|r| airlock_egress::l7::HttpRule {
+                host_pattern: r.host.clone(),
+                methods: r.methods.clone(),
+                path_prefixes: r.path_prefixes.clone(),
+            })
+            .collect();
         let rules = destinations
             .iter()
             .map(|d| DestinationRule {
@@ -30,6 +114,10 @@ impl ProxySession {
         ProxySession {
             config,
             rules,
+            policy: RunPolicy {
+                injections,
+                http_rules,
+            },
             handle: None,
             records: Vec::new(),
         }
@@ -52,8 +140,11 @@ impl EgressSession for ProxySession {
             dns: Some(std::net::UdpSocket::from(listeners.dns)),
             transparent,
         };
-        let handle = start_proxy_on(self.config.clone(), self.rules.clone(), listeners)
-            .map_err(|e| e.to_string())?;
+        // The proxy holds the values; this session forgets them once it is started.
+        let policy = std::mem::take(&mut self.policy);
+        let handle =
+            start_proxy_with_policy(self.config.clone(), self.rules.clone(), listeners, policy)
+                .map_err(|e| e.to_string())?;
         self.handle = Some(handle);
         Ok(())
     }

@@ -17,6 +17,9 @@ pub struct HostRequest {
     pub plan: PlanTransfer,
     /// `(variable, value)` of every credential of the plan.
     pub credentials: Vec<(String, String)>,
+    /// The run's injected secrets, for the proxy of this process (egress_session.rs).
+    #[serde(default)]
+    pub secrets: Vec<airlock_egress::secrets::Injection>,
     pub artifacts: Option<ArtifactRequest>,
     pub mode: HostMode,
 }
@@ -40,7 +43,12 @@ pub fn serve(
 ) {
     let plan = request.plan.into_plan();
     let mut proxy = match &plan.network {
-        NetworkPlan::Allowlist { destinations } => Some(ProxySession::new(egress, destinations)),
+        NetworkPlan::Allowlist { destinations } => Some(ProxySession::new(
+            egress,
+            destinations,
+            &plan.http_rules,
+            request.secrets,
+        )),
         NetworkPlan::Deny => None,
     };
     let mode = match request.mode {

@@ -187,7 +187,8 @@ impl Engine {
             unhashed_inputs: Some(inputs::readonly_inputs(&plan)),
             input_contents: None,
         };
-        let mut proxy = self.proxy_for(&plan);
+        let _revoker = crate::egress_session::TokenRevoker(prepared.injections.clone());
+        let mut proxy = self.proxy_for(&plan, prepared.injections);
         let report = airlock_cell::run_cell(
             &plan,
             RunOptions {
@@ -228,13 +229,47 @@ impl Engine {
         &self,
         request: RunRequest,
     ) -> Result<(PreparedRun, RunRequest), Box<RecordedRefusal>> {
-        match self.check(&request) {
-            Ok(prepared) => Ok((prepared, request)),
+        let checked = self
+            .check(&request)
+            .and_then(|prepared| self.with_secrets(prepared, &request));
+        match checked {
+            Ok((prepared, placeholders)) => {
+                let mut request = request;
+                request.credentials.extend(placeholders);
+                Ok((prepared, request))
+            }
             Err(mut refused) => {
                 refused.plan = Some(request.plan);
                 Err(refused)
             }
         }
+    }
+
+    /// The run's injected secrets (egress_session.rs): the proxy gets them, the records
+    /// hide their values and placeholders, the cell gets the placeholders (returned).
+    #[allow(clippy::type_complexity)]
+    fn with_secrets(
+        &self,
+        mut prepared: PreparedRun,
+        request: &RunRequest,
+    ) -> Result<(PreparedRun, Vec<(String, String)>), Box<RecordedRefusal>> {
+        let plan = &request.plan;
+        let lifetime = std::time::Duration::from_millis(plan.limits.wall_time_ms);
+        let ready = crate::egress_session::prepare_secrets(&self.config.egress, plan, lifetime)
+            .map_err(|err| {
+                Box::new(self.refuse(Refusal {
+                    argv: &plan.argv,
+                    workload_class: &request.workload_class,
+                    status: ResultClass::PolicyDenied,
+                    error: err.to_string(),
+                    plan: Some(plan),
+                    tenant: request.tenant.as_deref(),
+                }))
+            })?;
+        let (placeholders, hidden, injections) = crate::egress_session::split_prepared(ready);
+        prepared.secrets.extend(hidden);
+        prepared.injections = injections;
+        Ok((prepared, placeholders))
     }
 
     fn check(&self, request: &RunRequest) -> Result<PreparedRun, Box<RecordedRefusal>> {
@@ -275,16 +310,24 @@ impl Engine {
                 tenant: request.tenant.clone(),
             },
             secrets: record::secrets_of(plan, &request.credentials),
+            injections: Vec::new(),
         })
     }
 
     /// The egress proxy of an allowlisted plan (started when the cell hands over its
     /// listeners).
-    pub(crate) fn proxy_for(&self, plan: &CellPlan) -> Option<ProxySession> {
+    pub(crate) fn proxy_for(
+        &self,
+        plan: &CellPlan,
+        injections: Vec<airlock_egress::secrets::Injection>,
+    ) -> Option<ProxySession> {
         match &plan.network {
-            NetworkPlan::Allowlist { destinations } => {
-                Some(ProxySession::new(self.config.egress.clone(), destinations))
-            }
+            NetworkPlan::Allowlist { destinations } => Some(ProxySession::new(
+                self.config.egress.clone(),
+                destinations,
+                &plan.http_rules,
+                injections,
+            )),
             NetworkPlan::Deny => None,
         }
     }
@@ -298,6 +341,8 @@ impl Engine {
 pub(crate) struct PreparedRun {
     pub start: RunStart,
     pub secrets: Vec<String>,
+    /// The run's injected secrets, for its proxy.
+    pub injections: Vec<airlock_egress::secrets::Injection>,
 }
 
 /// The run's audit record, begun by the cell runtime's hook once the cell is released

@@ -158,6 +158,7 @@ fn refill_loop(shared: &(Mutex<PoolState>, Condvar), factory: &CellFactory) {
             .spawn(HostRequest {
                 plan: PlanTransfer::of(&template),
                 credentials: Vec::new(),
+                secrets: Vec::new(),
                 artifacts: None,
                 mode: HostMode::OneShot,
             })

@@ -118,6 +118,9 @@ pub struct Session {
     tenant: Option<String>,
     /// pid 1 of the session's cell, in this process's pid namespace.
     cell_pid: i32,
+    /// Revokes the session's provider tokens; dropped after `Drop for Session` destroyed
+    /// the cell.
+    _revoker: crate::egress_session::TokenRevoker,
 }
 
 impl Engine {
@@ -132,10 +135,20 @@ impl Engine {
             max_lifetime,
             tenant,
         } = request;
-        let secrets = record::secrets_of(&plan, &credentials);
+        let ready =
+            crate::egress_session::prepare_secrets(&self.config.egress, &plan, max_lifetime)
+                .map_err(|err| EngineError::SessionFailed(err.to_string()))?;
+        let (placeholders, hidden, injections) = crate::egress_session::split_prepared(ready);
+        let mut credentials = credentials;
+        credentials.extend(placeholders);
+        let mut secrets = record::secrets_of(&plan, &credentials);
+        secrets.extend(hidden);
+        // Revokes the provider tokens when the session ends (or fails to open).
+        let revoker = crate::egress_session::TokenRevoker(injections.clone());
         let host = self.spawn_host(HostRequest {
             plan: PlanTransfer::of(&plan),
             credentials,
+            secrets: injections,
             artifacts,
             mode: HostMode::Session {
                 idle_timeout_ms: idle_timeout.as_millis() as u64,
@@ -192,6 +205,7 @@ impl Engine {
             workload_class,
             tenant,
             cell_pid,
+            _revoker: revoker,
         })
     }
 }

@@ -845,3 +845,44 @@ fn the_curl_examples_of_the_api_document_work() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn airlock_run_is_handed_to_the_running_service_and_recorded_there() {
+    require_cells!();
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(common::airlock_bin())
+            .arg("run")
+            .args(args)
+            .current_dir(dir.path())
+            .env("AIRLOCK_SOCKET", server.sock())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "-v",
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo handed; echo err >&2; exit 3",
+    ]);
+    let text = common::output_text(&out);
+    assert_eq!(out.status.code(), Some(3), "{text}\n{}", server.log());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "handed\n", "{text}");
+    assert!(text.contains("handed to the service"), "{text}");
+    // The record is the service's, in its store, as the operator tenant (uid 0).
+    let listed = Command::new(common::airlock_bin())
+        .args(["runs", "list", "--json", "--all-users", "--state-dir"])
+        .arg(server.state_dir())
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout).to_string();
+    assert!(listed.contains("/bin/sh"), "{listed}");
+    // HTTP on the same socket still works beside it.
+    assert!(server
+        .curl_unix(&["http://airlock/healthz"])
+        .status
+        .success());
+}

@@ -8,6 +8,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 mod files;
+mod handoff;
 mod health;
 pub mod listen;
 mod metrics;
@@ -148,6 +149,7 @@ async fn serve_async(options: ServeOptions) -> Result<(), ServerError> {
     let bound = listen::bind(&state.config, euid_is_root).await?;
     let graceful = Arc::new(hyper_util::server::graceful::GracefulShutdown::new());
     let app = listen::App {
+        state: Arc::clone(&state),
         router: router(Arc::clone(&state)),
         graceful: Arc::clone(&graceful),
         max_header_bytes: state.config.max_header_bytes,

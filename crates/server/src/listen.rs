@@ -18,6 +18,8 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 /// What serving a connection needs.
 #[derive(Clone)]
 pub struct App {
+    /// For hand-off clients (`airlock run`), served by the engine, not the router.
+    pub state: crate::state::Shared,
     pub router: Router,
     pub graceful: Arc<GracefulShutdown>,
     pub max_header_bytes: usize,
@@ -90,9 +92,18 @@ pub async fn bind(config: &ServerConfig, euid_is_root: bool) -> Result<Vec<Bound
 }
 
 impl App {
-    /// Serves one unix socket connection whose peer is `peer`.
+    /// Serves one unix socket connection whose peer is `peer`: a hand-off client
+    /// (`airlock run`, recognised by its first bytes) or HTTP.
     pub fn serve_unix_connection(&self, stream: UnixStream, peer: Peer) {
-        self.serve(TokioIo::new(stream), peer);
+        let app = self.clone();
+        tokio::spawn(async move {
+            match crate::handoff::sniff(&stream, app.header_timeout).await {
+                crate::handoff::Protocol::Handoff => {
+                    crate::handoff::serve(stream, std::sync::Arc::clone(&app.state))
+                }
+                crate::handoff::Protocol::Http => app.serve(TokioIo::new(stream), peer),
+            }
+        });
     }
 
     fn serve_tcp_connection(&self, stream: TcpStream) {

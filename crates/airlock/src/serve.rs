@@ -28,7 +28,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
 }
 
 fn start(args: ServeArgs) -> anyhow::Result<()> {
-    let config = OperatorConfig::load(args.config.as_deref())?;
+    let mut config = OperatorConfig::load(args.config.as_deref())?;
     let host_ids = config.host_id_range()?;
     let mut engine = EngineConfig::new(
         config.state_dir(args.state_dir.as_deref()),
@@ -41,11 +41,23 @@ fn start(args: ServeArgs) -> anyhow::Result<()> {
         .and_then(|p| std::path::absolute(p).ok())
         .and_then(|p| p.parent().map(PathBuf::from))
         .unwrap_or_else(crate::current_dir);
+    let server = std::mem::take(&mut config.server);
+    let state_dir = engine.state_dir.clone();
+    let tools_dir = config_dir.clone();
+    // Every registry tool and the generic tools at /mcp, on the service's engine.
+    let mcp: airlock_server::McpMount = Box::new(move |engine, check| {
+        let toolbox = crate::tool::toolbox_on(config, &tools_dir, state_dir, engine)
+            .map_err(|e| format!("the tool registry: {}", crate::user_message(&e)))?;
+        let state = airlock_agent::mcp::McpState::new(std::sync::Arc::new(toolbox))
+            .map_err(|e| format!("the MCP tools: {e}"))?;
+        Ok(airlock_agent::mcp::http_router(state, check, Vec::new()))
+    });
     airlock_server::serve(airlock_server::ServeOptions {
-        server: config.server,
+        server,
         config_dir,
         engine,
         euid_is_root: euid_is_root(),
+        mcp: Some(mcp),
     })?;
     Ok(())
 }

@@ -140,11 +140,22 @@ pub fn toolbox(source: &ToolSource) -> anyhow::Result<ToolBox> {
         .and_then(Path::parent)
         .map(|dir| std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()))
         .unwrap_or_else(crate::current_dir);
-    let registry = Registry::load(&config.tools, &base_dir)?;
     let state_dir = config.state_dir(source.state_dir.as_deref());
     let mut engine_config = EngineConfig::new(state_dir.clone(), config.egress.clone());
     engine_config.host_ids = host_ids;
     let engine = Arc::new(Engine::new(engine_config));
+    toolbox_on(config, &base_dir, state_dir, engine)
+}
+
+/// The registry of `config` (relative paths against `base_dir`) on an existing engine:
+/// `airlock serve` offers the tools on its own.
+pub fn toolbox_on(
+    config: OperatorConfig,
+    base_dir: &Path,
+    state_dir: PathBuf,
+    engine: Arc<Engine>,
+) -> anyhow::Result<ToolBox> {
+    let registry = Registry::load(&config.tools, base_dir)?;
     let planner = Arc::new(CliPlanner { config, state_dir });
     Ok(ToolBox::new(registry, engine, planner))
 }

@@ -886,3 +886,37 @@ fn airlock_run_is_handed_to_the_running_service_and_recorded_there() {
         .status
         .success());
 }
+
+#[test]
+fn the_service_offers_the_tools_over_mcp_to_tenant_keys_only() {
+    require_cells!();
+    let server = Server::start();
+    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
+    let post = |key: Option<&str>| {
+        let mut cmd = Command::new("curl");
+        cmd.args([
+            "-sS",
+            "--max-time",
+            "60",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            "POST",
+        ]);
+        cmd.args(["-H", "content-type: application/json"]);
+        cmd.args(["-H", "accept: application/json, text/event-stream"]);
+        if let Some(key) = key {
+            cmd.args(["-H", &format!("Authorization: Bearer {key}")]);
+        }
+        cmd.args(["--data-binary", initialize]);
+        cmd.arg(format!("http://127.0.0.1:{}/mcp", server.port));
+        split_status(&cmd.output().unwrap())
+    };
+    let (status, body) = post(Some(ALICE));
+    assert_eq!(status, 200, "{body}\n{}", server.log());
+    assert!(body.contains("serverInfo"), "{body}");
+    let (status, body) = post(None);
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = post(Some("not-a-tenant-key-at-all"));
+    assert_eq!(status, 401, "{body}");
+}

@@ -42,7 +42,16 @@ pub struct ServeOptions {
     pub config_dir: PathBuf,
     pub engine: EngineConfig,
     pub euid_is_root: bool,
+    /// The MCP service to mount at `/mcp` (the binary builds it from the tool registry,
+    /// on the service's own engine), behind the tenants' API keys.
+    pub mcp: Option<McpMount>,
 }
+
+/// Whether an offered Bearer key is a tenant's.
+pub type KeyCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// Builds the router mounted at `/mcp` from the service's engine and its key check.
+pub type McpMount = Box<dyn FnOnce(Arc<Engine>, KeyCheck) -> Result<Router, String> + Send>;
 
 /// How long open connections get to finish once the work is drained.
 const CONNECTION_GRACE: Duration = Duration::from_secs(10);
@@ -143,14 +152,22 @@ pub fn router(state: Shared) -> Router {
         .with_state(state)
 }
 
-async fn serve_async(options: ServeOptions) -> Result<(), ServerError> {
+async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
     let euid_is_root = options.euid_is_root;
+    let mcp = options.mcp.take();
     let state = build_state(options)?;
+    let mut routes = router(Arc::clone(&state));
+    if let Some(mount) = mcp {
+        let keys = Arc::clone(&state);
+        let check: KeyCheck = Arc::new(move |key: &str| keys.tenants.knows_key(key));
+        let mcp = mount(Arc::clone(&state.engine), check).map_err(ServerError::Config)?;
+        routes = routes.nest_service("/mcp", mcp);
+    }
     let bound = listen::bind(&state.config, euid_is_root).await?;
     let graceful = Arc::new(hyper_util::server::graceful::GracefulShutdown::new());
     let app = listen::App {
         state: Arc::clone(&state),
-        router: router(Arc::clone(&state)),
+        router: routes,
         graceful: Arc::clone(&graceful),
         max_header_bytes: state.config.max_header_bytes,
         header_timeout: Duration::from_millis(state.config.header_timeout_ms),

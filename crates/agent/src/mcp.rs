@@ -383,6 +383,56 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// `POST /v1/tools/{name}/call`, the body the tool's input (JSON): the tool protocol over
+/// HTTP, answered `{reply, meta}` (the envelope a model gets, and the call's run id,
+/// result class, exit code, limit fired and truncation), behind `key_check` like `/mcp`.
+/// A client that goes away cancels the call: its cell is killed.
+pub fn tool_call_router(toolbox: Arc<ToolBox>, key_check: KeyCheck) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/tools/{name}/call", axum::routing::post(call_tool))
+        .with_state(toolbox)
+        .layer(axum::middleware::from_fn(move |request, next| {
+            let key_check = Arc::clone(&key_check);
+            bearer_only(key_check, request, next)
+        }))
+}
+
+/// Fires the call's cancel when the request's future is dropped before the call ended.
+struct CancelOnDrop(Option<Cancel>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(cancel) = self.0.take() {
+            cancel.fire();
+        }
+    }
+}
+
+async fn call_tool(
+    axum::extract::State(toolbox): axum::extract::State<Arc<ToolBox>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    input: String,
+) -> axum::response::Response {
+    let cancel = Cancel::default();
+    let mut on_drop = CancelOnDrop(Some(cancel.clone()));
+    let called =
+        tokio::task::spawn_blocking(move || toolbox.call_text(&name, &input, &cancel)).await;
+    on_drop.0 = None;
+    use axum::response::IntoResponse;
+    match called {
+        Ok(result) => axum::Json(json!({
+            "reply": result.reply,
+            "meta": result.meta,
+        }))
+        .into_response(),
+        Err(_) => (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "the tool call failed inside the service\n",
+        )
+            .into_response(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

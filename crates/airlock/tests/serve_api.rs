@@ -920,3 +920,116 @@ fn the_service_offers_the_tools_over_mcp_to_tenant_keys_only() {
     let (status, body) = post(Some("not-a-tenant-key-at-all"));
     assert_eq!(status, 401, "{body}");
 }
+
+#[test]
+fn registry_tools_are_called_over_http_with_the_tool_protocol() {
+    require_cells!();
+    let server = Server::start();
+    let config = std::fs::read_to_string(server.dir.path().join("airlock.toml")).unwrap();
+    assert!(
+        !config.contains("[tools"),
+        "the test server has no tools configured"
+    );
+    // No such tool: the protocol's refusal, recorded, no cell; and keys are required.
+    let call = |key: &str| {
+        let mut cmd = Command::new("curl");
+        cmd.args([
+            "-sS",
+            "--max-time",
+            "60",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            "POST",
+        ]);
+        cmd.args(["-H", &format!("Authorization: Bearer {key}")]);
+        cmd.args(["--data-binary", r#"{"q": 1}"#]);
+        cmd.arg(format!(
+            "http://127.0.0.1:{}/v1/tools/no_such_tool/call",
+            server.port
+        ));
+        split_status(&cmd.output().unwrap())
+    };
+    let (status, body) = call(ALICE);
+    assert_eq!(status, 200, "{body}\n{}", server.log());
+    let answer = json(&body);
+    assert_eq!(answer["reply"]["ok"], false, "{body}");
+    assert!(
+        answer["reply"]["run_id"]
+            .as_str()
+            .is_some_and(|id| !id.is_empty()),
+        "{body}"
+    );
+    assert_eq!(answer["meta"]["result_class"], "policy_denied", "{body}");
+    let (status, _) = call("not-a-tenant-key-at-all");
+    assert_eq!(status, 401);
+}
+
+#[test]
+fn the_examples_db_query_tool_answers_over_the_service() {
+    require_cells!();
+    // The example registry (examples/tools) with a [server] section added.
+    let dir = tempfile::tempdir().unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tools");
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(format!("{}/.", examples.display()))
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let port = free_port();
+    let mut config = std::fs::read_to_string(dir.path().join("airlock.toml")).unwrap();
+    config.push_str(&format!(
+        "\n[server]\nlisten = [\"unix:{}\", \"tcp:127.0.0.1:{port}\"]\n[server.tenants.alice]\napi_key_sha256 = [\"{}\"]\n",
+        dir.path().join("airlock.sock").display(),
+        sha256_hex(ALICE),
+    ));
+    std::fs::write(dir.path().join("airlock.toml"), config).unwrap();
+    let mut server = Server {
+        child: None,
+        dir,
+        port,
+    };
+    server.spawn();
+    let input = r#"{"query": "SELECT name, stock FROM items ORDER BY stock DESC", "max_rows": 2}"#;
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "120",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            "POST",
+        ])
+        .args(["-H", &format!("Authorization: Bearer {ALICE}")])
+        .args(["--data-binary", input])
+        .arg(format!("http://127.0.0.1:{port}/v1/tools/db_query/call"))
+        .output()
+        .unwrap();
+    let (status, body) = split_status(&out);
+    assert_eq!(status, 200, "{body}\n{}", server.log());
+    let answer = json(&body);
+    assert_eq!(answer["reply"]["ok"], true, "{body}\n{}", server.log());
+    assert_eq!(
+        answer["reply"]["output"]["rows"].as_array().map(Vec::len),
+        Some(2),
+        "{body}"
+    );
+    assert_eq!(answer["meta"]["result_class"], "ok", "{body}");
+    // Input that breaks the schema never reaches a cell.
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "60", "-X", "POST"])
+        .args(["-H", &format!("Authorization: Bearer {ALICE}")])
+        .args(["--data-binary", r#"{"query": ""}"#])
+        .arg(format!("http://127.0.0.1:{port}/v1/tools/db_query/call"))
+        .output()
+        .unwrap();
+    let refused = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(refused["reply"]["ok"], false, "{refused}");
+    assert_eq!(
+        refused["meta"]["result_class"], "policy_denied",
+        "{refused}"
+    );
+}

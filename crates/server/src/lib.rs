@@ -42,15 +42,16 @@ pub struct ServeOptions {
     pub config_dir: PathBuf,
     pub engine: EngineConfig,
     pub euid_is_root: bool,
-    /// The MCP service to mount at `/mcp` (the binary builds it from the tool registry,
-    /// on the service's own engine), behind the tenants' API keys.
+    /// The agent's routes (`/mcp` and `POST /v1/tools/{name}/call`: the binary builds
+    /// them from the tool registry, on the service's own engine), behind the tenants'
+    /// API keys.
     pub mcp: Option<McpMount>,
 }
 
 /// Whether an offered Bearer key is a tenant's.
 pub type KeyCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
-/// Builds the router mounted at `/mcp` from the service's engine and its key check.
+/// Builds the agent's routes, merged into the service's, from its engine and key check.
 pub type McpMount = Box<dyn FnOnce(Arc<Engine>, KeyCheck) -> Result<Router, String> + Send>;
 
 /// How long open connections get to finish once the work is drained.
@@ -161,7 +162,7 @@ async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
         let keys = Arc::clone(&state);
         let check: KeyCheck = Arc::new(move |key: &str| keys.tenants.knows_key(key));
         let mcp = mount(Arc::clone(&state.engine), check).map_err(ServerError::Config)?;
-        routes = routes.nest_service("/mcp", mcp);
+        routes = routes.merge(mcp);
     }
     let bound = listen::bind(&state.config, euid_is_root).await?;
     let graceful = Arc::new(hyper_util::server::graceful::GracefulShutdown::new());

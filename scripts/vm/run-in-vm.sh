@@ -81,6 +81,10 @@ done
 
 # --- airlock and the libraries it links, at the paths ldd names ---
 cp "$AIRLOCK_BIN" "$root/usr/local/bin/airlock"
+# A debug build carries ~300 MB of debug info (the binary links the service, the agent's
+# MCP and HTTP clients): unpacked twice in the guest's RAM (initramfs, then the tmpfs root)
+# it no longer fits. The guest needs only the code.
+if command -v strip >/dev/null; then strip --strip-debug "$root/usr/local/bin/airlock"; fi
 # (none for the static-pie build; ldd then fails, which is fine)
 { ldd "$AIRLOCK_BIN" 2>/dev/null || true; } | { grep -o '/[^ ]*' || true; } | while read -r lib; do
   mkdir -p "$root$(dirname "$lib")"

@@ -80,9 +80,14 @@ impl CgroupLayout {
     pub fn detect() -> Result<CgroupLayout, CellError> {
         let root = std::env::var_os("AIRLOCK_CGROUP_ROOT")
             .map_or_else(|| PathBuf::from(CGROUP_ROOT), PathBuf::from);
-        let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let uid = crate::sys::geteuid();
+        // Root's cells go under `airlock/`: its own cgroups are never read (cell start).
+        let own = match uid {
+            0 => String::new(),
+            _ => fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
+        };
         CgroupLayout::detect_at(&root, swap_enabled())?.for_caller(
-            crate::sys::geteuid(),
+            uid,
             &own,
             &crate::sys::writable_by_caller,
         )

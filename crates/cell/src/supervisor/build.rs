@@ -114,10 +114,13 @@ pub fn build<'a>(
     // The cell is cloned next: while it creates its network namespace (the costliest
     // step of a cell start), the supervisor prepares what the release message carries.
     let payload_cpus = sys::allowed_cpus().ok();
+    // Decided once, before the clone: in the child, until its maps are written, every id
+    // is the overflow id, and its capabilities are those of its new user namespace.
+    let clones_in_cell = cell_clones_its_sources();
     let spawned = spawn_cell(
         (single, &supervisor.command_line),
         (host, lease.slot_fd()),
-        plan,
+        (plan, clones_in_cell),
         artifacts.is_some(),
         session,
         payload_cpus.as_ref(),
@@ -144,7 +147,6 @@ pub fn build<'a>(
     };
     // The device nodes go with the maps: the cell builds /dev and masks /proc with them
     // before the release.
-    let clones_in_cell = cell_clones_its_sources();
     // The cgroup exists by now: such a cell clones its view of it with everything else.
     let devices = if clones_in_cell {
         Ok(rootfs::deferred_cgroup_view(plan, &cgroup.view()))
@@ -481,15 +483,12 @@ fn cell_clones_its_sources() -> bool {
 fn spawn_cell(
     (single, supervisor_command_line): (sys::SingleThreaded, &sys::CommandLineArea),
     (host, slot): (HostIdentity, Option<RawFd>),
-    plan: &CellPlan,
+    (plan, clones_in_cell): (&CellPlan, bool),
     has_artifacts: bool,
     session: bool,
     payload_cpus: Option<&sys::CpuSet>,
     caller_terminal: Option<&mut CallerTerminal>,
 ) -> Result<SpawnedCell, CellError> {
-    // Read before the clone: in the child, until its maps are written, every id is the
-    // overflow id.
-    let clones_in_cell = cell_clones_its_sources();
     let window = caller_terminal
         .as_ref()
         .map_or(DEFAULT_WINDOW, |t| t.window());

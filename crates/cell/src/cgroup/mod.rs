@@ -656,6 +656,13 @@ mod tests {
     const OWN_CGROUPS: &str =
         "8:pids:/jobs/ci\n6:freezer:/jobs/ci\n4:memory:/jobs/ci\n2:cpu,cpuacct:/jobs/ci\n0::/\n";
 
+    /// A cgroup `under` each hierarchy of [`v1_fixture`]'s tree at `root`.
+    fn subtree_in_every_hierarchy(root: &Path, under: &str) {
+        for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
+            touch(&root.join(hierarchy).join(under).join("cgroup.procs"), "");
+        }
+    }
+
     fn everything_writable(_: &Path) -> bool {
         true
     }
@@ -695,19 +702,8 @@ mod tests {
     #[test]
     fn a_user_takes_the_operators_user_subtree_first() {
         let (root, layout) = v1_fixture();
-        for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
-            touch(
-                &root
-                    .path()
-                    .join(hierarchy)
-                    .join("airlock/user-1001/cgroup.procs"),
-                "",
-            );
-            touch(
-                &root.path().join(hierarchy).join("jobs/ci/cgroup.procs"),
-                "",
-            );
-        }
+        subtree_in_every_hierarchy(root.path(), "airlock/user-1001");
+        subtree_in_every_hierarchy(root.path(), "jobs/ci");
         let layout = layout
             .for_caller(1001, OWN_CGROUPS, &everything_writable)
             .unwrap();
@@ -721,12 +717,7 @@ mod tests {
     #[test]
     fn a_user_falls_back_to_its_own_delegated_cgroup() {
         let (root, layout) = v1_fixture();
-        for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
-            touch(
-                &root.path().join(hierarchy).join("jobs/ci/cgroup.procs"),
-                "",
-            );
-        }
+        subtree_in_every_hierarchy(root.path(), "jobs/ci");
         let layout = layout
             .for_caller(1001, OWN_CGROUPS, &everything_writable)
             .unwrap();
@@ -736,15 +727,7 @@ mod tests {
     #[test]
     fn a_subtree_the_user_cannot_write_is_not_delegated() {
         let (root, layout) = v1_fixture();
-        for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
-            touch(
-                &root
-                    .path()
-                    .join(hierarchy)
-                    .join("airlock/user-1001/cgroup.procs"),
-                "",
-            );
-        }
+        subtree_in_every_hierarchy(root.path(), "airlock/user-1001");
         // The operator chowned the directory but not the pids hierarchy's cgroup.procs.
         let pids_procs = root.path().join("pids/airlock/user-1001/cgroup.procs");
         let writable = |p: &Path| p != pids_procs;

@@ -932,23 +932,12 @@ fn registry_tools_are_called_over_http_with_the_tool_protocol() {
     );
     // No such tool: the protocol's refusal, recorded, no cell; and keys are required.
     let call = |key: &str| {
-        let mut cmd = Command::new("curl");
-        cmd.args([
-            "-sS",
-            "--max-time",
-            "60",
-            "-w",
-            "\n%{http_code}",
-            "-X",
+        server.tcp(
+            key,
             "POST",
-        ]);
-        cmd.args(["-H", &format!("Authorization: Bearer {key}")]);
-        cmd.args(["--data-binary", r#"{"q": 1}"#]);
-        cmd.arg(format!(
-            "http://127.0.0.1:{}/v1/tools/no_such_tool/call",
-            server.port
-        ));
-        split_status(&cmd.output().unwrap())
+            "/v1/tools/no_such_tool/call",
+            Some(r#"{"q": 1}"#),
+        )
     };
     let (status, body) = call(ALICE);
     assert_eq!(status, 200, "{body}\n{}", server.log());
@@ -993,22 +982,7 @@ fn the_examples_db_query_tool_answers_over_the_service() {
     };
     server.spawn();
     let input = r#"{"query": "SELECT name, stock FROM items ORDER BY stock DESC", "max_rows": 2}"#;
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "120",
-            "-w",
-            "\n%{http_code}",
-            "-X",
-            "POST",
-        ])
-        .args(["-H", &format!("Authorization: Bearer {ALICE}")])
-        .args(["--data-binary", input])
-        .arg(format!("http://127.0.0.1:{port}/v1/tools/db_query/call"))
-        .output()
-        .unwrap();
-    let (status, body) = split_status(&out);
+    let (status, body) = server.tcp(ALICE, "POST", "/v1/tools/db_query/call", Some(input));
     assert_eq!(status, 200, "{body}\n{}", server.log());
     let answer = json(&body);
     assert_eq!(answer["reply"]["ok"], true, "{body}\n{}", server.log());
@@ -1019,14 +993,13 @@ fn the_examples_db_query_tool_answers_over_the_service() {
     );
     assert_eq!(answer["meta"]["result_class"], "ok", "{body}");
     // Input that breaks the schema never reaches a cell.
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "60", "-X", "POST"])
-        .args(["-H", &format!("Authorization: Bearer {ALICE}")])
-        .args(["--data-binary", r#"{"query": ""}"#])
-        .arg(format!("http://127.0.0.1:{port}/v1/tools/db_query/call"))
-        .output()
-        .unwrap();
-    let refused = json(&String::from_utf8_lossy(&out.stdout));
+    let (_, body) = server.tcp(
+        ALICE,
+        "POST",
+        "/v1/tools/db_query/call",
+        Some(r#"{"query": ""}"#),
+    );
+    let refused = json(&body);
     assert_eq!(refused["reply"]["ok"], false, "{refused}");
     assert_eq!(
         refused["meta"]["result_class"], "policy_denied",

@@ -209,6 +209,7 @@ impl Loop<'_> {
             "agent-shell",
             Vec::new(),
             self.options.deadline,
+            None,
         )?;
         self.shell = Some((Arc::clone(&session), bytes));
         Ok((session, bytes))

@@ -8,7 +8,8 @@ use crate::protocol::{self, reason, CellOutcome, ToolReply};
 use crate::registry::{Registry, Tool};
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_contract::CellPlan;
-use airlock_engine::{Engine, Refusal};
+use airlock_engine::caller::Work;
+use airlock_engine::{Caller, Engine, Refusal};
 use serde::Serialize;
 use serde_json::Value;
 use std::path::Path;
@@ -128,6 +129,22 @@ impl ToolBox {
         self.call_text_within(name, input, cancel, None)
     }
 
+    /// [`ToolBox::call_text`] for a service's `caller`: its cell takes a slot of the
+    /// caller's quotas (or the call is refused, recorded, with the quota's reason) and
+    /// the run is recorded under its tenant.
+    pub fn call_text_as(
+        &self,
+        name: &str,
+        input: &str,
+        caller: &Caller,
+        cancel: &Cancel,
+    ) -> CallResult {
+        match self.parse_input(name, input, Some(caller)) {
+            Ok(value) => self.call_within(name, &value, Some(caller), cancel, None),
+            Err(refused) => *refused,
+        }
+    }
+
     /// [`ToolBox::call_text`] whose command's wall time is at most `wall_cap_ms` (the
     /// agent loop's deadline); the contract's wall time otherwise.
     pub fn call_text_within(
@@ -137,28 +154,54 @@ impl ToolBox {
         cancel: &Cancel,
         wall_cap_ms: Option<u64>,
     ) -> CallResult {
+        match self.parse_input(name, input, None) {
+            Ok(value) => self.call_within(name, &value, None, cancel, wall_cap_ms),
+            Err(refused) => *refused,
+        }
+    }
+
+    fn parse_input(
+        &self,
+        name: &str,
+        input: &str,
+        caller: Option<&Caller>,
+    ) -> Result<Value, Box<CallResult>> {
         if input.len() > MAX_INPUT_BYTES {
             let message = format!("the input is over {MAX_INPUT_BYTES} bytes");
-            return self.refuse(name, reason::INPUT_TOO_LARGE, &message);
+            return Err(Box::new(self.refuse(
+                name,
+                caller,
+                reason::INPUT_TOO_LARGE,
+                &message,
+            )));
         }
-        match serde_json::from_str::<Value>(input) {
-            Ok(value) => self.call_within(name, &value, cancel, wall_cap_ms),
-            Err(err) => {
-                let message = format!("the input is not JSON: {err}");
-                self.refuse(name, reason::INPUT_NOT_JSON, &message)
-            }
-        }
+        serde_json::from_str::<Value>(input).map_err(|err| {
+            let message = format!("the input is not JSON: {err}");
+            Box::new(self.refuse(name, caller, reason::INPUT_NOT_JSON, &message))
+        })
     }
 
     /// Calls tool `name` with `input`.
     pub fn call(&self, name: &str, input: &Value, cancel: &Cancel) -> CallResult {
-        self.call_within(name, input, cancel, None)
+        self.call_within(name, input, None, cancel, None)
+    }
+
+    /// [`ToolBox::call`] for a service's `caller` (see [`ToolBox::call_text_as`]).
+    pub fn call_as(
+        &self,
+        name: &str,
+        input: &Value,
+        caller: &Caller,
+        cancel: &Cancel,
+    ) -> CallResult {
+        self.call_within(name, input, Some(caller), cancel, None)
     }
 
     fn call_within(
         &self,
         name: &str,
         input: &Value,
+        caller: Option<&Caller>,
         cancel: &Cancel,
         wall_cap_ms: Option<u64>,
     ) -> CallResult {
@@ -167,27 +210,47 @@ impl ToolBox {
                 "there is no tool named {:?}",
                 crate::schema::bounded(name, 64)
             );
-            return self.refuse(name, reason::UNKNOWN_TOOL, &message);
+            return self.refuse(name, caller, reason::UNKNOWN_TOOL, &message);
         };
         if let Err(violation) = tool.input.check(input) {
             let message = format!("the input does not match the tool's schema: {violation}");
-            return self.refuse(name, reason::INPUT_SCHEMA, &message);
+            return self.refuse(name, caller, reason::INPUT_SCHEMA, &message);
         }
-        let planned = match self.plan_for(tool) {
+        // The quota slot is held until the cell is gone.
+        let _admitted = match caller.map(|c| c.admit(Work::Run)).transpose() {
+            Ok(admitted) => admitted,
+            Err(refused) => {
+                let message = crate::schema::bounded(&refused.message, protocol::MESSAGE_CHARS);
+                return self.refuse_recorded(
+                    name,
+                    caller,
+                    refused.class,
+                    &refused.reason,
+                    &message,
+                    &message,
+                );
+            }
+        };
+        let planned = match self.plan_for(tool, caller) {
             Ok(planned) => planned,
             Err(refused) => return *refused,
         };
         let stdin = serde_json::to_vec(input).unwrap_or_default();
         let wall_time_ms = wall_cap_ms.map(|cap| cap.clamp(1, planned.plan.limits.wall_time_ms));
-        let executed = self.execute(tool, planned.plan, &stdin, cancel, wall_time_ms);
+        let tenant = caller.map(Caller::tenant);
+        let executed = self.execute(tool, planned.plan, tenant, &stdin, cancel, wall_time_ms);
         drop(planned.keep_alive);
         match executed {
             Ok(execution) => self.judge(tool, &execution, cancel),
-            Err(err) => self.failed(name, &err.to_string()),
+            Err(err) => self.failed(name, caller, &err.to_string()),
         }
     }
 
-    fn plan_for(&self, tool: &Tool) -> Result<PlannedCell, Box<CallResult>> {
+    fn plan_for(
+        &self,
+        tool: &Tool,
+        caller: Option<&Caller>,
+    ) -> Result<PlannedCell, Box<CallResult>> {
         let planned = self
             .planner
             .plan(Some(&tool.contract), &tool.command)
@@ -196,6 +259,7 @@ impl ToolBox {
                                has the details)";
                 Box::new(self.refuse_recorded(
                     &tool.name,
+                    caller,
                     err.class,
                     reason::CONTRACT,
                     message,
@@ -215,6 +279,7 @@ impl ToolBox {
             let message = "the tool's contract asks for the model endpoint's API key";
             return Err(Box::new(self.refuse_recorded(
                 &tool.name,
+                caller,
                 ResultClass::PolicyDenied,
                 reason::CREDENTIAL,
                 message,
@@ -228,6 +293,7 @@ impl ToolBox {
         &self,
         tool: &Tool,
         plan: CellPlan,
+        tenant: Option<&str>,
         stdin: &[u8],
         cancel: &Cancel,
         wall_time_ms: Option<u64>,
@@ -242,7 +308,15 @@ impl ToolBox {
             wall_time_ms,
         };
         let class = format!("tool:{}", tool.name);
-        exec::run_once(&self.engine, plan, &class, credentials, command, cancel)
+        exec::run_once(
+            &self.engine,
+            plan,
+            &class,
+            credentials,
+            tenant,
+            command,
+            cancel,
+        )
     }
 
     fn judge(&self, tool: &Tool, execution: &Execution, cancel: &Cancel) -> CallResult {
@@ -269,13 +343,27 @@ impl ToolBox {
     }
 
     /// A call refused before any plan: recorded, with its reason.
-    fn refuse(&self, name: &str, reason: &str, message: &str) -> CallResult {
-        self.refuse_recorded(name, ResultClass::PolicyDenied, reason, message, message)
+    fn refuse(
+        &self,
+        name: &str,
+        caller: Option<&Caller>,
+        reason: &str,
+        message: &str,
+    ) -> CallResult {
+        self.refuse_recorded(
+            name,
+            caller,
+            ResultClass::PolicyDenied,
+            reason,
+            message,
+            message,
+        )
     }
 
     fn refuse_recorded(
         &self,
         name: &str,
+        caller: Option<&Caller>,
         class: ResultClass,
         reason: &str,
         message: &str,
@@ -288,7 +376,7 @@ impl ToolBox {
             status: class,
             error: format!("{reason}: {detail}"),
             plan: None,
-            tenant: None,
+            tenant: caller.map(Caller::tenant),
         });
         let run_id = recorded.report.run_id;
         CallResult {
@@ -297,10 +385,11 @@ impl ToolBox {
         }
     }
 
-    fn failed(&self, name: &str, detail: &str) -> CallResult {
+    fn failed(&self, name: &str, caller: Option<&Caller>, detail: &str) -> CallResult {
         let message = "airlock could not run the tool (the audit record has the details)";
         self.refuse_recorded(
             name,
+            caller,
             ResultClass::RuntimeFault,
             reason::RUNTIME,
             message,

@@ -26,6 +26,13 @@ pub enum AgentError {
     Store(#[from] airlock_store::StoreError),
     #[error("agent: {0}")]
     Agent(String),
+    /// The service refused the caller's work (a quota, a drain) before any cell.
+    #[error("{reason}: {message}")]
+    Refused {
+        class: airlock_cell::report::ResultClass,
+        reason: String,
+        message: String,
+    },
     #[error("model endpoint: {0}")]
     Model(String),
 }

@@ -81,13 +81,15 @@ pub struct CommandRun<'a> {
     pub wall_time_ms: Option<u64>,
 }
 
-/// Opens a session for `plan` (one cell) under `workload_class`.
+/// Opens a session for `plan` (one cell) under `workload_class`, recorded for `tenant`
+/// (a service's caller; `None` from the CLI).
 pub fn open_session(
     engine: &Engine,
     plan: CellPlan,
     workload_class: &str,
     credentials: Vec<(String, String)>,
     lifetime: Duration,
+    tenant: Option<&str>,
 ) -> Result<Arc<Session>, AgentError> {
     let wall = Duration::from_millis(plan.limits.wall_time_ms);
     let session = engine.open_session(SessionRequest {
@@ -97,7 +99,7 @@ pub fn open_session(
         artifacts: None,
         idle_timeout: wall.max(lifetime) + SESSION_SLACK,
         max_lifetime: wall.max(lifetime) + SESSION_SLACK,
-        tenant: None,
+        tenant: tenant.map(String::from),
     })?;
     Ok(Arc::new(session))
 }
@@ -108,11 +110,13 @@ pub fn run_once(
     plan: CellPlan,
     workload_class: &str,
     credentials: Vec<(String, String)>,
+    tenant: Option<&str>,
     command: CommandRun<'_>,
     cancel: &Cancel,
 ) -> Result<Execution, AgentError> {
     let output_bytes = plan.limits.output_bytes;
-    let session = open_session(engine, plan, workload_class, credentials, Duration::ZERO)?;
+    let lifetime = Duration::ZERO;
+    let session = open_session(engine, plan, workload_class, credentials, lifetime, tenant)?;
     let executed = run_in(&session, output_bytes, command, cancel);
     // The last reference: the session's cell is destroyed here (Session's Drop).
     drop(session);

@@ -9,7 +9,8 @@
 use crate::call::{CallMeta, ToolBox};
 use crate::exec::{self, Cancel, CommandRun, Execution};
 use crate::AgentError;
-use airlock_engine::Session;
+use airlock_engine::caller::{Admitted, Work};
+use airlock_engine::{Caller, Session};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -49,9 +50,15 @@ impl CommandResult {
 struct OpenSession {
     session: Arc<Session>,
     output_bytes: u64,
+    /// The tenant that opened it: only that tenant's calls can reach it (`None`: the
+    /// stdio server's one local client).
+    owner: Option<String>,
+    /// Its cell's and session's slots of the owner's quotas.
+    _admitted: Option<Admitted>,
 }
 
-/// The generic tools of one server: its open sessions.
+/// The generic tools of one server: its open sessions, each bound to the tenant that
+/// opened it.
 pub struct Generic {
     toolbox: Arc<ToolBox>,
     sessions: Mutex<BTreeMap<String, OpenSession>>,
@@ -79,13 +86,15 @@ impl Generic {
         Ok(planned.plan)
     }
 
-    /// Runs `argv` in a cell of its own.
+    /// Runs `argv` in a cell of its own, for `caller` (see [`admit`]).
     pub fn run_command(
         &self,
         argv: Vec<String>,
         stdin: &str,
+        caller: Option<&Caller>,
         cancel: &Cancel,
     ) -> Result<CommandResult, AgentError> {
+        let _admitted = admit(caller, Work::Run)?;
         let plan = self.plan(&argv)?;
         let run = CommandRun {
             argv,
@@ -99,6 +108,7 @@ impl Generic {
             plan,
             "generic",
             Vec::new(),
+            caller.map(Caller::tenant),
             run,
             cancel,
         )?;
@@ -106,18 +116,24 @@ impl Generic {
     }
 
     /// Runs a Python snippet (`python3 -c CODE`) in a cell of its own.
-    pub fn run_python(&self, code: &str, cancel: &Cancel) -> Result<CommandResult, AgentError> {
+    pub fn run_python(
+        &self,
+        code: &str,
+        caller: Option<&Caller>,
+        cancel: &Cancel,
+    ) -> Result<CommandResult, AgentError> {
         let argv = vec!["python3".to_string(), "-c".to_string(), code.to_string()];
-        self.run_command(argv, "", cancel)
+        self.run_command(argv, "", caller, cancel)
     }
 
-    /// Opens a session; its id.
-    pub fn session_open(&self) -> Result<String, AgentError> {
+    /// Opens a session owned by `caller`'s tenant; its id.
+    pub fn session_open(&self, caller: Option<&Caller>) -> Result<String, AgentError> {
         if self.lock().len() >= MAX_SESSIONS {
             return Err(AgentError::Agent(format!(
                 "{MAX_SESSIONS} sessions are open; close one first"
             )));
         }
+        let admitted = admit(caller, Work::Session)?;
         let plan = self.plan(&["true".to_string()])?;
         let output_bytes = plan.limits.output_bytes;
         let session = exec::open_session(
@@ -126,6 +142,7 @@ impl Generic {
             "generic-session",
             Vec::new(),
             SESSION_LIFETIME,
+            caller.map(Caller::tenant),
         )?;
         let id = session.id().to_string();
         self.lock().insert(
@@ -133,6 +150,8 @@ impl Generic {
             OpenSession {
                 session,
                 output_bytes,
+                owner: caller.map(|c| c.tenant().to_string()),
+                _admitted: admitted,
             },
         );
         Ok(id)
@@ -142,16 +161,18 @@ impl Generic {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn session(&self, id: &str) -> Result<(Arc<Session>, u64), AgentError> {
+    /// Session `id`, if `caller` owns it. Another tenant's session is answered exactly
+    /// as one that does not exist: its id tells nothing.
+    fn session(
+        &self,
+        id: &str,
+        caller: Option<&Caller>,
+    ) -> Result<(Arc<Session>, u64), AgentError> {
         self.lock()
             .get(id)
+            .filter(|open| owns(open.owner.as_deref(), caller))
             .map(|open| (Arc::clone(&open.session), open.output_bytes))
-            .ok_or_else(|| {
-                AgentError::Agent(format!(
-                    "no open session {:?}",
-                    crate::schema::bounded(id, 64)
-                ))
-            })
+            .ok_or_else(|| no_session(id))
     }
 
     /// Runs `argv` in session `id`.
@@ -160,9 +181,11 @@ impl Generic {
         id: &str,
         argv: Vec<String>,
         stdin: &str,
+        caller: Option<&Caller>,
         cancel: &Cancel,
     ) -> Result<CommandResult, AgentError> {
-        let (session, output_bytes) = self.session(id)?;
+        let (session, output_bytes) = self.session(id, caller)?;
+        let _admitted = admit(caller, Work::Command)?;
         let run = CommandRun {
             argv,
             stdin: stdin.as_bytes(),
@@ -179,10 +202,11 @@ impl Generic {
         &self,
         id: &str,
         path: &str,
+        caller: Option<&Caller>,
         cancel: &Cancel,
     ) -> Result<CommandResult, AgentError> {
         let argv = vec!["cat".to_string(), "--".to_string(), path.to_string()];
-        self.session_exec(id, argv, "", cancel)
+        self.session_exec(id, argv, "", caller, cancel)
     }
 
     /// Writes `content` to `path` in session `id` (created or replaced).
@@ -191,22 +215,25 @@ impl Generic {
         id: &str,
         path: &str,
         content: &str,
+        caller: Option<&Caller>,
         cancel: &Cancel,
     ) -> Result<CommandResult, AgentError> {
         let argv = ["sh", "-c", "cat > \"$1\"", "sh", path]
             .map(String::from)
             .to_vec();
-        self.session_exec(id, argv, content, cancel)
+        self.session_exec(id, argv, content, caller, cancel)
     }
 
-    /// Closes session `id`: its cell is destroyed.
-    pub fn session_close(&self, id: &str) -> Result<CallMeta, AgentError> {
-        let open = self.lock().remove(id).ok_or_else(|| {
-            AgentError::Agent(format!(
-                "no open session {:?}",
-                crate::schema::bounded(id, 64)
-            ))
-        })?;
+    /// Closes session `id` (if `caller` owns it): its cell is destroyed.
+    pub fn session_close(&self, id: &str, caller: Option<&Caller>) -> Result<CallMeta, AgentError> {
+        let open = {
+            let mut sessions = self.lock();
+            match sessions.get(id) {
+                Some(open) if owns(open.owner.as_deref(), caller) => sessions.remove(id),
+                _ => None,
+            }
+        }
+        .ok_or_else(|| no_session(id))?;
         // A command still running in it holds the session: it is destroyed when that
         // command ends (nothing can reach it by its id any more).
         let session = Arc::try_unwrap(open.session).map_err(|_| {
@@ -216,5 +243,45 @@ impl Generic {
         })?;
         let report = session.close()?;
         Ok(CallMeta::of(&report, false))
+    }
+}
+
+/// Whether `caller` is the tenant that opened a session owned by `owner`.
+fn owns(owner: Option<&str>, caller: Option<&Caller>) -> bool {
+    owner == caller.map(Caller::tenant)
+}
+
+fn no_session(id: &str) -> AgentError {
+    AgentError::Agent(format!(
+        "no open session {:?}",
+        crate::schema::bounded(id, 64)
+    ))
+}
+
+/// Takes `work`'s slot of `caller`'s quotas; nothing to take for the stdio server.
+fn admit(caller: Option<&Caller>, work: Work) -> Result<Option<Admitted>, AgentError> {
+    caller
+        .map(|c| c.admit(work))
+        .transpose()
+        .map_err(|refused| AgentError::Refused {
+            class: refused.class,
+            reason: refused.reason,
+            message: refused.message,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_is_reachable_only_by_the_tenant_that_opened_it() {
+        let alice = Caller::unbounded("alice".into());
+        let bob = Caller::unbounded("bob".into());
+        assert!(owns(Some("alice"), Some(&alice)));
+        assert!(!owns(Some("alice"), Some(&bob)));
+        assert!(!owns(Some("alice"), None));
+        assert!(!owns(None, Some(&alice)));
+        assert!(owns(None, None));
     }
 }

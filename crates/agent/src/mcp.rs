@@ -14,6 +14,8 @@ use crate::protocol::{reason, ToolReply};
 use crate::schema::Schema;
 use crate::AgentError;
 use airlock_cell::report::ResultClass;
+use airlock_engine::caller::Refused;
+use airlock_engine::Caller;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam,
@@ -22,7 +24,8 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler, ServiceExt};
 use serde_json::{json, Value};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How often a long call reports progress.
@@ -130,21 +133,37 @@ impl McpState {
         registry.chain(generic).collect()
     }
 
-    /// Runs one call to its end (blocking: on a thread of its own).
-    fn call(&self, name: &str, arguments: Value, cancel: &Cancel) -> CallToolResult {
+    /// Runs one call to its end (blocking: on a thread of its own), for `caller` (the
+    /// service's tenant; `None` over stdio).
+    fn call(
+        &self,
+        name: &str,
+        arguments: Value,
+        caller: Option<&Caller>,
+        cancel: &Cancel,
+    ) -> CallToolResult {
         if let Some(tool) = self.generic_tools.iter().find(|t| t.name == name) {
             return match tool.input.check(&arguments) {
-                Ok(()) => self.call_generic(name, &arguments, cancel),
+                Ok(()) => self.call_generic(name, &arguments, caller, cancel),
                 Err(violation) => refused_generic(&format!(
                     "the input does not match the tool's schema: {violation}"
                 )),
             };
         }
-        let result = self.toolbox.call(name, &arguments, cancel);
+        let result = match caller {
+            Some(caller) => self.toolbox.call_as(name, &arguments, caller, cancel),
+            None => self.toolbox.call(name, &arguments, cancel),
+        };
         registry_result(&result.reply, &result.meta)
     }
 
-    fn call_generic(&self, name: &str, args: &Value, cancel: &Cancel) -> CallToolResult {
+    fn call_generic(
+        &self,
+        name: &str,
+        args: &Value,
+        caller: Option<&Caller>,
+        cancel: &Cancel,
+    ) -> CallToolResult {
         let text = |key: &str| args.get(key).and_then(Value::as_str).unwrap_or_default();
         let argv = || -> Vec<String> {
             args.get("command")
@@ -160,21 +179,22 @@ impl McpState {
         let generic = &self.generic;
         let session = text("session_id");
         let ran = match name {
-            "run_command" => generic.run_command(argv(), text("stdin"), cancel),
-            "run_python" => generic.run_python(text("code"), cancel),
-            "session_exec" => generic.session_exec(session, argv(), text("stdin"), cancel),
-            "session_read_file" => generic.session_read_file(session, text("path"), cancel),
+            "run_command" => generic.run_command(argv(), text("stdin"), caller, cancel),
+            "run_python" => generic.run_python(text("code"), caller, cancel),
+            "session_exec" => generic.session_exec(session, argv(), text("stdin"), caller, cancel),
+            "session_read_file" => generic.session_read_file(session, text("path"), caller, cancel),
             "session_write_file" => {
-                generic.session_write_file(session, text("path"), text("content"), cancel)
+                let (path, content) = (text("path"), text("content"));
+                generic.session_write_file(session, path, content, caller, cancel)
             }
             "session_open" => {
-                return match generic.session_open() {
+                return match generic.session_open(caller) {
                     Ok(id) => structured(json!({"session_id": id}), None, false),
                     Err(err) => generic_error(&err),
                 }
             }
             _ => {
-                return match generic.session_close(session) {
+                return match generic.session_close(session, caller) {
                     Ok(meta) => structured(json!(meta), Some(&meta), false),
                     Err(err) => generic_error(&err),
                 }
@@ -240,7 +260,10 @@ fn refused_generic(message: &str) -> CallToolResult {
 
 fn generic_error(err: &AgentError) -> CallToolResult {
     let message = crate::schema::bounded(&err.to_string(), crate::protocol::MESSAGE_CHARS);
-    let reply = ToolReply::error(ResultClass::RuntimeFault, reason::RUNTIME, &message, "");
+    let reply = match err {
+        AgentError::Refused { class, reason, .. } => ToolReply::error(*class, reason, &message, ""),
+        _ => ToolReply::error(ResultClass::RuntimeFault, reason::RUNTIME, &message, ""),
+    };
     CallToolResult::error(vec![ContentBlock::text(reply.to_value().to_string())])
 }
 
@@ -248,12 +271,36 @@ fn generic_error(err: &AgentError) -> CallToolResult {
 #[derive(Clone)]
 pub struct McpServer {
     state: Arc<McpState>,
+    /// Over HTTP every call must come with the [`Caller`] that [`http_router`]'s
+    /// authentication put on its request; a call without one is refused (fail closed,
+    /// should the router ever be mounted without it).
+    over_http: bool,
 }
 
 impl McpServer {
+    /// The stdio server's handler: its one client is the local user who started it.
     pub fn new(state: Arc<McpState>) -> McpServer {
-        McpServer { state }
+        McpServer {
+            state,
+            over_http: false,
+        }
     }
+
+    fn over_http(state: Arc<McpState>) -> McpServer {
+        McpServer {
+            state,
+            over_http: true,
+        }
+    }
+}
+
+/// The caller the HTTP layer authenticated for this request, if any.
+fn caller_of(context: &RequestContext<RoleServer>) -> Option<Caller> {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Caller>())
+        .cloned()
 }
 
 impl ServerHandler for McpServer {
@@ -277,11 +324,19 @@ impl ServerHandler for McpServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.to_string();
         let arguments = Value::Object(request.arguments.unwrap_or_default());
+        let caller = caller_of(&context);
+        if self.over_http && caller.is_none() {
+            return Err(ErrorData::invalid_request(
+                "the request has no authenticated tenant",
+                None,
+            ));
+        }
         let cancel = Cancel::default();
         let state = Arc::clone(&self.state);
         let call_cancel = cancel.clone();
-        let mut running =
-            tokio::task::spawn_blocking(move || state.call(&name, arguments, &call_cancel));
+        let mut running = tokio::task::spawn_blocking(move || {
+            state.call(&name, arguments, caller.as_ref(), &call_cancel)
+        });
         let progress_token = context.meta.get_progress_token();
         let mut ticks = tokio::time::interval(PROGRESS_EVERY);
         ticks.tick().await;
@@ -322,16 +377,21 @@ pub async fn serve_stdio(state: Arc<McpState>) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Decides whether a request's Bearer key is accepted (the service's tenant keys).
-pub type KeyCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+/// Who a request is (its tenant and that tenant's quotas), or why it is refused: the
+/// service's tenant resolution, or [`single_key`].
+pub type Authenticate =
+    Arc<dyn Fn(&axum::http::request::Parts) -> Result<Caller, Refused> + Send + Sync>;
 
 /// The streamable-HTTP MCP service as an axum router, to be mounted (e.g. at `/mcp`). A
-/// request without `Authorization: Bearer KEY` that `key_check` accepts is answered 401
-/// before MCP sees it. Hosts other than loopback are refused by rmcp unless `allowed_hosts`
-/// names them (DNS rebinding).
+/// request that `authenticate` refuses is answered 401 before MCP sees it; one that it
+/// accepts carries its [`Caller`] to every tool call, whose cells are admitted against
+/// the caller's quotas and recorded under its tenant. Each MCP session belongs to the
+/// tenant whose request opened it: another tenant's request naming its
+/// `Mcp-Session-Id` is answered 404, as an unknown session is. Hosts other than loopback
+/// are refused by rmcp unless `allowed_hosts` names them (DNS rebinding).
 pub fn http_router(
     state: Arc<McpState>,
-    key_check: KeyCheck,
+    authenticate: Authenticate,
     allowed_hosts: Vec<String>,
 ) -> axum::Router {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -343,40 +403,146 @@ pub fn http_router(
         config.allowed_hosts = allowed_hosts;
     }
     let service = StreamableHttpService::new(
-        move || Ok(McpServer::new(Arc::clone(&state))),
+        move || Ok(McpServer::over_http(Arc::clone(&state))),
         Arc::new(LocalSessionManager::default()),
         config,
     );
+    let owners = Arc::new(SessionOwners::default());
     axum::Router::new()
         .fallback_service(service)
         .layer(axum::middleware::from_fn(move |request, next| {
-            let key_check = Arc::clone(&key_check);
-            bearer_only(key_check, request, next)
+            let gate = Gate {
+                authenticate: Arc::clone(&authenticate),
+                owners: Some(Arc::clone(&owners)),
+            };
+            gate.pass(request, next)
         }))
 }
 
-async fn bearer_only(
-    key_check: KeyCheck,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let key = request
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match key {
-        Some(key) if key_check(key) => next.run(request).await,
-        _ => axum::response::IntoResponse::into_response((
-            axum::http::StatusCode::UNAUTHORIZED,
-            "a Bearer key is required\n",
-        )),
+/// The tenant that opened each MCP session, by its `Mcp-Session-Id`.
+#[derive(Default)]
+struct SessionOwners(Mutex<HashMap<String, String>>);
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+impl SessionOwners {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn may_use(&self, session: &str, tenant: &str) -> bool {
+        session_verdict(self.lock().get(session).map(String::as_str), tenant)
+    }
+
+    /// What a response says about sessions: a new one opened for `tenant`, or one gone.
+    fn learn(
+        &self,
+        asked: Option<&str>,
+        method: &axum::http::Method,
+        response: &axum::response::Response,
+        tenant: &str,
+    ) {
+        let opened = response
+            .headers()
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok());
+        let status = response.status();
+        match (asked, opened) {
+            (None, Some(opened)) => {
+                self.lock().insert(opened.to_string(), tenant.to_string());
+            }
+            (Some(asked), _)
+                if status == axum::http::StatusCode::NOT_FOUND
+                    || (*method == axum::http::Method::DELETE && status.is_success()) =>
+            {
+                self.lock().remove(asked);
+            }
+            _ => {}
+        }
     }
 }
 
-/// A key check that accepts exactly `key` (compared in constant time).
-pub fn single_key(key: String) -> KeyCheck {
-    Arc::new(move |offered: &str| constant_time_eq(offered.as_bytes(), key.as_bytes()))
+/// The pure decision: a session is usable by the tenant that opened it; one this
+/// router never saw opened is left to rmcp, which answers 404 for it.
+fn session_verdict(owner: Option<&str>, tenant: &str) -> bool {
+    owner.is_none_or(|owner| owner == tenant)
+}
+
+/// The authentication in front of the agent's routes.
+struct Gate {
+    authenticate: Authenticate,
+    /// Set for `/mcp`: its sessions are bound to their tenants.
+    owners: Option<Arc<SessionOwners>>,
+}
+
+impl Gate {
+    async fn pass(
+        self,
+        request: axum::extract::Request,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let (mut parts, body) = request.into_parts();
+        let caller = match (self.authenticate)(&parts) {
+            Ok(caller) => caller,
+            Err(refused) => return refusal(axum::http::StatusCode::UNAUTHORIZED, &refused),
+        };
+        let asked = parts
+            .headers
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+        if let (Some(owners), Some(asked)) = (&self.owners, &asked) {
+            if !owners.may_use(asked, caller.tenant()) {
+                let body = "no such MCP session (Mcp-Session-Id)\n";
+                return (axum::http::StatusCode::NOT_FOUND, body).into_response();
+            }
+        }
+        let method = parts.method.clone();
+        let tenant = caller.tenant().to_string();
+        parts.extensions.insert(caller);
+        let response = next
+            .run(axum::extract::Request::from_parts(parts, body))
+            .await;
+        if let Some(owners) = &self.owners {
+            owners.learn(asked.as_deref(), &method, &response, &tenant);
+        }
+        response
+    }
+}
+
+/// A refusal as the API's error body: `{error, reason, class}`.
+fn refusal(status: axum::http::StatusCode, refused: &Refused) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let body = json!({
+        "error": refused.message,
+        "reason": refused.reason,
+        "class": refused.class.as_str(),
+    });
+    (status, axum::Json(body)).into_response()
+}
+
+/// One Bearer key, one tenant (`airlock mcp --listen`): `key` compared in constant time,
+/// the caller `tenant` with no quotas.
+pub fn single_key(key: String, tenant: &str) -> Authenticate {
+    let tenant = tenant.to_string();
+    Arc::new(move |parts: &axum::http::request::Parts| {
+        let offered = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match offered {
+            Some(offered) if constant_time_eq(offered.as_bytes(), key.as_bytes()) => {
+                Ok(Caller::unbounded(tenant.clone()))
+            }
+            _ => Err(Refused {
+                class: ResultClass::PolicyDenied,
+                reason: "auth.bad_key".into(),
+                message: "a Bearer key is required (Authorization: Bearer KEY)".into(),
+            }),
+        }
+    })
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -385,15 +551,20 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// `POST /v1/tools/{name}/call`, the body the tool's input (JSON): the tool protocol over
 /// HTTP, answered `{reply, meta}` (the envelope a model gets, and the call's run id,
-/// result class, exit code, limit fired and truncation), behind `key_check` like `/mcp`.
-/// A client that goes away cancels the call: its cell is killed.
-pub fn tool_call_router(toolbox: Arc<ToolBox>, key_check: KeyCheck) -> axum::Router {
+/// result class, exit code, limit fired and truncation), authenticated like `/mcp`; the
+/// call's cell is admitted against the caller's quotas (over one: 429, the same body)
+/// and recorded under its tenant. A client that goes away cancels the call: its cell is
+/// killed.
+pub fn tool_call_router(toolbox: Arc<ToolBox>, authenticate: Authenticate) -> axum::Router {
     axum::Router::new()
         .route("/v1/tools/{name}/call", axum::routing::post(call_tool))
         .with_state(toolbox)
         .layer(axum::middleware::from_fn(move |request, next| {
-            let key_check = Arc::clone(&key_check);
-            bearer_only(key_check, request, next)
+            let gate = Gate {
+                authenticate: Arc::clone(&authenticate),
+                owners: None,
+            };
+            gate.pass(request, next)
         }))
 }
 
@@ -411,26 +582,36 @@ impl Drop for CancelOnDrop {
 async fn call_tool(
     axum::extract::State(toolbox): axum::extract::State<Arc<ToolBox>>,
     axum::extract::Path(name): axum::extract::Path<String>,
+    axum::Extension(caller): axum::Extension<Caller>,
     input: String,
 ) -> axum::response::Response {
     let cancel = Cancel::default();
     let mut on_drop = CancelOnDrop(Some(cancel.clone()));
     let called =
-        tokio::task::spawn_blocking(move || toolbox.call_text(&name, &input, &cancel)).await;
+        tokio::task::spawn_blocking(move || toolbox.call_text_as(&name, &input, &caller, &cancel))
+            .await;
     on_drop.0 = None;
     use axum::response::IntoResponse;
     match called {
-        Ok(result) => axum::Json(json!({
-            "reply": result.reply,
-            "meta": result.meta,
-        }))
-        .into_response(),
+        Ok(result) => {
+            let status = match over_quota(&result.reply) {
+                true => axum::http::StatusCode::TOO_MANY_REQUESTS,
+                false => axum::http::StatusCode::OK,
+            };
+            let body = json!({"reply": result.reply, "meta": result.meta});
+            (status, axum::Json(body)).into_response()
+        }
         Err(_) => (
             axum::http::StatusCode::INTERNAL_SERVER_ERROR,
             "the tool call failed inside the service\n",
         )
             .into_response(),
     }
+}
+
+/// Whether a call was refused by one of its tenant's quotas (answered 429 over HTTP).
+fn over_quota(reply: &ToolReply) -> bool {
+    matches!(reply, ToolReply::Err { error, .. } if error.reason.starts_with("quota."))
 }
 
 #[cfg(test)]
@@ -442,6 +623,24 @@ mod tests {
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+
+    #[test]
+    fn an_mcp_session_is_usable_only_by_the_tenant_that_opened_it() {
+        assert!(session_verdict(Some("alice"), "alice"));
+        assert!(!session_verdict(Some("alice"), "bob"));
+        assert!(
+            session_verdict(None, "bob"),
+            "unknown sessions are rmcp's 404"
+        );
+    }
+
+    #[test]
+    fn only_quota_refusals_are_answered_429() {
+        let quota = ToolReply::error(ResultClass::CapacityExceeded, "quota.cells", "m", "r");
+        assert!(over_quota(&quota));
+        let schema = ToolReply::error(ResultClass::PolicyDenied, "input.schema", "m", "r");
+        assert!(!over_quota(&schema));
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub fn mcp(args: McpArgs) -> ExitCode {
     }
 }
 
+/// The tenant `airlock mcp --listen`'s runs are recorded under: its one key's.
+const STANDALONE_TENANT: &str = "mcp";
+
 async fn serve(state: Arc<McpState>, args: &McpArgs) -> anyhow::Result<()> {
     let Some(listen) = &args.listen else {
         serve_stdio(state).await?;
@@ -54,8 +57,9 @@ async fn serve(state: Arc<McpState>, args: &McpArgs) -> anyhow::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let address = listener.local_addr()?;
+    let authenticate = single_key(key, STANDALONE_TENANT);
     let router =
-        axum::Router::new().nest_service("/mcp", http_router(state, single_key(key), Vec::new()));
+        axum::Router::new().nest_service("/mcp", http_router(state, authenticate, Vec::new()));
     eprintln!("airlock: mcp: listening on http://{address}/mcp");
     axum::serve(listener, router).await?;
     Ok(())

@@ -45,17 +45,21 @@ fn start(args: ServeArgs) -> anyhow::Result<()> {
     let state_dir = engine.state_dir.clone();
     let tools_dir = config_dir.clone();
     // Every registry tool and the generic tools at /mcp, and the registry's tools at
-    // POST /v1/tools/{name}/call, on the service's engine.
-    let mcp: airlock_server::McpMount = Box::new(move |engine, check| {
+    // POST /v1/tools/{name}/call, on the service's engine, as the service's tenants.
+    let mcp: airlock_server::McpMount = Box::new(move |engine, authenticate| {
         let toolbox = crate::tool::toolbox_on(config, &tools_dir, state_dir, engine)
             .map_err(|e| format!("the tool registry: {}", crate::user_message(&e)))?;
         let toolbox = std::sync::Arc::new(toolbox);
         let state = airlock_agent::mcp::McpState::new(std::sync::Arc::clone(&toolbox))
             .map_err(|e| format!("the MCP tools: {e}"))?;
-        let mcp = airlock_agent::mcp::http_router(state, std::sync::Arc::clone(&check), Vec::new());
+        let mcp = airlock_agent::mcp::http_router(
+            state,
+            std::sync::Arc::clone(&authenticate),
+            Vec::new(),
+        );
         Ok(axum::Router::new()
             .nest_service("/mcp", mcp)
-            .merge(airlock_agent::mcp::tool_call_router(toolbox, check)))
+            .merge(airlock_agent::mcp::tool_call_router(toolbox, authenticate)))
     });
     airlock_server::serve(airlock_server::ServeOptions {
         server,

@@ -1,11 +1,14 @@
-//! `airlock_agent::mcp::http_router` on a listener of this test, as `airlock serve` will
-//! mount it: the key check passed in decides, before MCP sees a request.
+//! `airlock_agent::mcp::http_router` on a listener of this test, as `airlock serve`
+//! mounts it: the authentication passed in decides, before MCP sees a request.
 
 mod common;
 
 use airlock_agent::call::HostPlanner;
 use airlock_agent::mcp::{http_router, McpState};
 use airlock_agent::{Registry, ToolBox, ToolsConfig};
+use airlock_cell::report::ResultClass;
+use airlock_engine::caller::Refused;
+use airlock_engine::Caller;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -33,9 +36,25 @@ fn only_requests_with_an_accepted_bearer_key_reach_mcp() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let accepted = ["tenant-a-key-0123456789", "tenant-b-key-9876543210"];
-    let check: airlock_agent::mcp::KeyCheck = Arc::new(move |key| accepted.contains(&key));
-    let router =
-        axum::Router::new().nest_service("/mcp", http_router(state(dir.path()), check, Vec::new()));
+    let authenticate: airlock_agent::mcp::Authenticate = Arc::new(move |parts| {
+        let offered = parts
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match offered {
+            Some(key) if accepted.contains(&key) => Ok(Caller::unbounded(key.to_string())),
+            _ => Err(Refused {
+                class: ResultClass::PolicyDenied,
+                reason: "auth.bad_key".into(),
+                message: "not a key of this test".into(),
+            }),
+        }
+    });
+    let router = axum::Router::new().nest_service(
+        "/mcp",
+        http_router(state(dir.path()), authenticate, Vec::new()),
+    );
     let address = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();

@@ -1,7 +1,8 @@
 //! `airlock mcp` driven by the official MCP Python SDK (tests/fixtures/agent/mcp_client.py)
 //! over stdio and over streamable HTTP: tools listed with their schemas, a call of each
 //! kind, schema violations rejected, progress notifications, and a cancelled call whose
-//! cell is gone. The interpreter is `$AIRLOCK_TEST_PYTHON` (default `python3`) with the
+//! cell is gone; at `airlock serve`'s `/mcp`, tenants kept apart (sessions, runs,
+//! quotas). The interpreter is `$AIRLOCK_TEST_PYTHON` (default `python3`) with the
 //! `mcp` package installed (.ci/run installs it).
 
 mod common;
@@ -40,6 +41,9 @@ fn drive(transport: &str) {
     )
     .unwrap();
     assert!(seen["progress"].as_u64() >= Some(2), "{seen}");
+    if transport == "serve" {
+        assert_eq!(seen["tenants_kept_apart"], true, "{seen}");
+    }
     assert!(
         !seen["cancelled_pids"].as_array().unwrap().is_empty(),
         "{seen}"
@@ -56,4 +60,10 @@ fn the_python_sdk_over_stdio_lists_calls_and_cancels() {
 fn the_python_sdk_over_streamable_http_lists_calls_and_cancels() {
     require_cells!();
     drive("http");
+}
+
+#[test]
+fn the_python_sdk_at_the_services_mcp_keeps_tenants_apart() {
+    require_cells!();
+    drive("serve");
 }

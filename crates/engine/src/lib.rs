@@ -8,6 +8,7 @@
 //! factory ([`factory`]), a small single-threaded process of the same binary that forks
 //! one supervisor process per cell for a threaded caller.
 
+pub mod caller;
 mod cells;
 pub mod egress_session;
 mod error;
@@ -21,6 +22,7 @@ pub mod record;
 mod session;
 mod stores;
 
+pub use caller::Caller;
 pub use error::EngineError;
 pub use lifecycle::{
     CommandLatency, FinishedRun, RecordedHook, RecordedRefusal, Refusal, RunRequest,

@@ -4,6 +4,7 @@
 //! their commands and files, records and the audit chain, health and metrics. Every cell
 //! is cloned by the engine's cell factory; the service itself never forks.
 
+pub mod agent_gate;
 pub mod api;
 pub mod config;
 pub mod error;
@@ -48,11 +49,10 @@ pub struct ServeOptions {
     pub mcp: Option<McpMount>,
 }
 
-/// Whether an offered Bearer key is a tenant's.
-pub type KeyCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
-
-/// Builds the agent's routes, merged into the service's, from its engine and key check.
-pub type McpMount = Box<dyn FnOnce(Arc<Engine>, KeyCheck) -> Result<Router, String> + Send>;
+/// Builds the agent's routes, merged into the service's, from its engine and the
+/// service's authentication of a request (its tenant and that tenant's quotas).
+pub type McpMount =
+    Box<dyn FnOnce(Arc<Engine>, agent_gate::Authenticate) -> Result<Router, String> + Send>;
 
 /// How long open connections get to finish once the work is drained.
 const CONNECTION_GRACE: Duration = Duration::from_secs(10);
@@ -159,9 +159,8 @@ async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
     let state = build_state(options)?;
     let mut routes = router(Arc::clone(&state));
     if let Some(mount) = mcp {
-        let keys = Arc::clone(&state);
-        let check: KeyCheck = Arc::new(move |key: &str| keys.tenants.knows_key(key));
-        let mcp = mount(Arc::clone(&state.engine), check).map_err(ServerError::Config)?;
+        let authenticate = agent_gate::authenticate(&state);
+        let mcp = mount(Arc::clone(&state.engine), authenticate).map_err(ServerError::Config)?;
         routes = routes.merge(mcp);
     }
     let bound = listen::bind(&state.config, euid_is_root).await?;

@@ -124,13 +124,18 @@ impl FromRequestParts<Shared> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &Shared) -> Result<Caller, ApiError> {
-        let peer = parts.extensions.get::<Peer>().copied().unwrap_or(Peer::Tcp);
-        let authorization = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .map(|v| v.to_str().unwrap_or("invalid"));
-        state.tenants.resolve(peer, authorization).map(Caller)
+        tenant_of(parts, state).map(Caller)
     }
+}
+
+/// The tenant of a request: its key, else its connection's peer.
+pub fn tenant_of(parts: &Parts, state: &Shared) -> Result<Tenant, ApiError> {
+    let peer = parts.extensions.get::<Peer>().copied().unwrap_or(Peer::Tcp);
+    let authorization = parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or("invalid"));
+    state.tenants.resolve(peer, authorization)
 }
 
 /// A JSON body whose rejections (malformed, too large) are API errors with a reason.

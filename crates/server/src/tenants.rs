@@ -53,13 +53,6 @@ impl Tenants {
         }
     }
 
-    /// Whether `key` is some tenant's API key (the MCP endpoint's check: its sessions
-    /// are not yet kept per tenant, see docs/threat-model.md).
-    pub fn knows_key(&self, key: &str) -> bool {
-        self.by_key
-            .contains_key(&hex::encode(Sha256::digest(key.trim().as_bytes())))
-    }
-
     /// The tenant of a request from `peer` with the `Authorization` header `authorization`.
     /// A key that matches no tenant is refused even on the unix socket: a client that
     /// sent one meant to be that tenant.

@@ -3,7 +3,8 @@
 //! validated input in, one validated JSON value out, the model's envelope), tool calls
 //! run in cells through the engine (`call`, `exec`), generic tools bounded by a contract
 //! (`generic`), the MCP server over stdio and streamable HTTP (`mcp`), and an
-//! OpenAI-compatible agent loop (`agent`, `openai`).
+//! OpenAI-compatible agent loop (`agent`; Chat Completions in `openai`, the Responses API
+//! in `responses`).
 //!
 //! Trust: the registry and its contracts come from the operator; tool input comes from
 //! the model and tool output from the cell, both untrusted. What the model receives is
@@ -18,6 +19,7 @@ pub mod mcp;
 pub mod openai;
 pub mod protocol;
 pub mod registry;
+pub mod responses;
 pub mod schema;
 pub mod shell;
 

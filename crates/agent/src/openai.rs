@@ -1,4 +1,5 @@
-//! A Chat Completions client (OpenAI-compatible endpoints): reqwest with rustls, the API
+//! A client of OpenAI-compatible endpoints (Chat Completions, and the Responses API of
+//! `responses.rs`): reqwest with rustls, the API
 //! key only in the `Authorization` header of this process's requests, retries with
 //! exponential backoff on 429 and 5xx (and on connection failures). An error never
 //! carries the key or the endpoint's body beyond a bounded, redacted excerpt.
@@ -120,10 +121,10 @@ pub struct Choice {
     pub finish_reason: Option<String>,
 }
 
-/// One endpoint with one key.
+/// One endpoint (its base URL, `.../v1`) with one key.
 pub struct ChatClient {
     http: reqwest::blocking::Client,
-    url: String,
+    base_url: String,
     api_key: String,
 }
 
@@ -146,7 +147,7 @@ impl ChatClient {
             .map_err(|e| AgentError::Model(format!("client: {}", e.without_url())))?;
         Ok(ChatClient {
             http,
-            url: format!("{}/chat/completions", base_url.trim_end_matches('/')),
+            base_url: base_url.trim_end_matches('/').to_string(),
             api_key,
         })
     }
@@ -157,13 +158,32 @@ impl ChatClient {
         request: &ChatRequest<'_>,
         deadline: Instant,
     ) -> Result<ChatResponse, AgentError> {
+        self.post("chat/completions", request, deadline)
+    }
+
+    /// One response of the Responses API (`POST /responses`), retried as [`Self::complete`].
+    pub fn respond(
+        &self,
+        request: &crate::responses::ResponsesRequest<'_>,
+        deadline: Instant,
+    ) -> Result<crate::responses::ResponsesReply, AgentError> {
+        self.post("responses", request, deadline)
+    }
+
+    fn post<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        request: &impl Serialize,
+        deadline: Instant,
+    ) -> Result<T, AgentError> {
+        let url = format!("{}/{path}", self.base_url);
         let mut attempt = 1;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(AgentError::Model("the deadline passed".into()));
             }
-            let outcome = self.attempt(request, remaining);
+            let outcome = self.attempt(&url, request, remaining);
             let retry = match &outcome {
                 Err(Attempt::Status(status, _)) => retryable(*status),
                 Err(Attempt::Transport(_)) => true,
@@ -177,14 +197,15 @@ impl ChatClient {
         }
     }
 
-    fn attempt(
+    fn attempt<T: serde::de::DeserializeOwned>(
         &self,
-        request: &ChatRequest<'_>,
+        url: &str,
+        request: &impl Serialize,
         timeout: Duration,
-    ) -> Result<ChatResponse, Attempt> {
+    ) -> Result<T, Attempt> {
         let response = self
             .http
-            .post(&self.url)
+            .post(url)
             .bearer_auth(&self.api_key)
             .timeout(timeout)
             .json(request)
@@ -217,7 +238,7 @@ impl Attempt {
         match self {
             Attempt::Status(status, body) => format!("HTTP {status}: {}", excerpt(&body)),
             Attempt::Transport(why) => format!("unreachable: {}", excerpt(&why)),
-            Attempt::Body(why) => format!("not a chat completion: {}", excerpt(&why)),
+            Attempt::Body(why) => format!("not the answer expected: {}", excerpt(&why)),
         }
     }
 }

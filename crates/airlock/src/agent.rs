@@ -1,11 +1,11 @@
-//! `airlock agent`: one task through an OpenAI-compatible Chat Completions endpoint with
-//! the registry's tools (docs/tools.md). The API key is read from its environment
+//! `airlock agent`: one task through an OpenAI-compatible endpoint (Chat Completions or
+//! the Responses API) with the registry's tools (docs/tools.md). The API key is read from its environment
 //! variable (or `[tools.agent] api_key_file`) and removed from this process's
 //! environment before anything else starts, so no child (the cell factory, a
 //! supervisor) inherits it; it is never in a cell, a record or an error message.
 
 use crate::tool::ToolSource;
-use airlock_agent::agent::{run_agent, AgentOptions};
+use airlock_agent::agent::{run_agent, AgentOptions, ModelApi};
 use airlock_agent::openai::ChatClient;
 use clap::Args;
 use std::process::ExitCode;
@@ -27,11 +27,22 @@ pub struct AgentArgs {
     /// Seconds the whole task may take.
     #[arg(long)]
     deadline: Option<u64>,
-    /// Offer a `shell` tool (OpenAI's shell action) running in one session's cell.
+    /// Offer a shell (OpenAI's shell action) running in one session's cell: a `shell`
+    /// function tool over Chat Completions, the local `shell` tool over Responses.
     #[arg(long)]
     shell: bool,
+    /// The endpoint's wire format: `chat` (`POST /chat/completions`) or `responses`
+    /// (`POST /responses`, OpenAI's Responses API).
+    #[arg(long, value_enum, default_value_t = Api::Chat)]
+    api: Api,
     /// The task.
     task: String,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Api {
+    Chat,
+    Responses,
 }
 
 pub fn agent(args: AgentArgs) -> ExitCode {
@@ -59,6 +70,10 @@ fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let options = AgentOptions {
         model: args.model,
         endpoint: base_url,
+        api: match args.api {
+            Api::Chat => ModelApi::ChatCompletions,
+            Api::Responses => ModelApi::Responses,
+        },
         max_turns: args.max_turns.unwrap_or(settings.max_turns),
         deadline: Duration::from_secs(args.deadline.unwrap_or(settings.deadline_seconds)),
         shell: args.shell,

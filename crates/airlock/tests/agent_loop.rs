@@ -358,3 +358,146 @@ fn the_openai_python_package_round_trips_tool_calls_through_airlock() {
         "{reply}"
     );
 }
+
+/// A scripted Responses API answer whose output is `items` (with the fields the official
+/// SDK's `Response` requires).
+fn response(items: Vec<Value>) -> Value {
+    json!({"status": 200, "body": {"id": "resp_1", "object": "response", "created_at": 1764547200,
+        "model": "test-model", "output": items, "parallel_tool_calls": true,
+        "tool_choice": "auto", "tools": [], "status": "completed"}})
+}
+
+fn shell_call(call_id: &str, commands: &[&str]) -> Value {
+    json!({"type": "shell_call", "id": format!("sh_{call_id}"), "call_id": call_id,
+           "status": "completed", "caller": {"type": "direct"},
+           "action": {"commands": commands, "timeout_ms": 20000, "max_output_length": 256}})
+}
+
+fn said(text: &str) -> Value {
+    json!({"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+           "content": [{"type": "output_text", "text": text, "annotations": []}]})
+}
+
+/// The input item of type `kind` answering `call_id` in a request the server received.
+fn answer_item(request: &Value, kind: &str, call_id: &str) -> Value {
+    request["body"]["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["type"] == kind && item["call_id"] == call_id)
+        .unwrap_or_else(|| panic!("no {kind} for {call_id}: {request}"))
+        .clone()
+}
+
+#[test]
+fn a_responses_api_agent_uses_airlock_as_its_shell() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let reasoning = json!({"type": "reasoning", "id": "rs_1", "summary": [],
+                           "encrypted_content": "opaque-to-airlock"});
+    let script = json!([
+        {"status": 429, "body": {"error": {"message": "slow down"}}},
+        response(vec![
+            reasoning.clone(),
+            shell_call("call_sh1", &["echo kept > /tmp/f", "cat /tmp/f; echo to-stderr >&2; exit 3"]),
+            json!({"type": "function_call", "id": "fc_1", "call_id": "call_fn", "name": "echo",
+                   "arguments": "{\"via\": \"responses\"}", "status": "completed"}),
+        ]),
+        response(vec![shell_call("call_sh2", &["cat /tmp/f", "cat /proc/1/environ | tr '\\0' '\\n'"])]),
+        response(vec![said("all done")]),
+    ]);
+    let server = ChatServer::start(dir.path(), &script);
+    let out = agent(
+        &server,
+        &dir.path().join("state"),
+        &["--api", "responses", "--shell"],
+        "Use the shell.",
+    );
+    let text = common::output_text(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("all done"), "{text}");
+    let received = server.received();
+    assert_eq!(received.len(), 4, "a 429, then three turns: {received:?}");
+    // What was offered: the registry's tools as function tools, and the local shell.
+    let offered = received[1]["body"]["tools"].as_array().unwrap();
+    assert!(offered.contains(&json!({"type": "shell", "environment": {"type": "local"}})));
+    assert!(offered
+        .iter()
+        .any(|t| t["type"] == "function" && t["name"] == "echo"));
+    // Turn 2 passes the model's items back untouched and answers each call.
+    let second = &received[2];
+    let input = second["body"]["input"].as_array().unwrap();
+    assert!(
+        input.contains(&reasoning),
+        "reasoning items go back as they came"
+    );
+    let shell = answer_item(second, "shell_call_output", "call_sh1");
+    assert_eq!(shell["max_output_length"], 256);
+    let entries = shell["output"].as_array().unwrap();
+    assert_eq!(
+        entries[0]["outcome"],
+        json!({"type": "exit", "exit_code": 0})
+    );
+    assert_eq!(entries[1]["stdout"], "kept\n");
+    assert_eq!(entries[1]["stderr"], "to-stderr\n");
+    assert_eq!(
+        entries[1]["outcome"],
+        json!({"type": "exit", "exit_code": 3})
+    );
+    let function = answer_item(second, "function_call_output", "call_fn");
+    let envelope: Value = serde_json::from_str(function["output"].as_str().unwrap()).unwrap();
+    assert_eq!(envelope["ok"], true, "{envelope}");
+    assert_eq!(envelope["output"]["echo"], json!({"via": "responses"}));
+    // Turn 3: the same cell (the file persists), and no API key in the cell's pid 1.
+    let later = answer_item(&received[3], "shell_call_output", "call_sh2");
+    assert_eq!(later["output"][0]["stdout"], "kept\n", "{later}");
+    for request in &received {
+        let raw = request["raw"].as_str().unwrap();
+        assert!(
+            !raw.contains(API_KEY),
+            "the API key never reaches the model"
+        );
+        assert_eq!(request["authorization"], format!("Bearer {API_KEY}"));
+    }
+    // The official SDK's types accept every item and tool airlock sent.
+    let checked = Command::new(python())
+        .arg(fixtures().join("responses_wire.py"))
+        .arg(dir.path().join("script.json"))
+        .arg(&server.record)
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        common::output_text(&checked)
+    );
+}
+
+#[test]
+fn a_shell_call_without_the_shell_offered_runs_nothing() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let script = json!([
+        response(vec![shell_call("call_x", &["echo ran"])]),
+        response(vec![said("ok")]),
+    ]);
+    let server = ChatServer::start(dir.path(), &script);
+    let out = agent(
+        &server,
+        &dir.path().join("state"),
+        &["--api", "responses"],
+        "No shell for you.",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", common::output_text(&out));
+    let received = server.received();
+    let offered = received[0]["body"]["tools"].as_array().unwrap();
+    assert!(!offered.iter().any(|t| t["type"] == "shell"), "{offered:?}");
+    let refused = answer_item(&received[1], "shell_call_output", "call_x");
+    let entry = &refused["output"][0];
+    assert_eq!(entry["outcome"], json!({"type": "exit", "exit_code": 126}));
+    assert!(
+        entry["stderr"].as_str().unwrap().contains("no shell tool"),
+        "{entry}"
+    );
+    assert_eq!(entry["stdout"], "", "nothing ran: {entry}");
+}

@@ -36,14 +36,18 @@ fn generic_tool_specs() -> Vec<(&'static str, &'static str, Value, Value)> {
     let argv = json!({"type": "array", "items": {"type": "string"}, "minItems": 1,
                       "description": "argv: the program and its arguments (no shell)"});
     let session = json!({"type": "string", "description": "the id session_open returned"});
+    // Nullable fields as `anyOf` of single types, not a `type` array: clients that map
+    // tool schemas onto a single-`type` dialect (the MCP Inspector's `--strict` check
+    // names Gemini's function declarations) keep the constraint.
+    let nullable = |kind: &str| json!({"anyOf": [{"type": kind}, {"type": "null"}]});
     let command_result = json!({
         "type": "object",
         "required": ["run_id", "result_class", "truncated", "stdout"],
         "properties": {
             "run_id": {"type": "string"},
             "result_class": {"type": "string"},
-            "exit_code": {"type": ["integer", "null"]},
-            "limit_fired": {"type": ["string", "null"]},
+            "exit_code": nullable("integer"),
+            "limit_fired": nullable("string"),
             "truncated": {"type": "boolean"},
             "stdout": {"type": "string"},
             "stdout_bytes": {"type": "integer"},
@@ -72,7 +76,7 @@ fn generic_tool_specs() -> Vec<(&'static str, &'static str, Value, Value)> {
          object(json!({"session_id": session}), &["session_id"]),
          json!({"type": "object", "required": ["run_id", "result_class"], "properties": {
              "run_id": {"type": "string"}, "result_class": {"type": "string"},
-             "exit_code": {"type": ["integer", "null"]}, "limit_fired": {"type": ["string", "null"]},
+             "exit_code": nullable("integer"), "limit_fired": nullable("string"),
              "truncated": {"type": "boolean"}}})),
     ]
 }

@@ -205,7 +205,11 @@ fn the_inspector_calls_over_streamable_http_with_the_key_only() {
     );
     // The inspector reports a failure as JSON on stderr.
     let stderr = String::from_utf8_lossy(&refused.stderr);
-    let last = stderr.lines().rev().find(|l| l.starts_with('{')).unwrap_or("{}");
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or("{}");
     let answer: Value = serde_json::from_str(last).unwrap();
     let message = answer["error"]["message"].as_str().unwrap_or_default();
     assert!(

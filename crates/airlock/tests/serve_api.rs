@@ -47,6 +47,7 @@ impl Server {
 listen = ["unix:{sock}", "tcp:127.0.0.1:{port}"]
 max_body_bytes = 65536
 max_file_bytes = 65536
+body_timeout_ms = 3000
 [server.contracts]
 small = "small.yaml"
 [server.pools]
@@ -1004,5 +1005,74 @@ fn the_examples_db_query_tool_answers_over_the_service() {
     assert_eq!(
         refused["meta"]["result_class"], "policy_denied",
         "{refused}"
+    );
+}
+
+/// Writes `parts` of one HTTP request to the server's TCP port, `pause` apart, and reads
+/// the whole answer (the server closes the connection).
+fn slow_request(server: &Server, parts: &[&[u8]], pause: Duration) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    for (n, part) in parts.iter().enumerate() {
+        if n > 0 {
+            std::thread::sleep(pause);
+        }
+        stream.write_all(part).unwrap();
+    }
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+fn run_count(server: &Server) -> usize {
+    let (status, body) = server.tcp(ALICE, "GET", "/v1/runs", None);
+    assert_eq!(status, 200, "{body}");
+    json(&body)["runs"].as_array().unwrap().len()
+}
+
+#[test]
+fn a_body_that_does_not_arrive_in_time_is_answered_408_and_starts_no_cell() {
+    require_cells!();
+    let server = Server::start();
+    let body = br#"{"contract": "small", "argv": ["/bin/echo", "slow-body"]}"#;
+    let head = format!(
+        "POST /v1/runs?wait=true HTTP/1.1\r\nHost: airlock\r\nAuthorization: Bearer {ALICE}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    // Within the bound (3 s), a body sent in pieces is served.
+    let (first, rest) = body.split_at(20);
+    let answer = slow_request(
+        &server,
+        &[head.as_bytes(), first, rest],
+        Duration::from_millis(300),
+    );
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "{answer}\n{}",
+        server.log()
+    );
+    assert!(answer.contains("\"status\":\"ok\""), "{answer}");
+    let before = run_count(&server);
+    // A client that stops halfway is answered 408 at the bound; no run, no cell.
+    let started = Instant::now();
+    let answer = slow_request(&server, &[head.as_bytes(), first], Duration::ZERO);
+    assert!(
+        answer.starts_with("HTTP/1.1 408"),
+        "{answer}\n{}",
+        server.log()
+    );
+    assert!(answer.contains("request.body_timeout"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "answered at the bound"
+    );
+    assert_eq!(
+        run_count(&server),
+        before,
+        "nothing ran for the stalled body"
     );
 }

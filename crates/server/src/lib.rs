@@ -6,6 +6,7 @@
 
 pub mod agent_gate;
 pub mod api;
+mod body_deadline;
 pub mod config;
 pub mod error;
 mod files;
@@ -171,6 +172,7 @@ async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
         graceful: Arc::clone(&graceful),
         max_header_bytes: state.config.max_header_bytes,
         header_timeout: Duration::from_millis(state.config.header_timeout_ms),
+        body_timeout: Duration::from_millis(state.config.body_timeout_ms),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let accepting = tokio::spawn(listen::accept_all(app, bound, stopped));

@@ -24,6 +24,8 @@ pub struct App {
     pub graceful: Arc<GracefulShutdown>,
     pub max_header_bytes: usize,
     pub header_timeout: Duration,
+    /// How long after its head a request's body may take to arrive whole.
+    pub body_timeout: Duration,
 }
 
 pub enum Bound {
@@ -114,7 +116,14 @@ impl App {
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
-        let router = self.router.clone().layer(axum::Extension(peer));
+        let body_timeout = self.body_timeout;
+        let router = self
+            .router
+            .clone()
+            .layer(axum::middleware::from_fn(move |request, next| {
+                crate::body_deadline::bound_body(body_timeout, request, next)
+            }))
+            .layer(axum::Extension(peer));
         let service = hyper_util::service::TowerToHyperService::new(router);
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder

@@ -590,6 +590,40 @@ fn a_sessions_files_and_commands_persist_until_delete_and_never_leave_its_writab
     let (_, body) = server.tcp(ALICE, "GET", &format!("{base}/commands/{cid}"), None);
     assert_eq!(json(&body)["running"], false);
 
+    // TERM reaches the command's own handler (other signals than KILL are delivered);
+    // a signal outside the set, and another tenant's signal, are refused.
+    let trap = "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done";
+    let (code, body) = exec(&["sh", "-c", trap], true);
+    assert_eq!(code, 202, "{body}");
+    let cid = json(&body)["command_id"].as_u64().unwrap();
+    let signal_path = format!("{base}/commands/{cid}/signal");
+    wait_until("the trapping command is ready", || {
+        let (_, out) = server.tcp(ALICE, "GET", &format!("{base}/commands/{cid}/output"), None);
+        out.contains("ready")
+    });
+    let (code, body) = server.tcp(ALICE, "POST", &signal_path, Some(r#"{"signal":"SYS"}"#));
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (400, "signal.unsupported".into()),
+        "{body}"
+    );
+    let (code, _) = server.tcp(BOB, "POST", &signal_path, Some(r#"{"signal":"TERM"}"#));
+    assert_eq!(code, 404, "another tenant's command");
+    let (code, body) = server.tcp(ALICE, "POST", &signal_path, Some(r#"{"signal":"SIGTERM"}"#));
+    assert_eq!(code, 204, "{body}");
+    let (_, out) = server.tcp(
+        ALICE,
+        "GET",
+        &format!("{base}/commands/{cid}/output?follow=true"),
+        None,
+    );
+    assert!(out.contains("got-term"), "the trap ran: {out}");
+    let exit = frames(&out)
+        .into_iter()
+        .find(|f| f["type"] == "exit")
+        .unwrap_or_else(|| panic!("an exit frame: {out}"));
+    assert_eq!(exit["exit_code"], 7, "{exit}");
+
     let (code, body) = server.tcp(
         ALICE,
         "POST",

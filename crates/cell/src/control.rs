@@ -61,8 +61,76 @@ pub enum ToSupervisor {
     },
     /// Kill command `id` (of a one-shot cell: the cell).
     Kill { id: u64 },
+    /// Send `signal` to session command `id`'s process group (inside the cell).
+    Signal { id: u64, signal: CommandSignal },
     /// Destroy the cell.
     Close,
+}
+
+/// The signals a session command's process group may be sent: the ones a shell user
+/// sends a job. pid 1 sends them inside the cell's pid namespace, so nothing outside the
+/// cell can be reached whatever the number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandSignal {
+    Hup,
+    Int,
+    Quit,
+    Kill,
+    Usr1,
+    Usr2,
+    Term,
+    Cont,
+    Stop,
+}
+
+impl CommandSignal {
+    pub const ALL: [CommandSignal; 9] = [
+        CommandSignal::Hup,
+        CommandSignal::Int,
+        CommandSignal::Quit,
+        CommandSignal::Kill,
+        CommandSignal::Usr1,
+        CommandSignal::Usr2,
+        CommandSignal::Term,
+        CommandSignal::Cont,
+        CommandSignal::Stop,
+    ];
+
+    /// The name without `SIG`, as `kill -l` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CommandSignal::Hup => "HUP",
+            CommandSignal::Int => "INT",
+            CommandSignal::Quit => "QUIT",
+            CommandSignal::Kill => "KILL",
+            CommandSignal::Usr1 => "USR1",
+            CommandSignal::Usr2 => "USR2",
+            CommandSignal::Term => "TERM",
+            CommandSignal::Cont => "CONT",
+            CommandSignal::Stop => "STOP",
+        }
+    }
+
+    pub fn number(self) -> i32 {
+        match self {
+            CommandSignal::Hup => libc::SIGHUP,
+            CommandSignal::Int => libc::SIGINT,
+            CommandSignal::Quit => libc::SIGQUIT,
+            CommandSignal::Kill => libc::SIGKILL,
+            CommandSignal::Usr1 => libc::SIGUSR1,
+            CommandSignal::Usr2 => libc::SIGUSR2,
+            CommandSignal::Term => libc::SIGTERM,
+            CommandSignal::Cont => libc::SIGCONT,
+            CommandSignal::Stop => libc::SIGSTOP,
+        }
+    }
+
+    /// `TERM`, `SIGTERM` or `sigterm`; anything else is no signal of this set.
+    pub fn from_name(name: &str) -> Option<CommandSignal> {
+        let upper = name.trim().to_ascii_uppercase();
+        let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+        CommandSignal::ALL.into_iter().find(|s| s.name() == bare)
+    }
 }
 
 /// Supervisor -> engine.
@@ -112,7 +180,7 @@ impl Message for ToSupervisor {
     fn descriptors(&self) -> usize {
         match self {
             ToSupervisor::Run { command, .. } => 2 + usize::from(command.stdin),
-            ToSupervisor::Kill { .. } | ToSupervisor::Close => 0,
+            ToSupervisor::Kill { .. } | ToSupervisor::Signal { .. } | ToSupervisor::Close => 0,
         }
     }
 }
@@ -289,6 +357,10 @@ impl EngineControl {
         send(self.sock.as_fd(), &ToSupervisor::Kill { id }, &[])
     }
 
+    pub fn signal(&self, id: u64, signal: CommandSignal) -> Result<(), CellError> {
+        send(self.sock.as_fd(), &ToSupervisor::Signal { id, signal }, &[])
+    }
+
     pub fn close(&self) -> Result<(), CellError> {
         send(self.sock.as_fd(), &ToSupervisor::Close, &[])
     }
@@ -397,6 +469,19 @@ mod tests {
     }
 
     #[test]
+    fn signal_names_are_read_with_or_without_sig_and_nothing_else() {
+        assert_eq!(CommandSignal::from_name("TERM"), Some(CommandSignal::Term));
+        assert_eq!(CommandSignal::from_name("sigint"), Some(CommandSignal::Int));
+        assert_eq!(
+            CommandSignal::from_name("SIGKILL").map(CommandSignal::number),
+            Some(9)
+        );
+        assert_eq!(CommandSignal::from_name("9"), None);
+        assert_eq!(CommandSignal::from_name("SYS"), None);
+        assert_eq!(CommandSignal::from_name(""), None);
+    }
+
+    #[test]
     fn every_message_to_the_supervisor_survives_a_round_trip() {
         for (message, n) in [
             (
@@ -418,6 +503,13 @@ mod tests {
                 2,
             ),
             (ToSupervisor::Kill { id: 4 }, 0),
+            (
+                ToSupervisor::Signal {
+                    id: 5,
+                    signal: CommandSignal::Term,
+                },
+                0,
+            ),
             (ToSupervisor::Close, 0),
         ] {
             let fds = (0..n).map(|_| null()).collect();

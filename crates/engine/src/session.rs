@@ -312,6 +312,18 @@ impl Session {
             .map_err(|err| EngineError::FactoryProtocol(err.to_string()))
     }
 
+    /// Sends `signal` to command `id`'s process group (nothing if it has ended).
+    pub fn signal(
+        &self,
+        id: u64,
+        signal: airlock_cell::control::CommandSignal,
+    ) -> Result<(), EngineError> {
+        self.host
+            .control
+            .signal(id, signal)
+            .map_err(|err| EngineError::FactoryProtocol(err.to_string()))
+    }
+
     /// Every command so far, running or ended.
     pub fn list(&self) -> Vec<CommandStatus> {
         let (state, _) = &*self.shared;

@@ -137,7 +137,8 @@ pub struct FollowQuery {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignalBody {
-    /// `KILL` (the only one for now: the command's process group is killed).
+    /// The signal for the command's process group: `HUP`, `INT`, `QUIT`, `KILL`, `USR1`,
+    /// `USR2`, `TERM`, `CONT` or `STOP` (with or without `SIG`).
     pub signal: String,
 }
 

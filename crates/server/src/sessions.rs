@@ -18,6 +18,7 @@ use crate::quota::{Permit, Work};
 use crate::runs::{ended_of, ndjson, output_pipes, record_refusal, stdin_of};
 use crate::state::{ApiBytes, ApiJson, Caller, Shared};
 use crate::tenants::Tenant;
+use airlock_cell::control::CommandSignal;
 use airlock_engine::{record, CommandRequest, Session, SessionRequest};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -384,13 +385,21 @@ pub async fn signal(
     ApiJson(body): ApiJson<SignalBody>,
 ) -> Result<axum::http::StatusCode, ApiError> {
     let (entry, _) = command_of(&state, &tenant, &id, cid)?;
-    if !matches!(body.signal.as_str(), "KILL" | "SIGKILL") {
+    let Some(signal) = CommandSignal::from_name(&body.signal) else {
+        let known: Vec<&str> = CommandSignal::ALL.iter().map(|s| s.name()).collect();
         return Err(ApiError::bad_request(
             "signal.unsupported",
-            format!("{}: only KILL is supported", body.signal),
+            format!(
+                "{:?} is not one of {}",
+                body.signal.chars().take(32).collect::<String>(),
+                known.join(", ")
+            ),
         ));
-    }
-    entry.session.kill(cid).map_err(|e| ApiError::engine(&e))?;
+    };
+    entry
+        .session
+        .signal(cid, signal)
+        .map_err(|e| ApiError::engine(&e))?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 

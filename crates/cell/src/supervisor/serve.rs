@@ -283,6 +283,10 @@ fn wait_for_run(cell: &Cell<'_>, control: &SupervisorControl) -> Result<Waited, 
             Err(_) => Waited::End("the engine broke the control protocol"),
             Ok(Some((ToSupervisor::Close, _))) => Waited::End("closed by the engine"),
             Ok(Some((ToSupervisor::Kill { .. }, _))) => Waited::End("killed by the engine"),
+            // No command runs in a parked cell: a signal for one breaks the protocol.
+            Ok(Some((ToSupervisor::Signal { .. }, _))) => {
+                Waited::End("the engine signalled a command of a parked cell")
+            }
             Ok(Some((
                 ToSupervisor::Run {
                     id,

@@ -334,6 +334,11 @@ impl Session<'_> {
                     let _ = sync.kill_command(id, libc::SIGKILL);
                 }
             }
+            Ok(Some((ToSupervisor::Signal { id, signal }, _))) => {
+                if let Some(sync) = &supervision.sync {
+                    let _ = sync.kill_command(id, signal.number());
+                }
+            }
             Ok(Some((ToSupervisor::Close, _))) => self.close(supervision, "closed by the engine"),
             Ok(None) | Err(_) => {
                 // The engine is gone: nobody will read a report, the cell goes at once.

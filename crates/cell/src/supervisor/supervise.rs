@@ -581,7 +581,8 @@ impl Announced {
 }
 
 /// What a control message means for a one-shot cell's running command: `Some(why)` to
-/// destroy the cell now. A further `Run` is not for a one-shot cell and is ignored.
+/// destroy the cell now. A further `Run`, or a `Signal` (for session commands), is not
+/// for a one-shot cell and is ignored.
 fn control_ends_cell(control: &SupervisorControl) -> Option<&'static str> {
     match control.recv() {
         Ok(None) => Some("the engine went away"),
@@ -589,5 +590,6 @@ fn control_ends_cell(control: &SupervisorControl) -> Option<&'static str> {
         Ok(Some((ToSupervisor::Close, _))) => Some("closed by the engine"),
         Ok(Some((ToSupervisor::Kill { .. }, _))) => Some("killed by the engine"),
         Ok(Some((ToSupervisor::Run { .. }, _))) => None,
+        Ok(Some((ToSupervisor::Signal { .. }, _))) => None,
     }
 }

@@ -194,8 +194,10 @@ cargo build -q --release -p airlock-server --example load
 install -m 0755 target/x86_64-unknown-linux-gnu/release/examples/load "$BIN/load"
 SERVICE_DIR=$(mktemp -d)
 cp examples/contracts/default.yaml "$SERVICE_DIR/small.yaml"
+# A contract whose output ceiling lets 1 GiB through, for the streaming measurement.
+sed 's/output_bytes: .*/output_bytes: 2147483648/' examples/contracts/default.yaml > "$SERVICE_DIR/stream.yaml"
 start_service() { # POOL
-  printf '[server]\nlisten = ["unix:%s/airlock.sock"]\n[server.contracts]\nsmall = "small.yaml"\n[server.pools]\nsmall = %s\n' \
+  printf '[server]\nlisten = ["unix:%s/airlock.sock"]\nmax_stream_bytes = 2147483648\n[server.contracts]\nsmall = "small.yaml"\nstream = "stream.yaml"\n[server.pools]\nsmall = %s\n' \
     "$SERVICE_DIR" "$1" > "$SERVICE_DIR/airlock.toml"
   $AIRLOCK serve --config "$SERVICE_DIR/airlock.toml" --state-dir "$SERVICE_DIR/state" 2>"$SERVICE_DIR/serve.log" &
   SERVICE_PID=$!
@@ -205,6 +207,24 @@ stop_service() { kill -TERM "$SERVICE_PID"; wait "$SERVICE_PID" || true; }
 start_service 8
 sleep 2
 echo "service idle RSS, pool of 8: $(awk '/VmRSS/ {print $2, $3}' /proc/$SERVICE_PID/status)"
+# 1 GiB of stdout through a session command, streamed to a client (curl, to /dev/null):
+# the service's peak RSS over its whole life (VmHWM) after it, and the bytes the client got.
+SESSION=$(curl -sf --unix-socket "$SERVICE_DIR/airlock.sock" -H 'content-type: application/json' \
+  -d '{"contract": "stream"}' http://airlock/v1/sessions | python3 -c 'import json,sys; print(json.load(sys.stdin)["session_id"])')
+STREAMED=$(curl -sfN --unix-socket "$SERVICE_DIR/airlock.sock" -H 'content-type: application/json' \
+  -d '{"argv": ["sh", "-c", "yes | head -c 1073741824"]}' "http://airlock/v1/sessions/$SESSION/exec" |
+  python3 -c '
+import json, sys
+data = 0
+for line in sys.stdin:
+    frame = json.loads(line)
+    if frame["type"] == "stdout":
+        data += len(frame["data"])
+    elif frame["type"] == "exit":
+        print(data, frame["dropped_bytes"], frame["status"])
+')
+curl -sf -X DELETE --unix-socket "$SERVICE_DIR/airlock.sock" "http://airlock/v1/sessions/$SESSION" >/dev/null
+echo "service streaming 1 GiB through a session command: peak RSS $(awk '/VmHWM/ {print $2, $3}' /proc/$SERVICE_PID/status); client got, dropped, status: $STREAMED"
 stop_service
 start_service 16
 "$BIN/load" "$SERVICE_DIR/airlock.sock" "$SERVICE_CLIENTS" "$SERVICE_SECONDS" small

@@ -4,9 +4,15 @@
 //! `max_stream_bytes` output is counted and dropped; the record's capture is the
 //! contract's). Clients follow the log. So a slow or stalled client never blocks the
 //! supervisor's writes, and cannot hold a cell past its deadline.
+//!
+//! The log's bytes are spilled to an unlinked temporary file, not held in memory: in
+//! memory is only an index of chunks, and a follower reads at most [`BATCH_BYTES`] of
+//! them per step. So a command streaming a gigabyte costs the service disk (page cache),
+//! not resident memory (docs/benchmarks.md has the measurement).
 
 use serde::Serialize;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 use tokio::io::AsyncReadExt;
 use tokio::sync::Notify;
@@ -61,11 +67,23 @@ pub struct Ended {
     pub record: serde_json::Value,
 }
 
+/// The most output one follower step reads from the spill file (its frames' data).
+pub const BATCH_BYTES: usize = 1 << 20;
+
+/// Where a chunk of output is in the spill file.
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    stream: Stream,
+    offset: u64,
+    len: usize,
+}
+
 #[derive(Default)]
 struct LogState {
     run_id: Option<String>,
-    chunks: Vec<(Stream, String)>,
-    kept: usize,
+    chunks: Vec<Chunk>,
+    /// Bytes in the spill file.
+    kept: u64,
     dropped: u64,
     open_streams: u8,
     ended: Option<Ended>,
@@ -74,7 +92,9 @@ struct LogState {
 pub struct OutputLog {
     state: Mutex<LogState>,
     changed: Notify,
-    cap: usize,
+    cap: u64,
+    /// The chunks' bytes (UTF-8 text), unlinked: gone with the log.
+    spill: std::fs::File,
 }
 
 /// What a follower gets next.
@@ -86,15 +106,17 @@ pub enum Next {
 }
 
 impl OutputLog {
-    pub fn new(cap: usize) -> Arc<OutputLog> {
-        Arc::new(OutputLog {
+    /// A log keeping at most `cap` bytes, spilled to an unlinked file in `$TMPDIR`.
+    pub fn new(cap: usize) -> std::io::Result<Arc<OutputLog>> {
+        Ok(Arc::new(OutputLog {
             state: Mutex::new(LogState {
                 open_streams: 2,
                 ..LogState::default()
             }),
             changed: Notify::new(),
-            cap,
-        })
+            cap: cap as u64,
+            spill: tempfile::tempfile()?,
+        }))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
@@ -110,16 +132,36 @@ impl OutputLog {
         self.lock().run_id.clone()
     }
 
-    fn push(&self, stream: Stream, text: String) {
+    fn push(&self, stream: Stream, text: &str) {
+        let len = text.len();
         let mut state = self.lock();
-        if state.kept + text.len() > self.cap {
-            state.dropped += text.len() as u64;
+        let offset = state.kept;
+        // A write the disk refuses is output not kept: counted as dropped, like output
+        // beyond the cap (the record's capture is the contract's either way).
+        if offset + len as u64 > self.cap
+            || self.spill.write_all_at(text.as_bytes(), offset).is_err()
+        {
+            state.dropped += len as u64;
             return;
         }
-        state.kept += text.len();
-        state.chunks.push((stream, text));
+        state.kept += len as u64;
+        state.chunks.push(Chunk {
+            stream,
+            offset,
+            len,
+        });
         drop(state);
         self.changed.notify_waiters();
+    }
+
+    /// A chunk's text, read back from the spill file.
+    fn text_of(&self, chunk: &Chunk) -> String {
+        let mut bytes = vec![0u8; chunk.len];
+        match self.spill.read_exact_at(&mut bytes, chunk.offset) {
+            // Written from a `String`: valid UTF-8.
+            Ok(()) => String::from_utf8_lossy(&bytes).into_owned(),
+            Err(_) => String::new(),
+        }
     }
 
     fn stream_closed(&self) {
@@ -141,22 +183,29 @@ impl OutputLog {
         self.lock().ended.clone()
     }
 
-    /// The frames after `cursor` output chunks (the cursor moves past them); the end
-    /// frames once both streams closed and the command's end is known.
+    /// The frames of the output chunks after `cursor` (at most [`BATCH_BYTES`] of them,
+    /// at least one; the cursor moves past them); the end frames once both streams
+    /// closed and the command's end is known.
     pub fn next(&self, cursor: &mut usize) -> Next {
         let state = self.lock();
         if *cursor == usize::MAX {
             return Next::Done;
         }
         if *cursor < state.chunks.len() {
-            let frames = state.chunks[*cursor..]
+            let batch = batch_of(&state.chunks[*cursor..]);
+            let chunks = state.chunks[*cursor..*cursor + batch].to_vec();
+            *cursor += batch;
+            drop(state);
+            let frames = chunks
                 .iter()
-                .map(|(stream, data)| match stream {
-                    Stream::Stdout => Frame::Stdout { data: data.clone() },
-                    Stream::Stderr => Frame::Stderr { data: data.clone() },
+                .map(|chunk| {
+                    let data = self.text_of(chunk);
+                    match chunk.stream {
+                        Stream::Stdout => Frame::Stdout { data },
+                        Stream::Stderr => Frame::Stderr { data },
+                    }
                 })
                 .collect();
-            *cursor = state.chunks.len();
             return Next::Frames(frames);
         }
         match &state.ended {
@@ -186,6 +235,20 @@ impl OutputLog {
     }
 }
 
+/// How many of `chunks` one follower step takes: as many as fit in [`BATCH_BYTES`], and
+/// at least one.
+fn batch_of(chunks: &[Chunk]) -> usize {
+    let mut bytes = 0;
+    let fitting = chunks
+        .iter()
+        .take_while(|chunk| {
+            bytes += chunk.len;
+            bytes <= BATCH_BYTES
+        })
+        .count();
+    fitting.max(1).min(chunks.len())
+}
+
 /// A pipe: its read end for the service, its write end for the cell's supervisor.
 pub fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(std::io::Error::from)
@@ -205,13 +268,13 @@ pub fn spawn_reader(log: Arc<OutputLog>, stream: Stream, fd: OwnedFd) {
                         pending.extend_from_slice(&buf[..n]);
                         let text = take_text(&mut pending);
                         if !text.is_empty() {
-                            log.push(stream, text);
+                            log.push(stream, &text);
                         }
                     }
                 }
             }
             if !pending.is_empty() {
-                log.push(stream, String::from_utf8_lossy(&pending).into_owned());
+                log.push(stream, &String::from_utf8_lossy(&pending));
             }
         }
         log.stream_closed();
@@ -310,15 +373,17 @@ mod tests {
 
     #[test]
     fn output_beyond_the_cap_is_counted_and_dropped_and_the_end_comes_last() {
-        let log = OutputLog::new(4);
-        log.push(Stream::Stdout, "abc".into());
-        log.push(Stream::Stderr, "defg".into());
-        log.push(Stream::Stderr, "h".into());
+        let log = OutputLog::new(4).unwrap();
+        log.push(Stream::Stdout, "abc");
+        log.push(Stream::Stderr, "defg");
+        log.push(Stream::Stderr, "h");
         let mut cursor = 0;
         let Next::Frames(frames) = log.next(&mut cursor) else {
             panic!("frames expected")
         };
         assert_eq!(frames.len(), 2);
+        assert!(matches!(&frames[0], Frame::Stdout { data } if data == "abc"));
+        assert!(matches!(&frames[1], Frame::Stderr { data } if data == "h"));
         assert!(matches!(log.next(&mut cursor), Next::Wait));
         log.finish(ended());
         // The streams are still open: their last output may be on its way.
@@ -337,5 +402,40 @@ mod tests {
         ));
         assert!(matches!(end[1], Frame::Result { .. }));
         assert!(matches!(log.next(&mut cursor), Next::Done));
+    }
+
+    #[test]
+    fn a_follower_reads_a_long_log_in_bounded_batches_and_misses_nothing() {
+        let log = OutputLog::new(64 << 20).unwrap();
+        let piece = "y\n".repeat(32 << 10);
+        for _ in 0..100 {
+            log.push(Stream::Stdout, &piece);
+        }
+        let (mut cursor, mut seen, mut steps) = (0, 0, 0);
+        while let Next::Frames(frames) = log.next(&mut cursor) {
+            let bytes: usize = frames
+                .iter()
+                .map(|f| match f {
+                    Frame::Stdout { data } => data.len(),
+                    _ => 0,
+                })
+                .sum();
+            assert!(bytes <= BATCH_BYTES, "{bytes}");
+            seen += bytes;
+            steps += 1;
+        }
+        assert_eq!(seen, 100 * piece.len());
+        assert!(steps >= 7, "{steps} steps");
+    }
+
+    #[test]
+    fn one_chunk_larger_than_a_batch_still_goes_out() {
+        let chunk = |len| Chunk {
+            stream: Stream::Stdout,
+            offset: 0,
+            len,
+        };
+        assert_eq!(batch_of(&[chunk(BATCH_BYTES * 2), chunk(1)]), 1);
+        assert_eq!(batch_of(&[chunk(10), chunk(10)]), 2);
     }
 }

@@ -46,7 +46,8 @@ pub async fn create_run(
         Ok(planned) => planned,
         Err(refusal) => return Err(record_refusal(&state, &tenant, &body.argv, refusal).await),
     };
-    let log = OutputLog::new(state.config.max_stream_bytes);
+    let log = OutputLog::new(state.config.max_stream_bytes)
+        .map_err(|e| ApiError::internal("output.spill", e.to_string()))?;
     let (stdout, stderr) = output_pipes(&log)?;
     let stdin = stdin_of(body.stdin)?;
     let (begun, begun_rx) = tokio::sync::oneshot::channel::<String>();

@@ -260,7 +260,8 @@ pub async fn exec(
         ));
     }
     entry.touch();
-    let log = OutputLog::new(state.config.max_stream_bytes);
+    let log = OutputLog::new(state.config.max_stream_bytes)
+        .map_err(|e| ApiError::internal("output.spill", e.to_string()))?;
     let (stdout, stderr) = output_pipes(&log)?;
     let command = CommandRequest {
         argv: body.argv.clone(),

@@ -231,6 +231,34 @@ pub struct EgressRecord {
     pub started_at_unix_ms: u64,
 }
 
+/// One request to the run's broker, as the result records it (the engine turns the
+/// broker's records into these, as it does the proxy's; docs/credentials.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerActionRecord {
+    /// The action the request named (the cell's bytes: escape to print).
+    pub action: String,
+    /// sha256 of the canonical JSON of the request.
+    pub request_sha256: String,
+    pub request_bytes: u64,
+    /// `granted` or `denied`.
+    pub decision: String,
+    /// Why it was denied (`broker.*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// A granted request's handler: its exit code (a command's), the bytes it wrote (or
+    /// read back), where it stored the file, and why it failed (`broker.*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_as: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub duration_ms: u64,
+    pub started_at_unix_ms: u64,
+}
+
 /// `text` cut to [`MAX_HOST_CHARS`] characters.
 fn shortened(text: &str) -> String {
     match text.char_indices().nth(MAX_HOST_CHARS) {
@@ -261,6 +289,9 @@ pub struct RunReport {
     pub cgroup_version: Option<Name>,
     /// One record per connection attempt; `None` for a cell without egress.
     pub egress: Option<Vec<EgressRecord>>,
+    /// One record per request to the run's broker (empty without one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub broker: Vec<BrokerActionRecord>,
     /// `None` when no artifacts were asked for or the plan declares none.
     pub artifacts: Option<ArtifactReport>,
     pub cleanup: CleanupReport,
@@ -295,6 +326,7 @@ impl RunReport {
             output: None,
             cgroup_version: None,
             egress: None,
+            broker: Vec::new(),
             artifacts: None,
             cleanup: CleanupReport {
                 ok: true,

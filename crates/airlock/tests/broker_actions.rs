@@ -387,3 +387,48 @@ fn a_contract_naming_an_action_the_operator_never_defined_is_refused() {
     let error = run.result["error"].as_str().unwrap_or_default();
     assert!(error.contains("wire_money"), "{error}");
 }
+
+fn repo_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+#[test]
+fn the_example_class_stores_the_example_payloads_pdf_for_case_4821() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let cases = dir.path().join("cases");
+    std::fs::create_dir(&cases).unwrap();
+    let classes = repo_file("examples/classes").canonicalize().unwrap();
+    let config = std::fs::read_to_string(repo_file("examples/broker/airlock.toml"))
+        .unwrap()
+        .replace("/var/lib/airlock-cases", &cases.display().to_string())
+        .replace(
+            "classes_dir = \"../classes\"",
+            &format!("classes_dir = {:?}", classes.display().to_string()),
+        );
+    let config_path = dir.path().join("airlock.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let script =
+        std::fs::read_to_string(repo_file("examples/broker/store_case_document.py")).unwrap();
+    let (config, state) = (
+        config_path.display().to_string(),
+        dir.path().join("state").display().to_string(),
+    );
+    let extra = [
+        "--config",
+        config.as_str(),
+        "--state-dir",
+        state.as_str(),
+        "--class",
+        "case-documents",
+    ];
+    let argv = ["/usr/bin/python3", "-c", script.as_str(), "4821"];
+    let run = common::run_in(dir.path(), None, &extra, &argv);
+    assert_eq!(run.status(), "ok", "{}", run.describe());
+    let stored = std::fs::read(cases.join("4821/summary-4821.pdf")).unwrap();
+    assert!(stored.starts_with(b"%PDF-1.4\n"), "{}", run.describe());
+    assert!(stored.ends_with(b"%%EOF\n"));
+    assert_eq!(records(&run)[0]["stored_as"], "4821/summary-4821.pdf");
+}

@@ -156,7 +156,7 @@ pub fn authorize<'a>(
 }
 
 fn check_named(action: &Action, grant: &RunGrant) -> Result<(), Denial> {
-    if grant.actions.iter().any(|a| *a == action.name) {
+    if grant.actions.contains(&action.name) {
         Ok(())
     } else {
         Err(Denial::new(

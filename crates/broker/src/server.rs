@@ -1,6 +1,6 @@
 //! A run's broker socket: bound by the trusted side outside the cell, mounted into the
-//! cell at [`airlock_contract`'s `BROKER_SOCKET`] by the plan, served by one thread of the
-//! run's lifecycle and removed when the run ends.
+//! cell at `/run/airlock/broker.sock` by the plan (the contract crate's `BROKER_SOCKET`),
+//! served by one thread of the run's lifecycle and removed when the run ends.
 //!
 //! The protocol: one request per connection, one JSON line
 //! `{"action": "...", "request": {...}}` (at most [`MAX_LINE_BYTES`], within
@@ -116,8 +116,10 @@ impl BrokerServer {
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
-                if let Ok(stream) = stream {
-                    answer.connection(stream);
+                match stream {
+                    Ok(stream) => answer.connection(stream),
+                    // Out of descriptors, say: the loop must not spin while it lasts.
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
             }
         }));

@@ -16,7 +16,8 @@ use std::process::{Command, Stdio};
 
 /// Sends each request line of argv[1] (a JSON list of strings) on its own connection and
 /// prints `{"replies": [...], "probes": {...}}`. With argv[2] (a host path) it first tries
-/// to list and to write that path directly; with argv[3] (a secret value) it looks for
+/// to list and to write that path directly, to remove its socket and to bind another
+/// beside it; with argv[3] (a secret value) it looks for
 /// it (given reversed) in its environment and in every /proc/*/environ and /proc/*/cmdline
 /// it can read.
 const CLIENT_PY: &str = r#"
@@ -26,7 +27,9 @@ if len(sys.argv) > 2 and sys.argv[2]:
     storage = sys.argv[2]
     for what, attempt in [("list", lambda: os.listdir(storage)),
                           ("write", lambda: open(os.path.join(storage, "direct.pdf"), "wb").write(b"x")),
-                          ("write_group", lambda: open(os.path.join(storage, "4821", "direct.pdf"), "wb").write(b"x"))]:
+                          ("write_group", lambda: open(os.path.join(storage, "4821", "direct.pdf"), "wb").write(b"x")),
+                          ("unlink_socket", lambda: os.unlink(os.environ["AIRLOCK_BROKER"])),
+                          ("bind_beside", lambda: socket.socket(socket.AF_UNIX).bind("/run/airlock/other.sock"))]:
         try:
             attempt()
             probes[what] = "reached"
@@ -234,11 +237,17 @@ fn a_generated_pdf_lands_in_storage_through_the_broker_while_the_cell_cannot_rea
         std::fs::read(storage.join("4821/report.pdf")).unwrap(),
         PDF_BYTES
     );
-    for probe in ["list", "write", "write_group"] {
+    for probe in [
+        "list",
+        "write",
+        "write_group",
+        "unlink_socket",
+        "bind_beside",
+    ] {
         assert_ne!(
             printed["probes"][probe],
             "reached",
-            "the cell reached the storage directory ({probe}): {}",
+            "the cell reached the storage directory or changed its socket ({probe}): {}",
             run.describe()
         );
     }

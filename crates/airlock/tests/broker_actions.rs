@@ -304,6 +304,13 @@ fn refused_requests_are_answered_with_their_reason_and_recorded() {
         assert_eq!(events[i]["body"]["reason_code"], *reason);
         assert_eq!(events[i]["run_id"], run.result["run_id"]);
     }
+    // None passes unseen: the run's summary line on stderr counts them.
+    assert!(
+        run.stderr()
+            .contains("broker: 0 granted, 6 denied (broker.class_not_allowed x1"),
+        "{}",
+        run.describe()
+    );
     let stored: Vec<_> = std::fs::read_dir(setup.path("storage")).unwrap().collect();
     assert!(stored.is_empty(), "nothing was stored: {stored:?}");
     assert!(!setup.path("escape.pdf").exists());

@@ -6,6 +6,7 @@ use crate::artifacts::{ArtifactKept, ArtifactReport};
 use crate::counters::CgroupUsage;
 use crate::output::OutputCapture;
 use serde::{Deserialize, Deserializer, Serialize};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -402,6 +403,7 @@ impl RunReport {
             parts.push(format!("limits hit: {}", hit.join(", ")));
         }
         parts.extend(self.egress_summary());
+        parts.extend(self.broker_summary());
         parts.extend(self.artifact_summary());
         if parts.is_empty() {
             return None;
@@ -412,6 +414,35 @@ impl RunReport {
             self.exit_code,
             parts.join("; ")
         ))
+    }
+
+    /// Brokered requests: how many were granted, and the refusals by reason code.
+    fn broker_summary(&self) -> Option<String> {
+        if self.broker.is_empty() {
+            return None;
+        }
+        let granted = self
+            .broker
+            .iter()
+            .filter(|r| r.decision == "granted")
+            .count();
+        let mut refused: BTreeMap<&str, usize> = BTreeMap::new();
+        for reason in self.broker.iter().filter_map(|r| r.reason.as_deref()) {
+            *refused.entry(reason).or_default() += 1;
+        }
+        let mut text = format!("broker: {granted} granted");
+        if !refused.is_empty() {
+            let reasons: Vec<String> = refused
+                .iter()
+                .map(|(reason, n)| format!("{reason} x{n}"))
+                .collect();
+            text.push_str(&format!(
+                ", {} denied ({})",
+                self.broker.len() - granted,
+                reasons.join(", ")
+            ));
+        }
+        Some(text)
     }
 
     fn egress_summary(&self) -> Option<String> {
@@ -509,7 +540,9 @@ impl RunReport {
 
 #[cfg(test)]
 mod tests {
-    use super::{Ceiling, EgressDecision, EgressRecord, ResultClass, RunReport};
+    use super::{
+        BrokerActionRecord, Ceiling, EgressDecision, EgressRecord, ResultClass, RunReport,
+    };
     use crate::artifacts::{reason, ArtifactKept, ArtifactRejection, ArtifactReport};
     use serde_json::json;
 
@@ -573,6 +606,37 @@ mod tests {
         assert_eq!(
             report.summary().as_deref(),
             Some("capacity_exceeded: exit 137; the memory ceiling fired; limits hit: pids")
+        );
+    }
+
+    #[test]
+    fn brokered_requests_are_counted_granted_and_denied_by_reason() {
+        let mut report = finished(ResultClass::Ok, 0);
+        let record = |decision: &str, reason: Option<&str>| BrokerActionRecord {
+            action: "store_case_document".to_string(),
+            request_sha256: String::new(),
+            request_bytes: 10,
+            decision: decision.to_string(),
+            reason: reason.map(str::to_string),
+            exit_code: None,
+            bytes: 0,
+            stored_as: None,
+            error: None,
+            duration_ms: 0,
+            started_at_unix_ms: 0,
+        };
+        report.broker = vec![
+            record("granted", None),
+            record("denied", Some("broker.schema_invalid")),
+            record("denied", Some("broker.schema_invalid")),
+            record("denied", Some("broker.unknown_action")),
+        ];
+        assert_eq!(
+            report.summary().as_deref(),
+            Some(
+                "ok: exit 0; broker: 1 granted, 3 denied (broker.schema_invalid x2, \
+                 broker.unknown_action x1)"
+            )
         );
     }
 

@@ -26,6 +26,9 @@ pub struct OperatorConfig {
     /// Secrets the egress proxy injects (`[secrets.NAME]`, docs/credentials.md): a
     /// contract names them, the cell only ever holds a per-run placeholder.
     pub secrets: std::collections::BTreeMap<String, airlock_egress::secrets::SecretDefinition>,
+    /// Brokered actions (`[broker.actions.NAME]`, docs/credentials.md): structured requests
+    /// a cell hands the trusted side, which performs them with its own credential.
+    pub broker: airlock_broker::BrokerConfig,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -262,6 +265,7 @@ impl OperatorConfig {
         for (name, secret) in &self.secrets {
             secret.check(name)?;
         }
+        airlock_broker::Broker::new(&self.broker)?;
         if let Some(dir) = &self.store.state_dir {
             if !dir.is_absolute() {
                 bail!(
@@ -283,6 +287,14 @@ impl OperatorConfig {
         let mut egress = self.egress.clone();
         egress.secrets = self.secrets.clone();
         egress
+    }
+
+    /// The broker actions the engine serves; [`OperatorConfig::check`] passed, so they
+    /// compile.
+    pub fn engine_broker(&self) -> anyhow::Result<std::sync::Arc<airlock_broker::Broker>> {
+        Ok(std::sync::Arc::new(airlock_broker::Broker::new(
+            &self.broker,
+        )?))
     }
 
     /// `--state-dir`, else the config's, else the documented default.

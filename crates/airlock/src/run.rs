@@ -135,6 +135,11 @@ fn load_plan(
             image: resolved.as_ref().map(|(image, _)| image),
         },
     )?;
+    let mut plan = plan;
+    if let (Some(broker), Some(class)) = (plan.broker.as_mut(), &args.class.class) {
+        // The class's grant made this contract: its broker requests are the class's.
+        broker.class = Some(class.clone());
+    }
     Ok((plan, resolved.map(|(_, lease)| lease)))
 }
 
@@ -265,9 +270,12 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
     if let Some(code) = hand_off(&args) {
         return code;
     }
-    let loaded = OperatorConfig::load(args.config.as_deref())
-        .and_then(|c| c.host_id_range().map(|range| (c, range)));
-    let (config, host_ids) = match loaded {
+    let loaded = OperatorConfig::load(args.config.as_deref()).and_then(|c| {
+        let range = c.host_id_range()?;
+        let broker = c.engine_broker()?;
+        Ok((c, (range, broker)))
+    });
+    let (config, (host_ids, broker)) = match loaded {
         Ok(both) => both,
         Err(err) => {
             let error = crate::user_message(&err);
@@ -280,6 +288,7 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
         config.engine_egress(),
     );
     engine_config.host_ids = host_ids;
+    engine_config.broker = broker;
     let engine = Engine::new(engine_config);
     // `_lease` lives until this function returns: the image cannot be removed while the
     // cell runs.

@@ -35,6 +35,7 @@ fn start(args: ServeArgs) -> anyhow::Result<()> {
         config.egress.clone(),
     );
     engine.host_ids = host_ids;
+    engine.broker = config.engine_broker()?;
     let config_dir = args
         .config
         .as_deref()

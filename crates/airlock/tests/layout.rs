@@ -111,6 +111,11 @@ fn crates_depend_in_the_documented_direction() {
         "store depends on nothing of ours"
     );
     assert_eq!(
+        airlock_dependencies("broker"),
+        Vec::<String>::new(),
+        "the broker depends on nothing of ours: the engine turns its records into the result's"
+    );
+    assert_eq!(
         airlock_dependencies("cell"),
         vec!["airlock-contract".to_string()]
     );
@@ -135,13 +140,14 @@ fn crates_depend_in_the_documented_direction() {
     assert_eq!(
         engine,
         [
+            "airlock-broker",
             "airlock-cell",
             "airlock-contract",
             "airlock-egress",
             "airlock-store"
         ],
-        "the engine sits on the cell, the egress proxy and the store; nothing below it \
-         knows of it"
+        "the engine sits on the cell, the egress proxy, the broker and the store; nothing \
+         below it knows of it"
     );
     let mut agent = airlock_dependencies("agent");
     agent.sort();
@@ -156,7 +162,9 @@ fn crates_depend_in_the_documented_direction() {
         "the agent crate (tools, MCP, the agent loop) sits on the engine; only the CLI \
          knows of it"
     );
-    for below in ["contract", "cell", "egress", "store", "engine", "images"] {
+    for below in [
+        "contract", "cell", "egress", "store", "engine", "images", "broker",
+    ] {
         assert!(
             !airlock_dependencies(below).contains(&"airlock-agent".to_string()),
             "{below} must not depend on the agent crate"

@@ -168,6 +168,7 @@ fn every_example_class_loads_and_resolves() {
     assert_eq!(
         names,
         [
+            "case-documents",
             "document-conversion",
             "package-install",
             "package-run",

@@ -6,6 +6,7 @@ use crate::artifacts::{ArtifactKept, ArtifactReport};
 use crate::counters::CgroupUsage;
 use crate::output::OutputCapture;
 use serde::{Deserialize, Deserializer, Serialize};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -231,6 +232,34 @@ pub struct EgressRecord {
     pub started_at_unix_ms: u64,
 }
 
+/// One request to the run's broker, as the result records it (the engine turns the
+/// broker's records into these, as it does the proxy's; docs/credentials.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerActionRecord {
+    /// The action the request named (the cell's bytes: escape to print).
+    pub action: String,
+    /// sha256 of the canonical JSON of the request.
+    pub request_sha256: String,
+    pub request_bytes: u64,
+    /// `granted` or `denied`.
+    pub decision: String,
+    /// Why it was denied (`broker.*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// A granted request's handler: its exit code (a command's), the bytes it wrote (or
+    /// read back), where it stored the file, and why it failed (`broker.*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_as: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub duration_ms: u64,
+    pub started_at_unix_ms: u64,
+}
+
 /// `text` cut to [`MAX_HOST_CHARS`] characters.
 fn shortened(text: &str) -> String {
     match text.char_indices().nth(MAX_HOST_CHARS) {
@@ -261,6 +290,9 @@ pub struct RunReport {
     pub cgroup_version: Option<Name>,
     /// One record per connection attempt; `None` for a cell without egress.
     pub egress: Option<Vec<EgressRecord>>,
+    /// One record per request to the run's broker (empty without one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub broker: Vec<BrokerActionRecord>,
     /// `None` when no artifacts were asked for or the plan declares none.
     pub artifacts: Option<ArtifactReport>,
     pub cleanup: CleanupReport,
@@ -295,6 +327,7 @@ impl RunReport {
             output: None,
             cgroup_version: None,
             egress: None,
+            broker: Vec::new(),
             artifacts: None,
             cleanup: CleanupReport {
                 ok: true,
@@ -370,6 +403,7 @@ impl RunReport {
             parts.push(format!("limits hit: {}", hit.join(", ")));
         }
         parts.extend(self.egress_summary());
+        parts.extend(self.broker_summary());
         parts.extend(self.artifact_summary());
         if parts.is_empty() {
             return None;
@@ -380,6 +414,35 @@ impl RunReport {
             self.exit_code,
             parts.join("; ")
         ))
+    }
+
+    /// Brokered requests: how many were granted, and the refusals by reason code.
+    fn broker_summary(&self) -> Option<String> {
+        if self.broker.is_empty() {
+            return None;
+        }
+        let granted = self
+            .broker
+            .iter()
+            .filter(|r| r.decision == "granted")
+            .count();
+        let mut refused: BTreeMap<&str, usize> = BTreeMap::new();
+        for reason in self.broker.iter().filter_map(|r| r.reason.as_deref()) {
+            *refused.entry(reason).or_default() += 1;
+        }
+        let mut text = format!("broker: {granted} granted");
+        if !refused.is_empty() {
+            let reasons: Vec<String> = refused
+                .iter()
+                .map(|(reason, n)| format!("{reason} x{n}"))
+                .collect();
+            text.push_str(&format!(
+                ", {} denied ({})",
+                self.broker.len() - granted,
+                reasons.join(", ")
+            ));
+        }
+        Some(text)
     }
 
     fn egress_summary(&self) -> Option<String> {
@@ -477,7 +540,9 @@ impl RunReport {
 
 #[cfg(test)]
 mod tests {
-    use super::{Ceiling, EgressDecision, EgressRecord, ResultClass, RunReport};
+    use super::{
+        BrokerActionRecord, Ceiling, EgressDecision, EgressRecord, ResultClass, RunReport,
+    };
     use crate::artifacts::{reason, ArtifactKept, ArtifactRejection, ArtifactReport};
     use serde_json::json;
 
@@ -541,6 +606,37 @@ mod tests {
         assert_eq!(
             report.summary().as_deref(),
             Some("capacity_exceeded: exit 137; the memory ceiling fired; limits hit: pids")
+        );
+    }
+
+    #[test]
+    fn brokered_requests_are_counted_granted_and_denied_by_reason() {
+        let mut report = finished(ResultClass::Ok, 0);
+        let record = |decision: &str, reason: Option<&str>| BrokerActionRecord {
+            action: "store_case_document".to_string(),
+            request_sha256: String::new(),
+            request_bytes: 10,
+            decision: decision.to_string(),
+            reason: reason.map(str::to_string),
+            exit_code: None,
+            bytes: 0,
+            stored_as: None,
+            error: None,
+            duration_ms: 0,
+            started_at_unix_ms: 0,
+        };
+        report.broker = vec![
+            record("granted", None),
+            record("denied", Some("broker.schema_invalid")),
+            record("denied", Some("broker.schema_invalid")),
+            record("denied", Some("broker.unknown_action")),
+        ];
+        assert_eq!(
+            report.summary().as_deref(),
+            Some(
+                "ok: exit 0; broker: 1 granted, 3 denied (broker.schema_invalid x2, \
+                 broker.unknown_action x1)"
+            )
         );
     }
 

@@ -275,6 +275,18 @@ pub fn prepare_sources(
             }
             // Writable paths are fresh tmpfs mounts the cell makes itself.
             MountPlan::WritableTmpfs { .. } => {}
+            // The broker's socket (bound by the trusted side for this run): read-only,
+            // nosuid, nodev, noexec; connecting to it needs none of those.
+            MountPlan::BrokerSocket { source, target } => {
+                let attrs = sys::MOUNT_ATTR_RDONLY
+                    | sys::MOUNT_ATTR_NOSUID
+                    | sys::MOUNT_ATTR_NODEV
+                    | sys::MOUNT_ATTR_NOEXEC;
+                prepared.push(Prepared {
+                    target: target.clone(),
+                    source: restricted_clone(source, attrs, false)?,
+                });
+            }
         }
     }
     for entry in &plan.etc {

@@ -132,6 +132,10 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
             })
             .collect(),
         terminal: contract.terminal,
+        broker: (!contract.broker_actions.is_empty()).then(|| BrokerPlan {
+            actions: contract.broker_actions.clone(),
+            class: None,
+        }),
         layout: CellLayout::default(),
     };
     plan.layout = crate::layout::cell_layout(&plan);
@@ -393,6 +397,10 @@ fn environment(
             set(name, value, false);
             set(&name.to_ascii_lowercase(), value, false);
         }
+    }
+    if !contract.broker_actions.is_empty() {
+        // Last: the contract's `env` cannot point the payload at another socket.
+        set(crate::plan::BROKER_ENV, crate::plan::BROKER_SOCKET, false);
     }
     env.into_iter()
         .map(|(name, (value, secret))| EnvVar {
@@ -753,6 +761,22 @@ resources:
         assert_eq!(names, ["HOME", "LANG", "PATH", "TMPDIR"]);
         assert_eq!(env_value(&plan, "HOME"), Some("/tmp"));
         assert_eq!(env_value(&plan, "PATH"), Some(BASE_PATH));
+    }
+
+    #[test]
+    fn broker_actions_give_the_plan_a_broker_and_the_cell_its_socket_variable() {
+        let plain = compile_yaml("{}\n").unwrap();
+        assert!(plain.broker.is_none());
+        assert!(!plain.env.iter().any(|v| v.name == BROKER_ENV));
+        let brokered = compile_yaml(
+            "broker_actions: [store_case_document]\nenv: { AIRLOCK_BROKER: /tmp/fake.sock }\n",
+        )
+        .unwrap();
+        let broker = brokered.broker.as_ref().unwrap();
+        assert_eq!(broker.actions, ["store_case_document"]);
+        assert_eq!(broker.class, None, "only the trusted side sets the class");
+        let var = brokered.env.iter().find(|v| v.name == BROKER_ENV).unwrap();
+        assert_eq!(var.value, BROKER_SOCKET, "the contract cannot redirect it");
     }
 
     #[test]

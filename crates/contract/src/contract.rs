@@ -99,6 +99,13 @@ pub struct Contract {
     /// Off by default: a payload without a terminal cannot drive one.
     #[serde(default, skip_serializing_if = "is_false")]
     pub terminal: bool,
+    /// Operator-defined broker actions (`[broker.actions.NAME]` of the operator's
+    /// configuration) the payload may ask the trusted side to perform: the cell gets the
+    /// broker's socket at `/run/airlock/broker.sock` (docs/credentials.md, "The broker").
+    /// Absent or empty: no socket. Not serialised when empty, so older contracts keep
+    /// their `contract_sha256`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub broker_actions: Vec<String>,
 }
 
 /// Absent `terminal: false` is not serialised, so contracts written before the field
@@ -532,5 +539,6 @@ pub fn default_contract() -> Contract {
         hostname: default_hostname(),
         seccomp_profile: default_seccomp_profile(),
         terminal: false,
+        broker_actions: Vec::new(),
     }
 }

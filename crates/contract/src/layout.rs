@@ -515,6 +515,9 @@ fn landlock_rules(plan: &CellPlan) -> Vec<LandlockRule> {
                 (target, FsAccess::ALL.to_vec())
             }
             MountPlan::WritableTmpfs { target, .. } => (target, all_but_execute()),
+            // Connecting to a unix socket is no file access Landlock handles here: the
+            // socket needs no rule, and gets none (nothing to read, write or execute).
+            MountPlan::BrokerSocket { .. } => continue,
         };
         rules.push(rule(path, access));
     }

@@ -11,6 +11,11 @@ use std::path::PathBuf;
 pub const HTTP_PROXY_PORT: u16 = 3128;
 /// Port of the supervisor's SOCKS5 proxy on `127.0.0.1` inside the cell.
 pub const SOCKS_PROXY_PORT: u16 = 1080;
+/// Where a run's broker socket is mounted in its cell (and the value of
+/// [`BROKER_ENV`]), when its contract names broker actions.
+pub const BROKER_SOCKET: &str = "/run/airlock/broker.sock";
+/// The cell variable naming the broker socket.
+pub const BROKER_ENV: &str = "AIRLOCK_BROKER";
 
 /// What the runtime executes. Serialised into the run's result as "the plan as enforced".
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +59,10 @@ pub struct CellPlan {
     /// Without it the payload has no controlling terminal at all.
     #[serde(default)]
     pub terminal: bool,
+    /// The broker actions the run may ask for, and who asks (docs/credentials.md). Its
+    /// socket is mounted by a [`MountPlan::BrokerSocket`] the engine adds for the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker: Option<BrokerPlan>,
     /// How the cell builds its root and confines itself, step by step.
     pub layout: CellLayout,
 }
@@ -151,6 +160,22 @@ pub enum MountPlan {
         size_bytes: u64,
         exec: bool,
     },
+    /// The run's broker socket: host `source` (a unix socket the trusted side bound for
+    /// this run, outside the cell) bind-mounted read-only, nosuid, nodev, noexec at
+    /// `target` ([`BROKER_SOCKET`]). Connecting needs no write access to the mount.
+    BrokerSocket { source: PathBuf, target: PathBuf },
+}
+
+/// A run's broker actions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerPlan {
+    /// The operator's `[broker.actions.NAME]` the contract names.
+    pub actions: Vec<String>,
+    /// The workload class whose grant made the contract, set by the trusted side after
+    /// compile (`airlock run --class`); `None` for a contract written by the caller. A
+    /// contract cannot set it: it is not a contract field.
+    #[serde(default)]
+    pub class: Option<String>,
 }
 
 /// One entry of the cell's `/etc`, mounted read-only, nosuid, nodev and noexec.

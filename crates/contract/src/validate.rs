@@ -96,6 +96,7 @@ pub(crate) fn check(contract: &Contract) -> Result<CheckedContract, Vec<FieldErr
     check_env(&contract.env, &mut errors);
     check_credentials(&contract.credentials, &contract.env, &mut errors);
     check_secrets(contract, &mut errors);
+    check_broker_actions(&contract.broker_actions, &mut errors);
     check_cleanup(&contract.cleanup, &mut errors);
     check_hostname(&contract.hostname, &mut errors);
     let workdir = check_workdir(contract.workdir.as_deref(), &inputs, &writable, &mut errors);
@@ -632,6 +633,23 @@ fn check_secrets(contract: &Contract, errors: &mut Errors) {
             "secrets",
             "needs network.mode allowlist: only the egress proxy can use a secret",
         );
+    }
+}
+
+/// Broker action names: known-good names, each once (whether the operator defines them
+/// is checked where the configuration is known, in the engine).
+fn check_broker_actions(actions: &[String], errors: &mut Errors) {
+    let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+    for (index, name) in actions.iter().enumerate() {
+        let field = format!("broker_actions[{index}]");
+        if !is_record_name(name) {
+            errors.push(
+                field,
+                "must be non-empty and contain only letters, digits, `_`, `.` and `-`",
+            );
+        } else if let Some(first) = names.insert(name, index) {
+            errors.push(field, format!("duplicates broker_actions[{first}]"));
+        }
     }
 }
 

@@ -27,6 +27,12 @@ impl Engine {
     /// any process. A warm cell of the plan's shape is claimed when a pool keeps one
     /// (see [`Engine::keep_warm`]); otherwise a cell is built for the request.
     pub fn run(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
+        let (request, mut broker) = self.with_broker(request)?;
+        // This process is threaded already (the factory clones the cell): the broker's
+        // thread starts now.
+        if let Some(broker) = broker.as_mut() {
+            broker.serve();
+        }
         let (prepared, request) = self.prepare(request)?;
         // Revokes the run's provider tokens when this function returns: the cell is gone.
         let _revoker = crate::egress_session::TokenRevoker(prepared.injections.clone());
@@ -43,7 +49,8 @@ impl Engine {
         // A parked cell has no credentials and no artifact destination of its own: only
         // requests without either are served warm.
         let shape = PlanShape::of(&plan);
-        let warm = (credentials.is_empty() && artifacts.is_none())
+        // Nor one with a broker: its socket is mounted for the run.
+        let warm = (credentials.is_empty() && artifacts.is_none() && plan.broker.is_none())
             .then(|| self.pools.claim(&shape))
             .flatten();
         let parked = warm.is_some();
@@ -131,6 +138,8 @@ impl Engine {
         if parked {
             self.pools.refill();
         }
+        let mut report = report;
+        crate::broker_session::finish_broker(broker, &mut report);
         let mut finished = FinishedRun::new(report, plan, inputs, secrets, record);
         finished.latency = latency;
         Ok(finished)

@@ -8,6 +8,7 @@
 //! factory ([`factory`]), a small single-threaded process of the same binary that forks
 //! one supervisor process per cell for a threaded caller.
 
+mod broker_session;
 pub mod caller;
 mod cells;
 pub mod egress_session;
@@ -49,6 +50,8 @@ pub struct EngineConfig {
     pub max_cells: usize,
     /// Where each cell's own host uid and gid come from, as root (`[host_ids]`).
     pub host_ids: airlock_cell::host_identity::HostIdRange,
+    /// The operator's broker actions (`[broker]`), checked and compiled.
+    pub broker: Arc<airlock_broker::Broker>,
 }
 
 impl EngineConfig {
@@ -61,6 +64,7 @@ impl EngineConfig {
             program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
             max_cells: 64,
             host_ids: Default::default(),
+            broker: Arc::new(airlock_broker::Broker::default()),
         }
     }
 }

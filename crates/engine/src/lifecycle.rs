@@ -168,6 +168,7 @@ impl Engine {
     /// runtime's hook once the cell is released, overlapping the write with the cell's
     /// own setup: the cold start of `airlock run`.
     pub fn run_here(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
+        let (request, mut broker) = self.with_broker(request)?;
         let (prepared, request) = self.prepare(request)?;
         let RunRequest {
             plan,
@@ -192,7 +193,14 @@ impl Engine {
         let report = airlock_cell::run_cell(
             &plan,
             RunOptions {
-                before_start: Some(&mut || recorder.begin()),
+                before_start: Some(&mut || {
+                    let begun = recorder.begin();
+                    // The cell is cloned: the broker's thread may start now.
+                    if let (Ok(_), Some(broker)) = (&begun, broker.as_mut()) {
+                        broker.serve();
+                    }
+                    begun
+                }),
                 started,
                 egress: proxy.as_mut().map(|p| p as &mut dyn EgressSession),
                 artifacts,
@@ -203,7 +211,33 @@ impl Engine {
                 host_ids: self.config.host_ids,
             },
         );
+        let mut report = report;
+        crate::broker_session::finish_broker(broker, &mut report);
         Ok(recorder.finished(report, plan))
+    }
+
+    /// The run's broker started for its plan (broker_session.rs), or the run refused
+    /// and recorded when it cannot be.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn with_broker(
+        &self,
+        mut request: RunRequest,
+    ) -> Result<(RunRequest, Option<airlock_broker::BrokerServer>), Box<RecordedRefusal>> {
+        match self.start_broker(&mut request.plan, request.tenant.as_deref()) {
+            Ok(broker) => Ok((request, broker)),
+            Err(refused) => {
+                let mut recorded = self.refuse(Refusal {
+                    argv: &request.plan.argv,
+                    workload_class: &request.workload_class,
+                    status: refused.status,
+                    error: refused.error,
+                    plan: Some(&request.plan),
+                    tenant: request.tenant.as_deref(),
+                });
+                recorded.plan = Some(request.plan);
+                Err(Box::new(recorded))
+            }
+        }
     }
 
     /// Completes the record of a finished run (after the caller's delivery, which may

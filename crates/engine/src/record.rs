@@ -118,6 +118,13 @@ fn events_of(report: &RunReport) -> Vec<(String, Value)> {
         }
         push(kinds::EGRESS_DECISION, body);
     }
+    for record in &report.broker {
+        let mut body = value_of(record);
+        if let Some(reason) = record.reason.as_ref().or(record.error.as_ref()) {
+            body["reason_code"] = json!(reason);
+        }
+        push(kinds::BROKER_ACTION, body);
+    }
     if let Some(limit) = limit_name(report) {
         push(
             kinds::LIMIT_FIRED,

@@ -135,6 +135,12 @@ impl Engine {
             max_lifetime,
             tenant,
         } = request;
+        if plan.broker.is_some() {
+            // A session's socket would outlive each command's authorization: not built.
+            return Err(EngineError::SessionFailed(
+                "broker actions are served to one-shot runs only, not sessions".to_string(),
+            ));
+        }
         let ready =
             crate::egress_session::prepare_secrets(&self.config.egress, &plan, max_lifetime)
                 .map_err(|err| EngineError::SessionFailed(err.to_string()))?;

@@ -74,6 +74,9 @@ pub mod kinds {
     pub const ARTIFACT_KEPT: &str = "artifact.kept";
     pub const ARTIFACT_REJECTED: &str = "artifact.rejected";
     pub const CLEANUP: &str = "cleanup";
+    /// One request to a run's broker: the action, the request's hash, the decision
+    /// (`reason_code` when denied) and the handler's outcome (docs/credentials.md).
+    pub const BROKER_ACTION: &str = "broker.action";
 
     pub(crate) const RESERVED: &[&str] = &[RUN_BEGIN, RUN_FINISH, RUN_ABORTED, STORE_PRUNE];
 }

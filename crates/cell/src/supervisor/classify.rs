@@ -86,6 +86,7 @@ pub fn classify(
         output: Some(output),
         cgroup_version: None,
         egress: records,
+        broker: Vec::new(),
         artifacts: observed.artifacts,
         cleanup: CleanupReport::default(),
         stale_cgroups_left: Vec::new(),

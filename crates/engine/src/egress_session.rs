@@ -86,6 +86,9 @@ pub struct ProxySession {
     rules: Vec<DestinationRule>,
     policy: RunPolicy,
     handle: Option<ProxyHandle>,
+    /// Why the run's TLS interception could not be set up: the proxy then refuses to
+    /// start (fail closed) rather than run without it.
+    tls_failure: Option<String>,
     pub records: Vec<ConnectionRecord>,
 }
 
@@ -117,15 +120,31 @@ impl ProxySession {
             policy: RunPolicy {
                 injections,
                 http_rules,
+                tls: None,
             },
             handle: None,
+            tls_failure: None,
             records: Vec::new(),
         }
     }
 }
 
+impl ProxySession {
+    /// The run's interception, from [`install_run_ca`].
+    pub fn with_tls(mut self, tls: &Result<Option<RunTls>, String>) -> ProxySession {
+        match tls {
+            Ok(tls) => self.policy.tls = tls.as_ref().map(|t| t.ca.clone()),
+            Err(why) => self.tls_failure = Some(why.clone()),
+        }
+        self
+    }
+}
+
 impl EgressSession for ProxySession {
     fn start(&mut self, listeners: EgressListeners) -> Result<(), String> {
+        if let Some(why) = &self.tls_failure {
+            return Err(format!("TLS interception: {why}"));
+        }
         let transparent = listeners
             .transparent
             .into_iter()
@@ -201,4 +220,73 @@ fn targets_metadata(record: &ConnectionRecord) -> bool {
         .into_iter()
         .chain(literal)
         .any(|ip| classify(ip) == Some(AddressClass::Metadata))
+}
+
+/// Where the cell finds its trust bundle, and the variables that point the common
+/// runtimes at it (OpenSSL-based tools, Python requests, Node, curl).
+pub const CELL_TRUST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+const TRUST_VARIABLES: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "CURL_CA_BUNDLE",
+];
+
+/// A run's TLS interception (docs/credentials.md, "HTTPS"): its CA, whose key lives
+/// only in this process, and the cell's trust bundle file (the host's bundle plus the
+/// CA's certificate, public), removed when the run ends.
+pub struct RunTls {
+    pub ca: std::sync::Arc<airlock_egress::tls::RunCa>,
+    _bundle: tempfile::NamedTempFile,
+}
+
+/// Whether a plan's TLS must be intercepted: it has secrets or HTTP rules to apply
+/// inside it.
+pub fn needs_interception(plan: &CellPlan) -> bool {
+    matches!(plan.network, airlock_contract::NetworkPlan::Allowlist { .. })
+        && (!plan.secrets.is_empty() || !plan.http_rules.is_empty())
+}
+
+/// Makes the run's CA and installs its certificate in the cell's trust view: the
+/// bundle is mounted (read-only, as data) over the system bundle path, and the trust
+/// variables point at it. `Ok(None)` for a plan that needs no interception.
+pub fn install_run_ca(plan: &mut CellPlan) -> Result<Option<RunTls>, String> {
+    if !needs_interception(plan) {
+        return Ok(None);
+    }
+    let ca = airlock_egress::tls::RunCa::generate().map_err(|e| e.to_string())?;
+    let bundle = write_bundle(&airlock_egress::tls::trust_bundle(&ca))
+        .map_err(|e| format!("writing the cell's trust bundle: {e}"))?;
+    plan.etc.push(airlock_contract::EtcEntry::Contract {
+        source: bundle.path().to_path_buf(),
+        target: CELL_TRUST_BUNDLE.into(),
+    });
+    for name in TRUST_VARIABLES {
+        plan.env.retain(|var| var.name != *name);
+        plan.env.push(airlock_contract::EnvVar {
+            name: name.to_string(),
+            value: CELL_TRUST_BUNDLE.to_string(),
+            secret: false,
+        });
+    }
+    Ok(Some(RunTls {
+        ca: std::sync::Arc::new(ca),
+        _bundle: bundle,
+    }))
+}
+
+/// World-readable: a cell of an unprivileged caller clones it as that user, and it holds
+/// only certificates.
+fn write_bundle(bytes: &[u8]) -> std::io::Result<tempfile::NamedTempFile> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let mut file = tempfile::Builder::new()
+        .prefix("airlock-trust-")
+        .suffix(".crt")
+        .tempfile()?;
+    file.write_all(bytes)?;
+    file.flush()?;
+    file.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    Ok(file)
 }

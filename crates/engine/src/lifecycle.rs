@@ -170,7 +170,7 @@ impl Engine {
     pub fn run_here(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
         let (prepared, request) = self.prepare(request)?;
         let RunRequest {
-            plan,
+            mut plan,
             credentials,
             stdin,
             artifacts,
@@ -179,6 +179,8 @@ impl Engine {
             started,
             ..
         } = request;
+        // The run's CA lives in this process (the proxy's) and dies with the run.
+        let tls = crate::egress_session::install_run_ca(&mut plan);
         let mut recorder = Recorder {
             engine: self,
             start: prepared.start,
@@ -188,7 +190,9 @@ impl Engine {
             input_contents: None,
         };
         let _revoker = crate::egress_session::TokenRevoker(prepared.injections.clone());
-        let mut proxy = self.proxy_for(&plan, prepared.injections);
+        let mut proxy = self
+            .proxy_for(&plan, prepared.injections)
+            .map(|p| p.with_tls(&tls));
         let report = airlock_cell::run_cell(
             &plan,
             RunOptions {

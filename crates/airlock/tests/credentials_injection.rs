@@ -566,7 +566,8 @@ fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() 
         format!("-L '{api}/simple/redirect?to={api}/admin'"),
         // Plain HTTP inside a CONNECT tunnel meets the same rule.
         format!("--proxytunnel -X POST {api}/simple/t"),
-        // HTTPS to a domain with a rule cannot be checked: refused.
+        // HTTPS to a domain with a rule is intercepted (credentials_https.rs); this
+        // upstream speaks plain HTTP, so the verified upstream leg fails: a clean 502.
         format!("https://api.test:{port}/simple/tls"),
         // A domain without a rule takes any request.
         format!("-X POST http://evil.test:{port}/anything"),
@@ -582,7 +583,7 @@ fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() 
     let codes: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         codes,
-        ["200", "403", "403", "403", "403", "403", "000", "200"],
+        ["200", "403", "403", "403", "403", "403", "502", "200"],
         "{}",
         run.describe()
     );
@@ -594,7 +595,7 @@ fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() 
         "egress.path_not_allowed",
         "egress.path_not_allowed",
         "egress.method_not_allowed",
-        "egress.tls_uninspectable",
+        "egress.upstream_failed",
     ];
     expected.sort();
     assert_eq!(reasons, expected, "{}", run.describe());
@@ -618,7 +619,7 @@ fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() 
     for code in [
         "egress.method_not_allowed",
         "egress.path_not_allowed",
-        "egress.tls_uninspectable",
+        "egress.upstream_failed",
     ] {
         assert!(show.contains(code), "{code} not stored: {show}");
     }

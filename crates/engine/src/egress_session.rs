@@ -2,7 +2,7 @@
 
 use airlock_cell::report::{EgressDecision, EgressRecord};
 use airlock_cell::{EgressListeners, EgressSession, EgressSummary};
-use airlock_contract::CellPlan;
+use airlock_contract::{CellPlan, SecretDelivery};
 use airlock_egress::address::{classify, AddressClass};
 use airlock_egress::secrets::{Injection, SecretError};
 use airlock_egress::{
@@ -26,11 +26,15 @@ pub fn prepare_secrets(
             .ok_or_else(|| SecretError::Undefined {
                 name: secret.name.clone(),
             })
-            .and_then(|definition| definition.prepare(&secret.name, lifetime));
+            .and_then(|definition| {
+                check_delivery(&secret.name, definition, secret.deliver)?;
+                definition.prepare(&secret.name, lifetime)
+            });
         match prepared {
             Ok(injection) => ready.push(PreparedSecret {
                 env: secret.env.clone(),
                 injection,
+                deliver: secret.deliver,
             }),
             Err(err) => {
                 drop(TokenRevoker(
@@ -43,10 +47,39 @@ pub fn prepare_secrets(
     Ok(ready)
 }
 
-/// One secret ready for a run: the cell variable that gets its placeholder.
+/// A secret may enter the cell's environment only as a provider's token: short-lived
+/// (its lifetime was checked against the deadline) and revoked when the run ends. A
+/// long-lived value (a variable, a file, a command's output) never does.
+fn check_delivery(
+    name: &str,
+    definition: &airlock_egress::secrets::SecretDefinition,
+    deliver: SecretDelivery,
+) -> Result<(), SecretError> {
+    if deliver == SecretDelivery::Env && !definition.is_provider() {
+        return Err(SecretError::Definition {
+            name: name.to_string(),
+            why: "deliver: env needs a token provider source (a short-lived, revoked token)",
+        });
+    }
+    Ok(())
+}
+
+/// One secret ready for a run: the cell variable that gets its placeholder (or, for
+/// `deliver: env`, the token itself).
 pub struct PreparedSecret {
     pub env: String,
     pub injection: Injection,
+    pub deliver: SecretDelivery,
+}
+
+impl PreparedSecret {
+    /// What the cell's variable holds.
+    fn cell_value(&self) -> &str {
+        match self.deliver {
+            SecretDelivery::Placeholder => &self.injection.placeholder,
+            SecretDelivery::Env => &self.injection.value,
+        }
+    }
 }
 
 /// What the cell gets (its variables, placeholders only), what the records never show
@@ -56,7 +89,7 @@ pub fn split_prepared(
 ) -> (Vec<(String, String)>, Vec<String>, Vec<Injection>) {
     let env = prepared
         .iter()
-        .map(|p| (p.env.clone(), p.injection.placeholder.clone()))
+        .map(|p| (p.env.clone(), p.cell_value().to_string()))
         .collect();
     let hidden = prepared
         .iter()

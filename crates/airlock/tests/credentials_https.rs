@@ -298,6 +298,10 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
          echo \"rule_ok=$({c} https://evil.test:{port}/open/x)\"; \
          echo \"tunnelled=$({c} --cacert /tmp/test-ca.pem https://plain.test:{port}/any)\"; \
          echo \"intercepted_own_ca=$({c} --cacert /tmp/test-ca.pem -X POST {auth} https://api.test:{port}/v1/chat 2>/dev/null; echo \" exit $?\")\"; \
+         echo \"sni_placeholder=$(openssl s_client -proxy 127.0.0.1:3128 -connect plain.test:{port} \
+           -servername \"$API_TOKEN.plain.test\" </dev/null >/dev/null 2>&1; echo $?)\"; \
+         echo \"h2_only=$(openssl s_client -proxy 127.0.0.1:3128 -connect api.test:{port} \
+           -servername api.test -alpn h2 </dev/null >/dev/null 2>&1; echo $?)\"; \
          echo '--- environ'; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; \
          echo '--- keys'; grep -rlsI -e 'PRIVATE KE[Y]-----' / --exclude-dir=proc --exclude-dir=sys \
            --exclude-dir=dev --exclude-dir=usr --exclude-dir=lib --exclude-dir=lib64 \
@@ -322,6 +326,10 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
         one("intercepted_own_ca").ends_with("exit 60"),
         "an intercepted host shows the run CA's leaf: {out}"
     );
+    // A placeholder in a tunnelled stream's SNI is refused; a client offering only h2 to an
+    // intercepted host fails its handshake (only http/1.1 is offered).
+    assert_ne!(one("sni_placeholder"), "0", "{out}");
+    assert_ne!(one("h2_only"), "0", "{out}");
     let keys = out
         .split("--- keys\n")
         .nth(1)
@@ -337,16 +345,21 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
         "egress.secret_wrong_destination",
         "egress.method_not_allowed",
         "egress.path_not_allowed",
+        "egress.tls_handshake_failed",
     ] {
         assert!(reasons.iter().any(|r| r == code), "{code}: {reasons:?}");
     }
+    let sni_refusal = records(&run).into_iter().any(|r| {
+        r["host"] == "plain.test" && r["reason"] == "egress.secret_wrong_destination"
+    });
+    assert!(sni_refusal, "the SNI placeholder was refused on the tunnel: {reasons:?}");
     assert_eq!(
         reasons
             .iter()
             .filter(|r| *r == "egress.secret_wrong_destination")
             .count(),
-        3,
-        "another host, the body and the URL: {reasons:?}"
+        4,
+        "another host, the body, the URL and a tunnel's SNI: {reasons:?}"
     );
 
     // Only the allowed request, the ruled domain's allowed one and the tunnelled one

@@ -308,6 +308,21 @@ mod tests {
     }
 
     #[test]
+    fn a_replayed_stream_yields_the_bytes_already_read_first() {
+        use tokio::io::AsyncReadExt;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let read = runtime.block_on(async {
+            let mut stream = Replay::new(b"hello ".to_vec(), &b"world"[..]);
+            let mut all = Vec::new();
+            stream.read_to_end(&mut all).await.unwrap();
+            all
+        });
+        assert_eq!(read, b"hello world");
+    }
+
+    #[test]
     fn the_ca_debug_form_shows_no_key() {
         let ca = RunCa::generate().unwrap();
         let shown = format!("{ca:?}");

@@ -865,6 +865,19 @@ mod tests {
     }
 
     #[test]
+    fn an_interception_refusal_is_a_denial_and_a_limit_is_not() {
+        for code in [
+            reason::UPSTREAM_CERT_INVALID,
+            reason::TLS_HANDSHAKE_FAILED,
+            reason::SECRET_WRONG_DESTINATION,
+        ] {
+            assert_eq!(decision_for(Some(code)), Decision::Denied, "{code}");
+        }
+        assert_eq!(decision_for(Some(reason::LIMIT)), Decision::Allowed);
+        assert_eq!(decision_for(None), Decision::Allowed);
+    }
+
+    #[test]
     fn length_framing() {
         let mut f = BodyFraming::Length(5);
         assert_eq!(f.feed(b"abc"), Ok(3));

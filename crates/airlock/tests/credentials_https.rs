@@ -55,7 +55,9 @@ impl TestCa {
     fn new(name: &str) -> TestCa {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::new()).unwrap();
-        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         let certificate = params.self_signed(&key).unwrap();
         TestCa { certificate, key }
@@ -67,7 +69,9 @@ impl TestCa {
         let params =
             rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
                 .unwrap();
-        let certificate = params.signed_by(&key, &self.certificate, &self.key).unwrap();
+        let certificate = params
+            .signed_by(&key, &self.certificate, &self.key)
+            .unwrap();
         (certificate.pem(), key.serialize_pem())
     }
 }
@@ -250,7 +254,9 @@ fn denial_reasons(run: &CellRun) -> Vec<String> {
 /// The value of each `NAME=` line the script printed, in order.
 fn lines_of<'a>(out: &'a str, name: &str) -> Vec<&'a str> {
     let prefix = format!("{name}=");
-    out.lines().filter_map(|l| l.strip_prefix(&prefix)).collect()
+    out.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .collect()
 }
 
 fn authorization(request: &Value) -> Vec<String> {
@@ -313,9 +319,22 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
     let run = env.run(&contract, &script);
     assert_eq!(run.status(), "ok", "{}", run.describe());
     let out = run.stdout();
-    let one = |name: &str| lines_of(&out, name).first().copied().unwrap_or("").to_string();
+    let one = |name: &str| {
+        lines_of(&out, name)
+            .first()
+            .copied()
+            .unwrap_or("")
+            .to_string()
+    };
     assert_eq!(one("allowed"), "200 0", "{out}");
-    for refused in ["other_host", "body", "url", "method", "rule_method", "rule_path"] {
+    for refused in [
+        "other_host",
+        "body",
+        "url",
+        "method",
+        "rule_method",
+        "rule_path",
+    ] {
         assert!(one(refused).starts_with("403 "), "{refused}: {out}");
     }
     assert_eq!(one("rule_ok"), "200 0", "{out}");
@@ -335,10 +354,17 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
         .nth(1)
         .and_then(|rest| rest.split("bundle=").next())
         .unwrap_or("");
-    assert_eq!(keys.trim(), "", "a private key is readable in the cell: {out}");
+    assert_eq!(
+        keys.trim(),
+        "",
+        "a private key is readable in the cell: {out}"
+    );
     let bundle: usize = one("bundle").parse().unwrap();
     assert!(bundle >= 1, "the run CA is in the cell's bundle: {out}");
-    assert!(!out.contains(&env.value), "the cell saw the real value: {out}");
+    assert!(
+        !out.contains(&env.value),
+        "the cell saw the real value: {out}"
+    );
 
     let reasons = denial_reasons(&run);
     for code in [
@@ -349,10 +375,13 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
     ] {
         assert!(reasons.iter().any(|r| r == code), "{code}: {reasons:?}");
     }
-    let sni_refusal = records(&run).into_iter().any(|r| {
-        r["host"] == "plain.test" && r["reason"] == "egress.secret_wrong_destination"
-    });
-    assert!(sni_refusal, "the SNI placeholder was refused on the tunnel: {reasons:?}");
+    let sni_refusal = records(&run)
+        .into_iter()
+        .any(|r| r["host"] == "plain.test" && r["reason"] == "egress.secret_wrong_destination");
+    assert!(
+        sni_refusal,
+        "the SNI placeholder was refused on the tunnel: {reasons:?}"
+    );
     assert_eq!(
         reasons
             .iter()
@@ -374,7 +403,11 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
         authorization(&requests[0]),
         [format!("Bearer {}", env.value)]
     );
-    assert!(!up.raw_log().contains("airlock-secret-"), "{}", up.raw_log());
+    assert!(
+        !up.raw_log().contains("airlock-secret-"),
+        "{}",
+        up.raw_log()
+    );
 
     let result = serde_json::to_string(&run.result).unwrap();
     for (what, text) in [

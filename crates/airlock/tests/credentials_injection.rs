@@ -749,7 +749,10 @@ fn a_provider_token_delivered_into_the_env_is_redacted_everywhere_and_revoked() 
         .strip_prefix("held=")
         .expect("the payload printed its variable")
         .to_string();
-    assert!(token.starts_with("tok-90-"), "the cell holds the token: {live}");
+    assert!(
+        token.starts_with("tok-90-"),
+        "the cell holds the token: {live}"
+    );
     assert!(placeholders(&live).is_empty(), "no placeholder: {live}");
     assert_eq!(
         std::fs::read_to_string(&revoked).unwrap().trim(),
@@ -780,7 +783,10 @@ fn only_a_provider_token_may_be_delivered_into_the_env() {
     assert_eq!(run.status(), "policy_denied", "{}", run.describe());
     assert!(!run.stdout().contains("held="), "{}", run.describe());
     let error = run.result["error"].as_str().unwrap_or("");
-    assert!(error.contains("deliver: env needs a token provider"), "{error}");
+    assert!(
+        error.contains("deliver: env needs a token provider"),
+        "{error}"
+    );
     let result = serde_json::to_string(&run.result).unwrap();
     assert!(!result.contains(&env.value), "{result}");
 }

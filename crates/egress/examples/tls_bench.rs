@@ -74,7 +74,9 @@ fn https_server(config: Arc<rustls::ServerConfig>) -> SocketAddr {
                         Ok(n) => buf.extend_from_slice(&chunk[..n]),
                     }
                 }
-                let _ = tls.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+                let _ = tls.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                );
                 tls.conn.send_close_notify();
                 let _ = tls.flush();
             });
@@ -84,25 +86,46 @@ fn https_server(config: Arc<rustls::ServerConfig>) -> SocketAddr {
 }
 
 /// CONNECT, a full TLS handshake, one GET and its whole response.
-fn request(proxy: SocketAddr, host: &str, port: u16, client: &Arc<rustls::ClientConfig>) -> Duration {
+fn request(
+    proxy: SocketAddr,
+    host: &str,
+    port: u16,
+    client: &Arc<rustls::ClientConfig>,
+) -> Duration {
     let started = Instant::now();
     let mut s = TcpStream::connect(proxy).unwrap();
     s.set_nodelay(true).unwrap();
-    write!(s, "CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").unwrap();
+    write!(
+        s,
+        "CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n"
+    )
+    .unwrap();
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         s.read_exact(&mut byte).unwrap();
         head.push(byte[0]);
     }
-    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
     let name = ServerName::try_from(host.to_string()).unwrap();
     let connection = rustls::ClientConnection::new(client.clone(), name).unwrap();
     let mut tls = rustls::StreamOwned::new(connection, s);
-    write!(tls, "GET /bench HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        tls,
+        "GET /bench HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut response = Vec::new();
     let _ = tls.read_to_end(&mut response);
-    assert!(response.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&response));
+    assert!(
+        response.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&response)
+    );
     started.elapsed()
 }
 
@@ -118,7 +141,8 @@ fn main() {
         .unwrap_or(500);
     let (upstream_ca, server_config) = upstream_tls();
     let server = https_server(server_config);
-    let roots_file = std::env::temp_dir().join(format!("airlock-tls-bench-{}.pem", std::process::id()));
+    let roots_file =
+        std::env::temp_dir().join(format!("airlock-tls-bench-{}.pem", std::process::id()));
     std::fs::write(&roots_file, &upstream_ca).unwrap();
     let run_ca = Arc::new(RunCa::generate().unwrap());
 
@@ -126,7 +150,9 @@ fn main() {
     // tunnelled host) and the run CA (for the intercepted one), as the cell's bundle does.
     let mut roots = rustls::RootCertStore::empty();
     for pem in [upstream_ca.as_str(), run_ca.certificate_pem().as_str()] {
-        roots.add(CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()).unwrap();
+        roots
+            .add(CertificateDer::from_pem_slice(pem.as_bytes()).unwrap())
+            .unwrap();
     }
     let client = Arc::new(
         rustls::ClientConfig::builder_with_provider(provider())

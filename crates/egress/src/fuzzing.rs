@@ -145,7 +145,8 @@ pub fn intercepted_hello(bytes: &[u8]) {
     static CONFIG: OnceLock<std::sync::Arc<rustls::ServerConfig>> = OnceLock::new();
     let config = CONFIG.get_or_init(|| {
         let ca = std::sync::Arc::new(crate::tls::RunCa::generate().expect("a run CA"));
-        let roots = std::env::temp_dir().join(format!("airlock-fuzz-ca-{}.pem", std::process::id()));
+        let roots =
+            std::env::temp_dir().join(format!("airlock-fuzz-ca-{}.pem", std::process::id()));
         std::fs::write(&roots, ca.certificate_pem()).expect("write the fuzz roots");
         let interceptor = crate::tls::Interceptor::new(ca, &roots).expect("an interceptor");
         let _ = std::fs::remove_file(&roots);

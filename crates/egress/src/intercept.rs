@@ -28,7 +28,13 @@ pub async fn relay(
     let config = match interceptor.server_config(host) {
         Ok(config) => config,
         Err(_) => {
-            return attempt.finish(shared, Decision::Denied, Some(reason::TLS_HANDSHAKE_FAILED), 0, 0)
+            return attempt.finish(
+                shared,
+                Decision::Denied,
+                Some(reason::TLS_HANDSHAKE_FAILED),
+                0,
+                0,
+            )
         }
     };
     let accept = TlsAcceptor::from(config).accept(Replay::new(hello, &mut *client));
@@ -36,7 +42,13 @@ pub async fn relay(
     let cell = match tokio::time::timeout(shared.idle, accept).await {
         Ok(Ok(stream)) => stream,
         _ => {
-            return attempt.finish(shared, Decision::Denied, Some(reason::TLS_HANDSHAKE_FAILED), 0, 0)
+            return attempt.finish(
+                shared,
+                Decision::Denied,
+                Some(reason::TLS_HANDSHAKE_FAILED),
+                0,
+                0,
+            )
         }
     };
     let Some(name) = tls::server_name(host) else {
@@ -70,8 +82,7 @@ pub async fn relay(
     let (sent, received) = (traffic.up(), traffic.down());
     let decision = decision_for(cut);
     // As in a plain tunnel: a refusal before anything was relayed is answered in-band.
-    if let Some(code) = cut.filter(|_| decision == Decision::Denied && sent == 0 && received == 0)
-    {
+    if let Some(code) = cut.filter(|_| decision == Decision::Denied && sent == 0 && received == 0) {
         let mut cell = cell_r.unsplit(cell_w);
         crate::http::refuse(&mut cell, code).await;
     }

@@ -142,9 +142,7 @@ impl Interceptor {
             return Ok(config.clone());
         }
         let leaf = self.ca.leaf(host)?;
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
-            self.ca.leaf_key.serialize_der(),
-        ));
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.ca.leaf_key.serialize_der()));
         let mut config = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(e.to_string()))?
@@ -262,10 +260,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_flush(cx)
     }
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
@@ -327,6 +322,8 @@ mod tests {
         let ca = RunCa::generate().unwrap();
         let shown = format!("{ca:?}");
         assert!(!shown.contains("PRIVATE"), "{shown}");
-        assert!(ca.certificate_pem().starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(ca
+            .certificate_pem()
+            .starts_with("-----BEGIN CERTIFICATE-----"));
     }
 }

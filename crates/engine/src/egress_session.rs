@@ -276,8 +276,10 @@ pub struct RunTls {
 /// Whether a plan's TLS must be intercepted: it has secrets or HTTP rules to apply
 /// inside it.
 pub fn needs_interception(plan: &CellPlan) -> bool {
-    matches!(plan.network, airlock_contract::NetworkPlan::Allowlist { .. })
-        && (!plan.secrets.is_empty() || !plan.http_rules.is_empty())
+    matches!(
+        plan.network,
+        airlock_contract::NetworkPlan::Allowlist { .. }
+    ) && (!plan.secrets.is_empty() || !plan.http_rules.is_empty())
 }
 
 /// Makes the run's CA and installs its certificate in the cell's trust view: the

@@ -83,7 +83,12 @@ pub async fn relay_tunnel(
     let expect = canonical_host(host);
     if let Some(interceptor) = shared.interceptor_for(&expect) {
         let traffic = Traffic::default();
-        let flight = first_flight(client, client_prefix, &expect, false, &traffic).await;
+        // The idle ceiling holds while the hello is awaited (pump's watchdog is not
+        // running yet); a client-first protocol lets nothing flow the other way meanwhile.
+        let read = first_flight(client, client_prefix, &expect, false, &traffic);
+        let Ok(flight) = tokio::time::timeout(shared.idle, read).await else {
+            return attempt.finish(shared, Decision::Allowed, Some(reason::LIMIT), 0, 0);
+        };
         match flight {
             Ok(Some((Flight::Tls, hello))) => {
                 let tunnel = Intercepted {

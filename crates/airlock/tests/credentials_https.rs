@@ -314,6 +314,7 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
            --exclude-dir=bin --exclude-dir=sbin; \
          grep -ls 'PRIVATE KE[Y]-----' /proc/[0-9]*/environ /proc/[0-9]*/cmdline; \
          echo \"bundle=$(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt)\"; \
+         echo '--- files'; grep -rls 'sk-rea[l]' /tmp /etc /proc/[0-9]*/environ 2>/dev/null; \
          echo end"
     );
     let run = env.run(&contract, &script);
@@ -359,8 +360,24 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
         "",
         "a private key is readable in the cell: {out}"
     );
+    let files = out
+        .split("--- files\n")
+        .nth(1)
+        .and_then(|rest| rest.split("end").next())
+        .unwrap_or("missing");
+    assert_eq!(
+        files.trim(),
+        "",
+        "a file in the cell holds the value: {out}"
+    );
     let bundle: usize = one("bundle").parse().unwrap();
-    assert!(bundle >= 1, "the run CA is in the cell's bundle: {out}");
+    let host_bundle =
+        std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    assert_eq!(
+        bundle,
+        host_bundle.matches("BEGIN CERTIFICATE").count() + 1,
+        "the cell's bundle is the host's plus the run CA: {out}"
+    );
     assert!(
         !out.contains(&env.value),
         "the cell saw the real value: {out}"

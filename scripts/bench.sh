@@ -109,9 +109,15 @@ echo "== egress proxy (loopback)"
 cargo run -q --release -p airlock-egress --example egress_bench
 
 echo "== secret injection (plain HTTP through the proxy, with and without a swapped placeholder)"
-# TLS interception is not built yet (docs/credentials.md): this measures what injection
-# adds to a forwarded plain-HTTP request, one connection per request, interleaved.
+# What injection adds to a forwarded plain-HTTP request, one connection per request,
+# interleaved.
 cargo run -q --release -p airlock-egress --example secrets_bench
+
+echo "== TLS interception (HTTPS through a CONNECT tunnel: intercepted vs tunnelled)"
+# One connection and full handshake per request, to a local rustls upstream; the
+# intercepted host has an HTTP rule (terminated with the run CA's leaf, checked,
+# re-encrypted and verified), the other is only tunnelled; interleaved, medians.
+cargo run -q --release -p airlock-egress --example tls_bench -- "${TLS_RUNS:-500}"
 
 echo "== engine (one process, cells through the cell factory)"
 # Claim-to-exec and request-to-exit of /bin/true from a warm pool, one claim at a time,

@@ -566,7 +566,8 @@ fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() 
         format!("-L '{api}/simple/redirect?to={api}/admin'"),
         // Plain HTTP inside a CONNECT tunnel meets the same rule.
         format!("--proxytunnel -X POST {api}/simple/t"),
-        // HTTPS to a domain with a rule cannot be checked: refused.
+        // HTTPS to a domain with a rule is intercepted (credentials_https.rs); this
+        // upstream speaks plain HTTP, so the verified upstream leg fails: a clean 502.
         format!("https://api.test:{port}/simple/tls"),
         // A domain without a rule takes any request.
         format!("-X POST http://evil.test:{port}/anything"),
@@ -582,7 +583,7 @@ fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() 
     let codes: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         codes,
-        ["200", "403", "403", "403", "403", "403", "000", "200"],
+        ["200", "403", "403", "403", "403", "403", "502", "200"],
         "{}",
         run.describe()
     );
@@ -594,7 +595,7 @@ fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() 
         "egress.path_not_allowed",
         "egress.path_not_allowed",
         "egress.method_not_allowed",
-        "egress.tls_uninspectable",
+        "egress.upstream_failed",
     ];
     expected.sort();
     assert_eq!(reasons, expected, "{}", run.describe());
@@ -618,7 +619,7 @@ fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() 
     for code in [
         "egress.method_not_allowed",
         "egress.path_not_allowed",
-        "egress.tls_uninspectable",
+        "egress.upstream_failed",
     ] {
         assert!(show.contains(code), "{code} not stored: {show}");
     }
@@ -730,4 +731,62 @@ fn a_run_refused_after_its_token_was_issued_revokes_the_token() {
         log.starts_with("tok-"),
         "the issued token was revoked: {log:?}"
     );
+}
+
+#[test]
+fn a_provider_token_delivered_into_the_env_is_redacted_everywhere_and_revoked() {
+    require_cells!();
+    let (env, revoked) = provider_env("99999999999");
+    let contract = "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:80\"]\n\
+         secrets:\n  - { name: api, env: API_TOKEN, deliver: env }\n\
+         resources:\n  wall_time_seconds: 30\n";
+    let run = env.run(contract, "echo \"held=$API_TOKEN\"");
+    assert_eq!(run.status(), "ok", "{}", run.describe());
+    // The payload's live output is the caller's own terminal: it shows what the cell held.
+    let live = run.stdout();
+    let token = live
+        .trim()
+        .strip_prefix("held=")
+        .expect("the payload printed its variable")
+        .to_string();
+    assert!(
+        token.starts_with("tok-90-"),
+        "the cell holds the token: {live}"
+    );
+    assert!(placeholders(&live).is_empty(), "no placeholder: {live}");
+    assert_eq!(
+        std::fs::read_to_string(&revoked).unwrap().trim(),
+        token,
+        "the token was revoked when the run ended"
+    );
+    let result = serde_json::to_string(&run.result).unwrap();
+    let run_id = run.result["run_id"].as_str().unwrap().to_string();
+    let (_, shown, _) = env.airlock(&["runs", "show", &run_id, "--json"]);
+    assert!(shown.contains("[REDACTED]"), "the stored output: {shown}");
+    for (what, text) in [
+        ("result", result),
+        ("runs show", shown),
+        ("store", env.store_bytes()),
+        ("export", env.export()),
+    ] {
+        assert!(!text.contains(&token), "the token is in the {what}");
+    }
+}
+
+#[test]
+fn only_a_provider_token_may_be_delivered_into_the_env() {
+    require_cells!();
+    let env = Env::bearer();
+    let contract = "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:80\"]\n\
+         secrets:\n  - { name: api, env: API_TOKEN, deliver: env }\n";
+    let run = env.run(contract, "echo \"held=$API_TOKEN\"");
+    assert_eq!(run.status(), "policy_denied", "{}", run.describe());
+    assert!(!run.stdout().contains("held="), "{}", run.describe());
+    let error = run.result["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("deliver: env needs a token provider"),
+        "{error}"
+    );
+    let result = serde_json::to_string(&run.result).unwrap();
+    assert!(!result.contains(&env.value), "{result}");
 }

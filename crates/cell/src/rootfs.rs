@@ -518,7 +518,10 @@ fn place<K: Kernel>(kernel: &mut K, item: Prepared) -> Result<(), Stage> {
         Source::Tree { fd, is_dir } => {
             if is_dir {
                 mkdirs(kernel, at)?;
-            } else {
+            } else if kernel.is_dir(at) != Some(false) {
+                // An existing file is its own mount point: one inside a read-only tree
+                // (the run's trust bundle over the host's, egress_session.rs) cannot be
+                // created again.
                 kernel
                     .create_file(at)
                     .map_err(|e| Stage::io("rootfs.mountpoint", at, e))?;

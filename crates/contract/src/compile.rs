@@ -119,6 +119,7 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
             .map(|secret| SecretPlan {
                 name: secret.name.clone(),
                 env: secret.env.clone(),
+                deliver: secret.deliver,
             })
             .collect(),
         http_rules: contract

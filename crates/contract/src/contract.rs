@@ -352,6 +352,28 @@ pub struct SecretUse {
     pub name: String,
     /// Environment variable of the cell that holds the run's placeholder.
     pub env: String,
+    /// What the cell's variable holds: the placeholder (the default), or, for a
+    /// token-provider secret when a client in the cell must hold the token itself, the
+    /// token (`env`), redacted from everything airlock stores and revoked at the end.
+    #[serde(default, skip_serializing_if = "SecretDelivery::is_placeholder")]
+    pub deliver: SecretDelivery,
+}
+
+/// How a secret reaches the cell (docs/credentials.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SecretDelivery {
+    /// A per-run placeholder the egress proxy swaps for the value.
+    #[default]
+    Placeholder,
+    /// The value itself, in the variable: only a provider's short-lived token.
+    Env,
+}
+
+impl SecretDelivery {
+    pub fn is_placeholder(&self) -> bool {
+        *self == SecretDelivery::Placeholder
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

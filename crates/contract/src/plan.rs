@@ -297,6 +297,8 @@ pub struct CredentialPlan {
 pub struct SecretPlan {
     pub name: String,
     pub env: String,
+    #[serde(default, skip_serializing_if = "crate::SecretDelivery::is_placeholder")]
+    pub deliver: crate::SecretDelivery,
 }
 
 /// The requests an allowed domain (`host`, a normalised allowlist pattern) accepts.

@@ -135,3 +135,45 @@ pub fn dns(bytes: &[u8]) {
         assert_eq!(reply.get(..2), bytes.get(..2));
     }
 }
+
+/// A cell's first TLS flight into an intercepted tunnel, as the proxy meets it: the SNI
+/// reader's verdict, then the run's TLS server configuration (crate::tls) processing the
+/// same bytes. Invariant: when both the SNI reader and rustls read a server name, they
+/// read the same one (the tunnel's SNI check and the terminated TLS agree).
+pub fn intercepted_hello(bytes: &[u8]) {
+    use std::sync::OnceLock;
+    static CONFIG: OnceLock<std::sync::Arc<rustls::ServerConfig>> = OnceLock::new();
+    let config = CONFIG.get_or_init(|| {
+        let ca = std::sync::Arc::new(crate::tls::RunCa::generate().expect("a run CA"));
+        let roots =
+            std::env::temp_dir().join(format!("airlock-fuzz-ca-{}.pem", std::process::id()));
+        std::fs::write(&roots, ca.certificate_pem()).expect("write the fuzz roots");
+        let interceptor = crate::tls::Interceptor::new(ca, &roots).expect("an interceptor");
+        let _ = std::fs::remove_file(&roots);
+        interceptor.server_config("api.test").expect("a leaf")
+    });
+    let ours = match crate::sni::inspect(bytes) {
+        crate::sni::Inspection::ClientHello { server_name } => server_name,
+        _ => None,
+    };
+    let Ok(mut connection) = rustls::ServerConnection::new(config.clone()) else {
+        return;
+    };
+    let mut input = bytes;
+    while !input.is_empty() {
+        match connection.read_tls(&mut input) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                if connection.process_new_packets().is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    if let (Some(ours), Some(theirs)) = (ours, connection.server_name()) {
+        assert!(
+            crate::destination::same_host(&ours, theirs),
+            "SNI reader {ours:?} vs rustls {theirs:?}"
+        );
+    }
+}

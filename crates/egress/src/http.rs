@@ -340,9 +340,14 @@ async fn refuse_and_record(
     attempt.deny(shared, code);
 }
 
-pub async fn refuse(client: &mut TcpStream, code: &'static str) {
+pub async fn refuse<S>(client: &mut S, code: &'static str)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let status = match code {
-        reason::UPSTREAM_FAILED | reason::RESOLVE_FAILED => "502 Bad Gateway",
+        reason::UPSTREAM_FAILED | reason::RESOLVE_FAILED | reason::UPSTREAM_CERT_INVALID => {
+            "502 Bad Gateway"
+        }
         reason::BAD_REQUEST | reason::AMBIGUOUS_FRAMING => "400 Bad Request",
         _ => "403 Forbidden",
     };

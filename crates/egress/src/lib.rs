@@ -62,6 +62,7 @@ pub mod dns;
 #[doc(hidden)]
 pub mod fuzzing;
 mod http;
+mod intercept;
 pub mod l7;
 mod proxy;
 pub mod reason;
@@ -70,6 +71,7 @@ mod resolver;
 pub mod secrets;
 pub mod sni;
 mod socks;
+pub mod tls;
 mod transparent;
 mod tunnel;
 
@@ -117,6 +119,10 @@ pub struct EgressConfig {
     /// asked for another virtual host in bytes the proxy does not parse. Plain HTTP is
     /// still parsed and Host-checked on these destinations.
     pub opaque_tunnels: Vec<DestinationRule>,
+    /// The roots (a PEM bundle) that verify the upstream of an intercepted TLS tunnel
+    /// (a secret's host or a domain with an HTTP rule; docs/credentials.md). Default: the
+    /// host's bundle, `/etc/ssl/certs/ca-certificates.crt`.
+    pub tls_ca_file: Option<std::path::PathBuf>,
     /// The operator's secrets (`[secrets.NAME]`, a top-level table of the configuration
     /// copied here by the binary so that the engine sees it): not part of `[egress]`.
     #[serde(skip)]
@@ -137,6 +143,7 @@ impl Default for EgressConfig {
             idle_timeout_ms: 30_000,
             connect_timeout_ms: 10_000,
             opaque_tunnels: Vec::new(),
+            tls_ca_file: None,
             secrets: BTreeMap::new(),
         }
     }
@@ -197,6 +204,8 @@ pub enum EgressError {
     HostAddresses(#[source] std::io::Error),
     #[error("cannot build the DNS resolver: {0}")]
     Resolver(String),
+    #[error("TLS interception: {0}")]
+    Tls(#[from] tls::TlsError),
     #[error("transparent listener {address} for {host}: {why}")]
     Transparent {
         host: String,
@@ -212,6 +221,8 @@ impl EgressError {
         match self {
             EgressError::InvalidUpstreamProxy { .. } => true,
             EgressError::Resolver(_) => true,
+            // The roots the operator named (or the host's bundle) are unusable.
+            EgressError::Tls(_) => true,
             EgressError::Listener(_) => false,
             EgressError::Runtime(_) => false,
             EgressError::HostAddresses(_) => false,
@@ -264,6 +275,7 @@ pub fn start_proxy_with_secrets(
         RunPolicy {
             injections,
             http_rules: Vec::new(),
+            tls: None,
         },
     )
 }
@@ -274,6 +286,10 @@ pub fn start_proxy_with_secrets(
 pub struct RunPolicy {
     pub injections: Vec<secrets::Injection>,
     pub http_rules: Vec<l7::HttpRule>,
+    /// The run's CA: with it, TLS to a secret's host or a domain with an HTTP rule is
+    /// intercepted and checked like plain HTTP; without it such TLS is refused
+    /// (`egress.tls_uninspectable`) for a rule's domain and tunnelled for a secret's.
+    pub tls: Option<Arc<tls::RunCa>>,
 }
 
 /// [`start_proxy_on`] with a run's secrets and HTTP rules.

@@ -44,6 +44,8 @@ pub struct Shared {
     pub injections: Vec<crate::secrets::Injection>,
     /// The run's per-domain HTTP rules (crate::l7).
     pub http_rules: Vec<crate::l7::HttpRule>,
+    /// The run's TLS interception (crate::tls), when it has a CA.
+    pub interceptor: Option<crate::tls::Interceptor>,
     bytes_total: AtomicU64,
     active: AtomicU32,
     records: Mutex<Vec<ConnectionRecord>>,
@@ -207,6 +209,20 @@ impl Shared {
     /// The run's secrets and HTTP rules, as the request checks take them.
     pub fn run_policy(&self) -> (&[crate::secrets::Injection], &[crate::l7::HttpRule]) {
         (&self.injections, &self.http_rules)
+    }
+
+    /// The interceptor when TLS to `host` (canonical) must be read: a secret may go there
+    /// or an HTTP rule names it. Every other host keeps its plain tunnel.
+    pub fn interceptor_for(&self, host: &str) -> Option<&crate::tls::Interceptor> {
+        let interceptor = self.interceptor.as_ref()?;
+        let secret_host = self.injections.iter().any(|injection| {
+            injection
+                .hosts
+                .iter()
+                .any(|pattern| crate::secrets::host_matches(pattern, host))
+        });
+        let ruled = crate::l7::rule_for(&self.http_rules, host).is_some();
+        (secret_host || ruled).then_some(interceptor)
     }
 
     /// Whether the operator lets a tunnel to `raw_host:port` carry uninspected bytes.
@@ -493,6 +509,15 @@ pub fn start(
         .map(|v| parse_upstream_proxy(v, &config))
         .transpose()?;
     let host_addresses = host_addresses().map_err(EgressError::HostAddresses)?;
+    let roots = config
+        .tls_ca_file
+        .clone()
+        .unwrap_or_else(|| crate::tls::HOST_BUNDLE.into());
+    let interceptor = policy
+        .tls
+        .as_ref()
+        .map(|ca| crate::tls::Interceptor::new(ca.clone(), &roots))
+        .transpose()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("airlock-egress")
@@ -539,6 +564,7 @@ pub fn start(
             opaque_tunnels: Allowlist::new(&config.opaque_tunnels),
             injections: policy.injections,
             http_rules: policy.http_rules,
+            interceptor,
             bytes_total: AtomicU64::new(0),
             active: AtomicU32::new(0),
             records: Mutex::new(Vec::new()),

@@ -54,9 +54,17 @@ pub const METHOD_NOT_ALLOWED: &str = "egress.method_not_allowed";
 /// The request's path is not under a prefix its secret's (or destination's) rule allows,
 /// or could be read as another path (dot segments, encoded slashes or dots).
 pub const PATH_NOT_ALLOWED: &str = "egress.path_not_allowed";
-/// A TLS tunnel to a domain with an HTTP rule: the rule cannot be checked inside TLS
-/// (no interception yet), so the tunnel is refused rather than relayed unchecked.
+/// A TLS tunnel to a domain with an HTTP rule when the proxy has no run CA to
+/// intercept it (a library caller that gave none): the rule cannot be checked inside
+/// TLS, so the tunnel is refused rather than relayed unchecked.
 pub const TLS_UNINSPECTABLE: &str = "egress.tls_uninspectable";
+/// An intercepted tunnel whose TLS handshake with the cell failed: the client does not
+/// trust the run's CA, offered no protocol but h2, or sent a hello the proxy's TLS
+/// refused.
+pub const TLS_HANDSHAKE_FAILED: &str = "egress.tls_handshake_failed";
+/// The upstream of an intercepted tunnel presented a certificate the configured roots do
+/// not verify (unknown issuer, wrong name, expired): refused, never relayed unverified.
+pub const UPSTREAM_CERT_INVALID: &str = "egress.upstream_cert_invalid";
 
 /// Every reason code, for documentation and exhaustiveness tests.
 pub const ALL: &[&str] = &[
@@ -77,4 +85,6 @@ pub const ALL: &[&str] = &[
     METHOD_NOT_ALLOWED,
     PATH_NOT_ALLOWED,
     TLS_UNINSPECTABLE,
+    TLS_HANDSHAKE_FAILED,
+    UPSTREAM_CERT_INVALID,
 ];

@@ -130,6 +130,12 @@ pub enum SecretError {
 }
 
 impl SecretDefinition {
+    /// Whether the value is a provider's short-lived token (revoked at the end): the only
+    /// kind a contract may have delivered into the cell's environment.
+    pub fn is_provider(&self) -> bool {
+        matches!(self.source, SecretSource::Provider { .. })
+    }
+
     /// The definition's own consistency (checked when the run asks for it).
     pub fn check(&self, name: &str) -> Result<(), SecretError> {
         let bad = |why| {

@@ -61,7 +61,7 @@ pub enum UpMode<'a> {
     HttpBody(BodyFraming),
 }
 
-enum DirEnd {
+pub(crate) enum DirEnd {
     Closed,
     Deny(&'static str),
 }
@@ -75,13 +75,61 @@ enum DirEnd {
 pub async fn relay_tunnel(
     shared: &Shared,
     client: &mut TcpStream,
-    mut opened: Opened,
+    opened: Opened,
     client_prefix: Vec<u8>,
     host: &str,
     attempt: Attempt,
 ) {
-    let traffic = Traffic::default();
     let expect = canonical_host(host);
+    if let Some(interceptor) = shared.interceptor_for(&expect) {
+        let traffic = Traffic::default();
+        // The idle ceiling holds while the hello is awaited (pump's watchdog is not
+        // running yet); a client-first protocol lets nothing flow the other way meanwhile.
+        let read = first_flight(client, client_prefix, &expect, false, &traffic);
+        let Ok(flight) = tokio::time::timeout(shared.idle, read).await else {
+            return attempt.finish(shared, Decision::Allowed, Some(reason::LIMIT), 0, 0);
+        };
+        match flight {
+            Ok(Some((Flight::Tls, hello))) => {
+                let tunnel = Intercepted {
+                    interceptor,
+                    host: &expect,
+                    hello,
+                };
+                return crate::intercept::relay(shared, client, opened, tunnel, attempt).await;
+            }
+            // Plain HTTP (or anything else) takes the ordinary tunnel's checks, which
+            // classify the bytes already read at once.
+            Ok(Some((_, prefix))) => {
+                return relay_unintercepted(shared, client, opened, prefix, &expect, attempt).await
+            }
+            Ok(None) => return attempt.finish(shared, Decision::Allowed, None, 0, 0),
+            Err(code) => return attempt.finish(shared, Decision::Denied, Some(code), 0, 0),
+        }
+    }
+    relay_unintercepted(shared, client, opened, client_prefix, &expect, attempt).await
+}
+
+/// A TLS tunnel the proxy terminates: the run's interceptor, the tunnel's canonical host
+/// and the ClientHello already read.
+pub struct Intercepted<'a> {
+    pub interceptor: &'a crate::tls::Interceptor,
+    pub host: &'a str,
+    pub hello: Vec<u8>,
+}
+
+/// [`relay_tunnel`] for a tunnel whose bytes are relayed as they are (after the
+/// first-flight checks); `expect` is the canonical host.
+async fn relay_unintercepted(
+    shared: &Shared,
+    client: &mut TcpStream,
+    mut opened: Opened,
+    client_prefix: Vec<u8>,
+    expect: &str,
+    attempt: Attempt,
+) {
+    let traffic = Traffic::default();
+    let host = expect;
     let port = attempt.port;
     let cut = pump(
         shared,
@@ -90,7 +138,7 @@ pub async fn relay_tunnel(
         client_prefix,
         std::mem::take(&mut opened.upstream_prefix),
         UpMode::Tunnel {
-            host: &expect,
+            host: expect,
             port,
             opaque: shared.allows_opaque_tunnel(host, port),
         },
@@ -98,21 +146,7 @@ pub async fn relay_tunnel(
     )
     .await;
     let (up, down) = (traffic.up(), traffic.down());
-    let decision = match cut {
-        Some(
-            reason::SNI_MISMATCH
-            | reason::BAD_REQUEST
-            | reason::HOST_MISMATCH
-            | reason::AMBIGUOUS_FRAMING
-            | reason::PLAINTEXT_TUNNEL
-            | reason::SECRET_WRONG_DESTINATION
-            | reason::SECRET_UNKNOWN
-            | reason::METHOD_NOT_ALLOWED
-            | reason::PATH_NOT_ALLOWED
-            | reason::TLS_UNINSPECTABLE,
-        ) => Decision::Denied,
-        _ => Decision::Allowed,
-    };
+    let decision = decision_for(cut);
     // An HTTP client refused before anything was relayed gets the same refusal the forward
     // proxy gives; later in the stream a response could interleave with the upstream's, so
     // the tunnel is only closed.
@@ -123,6 +157,28 @@ pub async fn relay_tunnel(
         }
     }
     attempt.finish(shared, decision, cut, up, down);
+}
+
+/// How a tunnel cut short by `cut` is recorded: a policy refusal is a denial; a limit, a
+/// closed or failed upstream leaves it allowed (what was relayed was allowed).
+pub fn decision_for(cut: Option<&'static str>) -> Decision {
+    match cut {
+        Some(
+            reason::SNI_MISMATCH
+            | reason::BAD_REQUEST
+            | reason::HOST_MISMATCH
+            | reason::AMBIGUOUS_FRAMING
+            | reason::PLAINTEXT_TUNNEL
+            | reason::SECRET_WRONG_DESTINATION
+            | reason::SECRET_UNKNOWN
+            | reason::METHOD_NOT_ALLOWED
+            | reason::PATH_NOT_ALLOWED
+            | reason::TLS_UNINSPECTABLE
+            | reason::TLS_HANDSHAKE_FAILED
+            | reason::UPSTREAM_CERT_INVALID,
+        ) => Decision::Denied,
+        _ => Decision::Allowed,
+    }
 }
 
 /// Pump until both directions are closed (tunnel) or the response ended (HTTP).
@@ -199,6 +255,22 @@ pub async fn pump(
         &traffic.down,
         traffic,
     );
+    drive(shared, up, down, http, traffic).await
+}
+
+/// Runs both directions of an exchange under the per-cell idle ceiling and the proxy's
+/// shutdown, until both are closed (`http`: until the response ended) or one is refused.
+pub(crate) async fn drive<U, D>(
+    shared: &Shared,
+    up: U,
+    down: D,
+    http: bool,
+    traffic: &Traffic,
+) -> Option<&'static str>
+where
+    U: std::future::Future<Output = DirEnd>,
+    D: std::future::Future<Output = DirEnd>,
+{
     tokio::pin!(up, down);
 
     let mut shutdown = shared.shutdown_signal();
@@ -244,7 +316,7 @@ pub async fn pump(
 
 /// What a tunnel's client sent first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Flight {
+pub(crate) enum Flight {
     /// A TLS ClientHello whose server name (if any) matches the tunnel host.
     Tls,
     /// An HTTP/1.x request line.
@@ -260,7 +332,7 @@ enum Flight {
 /// and checked for the allowlisted name, and without a name in the hello there is no
 /// second virtual host to ask for. For an `opaque` destination a non-TLS stream is not
 /// waited on (a client of a line protocol may send a few bytes and wait for an answer).
-async fn first_flight<R: AsyncRead + Unpin>(
+pub(crate) async fn first_flight<R: AsyncRead + Unpin>(
     reader: &mut R,
     mut acc: Vec<u8>,
     expect: &str,
@@ -277,6 +349,11 @@ async fn first_flight<R: AsyncRead + Unpin>(
                 Plaintext::Other => Some(Flight::Other),
             },
             Inspection::ClientHello { server_name: None } => Some(Flight::Tls),
+            Inspection::ClientHello {
+                server_name: Some(name),
+            } if crate::secrets::contains_marker(name.as_bytes()) => {
+                return Err(reason::SECRET_WRONG_DESTINATION)
+            }
             Inspection::ClientHello {
                 server_name: Some(name),
             } if same_host(&name, expect) => Some(Flight::Tls),
@@ -303,7 +380,7 @@ async fn first_flight<R: AsyncRead + Unpin>(
 /// proxy checks one (Host against the tunnel's destination, framing), and only then
 /// forwarded, head rewritten from what was checked, body exactly as framed. Keep-alive and
 /// pipelining work; a request that fails ends the tunnel before any of its bytes leave.
-async fn relay_requests<R, W>(
+pub(crate) async fn relay_requests<R, W>(
     shared: &Shared,
     reader: &mut R,
     writer: &mut W,
@@ -415,6 +492,37 @@ async fn copy(
         let n = match reader.read(&mut buf).await {
             Ok(0) | Err(_) => {
                 // Propagate the half-close so request/response protocols still finish.
+                let _ = writer.shutdown().await;
+                return DirEnd::Closed;
+            }
+            Ok(n) => n,
+        };
+        traffic.activity.fetch_add(1, Ordering::Relaxed);
+        if let Err(end) = forward(shared, writer, &buf[..n], counter).await {
+            return end;
+        }
+        if n == buf.len() && buf.len() < MAX_BUF {
+            buf.resize(buf.len() * 2, 0);
+        }
+    }
+}
+
+/// [`copy`] for streams that cannot splice (a TLS session): a growing buffer.
+pub(crate) async fn copy_stream<R, W>(
+    shared: &Shared,
+    reader: &mut R,
+    writer: &mut W,
+    counter: &AtomicU64,
+    traffic: &Traffic,
+) -> DirEnd
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; START_BUF];
+    loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => {
                 let _ = writer.shutdown().await;
                 return DirEnd::Closed;
             }
@@ -759,6 +867,19 @@ mod tests {
         assert!(scan(b"ffffffffffffffffff\r\n", 100).is_err());
         assert!(scan(b"0\r\nX: y\n\nGET /smuggled HTTP/1.1\r\n\r\n", 100).is_err());
         assert_eq!(scan(b"0\r\n\r\n", 1), Ok((5, true)));
+    }
+
+    #[test]
+    fn an_interception_refusal_is_a_denial_and_a_limit_is_not() {
+        for code in [
+            reason::UPSTREAM_CERT_INVALID,
+            reason::TLS_HANDSHAKE_FAILED,
+            reason::SECRET_WRONG_DESTINATION,
+        ] {
+            assert_eq!(decision_for(Some(code)), Decision::Denied, "{code}");
+        }
+        assert_eq!(decision_for(Some(reason::LIMIT)), Decision::Allowed);
+        assert_eq!(decision_for(None), Decision::Allowed);
     }
 
     #[test]

@@ -37,6 +37,7 @@ proptest! {
         fuzzing::sni(&bytes);
         fuzzing::dns(&bytes);
         fuzzing::socks5(&bytes);
+        fuzzing::intercepted_hello(&bytes);
     }
 
     #[test]
@@ -106,4 +107,18 @@ proptest! {
         let path = format!("/v1/{a}{trick}{b}");
         prop_assert!(!secrets::path_allowed(&["/v1/".to_string()], &path));
     }
+}
+
+/// Every committed `intercepted_hello` input (real ClientHellos and what the fuzzer grew
+/// from them): the SNI reader and rustls agree on the server name, and nothing panics.
+#[test]
+fn the_committed_hello_corpus_reads_one_server_name_in_both_readers() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus/intercepted_hello");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        fuzzing::intercepted_hello(&std::fs::read(entry.path()).unwrap());
+        seen += 1;
+    }
+    assert!(seen > 0, "no corpus at {}", dir.display());
 }

@@ -2,7 +2,7 @@
 
 use airlock_cell::report::{EgressDecision, EgressRecord};
 use airlock_cell::{EgressListeners, EgressSession, EgressSummary};
-use airlock_contract::CellPlan;
+use airlock_contract::{CellPlan, SecretDelivery};
 use airlock_egress::address::{classify, AddressClass};
 use airlock_egress::secrets::{Injection, SecretError};
 use airlock_egress::{
@@ -26,11 +26,15 @@ pub fn prepare_secrets(
             .ok_or_else(|| SecretError::Undefined {
                 name: secret.name.clone(),
             })
-            .and_then(|definition| definition.prepare(&secret.name, lifetime));
+            .and_then(|definition| {
+                check_delivery(&secret.name, definition, secret.deliver)?;
+                definition.prepare(&secret.name, lifetime)
+            });
         match prepared {
             Ok(injection) => ready.push(PreparedSecret {
                 env: secret.env.clone(),
                 injection,
+                deliver: secret.deliver,
             }),
             Err(err) => {
                 drop(TokenRevoker(
@@ -43,10 +47,39 @@ pub fn prepare_secrets(
     Ok(ready)
 }
 
-/// One secret ready for a run: the cell variable that gets its placeholder.
+/// A secret may enter the cell's environment only as a provider's token: short-lived
+/// (its lifetime was checked against the deadline) and revoked when the run ends. A
+/// long-lived value (a variable, a file, a command's output) never does.
+fn check_delivery(
+    name: &str,
+    definition: &airlock_egress::secrets::SecretDefinition,
+    deliver: SecretDelivery,
+) -> Result<(), SecretError> {
+    if deliver == SecretDelivery::Env && !definition.is_provider() {
+        return Err(SecretError::Definition {
+            name: name.to_string(),
+            why: "deliver: env needs a token provider source (a short-lived, revoked token)",
+        });
+    }
+    Ok(())
+}
+
+/// One secret ready for a run: the cell variable that gets its placeholder (or, for
+/// `deliver: env`, the token itself).
 pub struct PreparedSecret {
     pub env: String,
     pub injection: Injection,
+    pub deliver: SecretDelivery,
+}
+
+impl PreparedSecret {
+    /// What the cell's variable holds.
+    fn cell_value(&self) -> &str {
+        match self.deliver {
+            SecretDelivery::Placeholder => &self.injection.placeholder,
+            SecretDelivery::Env => &self.injection.value,
+        }
+    }
 }
 
 /// What the cell gets (its variables, placeholders only), what the records never show
@@ -56,7 +89,7 @@ pub fn split_prepared(
 ) -> (Vec<(String, String)>, Vec<String>, Vec<Injection>) {
     let env = prepared
         .iter()
-        .map(|p| (p.env.clone(), p.injection.placeholder.clone()))
+        .map(|p| (p.env.clone(), p.cell_value().to_string()))
         .collect();
     let hidden = prepared
         .iter()
@@ -86,6 +119,9 @@ pub struct ProxySession {
     rules: Vec<DestinationRule>,
     policy: RunPolicy,
     handle: Option<ProxyHandle>,
+    /// Why the run's TLS interception could not be set up: the proxy then refuses to
+    /// start (fail closed) rather than run without it.
+    tls_failure: Option<String>,
     pub records: Vec<ConnectionRecord>,
 }
 
@@ -117,15 +153,31 @@ impl ProxySession {
             policy: RunPolicy {
                 injections,
                 http_rules,
+                tls: None,
             },
             handle: None,
+            tls_failure: None,
             records: Vec::new(),
         }
     }
 }
 
+impl ProxySession {
+    /// The run's interception, from [`install_run_ca`].
+    pub fn with_tls(mut self, tls: &Result<Option<RunTls>, String>) -> ProxySession {
+        match tls {
+            Ok(tls) => self.policy.tls = tls.as_ref().map(|t| t.ca.clone()),
+            Err(why) => self.tls_failure = Some(why.clone()),
+        }
+        self
+    }
+}
+
 impl EgressSession for ProxySession {
     fn start(&mut self, listeners: EgressListeners) -> Result<(), String> {
+        if let Some(why) = &self.tls_failure {
+            return Err(format!("TLS interception: {why}"));
+        }
         let transparent = listeners
             .transparent
             .into_iter()
@@ -201,4 +253,75 @@ fn targets_metadata(record: &ConnectionRecord) -> bool {
         .into_iter()
         .chain(literal)
         .any(|ip| classify(ip) == Some(AddressClass::Metadata))
+}
+
+/// Where the cell finds its trust bundle, and the variables that point the common
+/// runtimes at it (OpenSSL-based tools, Python requests, Node, curl).
+pub const CELL_TRUST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+const TRUST_VARIABLES: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "CURL_CA_BUNDLE",
+];
+
+/// A run's TLS interception (docs/credentials.md, "HTTPS"): its CA, whose key lives
+/// only in this process, and the cell's trust bundle file (the host's bundle plus the
+/// CA's certificate, public), removed when the run ends.
+pub struct RunTls {
+    pub ca: std::sync::Arc<airlock_egress::tls::RunCa>,
+    _bundle: tempfile::NamedTempFile,
+}
+
+/// Whether a plan's TLS must be intercepted: it has secrets or HTTP rules to apply
+/// inside it.
+pub fn needs_interception(plan: &CellPlan) -> bool {
+    matches!(
+        plan.network,
+        airlock_contract::NetworkPlan::Allowlist { .. }
+    ) && (!plan.secrets.is_empty() || !plan.http_rules.is_empty())
+}
+
+/// Makes the run's CA and installs its certificate in the cell's trust view: the
+/// bundle is mounted (read-only, as data) over the system bundle path, and the trust
+/// variables point at it. `Ok(None)` for a plan that needs no interception.
+pub fn install_run_ca(plan: &mut CellPlan) -> Result<Option<RunTls>, String> {
+    if !needs_interception(plan) {
+        return Ok(None);
+    }
+    let ca = airlock_egress::tls::RunCa::generate().map_err(|e| e.to_string())?;
+    let bundle = write_bundle(&airlock_egress::tls::trust_bundle(&ca))
+        .map_err(|e| format!("writing the cell's trust bundle: {e}"))?;
+    plan.etc.push(airlock_contract::EtcEntry::Contract {
+        source: bundle.path().to_path_buf(),
+        target: CELL_TRUST_BUNDLE.into(),
+    });
+    for name in TRUST_VARIABLES {
+        plan.env.retain(|var| var.name != *name);
+        plan.env.push(airlock_contract::EnvVar {
+            name: name.to_string(),
+            value: CELL_TRUST_BUNDLE.to_string(),
+            secret: false,
+        });
+    }
+    Ok(Some(RunTls {
+        ca: std::sync::Arc::new(ca),
+        _bundle: bundle,
+    }))
+}
+
+/// World-readable: a cell of an unprivileged caller clones it as that user, and it holds
+/// only certificates.
+fn write_bundle(bytes: &[u8]) -> std::io::Result<tempfile::NamedTempFile> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let mut file = tempfile::Builder::new()
+        .prefix("airlock-trust-")
+        .suffix(".crt")
+        .tempfile()?;
+    file.write_all(bytes)?;
+    file.flush()?;
+    file.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    Ok(file)
 }

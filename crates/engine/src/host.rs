@@ -41,14 +41,14 @@ pub fn serve(
     egress: airlock_egress::EgressConfig,
     host_ids: airlock_cell::host_identity::HostIdRange,
 ) {
-    let plan = request.plan.into_plan();
+    let mut plan = request.plan.into_plan();
+    // The run's CA is made here, in the process whose proxy uses it, and dies with it.
+    let tls = crate::egress_session::install_run_ca(&mut plan);
     let mut proxy = match &plan.network {
-        NetworkPlan::Allowlist { destinations } => Some(ProxySession::new(
-            egress,
-            destinations,
-            &plan.http_rules,
-            request.secrets,
-        )),
+        NetworkPlan::Allowlist { destinations } => Some(
+            ProxySession::new(egress, destinations, &plan.http_rules, request.secrets)
+                .with_tls(&tls),
+        ),
         NetworkPlan::Deny => None,
     };
     let mode = match request.mode {

@@ -171,7 +171,7 @@ impl Engine {
         let (request, mut broker) = self.with_broker(request)?;
         let (prepared, request) = self.prepare(request)?;
         let RunRequest {
-            plan,
+            mut plan,
             credentials,
             stdin,
             artifacts,
@@ -180,6 +180,8 @@ impl Engine {
             started,
             ..
         } = request;
+        // The run's CA lives in this process (the proxy's) and dies with the run.
+        let tls = crate::egress_session::install_run_ca(&mut plan);
         let mut recorder = Recorder {
             engine: self,
             start: prepared.start,
@@ -189,7 +191,9 @@ impl Engine {
             input_contents: None,
         };
         let _revoker = crate::egress_session::TokenRevoker(prepared.injections.clone());
-        let mut proxy = self.proxy_for(&plan, prepared.injections);
+        let mut proxy = self
+            .proxy_for(&plan, prepared.injections)
+            .map(|p| p.with_tls(&tls));
         let report = airlock_cell::run_cell(
             &plan,
             RunOptions {

@@ -57,6 +57,10 @@ fn main() {
             killing_the_factory_leaves_no_cell,
         ),
         (
+            "each_session_with_an_http_rule_trusts_its_own_run_ca",
+            each_session_with_an_http_rule_trusts_its_own_run_ca,
+        ),
+        (
             "a_session_keeps_its_files_between_commands",
             a_session_keeps_its_files_between_commands,
         ),
@@ -635,6 +639,44 @@ fn a_session_keeps_its_files_between_commands() {
         .find(|r| r.run_id == session_id)
         .expect("session record");
     assert_ne!(own.status, "running");
+}
+
+/// A session's cell is built by the factory, whose supervisor makes the run CA
+/// (crates/engine/src/host.rs): the cell's bundle is the host's plus one certificate of
+/// its own, and two sessions get two CAs.
+fn each_session_with_an_http_rule_trusts_its_own_run_ca() {
+    let state = tempfile::tempdir().unwrap();
+    let engine = engine(state.path());
+    let contract = airlock_contract::parse_contract(
+        "network:\n  mode: allowlist\n  allowed_domains: [api.test]\n  \
+         http_rules:\n    - { host: api.test, methods: [GET] }\n",
+        airlock_contract::ContractFormat::Yaml,
+    )
+    .unwrap();
+    let argv = vec!["/bin/true".to_string()];
+    let plan = compile(&contract, &CompileInput::new(Path::new("/"), &argv)).unwrap();
+    let host_bundle = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap();
+    let host_count = host_bundle.matches("BEGIN CERTIFICATE").count();
+    let show = [
+        "/bin/sh",
+        "-c",
+        "echo \"$SSL_CERT_FILE $NODE_EXTRA_CA_CERTS\"; \
+         grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt; \
+         tail -n 3 /etc/ssl/certs/ca-certificates.crt | head -n 1",
+    ];
+    let mut last_lines = Vec::new();
+    for _ in 0..2 {
+        let session = engine.open_session(session_request(plan.clone())).unwrap();
+        let (report, out) = command_output(&session, &show);
+        assert_eq!(report.status, ResultClass::Ok, "{:?}", report.error);
+        let lines: Vec<&str> = out.lines().collect();
+        let bundle = "/etc/ssl/certs/ca-certificates.crt";
+        assert_eq!(lines[0], format!("{bundle} {bundle}"), "{out}");
+        assert_eq!(lines[1], (host_count + 1).to_string(), "{out}");
+        last_lines.push(lines[2].to_string());
+        session.close().unwrap();
+    }
+    assert_ne!(last_lines[0], last_lines[1], "two sessions, two CAs");
 }
 
 fn a_sessions_commands_never_outlive_it() {

@@ -234,12 +234,53 @@ pub struct ClassGrant {
     pub retry: Option<(airlock_policy::retry::RetryRules, String)>,
 }
 
-/// Why `airlock run --class` goes no further.
+/// Why a class request goes no further.
+#[derive(Debug)]
 pub enum ClassStop {
-    /// Exit 2: the command line or the configuration is wrong.
+    /// The command line, the request or the configuration is wrong (exit 2; 400).
     Usage(String),
-    /// Already recorded and reported (a denial, a pending approval): exit with this.
-    Done(ExitCode),
+    /// Denied, and recorded as run `run_id` (exit 125; 403).
+    Denied {
+        code: String,
+        message: String,
+        run_id: Option<String>,
+    },
+    /// Stored waiting for an approver (exit 75 with the id on stdout; 202).
+    Pending {
+        approval_id: String,
+        needs: Vec<String>,
+    },
+}
+
+impl ClassStop {
+    /// Reports the stop on the command line; the exit status.
+    pub fn report(self) -> ExitCode {
+        match self {
+            ClassStop::Usage(error) => {
+                eprintln!("airlock run: {error}");
+                ExitCode::from(2)
+            }
+            ClassStop::Denied {
+                message, run_id, ..
+            } => {
+                let run = run_id.map_or_else(
+                    || "its record failed".to_string(),
+                    |id| format!("run {id}"),
+                );
+                eprintln!("airlock: policy_denied: {message} ({run})");
+                ExitCode::from(125)
+            }
+            ClassStop::Pending { approval_id, needs } => {
+                eprintln!(
+                    "airlock: pending_approval: {approval_id} needs approval of {} \
+                     (airlock approvals approve {approval_id})",
+                    needs.join(", ")
+                );
+                println!("{approval_id}");
+                ExitCode::from(EXIT_PENDING)
+            }
+        }
+    }
 }
 
 /// The policy step of `airlock run --class`: the grant, or why not (recorded).
@@ -260,6 +301,7 @@ pub fn contract_for_run(
         requester: &requester,
         argv,
         state_dir,
+        tenant: None,
     };
     let asked = match read_request(args.request.as_deref()) {
         Ok(asked) => asked,
@@ -268,6 +310,25 @@ pub fn contract_for_run(
             return Err(request.deny(&Asked::default(), &denial));
         }
     };
+    decide_request(
+        &request,
+        loaded,
+        &asked,
+        args.approval.as_deref(),
+        args.wait_approval,
+    )
+}
+
+/// Decides one request of class `loaded`: the grant (with the approvals it spent), the
+/// recorded denial, or the pending approval (waited for up to `wait_seconds`).
+pub fn decide_request(
+    request: &Request<'_>,
+    loaded: &LoadedClass,
+    asked: &Asked,
+    approval: Option<&str>,
+    wait_seconds: u64,
+) -> Result<ClassGrant, ClassStop> {
+    let argv = request.argv;
     if asked.session.is_some() {
         return Err(ClassStop::Usage(
             "the request asks for a session: `airlock run` runs one command in one cell; \
@@ -275,7 +336,7 @@ pub fn contract_for_run(
                 .to_string(),
         ));
     }
-    match evaluate(loaded, argv, &asked) {
+    match evaluate(loaded, argv, asked) {
         Evaluation::Granted {
             contract,
             asked,
@@ -295,7 +356,13 @@ pub fn contract_for_run(
             granted,
             command,
         } => {
-            let approvals = crate::approvals::approvals_for(&request, loaded, args, &what, &asked)?;
+            let approvals = crate::approvals::approvals_for(
+                request,
+                loaded,
+                (approval, wait_seconds),
+                &what,
+                &asked,
+            )?;
             Ok(ClassGrant {
                 contract: *contract,
                 base_dir: loaded.base_dir.clone(),
@@ -396,6 +463,8 @@ pub struct Request<'a> {
     pub requester: &'a str,
     pub argv: &'a [String],
     pub state_dir: &'a Path,
+    /// The service's tenant the run is recorded for (none on the command line).
+    pub tenant: Option<&'a str>,
 }
 
 impl Request<'_> {
@@ -419,18 +488,18 @@ impl Request<'_> {
 
     /// Records a denial: a run record `policy_denied` (no plan, no cell) whose
     /// `policy.decision` event carries the reason code (counted by `airlock stats`), and
-    /// a capability-review record. Reported on stderr; exit 125.
+    /// a capability-review record.
     pub fn deny(&self, asked: &Asked, denial: &Denial) -> ClassStop {
-        let message = format!("{denial} (class {})", self.class);
+        let mut message = format!("{denial} (class {})", self.class);
         let recorded = self.record_denial(asked, denial, &message);
-        match &recorded {
-            Ok(run_id) => eprintln!("airlock: policy_denied: {message} (run {run_id})"),
-            Err(err) => eprintln!(
-                "airlock: policy_denied: {message}; recording the denial failed: {}",
-                crate::user_message(err)
-            ),
+        if let Err(err) = &recorded {
+            message += &format!("; recording the denial failed: {}", crate::user_message(err));
         }
-        ClassStop::Done(ExitCode::from(125))
+        ClassStop::Denied {
+            code: denial.code().to_string(),
+            message,
+            run_id: recorded.ok(),
+        }
     }
 
     fn record_denial(
@@ -447,7 +516,7 @@ impl Request<'_> {
             workload_class: self.class.to_string(),
             plan_json: Value::Null,
             session_id: None,
-            tenant: None,
+            tenant: self.tenant.map(str::to_string),
         };
         let handle = store.begin_run(start, Vec::new())?;
         let event = json!({

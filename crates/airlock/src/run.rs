@@ -210,11 +210,11 @@ fn prepare(
 ) -> Result<(RunRequest, StdinKind, Option<airlock_images::Lease>), ExitCode> {
     let (plan, lease) = load_plan(args, config, grant).map_err(|err| match err {
         PlanRefusal::Refused(status, error) => refuse(engine, args, status, error, None),
-        PlanRefusal::Usage(error) | PlanRefusal::Policy(crate::class::ClassStop::Usage(error)) => {
+        PlanRefusal::Usage(error) => {
             eprintln!("airlock run: {error}");
             ExitCode::from(2)
         }
-        PlanRefusal::Policy(crate::class::ClassStop::Done(code)) => code,
+        PlanRefusal::Policy(stop) => stop.report(),
     })?;
     let refuse_plan = |status, error: String| refuse(engine, args, status, error, Some(&plan));
     if let NetworkPlan::Allowlist { destinations } = &plan.network {

@@ -5,6 +5,7 @@
 //! is cloned by the engine's cell factory; the service itself never forks.
 
 pub mod api;
+pub mod approvals;
 pub mod config;
 pub mod error;
 mod files;
@@ -46,6 +47,8 @@ pub struct ServeOptions {
     /// them from the tool registry, on the service's own engine), behind the tenants'
     /// API keys.
     pub mcp: Option<McpMount>,
+    /// The workload classes and approvals (`POST /v1/runs` with a `class`, `/v1/approvals`).
+    pub policy: Option<Arc<dyn approvals::ClassPolicy>>,
 }
 
 /// Whether an offered Bearer key is a tenant's.
@@ -76,6 +79,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         server,
         config_dir,
         engine,
+        policy,
         ..
     } = options;
     server.check().map_err(ServerError::Config)?;
@@ -107,6 +111,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         work: Arc::default(),
         pools,
         config: server,
+        policy,
     }))
 }
 
@@ -117,6 +122,8 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/runs", post(runs::create_run).get(runs::list_runs))
         .route("/v1/runs/{id}", get(runs::get_run))
         .route("/v1/audit/verify", get(runs::verify))
+        .route("/v1/approvals", get(approvals::list_approvals))
+        .route("/v1/approvals/{id}", post(approvals::decide_approval))
         .route(
             "/v1/sessions",
             post(sessions::create_session).get(sessions::list_sessions),

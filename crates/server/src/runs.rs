@@ -4,7 +4,8 @@
 use crate::api::{RunBody, RunList, RunView, RunsQuery, Verified, WaitQuery};
 use crate::error::{ApiError, ErrorBody};
 use crate::output::{self, Ended, Frame, OutputLog, Stream};
-use crate::plans::{PlanRefusal, Wanted};
+use crate::plans::{self, PlanRefusal, Wanted};
+use airlock_contract::CellPlan;
 use crate::quota::Work;
 use crate::state::{ApiJson, Caller, Shared};
 use crate::tenants::Tenant;
@@ -24,7 +25,9 @@ pub const NDJSON: &str = "application/x-ndjson";
     responses(
         (status = 200, description = "NDJSON frames (start, stdout, stderr, exit, result) as they happen; with wait=true the run's record", content_type = "application/x-ndjson"),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 202, description = "A `class` request that needs approval: stored pending; the same request with `approval` runs once it is approved", body = crate::approvals::PendingApproval),
+        (status = 403, description = "Not allowed, or a `class` request denied by the policy (its `policy.*` reason code)", body = ErrorBody),
+        (status = 413, body = ErrorBody),
         (status = 422, description = "The contract did not compile (the refusal is recorded)", body = ErrorBody),
         (status = 429, description = "Over a quota or capacity; see Retry-After", body = ErrorBody),
         (status = 503, description = "Draining", body = ErrorBody)))]
@@ -35,16 +38,9 @@ pub async fn create_run(
     ApiJson(body): ApiJson<RunBody>,
 ) -> Result<Response, ApiError> {
     let permit = state.admit(&tenant, Work::Run)?;
-    let wanted = Wanted {
-        contract: body.contract.as_deref(),
-        inline: body.contract_inline.as_ref(),
-        argv: &body.argv,
-        env: &body.env,
-        deadline_ms: body.deadline_ms,
-    };
-    let (plan, class) = match state.contracts.plan(&wanted, state.inline_allowed(&tenant)) {
+    let (plan, class, after_run) = match plan_request(&state, &tenant, body.clone()).await? {
         Ok(planned) => planned,
-        Err(refusal) => return Err(record_refusal(&state, &tenant, &body.argv, refusal).await),
+        Err(answer) => return Ok(answer),
     };
     let log = OutputLog::new(state.config.max_stream_bytes);
     let (stdout, stderr) = output_pipes(&log)?;
@@ -71,6 +67,9 @@ pub async fn create_run(
     tokio::task::spawn_blocking(move || {
         let (_permit, _guard) = (permit, guard);
         let (report, secrets, latency) = run_to_end(&task_state.engine, request);
+        if let Some(after_run) = after_run {
+            after_run(&report);
+        }
         task_state
             .metrics
             .observe(&class, &tenant_name, &report, latency.unzip());
@@ -89,6 +88,58 @@ pub async fn create_run(
         command_id: None,
     });
     Ok(ndjson(output::ndjson_body(log, start, true)))
+}
+
+/// What runs after a class run's record is complete (the policy layer's).
+type AfterRun = Option<Box<dyn FnOnce(&RunReport) + Send>>;
+
+/// The plan of a run request: from its named or inline contract, or from its workload
+/// class through the policy layer (whose answer, 202 pending or a denial, ends the
+/// request as the inner `Err`).
+async fn plan_request(
+    state: &Shared,
+    tenant: &Tenant,
+    body: RunBody,
+) -> Result<Result<(CellPlan, String, AfterRun), Response>, ApiError> {
+    let wanted = Wanted {
+        contract: body.contract.as_deref(),
+        inline: body.contract_inline.as_ref(),
+        argv: &body.argv,
+        env: &body.env,
+        deadline_ms: body.deadline_ms,
+    };
+    let Some(class) = body.class.as_deref() else {
+        return match state.contracts.plan(&wanted, state.inline_allowed(tenant)) {
+            Ok((plan, class)) => Ok(Ok((plan, class, None))),
+            Err(refusal) => Err(record_refusal(state, tenant, &body.argv, refusal).await),
+        };
+    };
+    if body.contract.is_some() || body.contract_inline.is_some() || !body.env.is_empty() {
+        return Err(ApiError::bad_request(
+            "class.exclusive",
+            "a class run gets its contract and environment from the class: no `contract`, \
+             `contract_inline` or `env`"
+                .into(),
+        ));
+    }
+    let asked = body.request.clone().unwrap_or_default();
+    let grant = match crate::approvals::plan_class_run(
+        state,
+        tenant,
+        class,
+        &body.argv,
+        asked,
+        body.approval.clone(),
+    )
+    .await
+    {
+        Ok(grant) => grant,
+        Err(answer) => return Ok(Err(answer)),
+    };
+    match plans::plan_of(&grant.contract, &grant.base_dir, class, &wanted) {
+        Ok(plan) => Ok(Ok((plan, class.to_string(), Some(grant.after_run)))),
+        Err(refusal) => Err(record_refusal(state, tenant, &body.argv, refusal).await),
+    }
 }
 
 pub fn ndjson(body: axum::body::Body) -> Response {

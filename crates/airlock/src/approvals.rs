@@ -9,12 +9,12 @@ use crate::class::{ClassStop, LoadedClass, Request};
 use crate::config::OperatorConfig;
 use airlock_policy::approval::{self, Identity, Scope};
 use airlock_policy::{ApprovalItem, Asked, Denial, DenyReason};
+use airlock_server::approvals::{
+    ClassGrant as ServiceGrant, ClassPolicy, ClassRequest, Decision, DecisionKind, PolicyRefusal,
+};
 use airlock_store::approvals::{
     ApprovalDecision, ApprovalRecord, NewApproval, STATUS_APPROVED, STATUS_DENIED, STATUS_EXPIRED,
     STATUS_PENDING,
-};
-use airlock_server::approvals::{
-    ClassGrant as ServiceGrant, ClassPolicy, ClassRequest, Decision, DecisionKind, PolicyRefusal,
 };
 use airlock_store::{Store, StoreError};
 use clap::{Args, Subcommand};
@@ -106,8 +106,7 @@ pub fn decide(
     let requester = Identity::parse(&record.requester).map_err(|_| {
         DecideError::Refused(approval::Refusal::NotAnApprover(record.requester.clone()))
     })?;
-    approval::authorize(approver, &requester, approvers)
-        .map_err(DecideError::Refused)?;
+    approval::authorize(approver, &requester, approvers).map_err(DecideError::Refused)?;
     let class = classes
         .get(&record.workload_class)
         .ok_or_else(|| DecideError::UnknownClass(record.workload_class.clone()))?;
@@ -488,7 +487,16 @@ impl ClassPolicy for ServicePolicy {
             for_seconds: decision.for_seconds,
         };
         let classes = &self.classes;
-        decide(&store, &self.approvers, classes, id, approver, &choice, now_ms()).map_err(refusal_of)
+        decide(
+            &store,
+            &self.approvers,
+            classes,
+            id,
+            approver,
+            &choice,
+            now_ms(),
+        )
+        .map_err(refusal_of)
     }
 
     fn plan_run(&self, request: ClassRequest) -> Result<ServiceGrant, PolicyRefusal> {
@@ -514,7 +522,15 @@ impl ClassPolicy for ServicePolicy {
             contract: grant.contract.clone(),
             base_dir: grant.base_dir.clone(),
             after_run: Box::new(move |report| {
-                crate::class::after_run(&state_dir, report, Some(&grant), &class, Vec::new());
+                let suspect = crate::quarantine::Suspect {
+                    class: &class,
+                    requester: String::new(),
+                    credentials: Vec::new(),
+                    // The service's cells are served by the factory, whose supervisors
+                    // do not copy writable paths yet (docs/policy.md).
+                    writable_copy: None,
+                };
+                crate::class::after_run(&state_dir, report, Some(&grant), suspect);
             }),
         })
     }

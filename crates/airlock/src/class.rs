@@ -263,10 +263,8 @@ impl ClassStop {
             ClassStop::Denied {
                 message, run_id, ..
             } => {
-                let run = run_id.map_or_else(
-                    || "its record failed".to_string(),
-                    |id| format!("run {id}"),
-                );
+                let run = run_id
+                    .map_or_else(|| "its record failed".to_string(), |id| format!("run {id}"));
                 eprintln!("airlock: policy_denied: {message} ({run})");
                 ExitCode::from(125)
             }
@@ -493,7 +491,10 @@ impl Request<'_> {
         let mut message = format!("{denial} (class {})", self.class);
         let recorded = self.record_denial(asked, denial, &message);
         if let Err(err) = &recorded {
-            message += &format!("; recording the denial failed: {}", crate::user_message(err));
+            message += &format!(
+                "; recording the denial failed: {}",
+                crate::user_message(err)
+            );
         }
         ClassStop::Denied {
             code: denial.code().to_string(),
@@ -554,21 +555,14 @@ pub fn after_run(
     state_dir: &Path,
     report: &RunReport,
     grant: Option<&ClassGrant>,
-    class: &str,
-    credentials: Vec<String>,
+    mut suspect: crate::quarantine::Suspect<'_>,
 ) {
     if let Some(grant) = grant {
         record_grant(state_dir, &report.run_id, grant);
     }
     let uid = format!("uid:{}", airlock_store::caller_uid().unwrap_or(u32::MAX));
-    let requester = grant
-        .and_then(|g| g.decision["requester"].as_str())
-        .unwrap_or(&uid);
-    let suspect = crate::quarantine::Suspect {
-        class,
-        requester,
-        credentials,
-    };
+    let requester = grant.and_then(|g| g.decision["requester"].as_str());
+    suspect.requester = requester.unwrap_or(&uid).to_string();
     crate::quarantine::preserve_if_suspected(state_dir, report, &suspect);
 }
 

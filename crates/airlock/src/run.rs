@@ -280,6 +280,7 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
         config.engine_egress(),
     );
     engine_config.host_ids = host_ids;
+    engine_config.quarantine_max_bytes = config.policy.quarantine_max_bytes;
     let engine = Engine::new(engine_config);
     // `_lease` lives until this function returns: the image cannot be removed while the
     // cell runs.
@@ -315,11 +316,18 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
         .iter()
         .map(|c| c.name.clone())
         .collect();
+    let evidence_dir = finished.evidence_dir.clone();
     match engine.complete(finished) {
         Ok(report) => {
             let state_dir = config.state_dir(args.state_dir.as_deref());
             let class = &args.workload_class;
-            crate::class::after_run(&state_dir, &report, grant.as_ref(), class, credentials);
+            let suspect = crate::quarantine::Suspect {
+                class,
+                requester: String::new(),
+                credentials,
+                writable_copy: evidence_dir,
+            };
+            crate::class::after_run(&state_dir, &report, grant.as_ref(), suspect);
             ExitCode::from(report.exit_code.clamp(0, 255) as u8)
         }
         Err(err) => {

@@ -73,7 +73,10 @@ impl Service {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let config = CONFIG
-            .replace("SOCK", &dir.path().join("airlock.sock").display().to_string())
+            .replace(
+                "SOCK",
+                &dir.path().join("airlock.sock").display().to_string(),
+            )
             .replace("PORT", &port.to_string())
             .replace("AGENT", &sha256_hex(AGENT))
             .replace("REVIEWER", &sha256_hex(REVIEWER))
@@ -200,7 +203,10 @@ fn a_class_run_waits_for_an_approver_other_than_its_tenant_then_runs_once() {
     assert_eq!(decided["decided_by"], "tenant:reviewer");
     assert_eq!(decided["scope"], "request");
     let (status, again) = service.call(REVIEWER, "POST", &path, Some(&approve));
-    assert_eq!(status, 409, "a decided request is not decided twice: {again}");
+    assert_eq!(
+        status, 409,
+        "a decided request is not decided twice: {again}"
+    );
 
     // Another command is another request: the approval does not cover it.
     let other = class_run(&["sh", "-c", "echo other"], asked.clone(), Some(&id));

@@ -47,7 +47,13 @@ pub struct EngineConfig {
     pub max_cells: usize,
     /// Where each cell's own host uid and gid come from, as root (`[host_ids]`).
     pub host_ids: airlock_cell::host_identity::HostIdRange,
+    /// The most bytes of a suspected escape's writable paths kept in the quarantine area
+    /// (`<state dir>/quarantine`); 0 keeps none.
+    pub quarantine_max_bytes: u64,
 }
+
+/// The quarantine area, under the state directory (root-only, 0700).
+pub const QUARANTINE_DIR: &str = "quarantine";
 
 impl EngineConfig {
     /// The defaults for a state directory and an egress configuration: this binary as the
@@ -59,6 +65,7 @@ impl EngineConfig {
             program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
             max_cells: 64,
             host_ids: Default::default(),
+            quarantine_max_bytes: 64 << 20,
         }
     }
 }

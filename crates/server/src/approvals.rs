@@ -74,13 +74,28 @@ pub enum PolicyRefusal {
         run_id: Option<String>,
     },
     /// The caller may not do this (not an approver, its own request): 403.
-    Forbidden { code: String, message: String },
-    NotFound { code: String, message: String },
+    Forbidden {
+        code: String,
+        message: String,
+    },
+    NotFound {
+        code: String,
+        message: String,
+    },
     /// The approval is no longer decidable (decided, expired): 409.
-    Conflict { code: String, message: String },
+    Conflict {
+        code: String,
+        message: String,
+    },
     /// The request itself is wrong: 400.
-    Invalid { code: String, message: String },
-    Fault { code: String, message: String },
+    Invalid {
+        code: String,
+        message: String,
+    },
+    Fault {
+        code: String,
+        message: String,
+    },
 }
 
 /// `POST /v1/approvals/{id}`: an approver's decision.
@@ -197,14 +212,12 @@ fn policy_of(state: &Shared) -> Result<Arc<dyn ClassPolicy>, ApiError> {
 pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, PolicyRefusal> + Send + 'static,
 ) -> Result<T, PolicyRefusal> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|err| {
-            Err(PolicyRefusal::Fault {
-                code: "server.task".into(),
-                message: err.to_string(),
-            })
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|err| {
+        Err(PolicyRefusal::Fault {
+            code: "server.task".into(),
+            message: err.to_string(),
         })
+    })
 }
 
 #[utoipa::path(get, path = "/v1/approvals",
@@ -264,7 +277,9 @@ pub async fn plan_class_run(
     };
     let granted = blocking(move || policy.plan_run(request)).await;
     granted.map_err(|refusal| {
-        state.metrics.deny(class, &tenant.name, refusal_code(&refusal));
+        state
+            .metrics
+            .deny(class, &tenant.name, refusal_code(&refusal));
         match refusal {
             PolicyRefusal::Pending { approval_id, needs } => {
                 let body = PendingApproval {

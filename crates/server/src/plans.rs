@@ -92,7 +92,6 @@ impl Contracts {
         self.plan(&wanted, false).ok().map(|(plan, _)| plan)
     }
 
-
     fn contract_of(
         &self,
         wanted: &Wanted<'_>,
@@ -155,49 +154,49 @@ pub fn plan_of(
     wanted: &Wanted<'_>,
 ) -> Result<CellPlan, PlanRefusal> {
     if let Some(name) = wanted
-            .env
-            .keys()
-            .find(|n| airlock_contract::RESERVED_ENV_NAMES.contains(&n.as_str()))
-        {
-            return Err(PlanRefusal {
-                error: Box::new(ApiError::bad_request(
-                    "env.reserved",
-                    format!("{name} is set by airlock, not by a request"),
-                )),
-                class: ResultClass::PolicyDenied,
-                workload_class: class.to_string(),
-            });
+        .env
+        .keys()
+        .find(|n| airlock_contract::RESERVED_ENV_NAMES.contains(&n.as_str()))
+    {
+        return Err(PlanRefusal {
+            error: Box::new(ApiError::bad_request(
+                "env.reserved",
+                format!("{name} is set by airlock, not by a request"),
+            )),
+            class: ResultClass::PolicyDenied,
+            workload_class: class.to_string(),
+        });
+    }
+    let refuse = |err: ContractError| {
+        let status = ResultClass::from_name(err.class()).unwrap_or(ResultClass::PolicyDenied);
+        PlanRefusal {
+            error: Box::new(ApiError::new(
+                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+                status,
+                "contract.invalid",
+                format!("contract: {err}"),
+            )),
+            class: status,
+            workload_class: class.to_string(),
         }
-        let refuse = |err: ContractError| {
-            let status = ResultClass::from_name(err.class()).unwrap_or(ResultClass::PolicyDenied);
-            PlanRefusal {
-                error: Box::new(ApiError::new(
-                    axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                    status,
-                    "contract.invalid",
-                    format!("contract: {err}"),
-                )),
-                class: status,
-                workload_class: class.to_string(),
-            }
-        };
-        let profile = read_seccomp_profile(contract, base_dir).map_err(refuse)?;
-        let mut plan = compile(
-            contract,
-            &CompileInput {
-                base_dir,
-                argv: wanted.argv,
-                seccomp_profile: profile.as_deref(),
-                image: None,
-            },
-        )
-        .map_err(refuse)?;
-        add_env(&mut plan, wanted.env);
-        if let Some(deadline) = wanted.deadline_ms {
-            // A request may shorten its contract's deadline, never lengthen it.
-            plan.limits.wall_time_ms = plan.limits.wall_time_ms.min(deadline.max(1));
-        }
-        Ok(plan)
+    };
+    let profile = read_seccomp_profile(contract, base_dir).map_err(refuse)?;
+    let mut plan = compile(
+        contract,
+        &CompileInput {
+            base_dir,
+            argv: wanted.argv,
+            seccomp_profile: profile.as_deref(),
+            image: None,
+        },
+    )
+    .map_err(refuse)?;
+    add_env(&mut plan, wanted.env);
+    if let Some(deadline) = wanted.deadline_ms {
+        // A request may shorten its contract's deadline, never lengthen it.
+        plan.limits.wall_time_ms = plan.limits.wall_time_ms.min(deadline.max(1));
+    }
+    Ok(plan)
 }
 
 /// The request's environment additions, replacing the plan's variables of the same name.

@@ -521,14 +521,12 @@ impl ClassPolicy for ServicePolicy {
         Ok(ServiceGrant {
             contract: grant.contract.clone(),
             base_dir: grant.base_dir.clone(),
-            after_run: Box::new(move |report| {
+            after_run: Box::new(move |report, writable_copy| {
                 let suspect = crate::quarantine::Suspect {
                     class: &class,
                     requester: String::new(),
                     credentials: Vec::new(),
-                    // The service's cells are served by the factory, whose supervisors
-                    // do not copy writable paths yet (docs/policy.md).
-                    writable_copy: None,
+                    writable_copy: writable_copy.map(PathBuf::from),
                 };
                 crate::class::after_run(&state_dir, report, Some(&grant), suspect);
             }),

@@ -310,11 +310,9 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
     }
     deliver(&args, &mut finished);
     print_summary(&finished.report, &finished.secrets);
-    let credentials: Vec<String> = finished
-        .plan
-        .credentials
-        .iter()
-        .map(|c| c.name.clone())
+    let plan = &finished.plan;
+    let credentials: Vec<String> = (plan.credentials.iter().map(|c| c.name.clone()))
+        .chain(plan.secrets.iter().map(|s| s.name.clone()))
         .collect();
     let evidence_dir = finished.evidence_dir.clone();
     match engine.complete(finished) {

@@ -820,9 +820,30 @@ fn a_suspected_escape_keeps_the_cells_writable_paths_copied_before_destruction_u
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("airlock.toml");
+    let revoked = dir.path().join("revoked.log");
+    let (issue, revoke) = (dir.path().join("issue.sh"), dir.path().join("revoke.sh"));
+    // A token provider of the test, logging every revocation.
+    let scripts = [
+        (&issue, "#!/bin/sh\necho '{\"token\": \"tok-quarantined\", \"expires_at_unix\": 99999999999}'\n".to_string()),
+        (&revoke, format!("#!/bin/sh\ncat >> {0}\necho >> {0}\n", revoked.display())),
+    ];
+    for (path, text) in scripts {
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let secret = format!(
+        "[secrets.api]\nsource = {{ provider = {{ command = [\"{}\"], revoke = [\"{}\"] }} }}\n\
+         hosts = [\"api.test\"]\n\
+         placement = {{ header = {{ name = \"Authorization\", format = \"Bearer {{}}\" }} }}\n",
+        issue.display(),
+        revoke.display()
+    );
     std::fs::write(
         &config,
-        format!("[policy]\nquarantine_max_bytes = 4096\n{PROBE_CLASS}"),
+        format!(
+            "[policy]\nquarantine_max_bytes = 4096\n{secret}{PROBE_CLASS}\
+             [[policy.classes.probe.template.secrets]]\nname = \"api\"\nenv = \"API_TOKEN\"\n"
+        ),
     )
     .unwrap();
     let state = dir.path().join("state");
@@ -885,6 +906,12 @@ fn a_suspected_escape_keeps_the_cells_writable_paths_copied_before_destruction_u
     assert_eq!(writable["capped"], true);
     assert_eq!(writable["max_bytes"], 4096);
     assert_eq!(manifest["tenant_flagged"], "uid:0");
+    assert_eq!(manifest["credentials_revoked"], serde_json::json!(["api"]));
+    assert_eq!(
+        std::fs::read_to_string(&revoked).unwrap().trim(),
+        "tok-quarantined",
+        "the run's provider token was revoked"
+    );
     let copy = state.join("quarantine").join(run_id).join("writable");
     assert_eq!(
         std::fs::read_to_string(copy.join("tmp/a.txt")).unwrap(),

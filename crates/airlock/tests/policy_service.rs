@@ -44,7 +44,7 @@ api_key_sha256 = ["NOSY"]
 approvers = ["tenant:reviewer", "tenant:agent"]
 
 [egress]
-resolve = { "files.test" = "127.0.0.1" }
+resolve = { "files.test" = "127.0.0.1", "api.test" = "127.0.0.1" }
 
 [policy.classes.t]
 description = "test class"
@@ -59,6 +59,16 @@ requestable_domains = ["files.test:443"]
 
 [policy.classes.t.commands]
 default = "forbidden"
+unmatched = "allow"
+
+[policy.classes.probe]
+description = "egress probe"
+[policy.classes.probe.template.network]
+mode = "allowlist"
+allowed_domains = ["api.test"]
+[policy.classes.probe.template.filesystem]
+writable_paths = ["/tmp"]
+[policy.classes.probe.commands]
 unmatched = "allow"
 "#;
 
@@ -268,4 +278,41 @@ fn a_class_run_outside_its_bounds_is_denied_with_its_code_and_no_cell() {
     let both = json!({"class": "t", "contract": "x", "argv": ["true"]});
     let (status, _) = service.call(AGENT, "POST", "/v1/runs", Some(&both));
     assert_eq!(status, 400);
+}
+
+#[test]
+fn a_suspected_escape_through_the_service_keeps_its_writable_paths_and_flags_its_tenant() {
+    require_cells!();
+    let service = Service::start();
+    // Asking the proxy for the cloud metadata endpoint is a suspected escape.
+    let probe = "import socket\nopen('/tmp/notes.txt', 'w').write('left in tmp')\n\
+                 s = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n\
+                 s.sendall(b'CONNECT 169.254.169.254:80 HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n\
+                 print(s.recv(100))\n";
+    let body = json!({"class": "probe", "argv": ["python3", "-c", probe]});
+    let (status, record) = service.call(AGENT, "POST", "/v1/runs?wait=true", Some(&body));
+    assert_eq!(status, 200, "{record}\n{}", service.log());
+    assert_eq!(record["status"], "suspected_escape", "{record}");
+    let run_id = record["run_id"].as_str().unwrap();
+    let shown = service.cli(&["quarantine", "show", run_id]);
+    let shown: Value = serde_json::from_slice(&shown.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&shown.stderr)));
+    let manifest = &shown["manifest"];
+    assert_eq!(manifest["writable_paths_copied"], true, "{shown}");
+    assert_eq!(
+        manifest["writable"]["copied"],
+        json!([["/tmp/notes.txt", 11]]),
+        "{manifest}"
+    );
+    assert_eq!(manifest["tenant_flagged"], "tenant:agent");
+    let copy = service
+        .state_dir()
+        .join("quarantine")
+        .join(run_id)
+        .join("writable/tmp/notes.txt");
+    assert_eq!(std::fs::read_to_string(copy).unwrap(), "left in tmp");
+    let reviews = service.cli(&["reviews", "list", "--json"]);
+    let reviews: Value = serde_json::from_slice(&reviews.stdout).unwrap();
+    assert_eq!(reviews[0]["reason_code"], "suspected_escape");
+    assert_eq!(reviews[0]["requester"], "tenant:agent");
 }

@@ -219,7 +219,7 @@ impl Engine {
     /// quarantine area (created 0700 when missing) that the cell's writable paths are
     /// copied into, before the cell is destroyed, if its verdict is a suspected escape.
     /// `None` when the operator keeps none, or the area is not a private directory.
-    fn on_suspected_escape(&self) -> Option<airlock_cell::evidence::OnSuspectedEscape> {
+    pub(crate) fn on_suspected_escape(&self) -> Option<airlock_cell::evidence::OnSuspectedEscape> {
         use std::os::unix::fs::{DirBuilderExt, MetadataExt};
         if self.config.quarantine_max_bytes == 0 {
             return None;

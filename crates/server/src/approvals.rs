@@ -56,8 +56,12 @@ pub struct ClassRequest {
 pub struct ClassGrant {
     pub contract: Contract,
     pub base_dir: PathBuf,
-    pub after_run: Box<dyn FnOnce(&RunReport) + Send>,
+    pub after_run: AfterRun,
 }
+
+/// Called with the completed run's report and, for a suspected escape, where the
+/// completion sequence copied the cell's writable paths.
+pub type AfterRun = Box<dyn FnOnce(&RunReport, Option<&std::path::Path>) + Send>;
 
 /// Why the policy layer did not give what was asked.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -66,9 +66,12 @@ pub async fn create_run(
     let tenant_name = tenant.name.clone();
     tokio::task::spawn_blocking(move || {
         let (_permit, _guard) = (permit, guard);
-        let (report, secrets, latency) = run_to_end(&task_state.engine, request);
-        if let Some(after_run) = after_run {
-            after_run(&report);
+        let (report, secrets, latency, evidence) = run_to_end(&task_state.engine, request);
+        match after_run {
+            Some(after_run) => after_run(&report, evidence.as_deref()),
+            // Only a class run's evidence is quarantined through the service so far
+            // (docs/policy.md): no copy is left behind unclaimed.
+            None => discard_evidence(evidence.as_deref()),
         }
         task_state
             .metrics
@@ -91,7 +94,13 @@ pub async fn create_run(
 }
 
 /// What runs after a class run's record is complete (the policy layer's).
-type AfterRun = Option<Box<dyn FnOnce(&RunReport) + Send>>;
+type AfterRun = Option<crate::approvals::AfterRun>;
+
+fn discard_evidence(dir: Option<&std::path::Path>) {
+    if let Some(dir) = dir.filter(|d| d.exists()) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
 
 /// The plan of a run request: from its named or inline contract, or from its workload
 /// class through the policy layer (whose answer, 202 pending or a denial, ends the
@@ -181,32 +190,46 @@ pub fn stdin_of(text: Option<String>) -> Result<PayloadStdin, ApiError> {
 /// (request to payload start, payload start to exit), seconds.
 type Latency = Option<(f64, f64)>;
 
-/// Runs `request` through the engine and completes its record; its report, secrets and
-/// latency.
-fn run_to_end(engine: &Engine, request: RunRequest) -> (RunReport, Vec<String>, Latency) {
+/// Runs `request` through the engine and completes its record; its report, secrets,
+/// latency and the copy of its writable paths (a suspected escape's).
+fn run_to_end(
+    engine: &Engine,
+    request: RunRequest,
+) -> (RunReport, Vec<String>, Latency, Option<std::path::PathBuf>) {
     let started = request.started;
     match engine.run(request) {
         Ok(finished) => {
-            let secrets = finished.secrets.clone();
-            let latency = finished.latency.map(|l| {
-                let start = l.exec_confirmed.saturating_duration_since(started);
-                let wall = l.exit_known.saturating_duration_since(l.exec_confirmed);
-                (start.as_secs_f64(), wall.as_secs_f64())
-            });
-            if finished.audit_error().is_some() {
-                return (finished.report, secrets, None);
-            }
-            let mut report = finished.report.clone();
-            match engine.complete(finished) {
-                Ok(report) => (report, secrets, latency),
-                Err(err) => {
-                    report.status = ResultClass::RuntimeFault;
-                    report.error = Some(format!("the run's record could not be completed: {err}"));
-                    (report, secrets, latency)
-                }
-            }
+            let evidence = finished.evidence_dir.clone();
+            let (report, secrets, latency) = complete(engine, finished, started);
+            (report, secrets, latency, evidence)
         }
-        Err(refused) => (refused.report, refused.secrets, None),
+        Err(refused) => (refused.report, refused.secrets, None, None),
+    }
+}
+
+/// Completes the record of a finished run.
+fn complete(
+    engine: &Engine,
+    finished: airlock_engine::FinishedRun,
+    started: Instant,
+) -> (RunReport, Vec<String>, Latency) {
+    let secrets = finished.secrets.clone();
+    let latency = finished.latency.map(|l| {
+        let start = l.exec_confirmed.saturating_duration_since(started);
+        let wall = l.exit_known.saturating_duration_since(l.exec_confirmed);
+        (start.as_secs_f64(), wall.as_secs_f64())
+    });
+    if finished.audit_error().is_some() {
+        return (finished.report, secrets, None);
+    }
+    let mut report = finished.report.clone();
+    match engine.complete(finished) {
+        Ok(report) => (report, secrets, latency),
+        Err(err) => {
+            report.status = ResultClass::RuntimeFault;
+            report.error = Some(format!("the run's record could not be completed: {err}"));
+            (report, secrets, latency)
+        }
     }
 }
 

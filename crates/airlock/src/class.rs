@@ -334,7 +334,11 @@ pub fn decide_request(
                 .to_string(),
         ));
     }
-    match evaluate(loaded, argv, asked) {
+    let evaluation = evaluate(loaded, argv, asked);
+    if let Some(denial) = lockfile_denial(&evaluation, asked) {
+        return Err(request.deny(asked, &denial));
+    }
+    match evaluation {
         Evaluation::Granted {
             contract,
             asked,
@@ -369,6 +373,50 @@ pub fn decide_request(
             })
         }
     }
+}
+
+/// Why an `npm ci` the class grants may not run: it needs a `package-lock.json` pinning
+/// every package with a hash in one of the request's read-only inputs, checked here on
+/// the host before any cell exists (crates/policy/src/lockfile.rs).
+fn lockfile_denial(evaluation: &Evaluation, asked: &Asked) -> Option<Denial> {
+    let (Evaluation::Granted { command, .. } | Evaluation::NeedsApproval { command, .. }) =
+        evaluation
+    else {
+        return None;
+    };
+    if !airlock_policy::lockfile::runs_npm_ci(command) {
+        return None;
+    }
+    let missing = |detail: String| Some(Denial::new(DenyReason::LockfileMissing, detail));
+    let Some(text) = asked
+        .inputs
+        .iter()
+        .find_map(|i| read_lockfile(&resolved(&i.source)))
+    else {
+        return missing("npm ci needs a package-lock.json in a read-only input".to_string());
+    };
+    airlock_policy::lockfile::check_npm_lockfile(&text)
+        .err()
+        .and_then(missing)
+}
+
+/// `dir/package-lock.json`, a regular file (not through a link), bounded.
+fn read_lockfile(dir: &str) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(Path::new(dir).join("package-lock.json"))
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(airlock_policy::lockfile::MAX_LOCKFILE_BYTES)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
 }
 
 fn retry_of(

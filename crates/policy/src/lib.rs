@@ -13,6 +13,7 @@ pub mod approval;
 mod class;
 pub mod command;
 mod evaluate;
+pub mod lockfile;
 mod reason;
 mod request;
 pub mod retry;

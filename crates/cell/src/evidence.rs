@@ -164,9 +164,12 @@ impl Copy {
         let kind = meta.file_type();
         if kind.is_dir() {
             let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+            if depth >= MAX_DEPTH {
+                return self.skip(child, "too_deep");
+            }
             match sys::open_no_symlinks(dir.as_fd(), Path::new(name), flags, false) {
-                Ok(sub) if depth < MAX_DEPTH => self.walk(sub, child, into, depth + 1),
-                _ => self.skip(child, "too_deep"),
+                Ok(sub) => self.walk(sub, child, into, depth + 1),
+                Err(_) => self.skip(child, "unreadable"),
             }
             return;
         }

@@ -281,9 +281,10 @@ pub async fn plan_class_run(
     };
     let granted = blocking(move || policy.plan_run(request)).await;
     granted.map_err(|refusal| {
-        state
-            .metrics
-            .deny(class, &tenant.name, refusal_code(&refusal));
+        // Waiting for an approver is no denial.
+        if let Some(code) = denial_code(&refusal) {
+            state.metrics.deny(class, &tenant.name, code);
+        }
         match refusal {
             PolicyRefusal::Pending { approval_id, needs } => {
                 let body = PendingApproval {
@@ -298,15 +299,16 @@ pub async fn plan_class_run(
     })
 }
 
-fn refusal_code(refusal: &PolicyRefusal) -> &str {
+/// The reason code a refusal counts under in the metrics; none for a pending request.
+fn denial_code(refusal: &PolicyRefusal) -> Option<&str> {
     match refusal {
-        PolicyRefusal::Pending { .. } => "policy.needs_approval",
+        PolicyRefusal::Pending { .. } => None,
         PolicyRefusal::Denied { code, .. }
         | PolicyRefusal::Forbidden { code, .. }
         | PolicyRefusal::NotFound { code, .. }
         | PolicyRefusal::Conflict { code, .. }
         | PolicyRefusal::Invalid { code, .. }
-        | PolicyRefusal::Fault { code, .. } => code,
+        | PolicyRefusal::Fault { code, .. } => Some(code),
     }
 }
 

@@ -5,10 +5,13 @@
 //! [`list_pending`] and [`decide`] are what `airlock approvals` and the service's
 //! `GET /v1/approvals`, `POST /v1/approvals/{id}` call.
 
-use crate::class::{ClassStop, LoadedClass, Request, RunClassArgs, EXIT_PENDING};
+use crate::class::{ClassStop, LoadedClass, Request};
 use crate::config::OperatorConfig;
 use airlock_policy::approval::{self, Identity, Scope};
 use airlock_policy::{ApprovalItem, Asked, Denial, DenyReason};
+use airlock_server::approvals::{
+    ClassGrant as ServiceGrant, ClassPolicy, ClassRequest, Decision, DecisionKind, PolicyRefusal,
+};
 use airlock_store::approvals::{
     ApprovalDecision, ApprovalRecord, NewApproval, STATUS_APPROVED, STATUS_DENIED, STATUS_EXPIRED,
     STATUS_PENDING,
@@ -87,7 +90,7 @@ impl std::fmt::Display for DecideError {
 /// approval no longer than the class allows.
 pub fn decide(
     store: &Store,
-    config: &OperatorConfig,
+    approvers: &[String],
     classes: &BTreeMap<String, LoadedClass>,
     id: &str,
     approver: &Identity,
@@ -103,8 +106,7 @@ pub fn decide(
     let requester = Identity::parse(&record.requester).map_err(|_| {
         DecideError::Refused(approval::Refusal::NotAnApprover(record.requester.clone()))
     })?;
-    approval::authorize(approver, &requester, &config.policy.approvers)
-        .map_err(DecideError::Refused)?;
+    approval::authorize(approver, &requester, approvers).map_err(DecideError::Refused)?;
     let class = classes
         .get(&record.workload_class)
         .ok_or_else(|| DecideError::UnknownClass(record.workload_class.clone()))?;
@@ -138,7 +140,7 @@ fn fingerprint(request: &Request<'_>, asked: &Asked) -> String {
 pub fn approvals_for(
     request: &Request<'_>,
     loaded: &LoadedClass,
-    args: &RunClassArgs,
+    (approval, wait_seconds): (Option<&str>, u64),
     what: &[ApprovalItem],
     asked: &Asked,
 ) -> Result<Vec<String>, ClassStop> {
@@ -147,7 +149,7 @@ pub fn approvals_for(
     let now = now_ms();
     store.expire_approvals(now).map_err(fault)?;
     let print = fingerprint(request, asked);
-    if let Some(id) = &args.approval {
+    if let Some(id) = approval {
         return spend(&store, request, asked, id, &print, now);
     }
     let grants = store.capability_grants(request.class, now).map_err(fault)?;
@@ -174,14 +176,14 @@ pub fn approvals_for(
             expires_at: now + loaded.class.approvals.pending_seconds as i64 * 1000,
         })
         .map_err(fault)?;
-    let keys: Vec<String> = what.iter().map(ApprovalItem::key).collect();
-    eprintln!(
-        "airlock: pending_approval: {} needs approval of {} (airlock approvals approve {})",
-        pending.approval_id,
-        keys.join(", "),
-        pending.approval_id
-    );
-    wait_for(&store, request, asked, &pending, args.wait_approval, &print)
+    wait_for(&store, request, asked, &pending, wait_seconds, &print)
+}
+
+fn pending_stop(record: &ApprovalRecord) -> ClassStop {
+    ClassStop::Pending {
+        approval_id: record.approval_id.clone(),
+        needs: record.capability_keys.clone(),
+    }
 }
 
 /// Waits (polling the store) until the request is decided, its deadline passes or
@@ -206,8 +208,7 @@ fn wait_for(
             return spend(store, request, asked, &pending.approval_id, print, now);
         }
         if Instant::now() >= until {
-            println!("{}", pending.approval_id);
-            return Err(ClassStop::Done(ExitCode::from(EXIT_PENDING)));
+            return Err(pending_stop(pending));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -235,11 +236,7 @@ fn spend(
         )));
     }
     match record.status.as_str() {
-        STATUS_PENDING => {
-            eprintln!("airlock: pending_approval: {id} is not decided yet");
-            println!("{id}");
-            Err(ClassStop::Done(ExitCode::from(EXIT_PENDING)))
-        }
+        STATUS_PENDING => Err(pending_stop(&record)),
         STATUS_DENIED => {
             let detail = format!(
                 "{id} denied by {}: {}",
@@ -360,7 +357,8 @@ pub fn approvals_command(args: ApprovalsArgs) -> ExitCode {
         };
         let classes = crate::class::load_classes(&config, args.config.as_deref())?;
         let approver = Identity::Uid(airlock_store::caller_uid().unwrap_or(u32::MAX));
-        match decide(&store, &config, &classes, &id, &approver, &choice, now) {
+        let approvers = &config.policy.approvers;
+        match decide(&store, approvers, &classes, &id, &approver, &choice, now) {
             Ok(record) => {
                 println!("{} {} by {}", record.approval_id, record.status, approver);
                 Ok(ExitCode::SUCCESS)
@@ -394,4 +392,144 @@ fn print_approvals(records: &[ApprovalRecord], json_output: bool) -> anyhow::Res
         );
     }
     Ok(())
+}
+
+/// The policy layer as the service asks it (crates/server/src/approvals.rs): the
+/// classes loaded once at start, the approvers, and the audit store of the state
+/// directory.
+pub struct ServicePolicy {
+    pub classes: BTreeMap<String, LoadedClass>,
+    pub approvers: Vec<String>,
+    pub state_dir: PathBuf,
+}
+
+impl ServicePolicy {
+    fn store(&self) -> Result<Store, PolicyRefusal> {
+        Store::open(&self.state_dir).map_err(store_fault)
+    }
+}
+
+fn store_fault(err: StoreError) -> PolicyRefusal {
+    PolicyRefusal::Fault {
+        code: "store".into(),
+        message: err.to_string(),
+    }
+}
+
+/// How a refused decision answers over HTTP: the caller's identity is wrong (403), the
+/// approval is no longer open (409), the decision itself is wrong (400).
+fn refusal_of(err: DecideError) -> PolicyRefusal {
+    let (code, message) = (err.code().to_string(), err.to_string());
+    match err {
+        DecideError::NotFound(_) => PolicyRefusal::NotFound { code, message },
+        DecideError::Refused(
+            approval::Refusal::SelfApproval(_) | approval::Refusal::NotAnApprover(_),
+        ) => PolicyRefusal::Forbidden { code, message },
+        DecideError::Refused(approval::Refusal::GrantTooLong { .. }) => {
+            PolicyRefusal::Invalid { code, message }
+        }
+        DecideError::Refused(_) | DecideError::UnknownClass(_) => {
+            PolicyRefusal::Conflict { code, message }
+        }
+        DecideError::Store(_) => PolicyRefusal::Fault { code, message },
+    }
+}
+
+fn stop_refusal(stop: ClassStop) -> PolicyRefusal {
+    match stop {
+        ClassStop::Usage(message) => PolicyRefusal::Invalid {
+            code: "policy.request_invalid".into(),
+            message,
+        },
+        ClassStop::Denied {
+            code,
+            message,
+            run_id,
+        } => PolicyRefusal::Denied {
+            code,
+            message,
+            run_id,
+        },
+        ClassStop::Pending { approval_id, needs } => PolicyRefusal::Pending { approval_id, needs },
+    }
+}
+
+/// Whether `viewer` sees `record` among the pending requests: an approver sees every
+/// one, anyone else only its own.
+fn sees(viewer: &Identity, approvers: &[String], record: &ApprovalRecord) -> bool {
+    record.requester == viewer.to_string()
+        || approvers
+            .iter()
+            .any(|a| Identity::parse(a).is_ok_and(|a| &a == viewer))
+}
+
+impl ClassPolicy for ServicePolicy {
+    fn pending(&self, viewer: &Identity) -> Result<Vec<ApprovalRecord>, PolicyRefusal> {
+        let store = self.store()?;
+        let pending = list_pending(&store, now_ms()).map_err(store_fault)?;
+        Ok(pending
+            .into_iter()
+            .filter(|r| sees(viewer, &self.approvers, r))
+            .collect())
+    }
+
+    fn decide(
+        &self,
+        id: &str,
+        approver: &Identity,
+        decision: &Decision,
+    ) -> Result<ApprovalRecord, PolicyRefusal> {
+        let store = self.store()?;
+        let choice = Choice {
+            approve: decision.decision == DecisionKind::Approve,
+            reason: decision.reason.clone(),
+            scope: decision.scope,
+            for_seconds: decision.for_seconds,
+        };
+        let classes = &self.classes;
+        decide(
+            &store,
+            &self.approvers,
+            classes,
+            id,
+            approver,
+            &choice,
+            now_ms(),
+        )
+        .map_err(refusal_of)
+    }
+
+    fn plan_run(&self, request: ClassRequest) -> Result<ServiceGrant, PolicyRefusal> {
+        let Some(loaded) = self.classes.get(&request.class) else {
+            return Err(PolicyRefusal::Invalid {
+                code: "class.unknown".into(),
+                message: format!("no workload class {:?}", request.class),
+            });
+        };
+        let requester = request.requester.to_string();
+        let decided = Request {
+            class: &request.class,
+            requester: &requester,
+            argv: &request.argv,
+            state_dir: &self.state_dir,
+            tenant: Some(&request.tenant),
+        };
+        let approval = request.approval.as_deref();
+        let grant = crate::class::decide_request(&decided, loaded, &request.asked, approval, 0)
+            .map_err(stop_refusal)?;
+        let (state_dir, class) = (self.state_dir.clone(), request.class.clone());
+        Ok(ServiceGrant {
+            contract: grant.contract.clone(),
+            base_dir: grant.base_dir.clone(),
+            after_run: Box::new(move |report, writable_copy| {
+                let suspect = crate::quarantine::Suspect {
+                    class: &class,
+                    requester: String::new(),
+                    credentials: Vec::new(),
+                    writable_copy: writable_copy.map(PathBuf::from),
+                };
+                crate::class::after_run(&state_dir, report, Some(&grant), suspect);
+            }),
+        })
+    }
 }

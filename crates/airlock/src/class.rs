@@ -234,12 +234,51 @@ pub struct ClassGrant {
     pub retry: Option<(airlock_policy::retry::RetryRules, String)>,
 }
 
-/// Why `airlock run --class` goes no further.
+/// Why a class request goes no further.
+#[derive(Debug)]
 pub enum ClassStop {
-    /// Exit 2: the command line or the configuration is wrong.
+    /// The command line, the request or the configuration is wrong (exit 2; 400).
     Usage(String),
-    /// Already recorded and reported (a denial, a pending approval): exit with this.
-    Done(ExitCode),
+    /// Denied, and recorded as run `run_id` (exit 125; 403).
+    Denied {
+        code: String,
+        message: String,
+        run_id: Option<String>,
+    },
+    /// Stored waiting for an approver (exit 75 with the id on stdout; 202).
+    Pending {
+        approval_id: String,
+        needs: Vec<String>,
+    },
+}
+
+impl ClassStop {
+    /// Reports the stop on the command line; the exit status.
+    pub fn report(self) -> ExitCode {
+        match self {
+            ClassStop::Usage(error) => {
+                eprintln!("airlock run: {error}");
+                ExitCode::from(2)
+            }
+            ClassStop::Denied {
+                message, run_id, ..
+            } => {
+                let run = run_id
+                    .map_or_else(|| "its record failed".to_string(), |id| format!("run {id}"));
+                eprintln!("airlock: policy_denied: {message} ({run})");
+                ExitCode::from(125)
+            }
+            ClassStop::Pending { approval_id, needs } => {
+                eprintln!(
+                    "airlock: pending_approval: {approval_id} needs approval of {} \
+                     (airlock approvals approve {approval_id})",
+                    needs.join(", ")
+                );
+                println!("{approval_id}");
+                ExitCode::from(EXIT_PENDING)
+            }
+        }
+    }
 }
 
 /// The policy step of `airlock run --class`: the grant, or why not (recorded).
@@ -260,6 +299,7 @@ pub fn contract_for_run(
         requester: &requester,
         argv,
         state_dir,
+        tenant: None,
     };
     let asked = match read_request(args.request.as_deref()) {
         Ok(asked) => asked,
@@ -268,6 +308,25 @@ pub fn contract_for_run(
             return Err(request.deny(&Asked::default(), &denial));
         }
     };
+    decide_request(
+        &request,
+        loaded,
+        &asked,
+        args.approval.as_deref(),
+        args.wait_approval,
+    )
+}
+
+/// Decides one request of class `loaded`: the grant (with the approvals it spent), the
+/// recorded denial, or the pending approval (waited for up to `wait_seconds`).
+pub fn decide_request(
+    request: &Request<'_>,
+    loaded: &LoadedClass,
+    asked: &Asked,
+    approval: Option<&str>,
+    wait_seconds: u64,
+) -> Result<ClassGrant, ClassStop> {
+    let argv = request.argv;
     if asked.session.is_some() {
         return Err(ClassStop::Usage(
             "the request asks for a session: `airlock run` runs one command in one cell; \
@@ -275,7 +334,11 @@ pub fn contract_for_run(
                 .to_string(),
         ));
     }
-    match evaluate(loaded, argv, &asked) {
+    let evaluation = evaluate(loaded, argv, asked);
+    if let Some(denial) = lockfile_denial(&evaluation, asked) {
+        return Err(request.deny(asked, &denial));
+    }
+    match evaluation {
         Evaluation::Granted {
             contract,
             asked,
@@ -295,7 +358,13 @@ pub fn contract_for_run(
             granted,
             command,
         } => {
-            let approvals = crate::approvals::approvals_for(&request, loaded, args, &what, &asked)?;
+            let approvals = crate::approvals::approvals_for(
+                request,
+                loaded,
+                (approval, wait_seconds),
+                &what,
+                &asked,
+            )?;
             Ok(ClassGrant {
                 contract: *contract,
                 base_dir: loaded.base_dir.clone(),
@@ -304,6 +373,50 @@ pub fn contract_for_run(
             })
         }
     }
+}
+
+/// Why an `npm ci` the class grants may not run: it needs a `package-lock.json` pinning
+/// every package with a hash in one of the request's read-only inputs, checked here on
+/// the host before any cell exists (crates/policy/src/lockfile.rs).
+fn lockfile_denial(evaluation: &Evaluation, asked: &Asked) -> Option<Denial> {
+    let (Evaluation::Granted { command, .. } | Evaluation::NeedsApproval { command, .. }) =
+        evaluation
+    else {
+        return None;
+    };
+    if !airlock_policy::lockfile::runs_npm_ci(command) {
+        return None;
+    }
+    let missing = |detail: String| Some(Denial::new(DenyReason::LockfileMissing, detail));
+    let Some(text) = asked
+        .inputs
+        .iter()
+        .find_map(|i| read_lockfile(&resolved(&i.source)))
+    else {
+        return missing("npm ci needs a package-lock.json in a read-only input".to_string());
+    };
+    airlock_policy::lockfile::check_npm_lockfile(&text)
+        .err()
+        .and_then(missing)
+}
+
+/// `dir/package-lock.json`, a regular file (not through a link), bounded.
+fn read_lockfile(dir: &str) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(Path::new(dir).join("package-lock.json"))
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(airlock_policy::lockfile::MAX_LOCKFILE_BYTES)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
 }
 
 fn retry_of(
@@ -396,6 +509,8 @@ pub struct Request<'a> {
     pub requester: &'a str,
     pub argv: &'a [String],
     pub state_dir: &'a Path,
+    /// The service's tenant the run is recorded for (none on the command line).
+    pub tenant: Option<&'a str>,
 }
 
 impl Request<'_> {
@@ -419,18 +534,21 @@ impl Request<'_> {
 
     /// Records a denial: a run record `policy_denied` (no plan, no cell) whose
     /// `policy.decision` event carries the reason code (counted by `airlock stats`), and
-    /// a capability-review record. Reported on stderr; exit 125.
+    /// a capability-review record.
     pub fn deny(&self, asked: &Asked, denial: &Denial) -> ClassStop {
-        let message = format!("{denial} (class {})", self.class);
+        let mut message = format!("{denial} (class {})", self.class);
         let recorded = self.record_denial(asked, denial, &message);
-        match &recorded {
-            Ok(run_id) => eprintln!("airlock: policy_denied: {message} (run {run_id})"),
-            Err(err) => eprintln!(
-                "airlock: policy_denied: {message}; recording the denial failed: {}",
+        if let Err(err) = &recorded {
+            message += &format!(
+                "; recording the denial failed: {}",
                 crate::user_message(err)
-            ),
+            );
         }
-        ClassStop::Done(ExitCode::from(125))
+        ClassStop::Denied {
+            code: denial.code().to_string(),
+            message,
+            run_id: recorded.ok(),
+        }
     }
 
     fn record_denial(
@@ -447,7 +565,7 @@ impl Request<'_> {
             workload_class: self.class.to_string(),
             plan_json: Value::Null,
             session_id: None,
-            tenant: None,
+            tenant: self.tenant.map(str::to_string),
         };
         let handle = store.begin_run(start, Vec::new())?;
         let event = json!({
@@ -485,21 +603,14 @@ pub fn after_run(
     state_dir: &Path,
     report: &RunReport,
     grant: Option<&ClassGrant>,
-    class: &str,
-    credentials: Vec<String>,
+    mut suspect: crate::quarantine::Suspect<'_>,
 ) {
     if let Some(grant) = grant {
         record_grant(state_dir, &report.run_id, grant);
     }
     let uid = format!("uid:{}", airlock_store::caller_uid().unwrap_or(u32::MAX));
-    let requester = grant
-        .and_then(|g| g.decision["requester"].as_str())
-        .unwrap_or(&uid);
-    let suspect = crate::quarantine::Suspect {
-        class,
-        requester,
-        credentials,
-    };
+    let requester = grant.and_then(|g| g.decision["requester"].as_str());
+    suspect.requester = requester.unwrap_or(&uid).to_string();
     crate::quarantine::preserve_if_suspected(state_dir, report, &suspect);
 }
 

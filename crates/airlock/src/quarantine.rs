@@ -1,19 +1,22 @@
 //! Evidence of a `suspected_escape` run: the run's records (its row and every audit
-//! event, from the store) and copies of what it delivered are kept in a root-only,
-//! size-capped quarantine area of the state directory, `quarantine/<run id>/`, with a
-//! manifest; the requester is flagged with a capability-review record. `airlock
-//! quarantine list|show` reads it.
+//! event, from the store), the copy of the cell's writable paths that the completion
+//! sequence made before the cell was destroyed (crates/cell/src/evidence.rs, asked for by
+//! the engine's `on_suspected_escape`), and copies of what it delivered are kept in a
+//! root-only, size-capped quarantine area of the state directory,
+//! `quarantine/<run id>/`, with a manifest; the requester is flagged with a
+//! capability-review record. `airlock quarantine list|show` reads it.
 //!
-//! What this does not do yet (docs/policy.md): copy the cell's writable paths before
-//! the cell is destroyed (that needs a hook in the cell's completion sequence), close a
-//! session, or revoke credentials at their issuer (airlock only holds their values; the
-//! manifest names them for the operator to revoke).
+//! The run's token-provider credentials were revoked when its cell ended (the engine's
+//! `TokenRevoker`, for every run) and its placeholders died with it; the manifest names
+//! them. What this does not do yet (docs/policy.md): copy the writable paths of a cell
+//! served by the factory (the service's runs), or close a session.
 
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_store::Store;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use serde_json::json;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -27,8 +30,11 @@ pub const MAX_EVIDENCE_BYTES: u64 = 64 << 20;
 /// Who and what the run was, for the manifest and the review record.
 pub struct Suspect<'a> {
     pub class: &'a str,
-    pub requester: &'a str,
+    pub requester: String,
     pub credentials: Vec<String>,
+    /// Where the completion sequence copied the cell's writable paths (it exists only
+    /// for a suspected escape).
+    pub writable_copy: Option<PathBuf>,
 }
 
 /// Keeps the evidence of `report`'s run if it is a suspected escape; the directory.
@@ -38,6 +44,9 @@ pub fn preserve_if_suspected(
     suspect: &Suspect<'_>,
 ) -> Option<PathBuf> {
     if report.status != ResultClass::SuspectedEscape || report.run_id.is_empty() {
+        if let Some(copy) = suspect.writable_copy.as_deref().filter(|c| c.exists()) {
+            let _ = std::fs::remove_dir_all(copy);
+        }
         return None;
     }
     match preserve(state_dir, report, suspect) {
@@ -72,6 +81,7 @@ fn preserve(
         &serde_json::to_vec_pretty(&record)?,
     )?;
     let (kept, skipped) = copy_delivered(report, &private_dir(&dir.join("artifacts"), false)?)?;
+    let writable = adopt_writable_copy(suspect.writable_copy.as_deref(), &dir);
     let manifest = json!({
         "run_id": report.run_id,
         "class": suspect.class,
@@ -81,8 +91,10 @@ fn preserve(
         "files": kept,
         "skipped": skipped,
         "max_evidence_bytes": MAX_EVIDENCE_BYTES,
-        "credentials_to_revoke": suspect.credentials,
-        "writable_paths_copied": false,
+        "credentials_revoked": suspect.credentials,
+        "writable_paths_copied": writable.is_some(),
+        "writable": writable,
+        "tenant_flagged": suspect.requester,
     });
     write_new(
         &dir.join("manifest.json"),
@@ -98,6 +110,23 @@ fn preserve(
         detail: report.error.clone().unwrap_or_default(),
     })?;
     Ok(dir)
+}
+
+/// Moves the completion sequence's copy of the writable paths to `dir/writable`; its
+/// manifest (what was copied, skipped, whether the cap stopped it), if it made one.
+fn adopt_writable_copy(copy: Option<&Path>, dir: &Path) -> Option<serde_json::Value> {
+    let copy = copy?;
+    let meta = std::fs::symlink_metadata(copy).ok()?;
+    if !meta.is_dir() {
+        return None;
+    }
+    let target = dir.join("writable");
+    if let Err(err) = std::fs::rename(copy, &target) {
+        eprintln!("airlock: suspected_escape: keeping the writable paths' copy failed: {err}");
+        return None;
+    }
+    let manifest = target.join(airlock_cell::evidence::MANIFEST);
+    Some(read_json(&manifest).unwrap_or_else(|err| json!({"error": err.to_string()})))
 }
 
 /// A directory only its owner (root, for cells) can enter: created 0700, or (for the
@@ -191,7 +220,14 @@ pub fn quarantine_command(
     match command {
         QuarantineCommand::List => {
             let mut entries: Vec<PathBuf> = match std::fs::read_dir(&area) {
-                Ok(dir) => dir.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+                // A name starting with a dot is a cell's copy not yet claimed by its run.
+                Ok(dir) => dir
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| {
+                        !p.file_name()
+                            .is_some_and(|n| n.as_bytes().starts_with(b"."))
+                    })
+                    .collect(),
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
                 Err(err) => return Err(err).context(format!("reading {}", area.display())),
             };

@@ -215,11 +215,11 @@ fn prepare(
 ) -> Result<(RunRequest, StdinKind, Option<airlock_images::Lease>), ExitCode> {
     let (plan, lease) = load_plan(args, config, grant).map_err(|err| match err {
         PlanRefusal::Refused(status, error) => refuse(engine, args, status, error, None),
-        PlanRefusal::Usage(error) | PlanRefusal::Policy(crate::class::ClassStop::Usage(error)) => {
+        PlanRefusal::Usage(error) => {
             eprintln!("airlock run: {error}");
             ExitCode::from(2)
         }
-        PlanRefusal::Policy(crate::class::ClassStop::Done(code)) => code,
+        PlanRefusal::Policy(stop) => stop.report(),
     })?;
     let refuse_plan = |status, error: String| refuse(engine, args, status, error, Some(&plan));
     if let NetworkPlan::Allowlist { destinations } = &plan.network {
@@ -289,6 +289,7 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
     );
     engine_config.host_ids = host_ids;
     engine_config.broker = broker;
+    engine_config.quarantine_max_bytes = config.policy.quarantine_max_bytes;
     let engine = Engine::new(engine_config);
     // `_lease` lives until this function returns: the image cannot be removed while the
     // cell runs.
@@ -318,17 +319,22 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
     }
     deliver(&args, &mut finished);
     print_summary(&finished.report, &finished.secrets);
-    let credentials: Vec<String> = finished
-        .plan
-        .credentials
-        .iter()
-        .map(|c| c.name.clone())
+    let plan = &finished.plan;
+    let credentials: Vec<String> = (plan.credentials.iter().map(|c| c.name.clone()))
+        .chain(plan.secrets.iter().map(|s| s.name.clone()))
         .collect();
+    let evidence_dir = finished.evidence_dir.clone();
     match engine.complete(finished) {
         Ok(report) => {
             let state_dir = config.state_dir(args.state_dir.as_deref());
             let class = &args.workload_class;
-            crate::class::after_run(&state_dir, &report, grant.as_ref(), class, credentials);
+            let suspect = crate::quarantine::Suspect {
+                class,
+                requester: String::new(),
+                credentials,
+                writable_copy: evidence_dir,
+            };
+            crate::class::after_run(&state_dir, &report, grant.as_ref(), suspect);
             ExitCode::from(report.exit_code.clamp(0, 255) as u8)
         }
         Err(err) => {

@@ -44,6 +44,11 @@ fn start(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(crate::current_dir);
     let server = std::mem::take(&mut config.server);
     let state_dir = engine.state_dir.clone();
+    let policy = crate::approvals::ServicePolicy {
+        classes: crate::class::load_classes(&config, args.config.as_deref())?,
+        approvers: config.policy.approvers.clone(),
+        state_dir: state_dir.clone(),
+    };
     let tools_dir = config_dir.clone();
     // Every registry tool and the generic tools at /mcp, and the registry's tools at
     // POST /v1/tools/{name}/call, on the service's engine, as the service's tenants.
@@ -68,6 +73,7 @@ fn start(args: ServeArgs) -> anyhow::Result<()> {
         engine,
         euid_is_root: euid_is_root(),
         mcp: Some(mcp),
+        policy: Some(std::sync::Arc::new(policy)),
     })?;
     Ok(())
 }

@@ -178,9 +178,11 @@ fn crates_depend_in_the_documented_direction() {
             "airlock-cell",
             "airlock-contract",
             "airlock-engine",
+            "airlock-policy",
             "airlock-store"
         ],
-        "the service sits on the engine (and the types of the crates below it)"
+        "the service sits on the engine (and the types of the crates below it, and the \
+         policy's request and identity types)"
     );
 }
 

@@ -814,3 +814,138 @@ fn a_task_error_is_never_retried() {
     assert!(!text(&out.stderr).contains("retrying"));
     assert_eq!(statuses(&config, &state, "steady"), ["task_error"]);
 }
+
+#[test]
+fn a_suspected_escape_keeps_the_cells_writable_paths_copied_before_destruction_up_to_the_cap() {
+    require_cells!();
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("airlock.toml");
+    let revoked = dir.path().join("revoked.log");
+    let (issue, revoke) = (dir.path().join("issue.sh"), dir.path().join("revoke.sh"));
+    // A token provider of the test, logging every revocation.
+    let scripts = [
+        (&issue, "#!/bin/sh\necho '{\"token\": \"tok-quarantined\", \"expires_at_unix\": 99999999999}'\n".to_string()),
+        (&revoke, format!("#!/bin/sh\ncat >> {0}\necho >> {0}\n", revoked.display())),
+    ];
+    for (path, text) in scripts {
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let secret = format!(
+        "[secrets.api]\nsource = {{ provider = {{ command = [\"{}\"], revoke = [\"{}\"] }} }}\n\
+         hosts = [\"api.test\"]\n\
+         placement = {{ header = {{ name = \"Authorization\", format = \"Bearer {{}}\" }} }}\n",
+        issue.display(),
+        revoke.display()
+    );
+    std::fs::write(
+        &config,
+        format!(
+            "[policy]\nquarantine_max_bytes = 4096\n{secret}{PROBE_CLASS}\
+             [[policy.classes.probe.template.secrets]]\nname = \"api\"\nenv = \"API_TOKEN\"\n"
+        ),
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    // Files in a writable path that is no output: gone with the cell, unless copied.
+    let probe = "import os, socket\nopen('/tmp/a.txt', 'w').write('left in tmp')\n\
+                 os.mkdir('/tmp/sub')\nopen('/tmp/sub/b.txt', 'w').write('deeper')\n\
+                 os.symlink('/etc/passwd', '/tmp/link')\n\
+                 open('/tmp/zbig', 'w').write('x' * 10000)\n\
+                 s = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n\
+                 s.sendall(b'CONNECT 169.254.169.254:80 HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n\
+                 print(s.recv(100))\n";
+    let (config, state_arg) = (config.display().to_string(), state.display().to_string());
+    let class_run = |argv: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--config",
+            &config,
+            "--state-dir",
+            &state_arg,
+            "--class",
+            "probe",
+            "--",
+        ];
+        args.extend(argv);
+        airlock(&args)
+    };
+    let run = class_run(&["python3", "-c", probe]);
+    assert!(
+        text(&run.stderr).contains("evidence quarantined"),
+        "{}",
+        text(&run.stderr)
+    );
+    let listed = airlock(&["quarantine", "list", "--state-dir", &state_arg]);
+    let listed = text(&listed.stdout);
+    let run_id = listed.split_whitespace().next().expect("a quarantined run");
+    let shown = json_of(&airlock(&[
+        "quarantine",
+        "show",
+        run_id,
+        "--state-dir",
+        &state_arg,
+    ]));
+    let manifest = &shown["manifest"];
+    assert_eq!(manifest["writable_paths_copied"], true, "{shown}");
+    let writable = &manifest["writable"];
+    assert_eq!(
+        writable["copied"],
+        serde_json::json!([["/tmp/a.txt", 11], ["/tmp/sub/b.txt", 6]]),
+        "{writable}"
+    );
+    let skipped = writable["skipped"].as_array().unwrap();
+    assert!(
+        skipped.contains(&serde_json::json!(["/tmp/link", "symlink"])),
+        "{writable}"
+    );
+    assert!(
+        skipped.contains(&serde_json::json!(["/tmp/zbig", "cap"])),
+        "{writable}"
+    );
+    assert_eq!(writable["capped"], true);
+    assert_eq!(writable["max_bytes"], 4096);
+    assert_eq!(manifest["tenant_flagged"], "uid:0");
+    assert_eq!(manifest["credentials_revoked"], serde_json::json!(["api"]));
+    assert_eq!(
+        std::fs::read_to_string(&revoked).unwrap().trim(),
+        "tok-quarantined",
+        "the run's provider token was revoked"
+    );
+    let copy = state.join("quarantine").join(run_id).join("writable");
+    assert_eq!(
+        std::fs::read_to_string(copy.join("tmp/a.txt")).unwrap(),
+        "left in tmp"
+    );
+    assert!(!copy.join("tmp/link").exists() && !copy.join("tmp/zbig").exists());
+    assert_eq!(
+        std::fs::metadata(copy.join("tmp"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
+    let reviews = json_of(&airlock(&[
+        "reviews",
+        "list",
+        "--json",
+        "--state-dir",
+        &state_arg,
+    ]));
+    assert_eq!(reviews[0]["reason_code"], "suspected_escape");
+    assert_eq!(reviews[0]["run_id"], run_id);
+    // A run that is no suspected escape leaves nothing in the area.
+    let fine = class_run(&["sh", "-c", "echo kept >/tmp/a.txt"]);
+    assert_eq!(fine.status.code(), Some(0), "{}", text(&fine.stderr));
+    let names: Vec<String> = std::fs::read_dir(state.join("quarantine"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [run_id.to_string()],
+        "only the quarantined run's directory"
+    );
+}

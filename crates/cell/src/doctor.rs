@@ -300,6 +300,7 @@ fn end_to_end(host_ids: HostIdRange) -> Result<String, String> {
             stdin: crate::PayloadStdin::Null,
             credentials: &[],
             host_ids,
+            on_suspected_escape: None,
         },
     );
     match report.status {

@@ -24,6 +24,7 @@ pub mod control;
 mod counters;
 pub mod doctor;
 mod error;
+pub mod evidence;
 pub mod host_files;
 pub mod host_identity;
 mod kernel;

@@ -111,6 +111,7 @@ fn supervise(plan: &Path) {
             artifacts: None,
             mode,
             host_ids: Default::default(),
+            on_suspected_escape: None,
         },
     );
 }

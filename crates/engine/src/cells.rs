@@ -54,6 +54,8 @@ impl Engine {
             .then(|| self.pools.claim(&shape))
             .flatten();
         let parked = warm.is_some();
+        let on_suspected_escape = (!parked).then(|| self.on_suspected_escape()).flatten();
+        let evidence_dir = on_suspected_escape.as_ref().map(|e| e.dir.clone());
         let host = match warm {
             Some(host) => Ok(host),
             None => self.spawn_host(HostRequest {
@@ -62,6 +64,7 @@ impl Engine {
                 secrets: prepared.injections.clone(),
                 artifacts,
                 mode: HostMode::OneShot,
+                on_suspected_escape,
             }),
         };
         let secrets = prepared.secrets.clone();
@@ -142,6 +145,7 @@ impl Engine {
         crate::broker_session::finish_broker(broker, &mut report);
         let mut finished = FinishedRun::new(report, plan, inputs, secrets, record);
         finished.latency = latency;
+        finished.evidence_dir = evidence_dir;
         Ok(finished)
     }
 

@@ -22,6 +22,9 @@ pub struct HostRequest {
     pub secrets: Vec<airlock_egress::secrets::Injection>,
     pub artifacts: Option<ArtifactRequest>,
     pub mode: HostMode,
+    /// Where the cell's writable paths go if its verdict is a suspected escape.
+    #[serde(default)]
+    pub on_suspected_escape: Option<airlock_cell::evidence::OnSuspectedEscape>,
 }
 
 /// One command (a cold or warm run), or a session of several.
@@ -71,6 +74,7 @@ pub fn serve(
             artifacts,
             mode,
             host_ids,
+            on_suspected_escape: request.on_suspected_escape,
         },
     );
 }

@@ -52,7 +52,13 @@ pub struct EngineConfig {
     pub host_ids: airlock_cell::host_identity::HostIdRange,
     /// The operator's broker actions (`[broker]`), checked and compiled.
     pub broker: Arc<airlock_broker::Broker>,
+    /// The most bytes of a suspected escape's writable paths kept in the quarantine area
+    /// (`<state dir>/quarantine`); 0 keeps none.
+    pub quarantine_max_bytes: u64,
 }
+
+/// The quarantine area, under the state directory (root-only, 0700).
+pub const QUARANTINE_DIR: &str = "quarantine";
 
 impl EngineConfig {
     /// The defaults for a state directory and an egress configuration: this binary as the
@@ -65,6 +71,7 @@ impl EngineConfig {
             max_cells: 64,
             host_ids: Default::default(),
             broker: Arc::new(airlock_broker::Broker::default()),
+            quarantine_max_bytes: 64 << 20,
         }
     }
 }

@@ -53,6 +53,9 @@ pub struct FinishedRun {
     pub secrets: Vec<String>,
     /// For a run through the factory: when its command was sent, started and ended.
     pub latency: Option<CommandLatency>,
+    /// Where the cell's writable paths were copied if its verdict was a suspected escape
+    /// (the directory exists only then, with its `writable-manifest.json`).
+    pub evidence_dir: Option<PathBuf>,
     record: Result<(Store, RunHandle), String>,
 }
 
@@ -85,6 +88,7 @@ impl FinishedRun {
             inputs,
             secrets,
             latency: None,
+            evidence_dir: None,
             record,
         }
     }
@@ -194,6 +198,8 @@ impl Engine {
         let mut proxy = self
             .proxy_for(&plan, prepared.injections)
             .map(|p| p.with_tls(&tls));
+        let on_suspected_escape = self.on_suspected_escape();
+        let evidence_dir = on_suspected_escape.as_ref().map(|e| e.dir.clone());
         let report = airlock_cell::run_cell(
             &plan,
             RunOptions {
@@ -213,11 +219,43 @@ impl Engine {
                 stdin,
                 credentials: &credentials,
                 host_ids: self.config.host_ids,
+                on_suspected_escape,
             },
         );
         let mut report = report;
         crate::broker_session::finish_broker(broker, &mut report);
-        Ok(recorder.finished(report, plan))
+        let mut finished = recorder.finished(report, plan);
+        finished.evidence_dir = evidence_dir;
+        Ok(finished)
+    }
+
+    /// The completion sequence's quarantine step for one run: a new directory in the
+    /// quarantine area (created 0700 when missing) that the cell's writable paths are
+    /// copied into, before the cell is destroyed, if its verdict is a suspected escape.
+    /// `None` when the operator keeps none, or the area is not a private directory.
+    pub(crate) fn on_suspected_escape(&self) -> Option<airlock_cell::evidence::OnSuspectedEscape> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        if self.config.quarantine_max_bytes == 0 {
+            return None;
+        }
+        let area = self.config.state_dir.join(crate::QUARANTINE_DIR);
+        // The state directory itself may not exist yet (the store creates it when the
+        // record begins, after this).
+        let _ = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&area);
+        let meta = std::fs::symlink_metadata(&area).ok()?;
+        if !meta.is_dir() || meta.mode() & 0o077 != 0 {
+            return None;
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Some(airlock_cell::evidence::OnSuspectedEscape {
+            dir: area.join(format!(".cell-{}-{nanos}", std::process::id())),
+            max_bytes: self.config.quarantine_max_bytes,
+        })
     }
 
     /// The run's broker started for its plan (broker_session.rs), or the run refused

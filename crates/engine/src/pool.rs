@@ -161,6 +161,8 @@ fn refill_loop(shared: &(Mutex<PoolState>, Condvar), factory: &CellFactory) {
                 secrets: Vec::new(),
                 artifacts: None,
                 mode: HostMode::OneShot,
+                // A parked cell is not any run's yet: its claim does not copy.
+                on_suspected_escape: None,
             })
             .ok()
             .filter(|host| wait_parked(&host.control).is_ok());

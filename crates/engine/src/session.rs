@@ -156,6 +156,8 @@ impl Engine {
             credentials,
             secrets: injections,
             artifacts,
+            // A session's cell outlives its commands: not copied yet (docs/policy.md).
+            on_suspected_escape: None,
             mode: HostMode::Session {
                 idle_timeout_ms: idle_timeout.as_millis() as u64,
                 max_lifetime_ms: max_lifetime.as_millis() as u64,

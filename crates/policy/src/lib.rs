@@ -13,6 +13,7 @@ pub mod approval;
 mod class;
 pub mod command;
 mod evaluate;
+pub mod lockfile;
 mod reason;
 mod request;
 pub mod retry;
@@ -44,7 +45,7 @@ pub enum PolicyError {
 }
 
 /// The operator config's `[policy]` table.
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     /// A directory of class files, one per class: `NAME.toml` holds the class `NAME`.
@@ -55,6 +56,26 @@ pub struct PolicyConfig {
     /// it) or `tenant:NAME` (an identity the service authenticated). Nobody may decide a
     /// request of their own identity.
     pub approvers: Vec<String>,
+    /// The most bytes of a suspected escape's writable paths copied into the quarantine
+    /// area before its cell is destroyed (default 64 MiB; 0 copies none). The copy stops
+    /// at the cap and its manifest says so.
+    #[serde(default = "default_quarantine_max_bytes")]
+    pub quarantine_max_bytes: u64,
+}
+
+fn default_quarantine_max_bytes() -> u64 {
+    64 << 20
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            classes_dir: None,
+            classes: BTreeMap::new(),
+            approvers: Vec::new(),
+            quarantine_max_bytes: default_quarantine_max_bytes(),
+        }
+    }
 }
 
 impl PolicyConfig {

@@ -61,10 +61,13 @@ pub enum DenyReason {
     ApprovalDenied,
     /// The request waited for an approval longer than the class allows.
     ApprovalExpired,
+    /// An install the class allows only from a lockfile of hashes (`npm ci`) comes
+    /// without one, or with one that leaves a package unpinned.
+    LockfileMissing,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 19] = [
+    pub const ALL: [DenyReason; 20] = [
         DenyReason::CodeExecutionNotAllowed,
         DenyReason::CommandMissing,
         DenyReason::CommandForbidden,
@@ -84,6 +87,7 @@ impl DenyReason {
         DenyReason::RequestInvalid,
         DenyReason::ApprovalDenied,
         DenyReason::ApprovalExpired,
+        DenyReason::LockfileMissing,
     ];
 
     pub const fn code(self) -> &'static str {
@@ -107,6 +111,7 @@ impl DenyReason {
             DenyReason::RequestInvalid => "policy.request_invalid",
             DenyReason::ApprovalDenied => "policy.approval_denied",
             DenyReason::ApprovalExpired => "policy.approval_expired",
+            DenyReason::LockfileMissing => "policy.lockfile_missing",
         }
     }
 }

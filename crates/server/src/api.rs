@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// `POST /v1/runs`: what to run and under which contract.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunBody {
     /// A contract of the service's configuration (`[server.contracts]`), by name: the
@@ -26,6 +26,19 @@ pub struct RunBody {
     /// Shortens the contract's wall-time deadline, milliseconds.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// A workload class of the operator's policy (docs/policy.md) instead of a contract:
+    /// the contract is generated from the class for `request`, or the request is denied
+    /// (403 with its `policy.*` code) or waits for an approval (202 with its id).
+    #[serde(default)]
+    pub class: Option<String>,
+    /// With `class`: the capabilities asked for on top of the class's template
+    /// (docs/request.schema.json).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub request: Option<airlock_policy::Asked>,
+    /// With `class`: the approval (its id) of exactly this request, once decided.
+    #[serde(default)]
+    pub approval: Option<String>,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

@@ -6,6 +6,7 @@
 
 pub mod agent_gate;
 pub mod api;
+pub mod approvals;
 mod body_deadline;
 pub mod config;
 pub mod error;
@@ -48,6 +49,8 @@ pub struct ServeOptions {
     /// them from the tool registry, on the service's own engine), behind the tenants'
     /// API keys.
     pub mcp: Option<McpMount>,
+    /// The workload classes and approvals (`POST /v1/runs` with a `class`, `/v1/approvals`).
+    pub policy: Option<Arc<dyn approvals::ClassPolicy>>,
 }
 
 /// Builds the agent's routes, merged into the service's, from its engine and the
@@ -77,6 +80,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         server,
         config_dir,
         engine,
+        policy,
         ..
     } = options;
     server.check().map_err(ServerError::Config)?;
@@ -108,6 +112,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         work: Arc::default(),
         pools,
         config: server,
+        policy,
     }))
 }
 
@@ -118,6 +123,8 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/runs", post(runs::create_run).get(runs::list_runs))
         .route("/v1/runs/{id}", get(runs::get_run))
         .route("/v1/audit/verify", get(runs::verify))
+        .route("/v1/approvals", get(approvals::list_approvals))
+        .route("/v1/approvals/{id}", post(approvals::decide_approval))
         .route(
             "/v1/sessions",
             post(sessions::create_session).get(sessions::list_sessions),

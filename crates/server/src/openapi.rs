@@ -1,7 +1,7 @@
 //! The OpenAPI 3.1 document of the `/v1` API, generated from the handlers' and bodies'
 //! types (docs/openapi.json; a test fails when the committed one is stale).
 
-use crate::{api, error, health, runs, sessions};
+use crate::{api, approvals, error, health, runs, sessions};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
@@ -14,11 +14,14 @@ use utoipa::OpenApi;
         sessions::set_timeout, sessions::delete_session, sessions::put_file,
         sessions::get_file, sessions::list_files,
         health::healthz, health::readyz, health::metrics,
+        approvals::list_approvals, approvals::decide_approval,
     ),
     components(schemas(
         error::ErrorBody, api::RunBody, api::RunView, api::RunList, api::SessionBody,
         api::SessionView, api::SessionList, api::ExecBody, api::CommandView, api::SignalBody,
         api::TimeoutBody, api::DirEntry, api::DirList, api::Written, api::Verified, api::Health,
+        approvals::Decision, approvals::DecisionKind, approvals::ApprovalList,
+        approvals::PendingApproval,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -77,6 +80,8 @@ mod tests {
             "/v1/runs/{id}",
             "/v1/sessions/{id}/exec",
             "/v1/audit/verify",
+            "/v1/approvals",
+            "/v1/approvals/{id}",
             "/metrics",
         ] {
             assert!(doc["paths"][path].is_object(), "{path} missing");

@@ -75,49 +75,7 @@ impl Contracts {
         inline_allowed: bool,
     ) -> Result<(CellPlan, String), PlanRefusal> {
         let (contract, base_dir, class) = self.contract_of(wanted, inline_allowed)?;
-        if let Some(name) = wanted
-            .env
-            .keys()
-            .find(|n| airlock_contract::RESERVED_ENV_NAMES.contains(&n.as_str()))
-        {
-            return Err(PlanRefusal {
-                error: Box::new(ApiError::bad_request(
-                    "env.reserved",
-                    format!("{name} is set by airlock, not by a request"),
-                )),
-                class: ResultClass::PolicyDenied,
-                workload_class: class,
-            });
-        }
-        let refuse = |err: ContractError| {
-            let class = ResultClass::from_name(err.class()).unwrap_or(ResultClass::PolicyDenied);
-            PlanRefusal {
-                error: Box::new(ApiError::new(
-                    axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                    class,
-                    "contract.invalid",
-                    format!("contract: {err}"),
-                )),
-                class,
-                workload_class: class_name(wanted),
-            }
-        };
-        let profile = read_seccomp_profile(&contract, &base_dir).map_err(refuse)?;
-        let mut plan = compile(
-            &contract,
-            &CompileInput {
-                base_dir: &base_dir,
-                argv: wanted.argv,
-                seccomp_profile: profile.as_deref(),
-                image: None,
-            },
-        )
-        .map_err(refuse)?;
-        add_env(&mut plan, wanted.env);
-        if let Some(deadline) = wanted.deadline_ms {
-            // A request may shorten its contract's deadline, never lengthen it.
-            plan.limits.wall_time_ms = plan.limits.wall_time_ms.min(deadline.max(1));
-        }
+        let plan = plan_of(&contract, &base_dir, &class, wanted)?;
         Ok((plan, class))
     }
 
@@ -187,8 +145,58 @@ impl Contracts {
     }
 }
 
-fn class_name(wanted: &Wanted<'_>) -> String {
-    wanted.contract.unwrap_or(INLINE_CLASS).to_string()
+/// The plan of `contract` (from `base_dir`) for a request: its command, environment
+/// additions (none of airlock's reserved names) and deadline (only shorter).
+pub fn plan_of(
+    contract: &Contract,
+    base_dir: &Path,
+    class: &str,
+    wanted: &Wanted<'_>,
+) -> Result<CellPlan, PlanRefusal> {
+    if let Some(name) = wanted
+        .env
+        .keys()
+        .find(|n| airlock_contract::RESERVED_ENV_NAMES.contains(&n.as_str()))
+    {
+        return Err(PlanRefusal {
+            error: Box::new(ApiError::bad_request(
+                "env.reserved",
+                format!("{name} is set by airlock, not by a request"),
+            )),
+            class: ResultClass::PolicyDenied,
+            workload_class: class.to_string(),
+        });
+    }
+    let refuse = |err: ContractError| {
+        let status = ResultClass::from_name(err.class()).unwrap_or(ResultClass::PolicyDenied);
+        PlanRefusal {
+            error: Box::new(ApiError::new(
+                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+                status,
+                "contract.invalid",
+                format!("contract: {err}"),
+            )),
+            class: status,
+            workload_class: class.to_string(),
+        }
+    };
+    let profile = read_seccomp_profile(contract, base_dir).map_err(refuse)?;
+    let mut plan = compile(
+        contract,
+        &CompileInput {
+            base_dir,
+            argv: wanted.argv,
+            seccomp_profile: profile.as_deref(),
+            image: None,
+        },
+    )
+    .map_err(refuse)?;
+    add_env(&mut plan, wanted.env);
+    if let Some(deadline) = wanted.deadline_ms {
+        // A request may shorten its contract's deadline, never lengthen it.
+        plan.limits.wall_time_ms = plan.limits.wall_time_ms.min(deadline.max(1));
+    }
+    Ok(plan)
 }
 
 /// The request's environment additions, replacing the plan's variables of the same name.

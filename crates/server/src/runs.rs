@@ -4,12 +4,13 @@
 use crate::api::{RunBody, RunList, RunView, RunsQuery, Verified, WaitQuery};
 use crate::error::{ApiError, ErrorBody};
 use crate::output::{self, Ended, Frame, OutputLog, Stream};
-use crate::plans::{PlanRefusal, Wanted};
+use crate::plans::{self, PlanRefusal, Wanted};
 use crate::quota::Work;
 use crate::state::{ApiJson, Caller, Shared};
 use crate::tenants::Tenant;
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::PayloadStdin;
+use airlock_contract::CellPlan;
 use airlock_engine::{record, Engine, Refusal, RunRequest};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -24,7 +25,9 @@ pub const NDJSON: &str = "application/x-ndjson";
     responses(
         (status = 200, description = "NDJSON frames (start, stdout, stderr, exit, result) as they happen; with wait=true the run's record", content_type = "application/x-ndjson"),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 202, description = "A `class` request that needs approval: stored pending; the same request with `approval` runs once it is approved", body = crate::approvals::PendingApproval),
+        (status = 403, description = "Not allowed, or a `class` request denied by the policy (its `policy.*` reason code)", body = ErrorBody),
+        (status = 413, body = ErrorBody),
         (status = 422, description = "The contract did not compile (the refusal is recorded)", body = ErrorBody),
         (status = 429, description = "Over a quota or capacity; see Retry-After", body = ErrorBody),
         (status = 503, description = "Draining", body = ErrorBody)))]
@@ -35,16 +38,9 @@ pub async fn create_run(
     ApiJson(body): ApiJson<RunBody>,
 ) -> Result<Response, ApiError> {
     let permit = state.admit(&tenant, Work::Run)?;
-    let wanted = Wanted {
-        contract: body.contract.as_deref(),
-        inline: body.contract_inline.as_ref(),
-        argv: &body.argv,
-        env: &body.env,
-        deadline_ms: body.deadline_ms,
-    };
-    let (plan, class) = match state.contracts.plan(&wanted, state.inline_allowed(&tenant)) {
+    let (plan, class, after_run) = match plan_request(&state, &tenant, body.clone()).await? {
         Ok(planned) => planned,
-        Err(refusal) => return Err(record_refusal(&state, &tenant, &body.argv, refusal).await),
+        Err(answer) => return Ok(answer),
     };
     let log = OutputLog::new(state.config.max_stream_bytes)
         .map_err(|e| ApiError::internal("output.spill", e.to_string()))?;
@@ -71,7 +67,13 @@ pub async fn create_run(
     let tenant_name = tenant.name.clone();
     tokio::task::spawn_blocking(move || {
         let (_permit, _guard) = (permit, guard);
-        let (report, secrets, latency) = run_to_end(&task_state.engine, request);
+        let (report, secrets, latency, evidence) = run_to_end(&task_state.engine, request);
+        match after_run {
+            Some(after_run) => after_run(&report, evidence.as_deref()),
+            // Only a class run's evidence is quarantined through the service so far
+            // (docs/policy.md): no copy is left behind unclaimed.
+            None => discard_evidence(evidence.as_deref()),
+        }
         task_state
             .metrics
             .observe(&class, &tenant_name, &report, latency.unzip());
@@ -90,6 +92,64 @@ pub async fn create_run(
         command_id: None,
     });
     Ok(ndjson(output::ndjson_body(log, start, true)))
+}
+
+/// What runs after a class run's record is complete (the policy layer's).
+type AfterRun = Option<crate::approvals::AfterRun>;
+
+fn discard_evidence(dir: Option<&std::path::Path>) {
+    if let Some(dir) = dir.filter(|d| d.exists()) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// The plan of a run request: from its named or inline contract, or from its workload
+/// class through the policy layer (whose answer, 202 pending or a denial, ends the
+/// request as the inner `Err`).
+async fn plan_request(
+    state: &Shared,
+    tenant: &Tenant,
+    body: RunBody,
+) -> Result<Result<(CellPlan, String, AfterRun), Response>, ApiError> {
+    let wanted = Wanted {
+        contract: body.contract.as_deref(),
+        inline: body.contract_inline.as_ref(),
+        argv: &body.argv,
+        env: &body.env,
+        deadline_ms: body.deadline_ms,
+    };
+    let Some(class) = body.class.as_deref() else {
+        return match state.contracts.plan(&wanted, state.inline_allowed(tenant)) {
+            Ok((plan, class)) => Ok(Ok((plan, class, None))),
+            Err(refusal) => Err(record_refusal(state, tenant, &body.argv, refusal).await),
+        };
+    };
+    if body.contract.is_some() || body.contract_inline.is_some() || !body.env.is_empty() {
+        return Err(ApiError::bad_request(
+            "class.exclusive",
+            "a class run gets its contract and environment from the class: no `contract`, \
+             `contract_inline` or `env`"
+                .into(),
+        ));
+    }
+    let asked = body.request.clone().unwrap_or_default();
+    let grant = match crate::approvals::plan_class_run(
+        state,
+        tenant,
+        class,
+        &body.argv,
+        asked,
+        body.approval.clone(),
+    )
+    .await
+    {
+        Ok(grant) => grant,
+        Err(answer) => return Ok(Err(answer)),
+    };
+    match plans::plan_of(&grant.contract, &grant.base_dir, class, &wanted) {
+        Ok(plan) => Ok(Ok((plan, class.to_string(), Some(grant.after_run)))),
+        Err(refusal) => Err(record_refusal(state, tenant, &body.argv, refusal).await),
+    }
 }
 
 pub fn ndjson(body: axum::body::Body) -> Response {
@@ -131,32 +191,46 @@ pub fn stdin_of(text: Option<String>) -> Result<PayloadStdin, ApiError> {
 /// (request to payload start, payload start to exit), seconds.
 type Latency = Option<(f64, f64)>;
 
-/// Runs `request` through the engine and completes its record; its report, secrets and
-/// latency.
-fn run_to_end(engine: &Engine, request: RunRequest) -> (RunReport, Vec<String>, Latency) {
+/// Runs `request` through the engine and completes its record; its report, secrets,
+/// latency and the copy of its writable paths (a suspected escape's).
+fn run_to_end(
+    engine: &Engine,
+    request: RunRequest,
+) -> (RunReport, Vec<String>, Latency, Option<std::path::PathBuf>) {
     let started = request.started;
     match engine.run(request) {
         Ok(finished) => {
-            let secrets = finished.secrets.clone();
-            let latency = finished.latency.map(|l| {
-                let start = l.exec_confirmed.saturating_duration_since(started);
-                let wall = l.exit_known.saturating_duration_since(l.exec_confirmed);
-                (start.as_secs_f64(), wall.as_secs_f64())
-            });
-            if finished.audit_error().is_some() {
-                return (finished.report, secrets, None);
-            }
-            let mut report = finished.report.clone();
-            match engine.complete(finished) {
-                Ok(report) => (report, secrets, latency),
-                Err(err) => {
-                    report.status = ResultClass::RuntimeFault;
-                    report.error = Some(format!("the run's record could not be completed: {err}"));
-                    (report, secrets, latency)
-                }
-            }
+            let evidence = finished.evidence_dir.clone();
+            let (report, secrets, latency) = complete(engine, finished, started);
+            (report, secrets, latency, evidence)
         }
-        Err(refused) => (refused.report, refused.secrets, None),
+        Err(refused) => (refused.report, refused.secrets, None, None),
+    }
+}
+
+/// Completes the record of a finished run.
+fn complete(
+    engine: &Engine,
+    finished: airlock_engine::FinishedRun,
+    started: Instant,
+) -> (RunReport, Vec<String>, Latency) {
+    let secrets = finished.secrets.clone();
+    let latency = finished.latency.map(|l| {
+        let start = l.exec_confirmed.saturating_duration_since(started);
+        let wall = l.exit_known.saturating_duration_since(l.exec_confirmed);
+        (start.as_secs_f64(), wall.as_secs_f64())
+    });
+    if finished.audit_error().is_some() {
+        return (finished.report, secrets, None);
+    }
+    let mut report = finished.report.clone();
+    match engine.complete(finished) {
+        Ok(report) => (report, secrets, latency),
+        Err(err) => {
+            report.status = ResultClass::RuntimeFault;
+            report.error = Some(format!("the run's record could not be completed: {err}"));
+            (report, secrets, latency)
+        }
     }
 }
 

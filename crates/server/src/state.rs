@@ -31,6 +31,8 @@ pub struct AppState {
     pub work: Arc<InFlight>,
     /// Each pool's name (its contract's) and shape.
     pub pools: BTreeMap<String, PlanShape>,
+    /// The policy layer, when the operator configured workload classes.
+    pub policy: Option<Arc<dyn crate::approvals::ClassPolicy>>,
 }
 
 pub type Shared = Arc<AppState>;

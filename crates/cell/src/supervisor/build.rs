@@ -212,6 +212,7 @@ pub fn build<'a>(
         caller_terminal,
         artifacts,
         parked: false,
+        on_suspected_escape: None,
     };
     Ok(Cell {
         supervision,
@@ -332,6 +333,8 @@ impl Cell<'_> {
             );
         }
         supervision.collect_after_cell_died();
+        let writable = std::mem::take(&mut supervision.observed.writable_mounts);
+        let on_suspected_escape = supervision.on_suspected_escape.take();
         let egress = egress.as_mut().map(|session| session.finish());
         let Supervision {
             cgroup,
@@ -348,6 +351,10 @@ impl Cell<'_> {
         let mut report = match ran {
             Ok(stale) => {
                 let mut report = classify(started, observed, output, usage_counters, egress);
+                // Before the held writable paths go (with `writable`, at the end of this
+                // scope): the evidence of a suspected escape.
+                let suspected = report.status == crate::report::ResultClass::SuspectedEscape;
+                crate::evidence::on_verdict(suspected, writable, on_suspected_escape.as_ref());
                 report.cgroup_version = Some(layout.version());
                 report.stale_cgroups_left = stale.iter().map(|d| d.display().to_string()).collect();
                 report

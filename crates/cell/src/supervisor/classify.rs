@@ -25,6 +25,9 @@ pub struct Observed {
     /// The output mounts, held from the payload's start until the artifacts are
     /// collected (see [`artifacts::OutputMounts`]).
     pub output_mounts: artifacts::OutputMounts,
+    /// Every writable path, held from the payload's start when a suspected escape's
+    /// evidence is wanted (see [`crate::evidence`]).
+    pub writable_mounts: crate::evidence::WritableMounts,
     pub run_id: String,
     pub released_ms: f64,
     pub ended_at: Option<Instant>,

@@ -80,6 +80,9 @@ pub struct RunOptions<'a> {
     pub credentials: &'a [(String, String)],
     /// Where the cell's own host uid and gid come from, as root (see host_identity.rs).
     pub host_ids: crate::host_identity::HostIdRange,
+    /// The completion sequence's step when the verdict is `suspected_escape`: the
+    /// writable paths are copied there before the cell is destroyed (crate::evidence).
+    pub on_suspected_escape: Option<crate::evidence::OnSuspectedEscape>,
 }
 
 /// What the payload reads on stdin. For a plan with a terminal, a relayed stdin (a
@@ -284,6 +287,7 @@ fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, 
         false,
         options.host_ids,
     )?;
+    cell.supervision.on_suspected_escape = options.on_suspected_escape.clone();
     // Opened while the cell finishes its setup; an error kills the cell like any other.
     let io = match CommandIo::open(plan, cell.supervision.host, stdin, sinks) {
         Ok(io) => io,

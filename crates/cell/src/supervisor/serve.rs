@@ -42,6 +42,8 @@ pub struct ServeOptions<'a> {
     pub mode: ServeMode,
     /// Where the cell's own host uid and gid come from, as root (see host_identity.rs).
     pub host_ids: crate::host_identity::HostIdRange,
+    /// See [`crate::RunOptions::on_suspected_escape`].
+    pub on_suspected_escape: Option<crate::evidence::OnSuspectedEscape>,
 }
 
 /// Builds a cell for `plan`, parks it before its command (namespaces, mounts, cgroup
@@ -64,6 +66,7 @@ pub fn serve_cell(plan: &CellPlan, options: ServeOptions<'_>) {
         artifacts,
         mode,
         host_ids,
+        on_suspected_escape,
     } = options;
     let control = SupervisorControl::new(control);
     let served = serve(
@@ -72,7 +75,7 @@ pub fn serve_cell(plan: &CellPlan, options: ServeOptions<'_>) {
         credentials,
         &mut egress,
         artifacts,
-        (mode, host_ids),
+        (mode, host_ids, on_suspected_escape),
         started,
     );
     if let Err(err) = served {
@@ -100,7 +103,11 @@ fn serve(
     credentials: &[(String, String)],
     egress: &mut Option<&mut dyn EgressSession>,
     artifacts: Option<ArtifactRequest>,
-    (mode, host_ids): (ServeMode, crate::host_identity::HostIdRange),
+    (mode, host_ids, on_suspected_escape): (
+        ServeMode,
+        crate::host_identity::HostIdRange,
+        Option<crate::evidence::OnSuspectedEscape>,
+    ),
     started: Instant,
 ) -> Result<(), CellError> {
     check_servable(plan)?;
@@ -110,6 +117,7 @@ fn serve(
     let artifacts = wanted_artifacts(plan, artifacts.as_ref());
     let session = matches!(mode, ServeMode::Session { .. });
     let mut cell = build::build(plan, preflight, started, artifacts, None, session, host_ids)?;
+    cell.supervision.on_suspected_escape = on_suspected_escape;
     match cell.supervision.wait_parked(egress, control)? {
         Parking::Parked => {}
         Parking::Gone => {

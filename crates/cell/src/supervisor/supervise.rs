@@ -142,6 +142,8 @@ pub struct Supervision<'a> {
     pub artifacts: Option<ArtifactRequest>,
     /// The cell said it is parked at START.
     pub parked: bool,
+    /// Where a suspected escape's writable paths go (crate::evidence), if anywhere.
+    pub on_suspected_escape: Option<crate::evidence::OnSuspectedEscape>,
 }
 
 /// A `poll` entry waiting for input on `fd` (negative fds are ignored by poll).
@@ -454,6 +456,10 @@ impl Supervision<'_> {
     fn hold_output_mounts(&mut self) {
         if self.artifacts.is_some() {
             self.observed.output_mounts = artifacts::OutputMounts::open(self.pid, self.plan);
+        }
+        if self.on_suspected_escape.is_some() {
+            self.observed.writable_mounts =
+                crate::evidence::WritableMounts::open(self.pid, self.plan);
         }
     }
 

@@ -201,7 +201,7 @@ install -m 0755 target/x86_64-unknown-linux-gnu/release/examples/load "$BIN/load
 SERVICE_DIR=$(mktemp -d)
 cp examples/contracts/default.yaml "$SERVICE_DIR/small.yaml"
 # A contract whose output ceiling lets 1 GiB through, for the streaming measurement.
-sed 's/output_bytes: .*/output_bytes: 2147483648/' examples/contracts/default.yaml > "$SERVICE_DIR/stream.yaml"
+sed 's/output_bytes: .*/output_bytes: 1073741824/' examples/contracts/default.yaml > "$SERVICE_DIR/stream.yaml"
 start_service() { # POOL
   printf '[server]\nlisten = ["unix:%s/airlock.sock"]\nmax_stream_bytes = 2147483648\n[server.contracts]\nsmall = "small.yaml"\nstream = "stream.yaml"\n[server.pools]\nsmall = %s\n' \
     "$SERVICE_DIR" "$1" > "$SERVICE_DIR/airlock.toml"

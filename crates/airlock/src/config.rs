@@ -283,6 +283,21 @@ impl OperatorConfig {
     }
 
     /// The egress configuration the engine gets: `[egress]` with the operator's secrets.
+    /// The engine's configuration for `state_dir`: the egress with the operator's secrets,
+    /// the host ids, the broker actions and the quarantine cap. One place for every front
+    /// end (`run`, `serve`, `tool`/`mcp`/`agent`), so none of them runs with less of the
+    /// operator's configuration than another.
+    pub fn engine_config(
+        &self,
+        state_dir: PathBuf,
+    ) -> anyhow::Result<airlock_engine::EngineConfig> {
+        let mut engine = airlock_engine::EngineConfig::new(state_dir, self.engine_egress());
+        engine.host_ids = self.host_id_range()?;
+        engine.broker = self.engine_broker()?;
+        engine.quarantine_max_bytes = self.policy.quarantine_max_bytes;
+        Ok(engine)
+    }
+
     pub fn engine_egress(&self) -> airlock_egress::EgressConfig {
         let mut egress = self.egress.clone();
         egress.secrets = self.secrets.clone();

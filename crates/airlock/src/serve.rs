@@ -2,7 +2,6 @@
 //! configuration; its `[server]` section is documented in docs/api.md.
 
 use crate::config::OperatorConfig;
-use airlock_engine::EngineConfig;
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,13 +28,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
 
 fn start(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = OperatorConfig::load(args.config.as_deref())?;
-    let host_ids = config.host_id_range()?;
-    let mut engine = EngineConfig::new(
-        config.state_dir(args.state_dir.as_deref()),
-        config.egress.clone(),
-    );
-    engine.host_ids = host_ids;
-    engine.broker = config.engine_broker()?;
+    let engine = config.engine_config(config.state_dir(args.state_dir.as_deref()))?;
     let config_dir = args
         .config
         .as_deref()

@@ -8,7 +8,7 @@ use airlock_agent::exec::Cancel;
 use airlock_agent::{Registry, ToolBox};
 use airlock_cell::report::ResultClass;
 use airlock_contract::{compile, load_contract_file, read_seccomp_profile, CompileInput};
-use airlock_engine::{Engine, EngineConfig};
+use airlock_engine::Engine;
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -133,7 +133,6 @@ fn call(toolbox: &ToolBox, name: &str, input: &str) -> ExitCode {
 /// The registry of the configuration, an engine on its store and the CLI's planner.
 pub fn toolbox(source: &ToolSource) -> anyhow::Result<ToolBox> {
     let config = OperatorConfig::load(source.config.as_deref())?;
-    let host_ids = config.host_id_range()?;
     let base_dir = source
         .config
         .as_deref()
@@ -141,9 +140,7 @@ pub fn toolbox(source: &ToolSource) -> anyhow::Result<ToolBox> {
         .map(|dir| std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()))
         .unwrap_or_else(crate::current_dir);
     let state_dir = config.state_dir(source.state_dir.as_deref());
-    let mut engine_config = EngineConfig::new(state_dir.clone(), config.egress.clone());
-    engine_config.host_ids = host_ids;
-    let engine = Arc::new(Engine::new(engine_config));
+    let engine = Arc::new(Engine::new(config.engine_config(state_dir.clone())?));
     toolbox_on(config, &base_dir, state_dir, engine)
 }
 

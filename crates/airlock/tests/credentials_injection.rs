@@ -790,3 +790,86 @@ fn only_a_provider_token_may_be_delivered_into_the_env() {
     let result = serde_json::to_string(&run.result).unwrap();
     assert!(!result.contains(&env.value), "{result}");
 }
+
+#[test]
+fn the_service_injects_the_operators_secrets_as_a_cli_run_does() {
+    require_cells!();
+    let env = Env::bearer();
+    let up = Upstream::start(env.dir.path());
+    let port = up.port;
+    // The same operator config, with a [server] naming the contract.
+    std::fs::write(env.dir.path().join("api.yaml"), contract(port)).unwrap();
+    let sock = env.dir.path().join("airlock.sock");
+    let mut config = std::fs::read_to_string(&env.config).unwrap();
+    config.push_str(&format!(
+        "\n[server]\nlisten = [\"unix:{}\"]\n[server.contracts]\napi = \"api.yaml\"\n",
+        sock.display()
+    ));
+    std::fs::write(&env.config, config).unwrap();
+    let mut serve = Command::new(common::airlock_bin())
+        .arg("serve")
+        .arg("--config")
+        .arg(&env.config)
+        .arg("--state-dir")
+        .arg(&env.state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let curl = |args: &[&str]| {
+        Command::new("curl")
+            .args(["-sS", "--max-time", "120", "--unix-socket"])
+            .arg(&sock)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !curl(&["-f", "http://airlock/healthz"]).status.success() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the service did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let script = format!(
+        "echo \"seen=$API_TOKEN\"; curl -sS --max-time 20 -X POST \
+         -H \"Authorization: Bearer $API_TOKEN\" -d hi http://api.test:{port}/v1/chat"
+    );
+    let body = serde_json::json!({"contract": "api", "argv": ["/bin/sh", "-c", script]});
+    let out = curl(&[
+        "-H",
+        "content-type: application/json",
+        "--data-binary",
+        &body.to_string(),
+        "http://airlock/v1/runs?wait=true",
+    ]);
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let answer = String::from_utf8_lossy(&out.stdout).into_owned();
+    let record: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    assert_eq!(record["status"], "ok", "{answer}");
+    let requests = up.requests();
+    assert_eq!(
+        requests.len(),
+        1,
+        "the request reached the upstream: {answer}"
+    );
+    let auth = requests[0]["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h[0].as_str().unwrap().eq_ignore_ascii_case("authorization"))
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        auth[1],
+        format!("Bearer {}", env.value),
+        "the value was swapped in"
+    );
+    assert!(!answer.contains(&env.value), "the record has no value");
+    assert!(
+        !env.store_bytes().contains(&env.value),
+        "the store has no value"
+    );
+}

@@ -111,9 +111,15 @@ fn crates_depend_in_the_documented_direction() {
         "store depends on nothing of ours"
     );
     assert_eq!(
-        airlock_dependencies("broker"),
+        airlock_dependencies("schema"),
         Vec::<String>::new(),
-        "the broker depends on nothing of ours: the engine turns its records into the result's"
+        "the offline JSON Schemas depend on nothing of ours"
+    );
+    assert_eq!(
+        airlock_dependencies("broker"),
+        vec!["airlock-schema".to_string()],
+        "the broker depends only on the offline schemas: the engine turns its records into \
+         the result's"
     );
     assert_eq!(
         airlock_dependencies("cell"),
@@ -157,13 +163,14 @@ fn crates_depend_in_the_documented_direction() {
             "airlock-cell",
             "airlock-contract",
             "airlock-engine",
+            "airlock-schema",
             "airlock-store"
         ],
         "the agent crate (tools, MCP, the agent loop) sits on the engine; only the CLI \
          knows of it"
     );
     for below in [
-        "contract", "cell", "egress", "store", "engine", "images", "broker",
+        "contract", "cell", "egress", "store", "engine", "images", "broker", "schema",
     ] {
         assert!(
             !airlock_dependencies(below).contains(&"airlock-agent".to_string()),

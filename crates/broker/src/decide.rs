@@ -148,11 +148,19 @@ pub fn authorize<'a>(
     action
         .schema
         .check(&envelope.request)
-        .map_err(|why| Denial::new(Reason::SchemaInvalid, why))?;
+        .map_err(|violation| Denial::new(Reason::SchemaInvalid, schema_message(&violation)))?;
     Ok(Granted {
         action,
         request: envelope.request,
     })
+}
+
+/// A violation as the cell reads it: where in its request, and the rule broken.
+fn schema_message(violation: &airlock_schema::Violation) -> String {
+    match violation.pointer.is_empty() {
+        true => format!("the request: {}", violation.rule),
+        false => violation.to_string(),
+    }
 }
 
 fn check_named(action: &Action, grant: &RunGrant) -> Result<(), Denial> {

@@ -54,7 +54,7 @@ impl Broker {
                 ));
             }
             check_action(action).map_err(invalid)?;
-            let schema = schema::Schema::compile(&action.schema)
+            let schema = schema::Schema::compile(action.schema.clone())
                 .map_err(|why| invalid(format!("schema: {why}")))?;
             actions.insert(
                 name.clone(),

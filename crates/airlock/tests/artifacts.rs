@@ -5,7 +5,6 @@ mod common;
 
 use common::CellRun;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
 const CONTRACT: &str = "\
@@ -50,10 +49,6 @@ fn rejected(run: &CellRun) -> Vec<(String, String)> {
             )
         })
         .collect()
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
 }
 
 /// Every file below `dir` (relative paths), to show what reached the host.
@@ -142,7 +137,7 @@ fn declared_files_arrive_intact_with_their_sha256() {
         assert_eq!(&stored, expected, "{cell_path} content differs");
         assert_eq!(
             entry["sha256"].as_str(),
-            Some(sha256_hex(expected).as_str()),
+            Some(common::sha256_hex(expected).as_str()),
             "{cell_path} sha256\n{}",
             run.describe()
         );

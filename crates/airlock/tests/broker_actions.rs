@@ -10,7 +10,6 @@ mod common;
 
 use common::CellRun;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -214,10 +213,6 @@ fn records(run: &CellRun) -> Vec<Value> {
     run.result["broker"].as_array().cloned().unwrap_or_default()
 }
 
-fn sha256_hex(text: &str) -> String {
-    hex::encode(Sha256::digest(text.as_bytes()))
-}
-
 #[test]
 fn a_generated_pdf_lands_in_storage_through_the_broker_while_the_cell_cannot_reach_storage() {
     require_cells!();
@@ -259,12 +254,15 @@ fn a_generated_pdf_lands_in_storage_through_the_broker_while_the_cell_cannot_rea
     let record = &records(&run)[0];
     assert_eq!(record["decision"], "granted");
     assert_eq!(record["action"], "store_case_document");
-    assert_eq!(record["request_sha256"], sha256_hex(&canonical));
+    assert_eq!(record["request_sha256"], common::sha256_hex(&canonical));
     assert_eq!(record["stored_as"], "4821/report.pdf");
     assert_eq!(record["bytes"], PDF_BYTES.len());
     let events = setup.broker_events();
     assert_eq!(events.len(), 1, "{events:?}");
-    assert_eq!(events[0]["body"]["request_sha256"], sha256_hex(&canonical));
+    assert_eq!(
+        events[0]["body"]["request_sha256"],
+        common::sha256_hex(&canonical)
+    );
 }
 
 #[test]

@@ -28,19 +28,6 @@ while not data.endswith(b"\n"):
 print(data.decode().strip())
 "#;
 
-fn sha256_hex(text: &str) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(text.as_bytes()))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 struct Service {
     child: Child,
     dir: tempfile::TempDir,
@@ -50,7 +37,7 @@ struct Service {
 impl Service {
     fn start() -> Service {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
+        let port = common::free_port();
         std::fs::create_dir(dir.path().join("storage")).unwrap();
         std::fs::write(
             dir.path().join("brokered.yaml"),
@@ -74,8 +61,8 @@ tenants = ["alice"]
 schema = {{ type = "object", required = ["case_id", "file_name", "content"] }}
 handler = {{ kind = "store_artifact", directory = "{storage}", name_field = "file_name", group_field = "case_id", encoding = "text" }}
 "#,
-            alice = sha256_hex(ALICE),
-            bob = sha256_hex(BOB),
+            alice = common::sha256_hex(ALICE),
+            bob = common::sha256_hex(BOB),
             storage = dir.path().join("storage").display(),
         );
         std::fs::write(dir.path().join("airlock.toml"), config).unwrap();

@@ -35,14 +35,6 @@ fn run_ok(cmd: &mut Command) {
     );
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A CA and a server certificate for 127.0.0.1 signed by it.
 fn make_certs(dir: &Path) {
     let ec = [
@@ -110,7 +102,7 @@ fn make_certs(dir: &Path) {
 fn start_registry(htpasswd: bool) -> RegistryServer {
     let dir = tempfile::tempdir().unwrap();
     make_certs(dir.path());
-    let port = free_port();
+    let port = common::free_port();
     let storage = dir.path().join("storage");
     let auth = if htpasswd {
         run_ok(

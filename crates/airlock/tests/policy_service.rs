@@ -16,19 +16,6 @@ const AGENT: &str = "agent-key";
 const REVIEWER: &str = "reviewer-key";
 const NOSY: &str = "nosy-key";
 
-fn sha256_hex(text: &str) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(text.as_bytes()))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The agent tenant is an approver too: its own request is still not its to approve.
 const CONFIG: &str = r#"
 [server]
@@ -81,16 +68,16 @@ struct Service {
 impl Service {
     fn start() -> Service {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
+        let port = common::free_port();
         let config = CONFIG
             .replace(
                 "SOCK",
                 &dir.path().join("airlock.sock").display().to_string(),
             )
             .replace("PORT", &port.to_string())
-            .replace("AGENT", &sha256_hex(AGENT))
-            .replace("REVIEWER", &sha256_hex(REVIEWER))
-            .replace("NOSY", &sha256_hex(NOSY));
+            .replace("AGENT", &common::sha256_hex(AGENT))
+            .replace("REVIEWER", &common::sha256_hex(REVIEWER))
+            .replace("NOSY", &common::sha256_hex(NOSY));
         std::fs::write(dir.path().join("airlock.toml"), config).unwrap();
         let child = Command::new(common::airlock_bin())
             .arg("serve")

@@ -14,19 +14,6 @@ const ALICE: &str = "alice-key";
 const BOB: &str = "bob-key";
 const CAROL: &str = "carol-key";
 
-fn sha256_hex(text: &str) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(text.as_bytes()))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 struct Server {
     child: Option<Child>,
     dir: tempfile::TempDir,
@@ -36,7 +23,7 @@ struct Server {
 impl Server {
     fn start() -> Server {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
+        let port = common::free_port();
         std::fs::copy(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/contracts/default.yaml"),
             dir.path().join("small.yaml"),
@@ -64,9 +51,9 @@ runs_per_minute = 2
 max_sessions = 1
 "#,
             sock = dir.path().join("airlock.sock").display(),
-            alice = sha256_hex(ALICE),
-            bob = sha256_hex(BOB),
-            carol = sha256_hex(CAROL),
+            alice = common::sha256_hex(ALICE),
+            bob = common::sha256_hex(BOB),
+            carol = common::sha256_hex(CAROL),
         );
         std::fs::write(dir.path().join("airlock.toml"), config).unwrap();
         let mut server = Server {
@@ -1002,12 +989,12 @@ fn the_examples_db_query_tool_answers_over_the_service() {
         .status()
         .unwrap();
     assert!(copied.success());
-    let port = free_port();
+    let port = common::free_port();
     let mut config = std::fs::read_to_string(dir.path().join("airlock.toml")).unwrap();
     config.push_str(&format!(
         "\n[server]\nlisten = [\"unix:{}\", \"tcp:127.0.0.1:{port}\"]\n[server.tenants.alice]\napi_key_sha256 = [\"{}\"]\n",
         dir.path().join("airlock.sock").display(),
-        sha256_hex(ALICE),
+        common::sha256_hex(ALICE),
     ));
     std::fs::write(dir.path().join("airlock.toml"), config).unwrap();
     let mut server = Server {

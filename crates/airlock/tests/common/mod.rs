@@ -9,6 +9,21 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+/// The lowercase hex sha256 of `bytes` (tenant key hashes, artifact digests).
+pub fn sha256_hex(bytes: impl AsRef<[u8]>) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes.as_ref()))
+}
+
+/// A loopback TCP port free at the moment of the call.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Path of the binary under test.
 pub fn airlock_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_airlock"))

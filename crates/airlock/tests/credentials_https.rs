@@ -10,40 +10,13 @@
 
 mod common;
 
+use common::logging_upstream::LoggingUpstream;
 use common::CellRun;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
-const UPSTREAM_IP: &str = "127.0.0.2";
-
-const SERVER_PY: &str = r#"
-import sys, json, ssl, http.server
-address, cert, key, log = sys.argv[1:5]
-logf = open(log, "a", buffering=1)
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def handle_one(self):
-        n = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(n).decode("latin-1") if n else ""
-        logf.write(json.dumps({"method": self.command, "path": self.path,
-            "headers": [[k, v] for k, v in self.headers.items()], "body": body}) + "\n")
-        data = b"ok\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-    do_GET = do_POST = do_PUT = do_DELETE = handle_one
-    def log_message(self, *a):
-        pass
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain(cert, key)
-srv = http.server.ThreadingHTTPServer((address, 0), H)
-srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-print(srv.server_address[1], flush=True)
-srv.serve_forever()
-"#;
+const UPSTREAM_IP: &str = common::logging_upstream::ADDRESS;
 
 /// A certificate authority made for the test.
 struct TestCa {
@@ -76,57 +49,14 @@ impl TestCa {
     }
 }
 
-/// A logging TLS upstream; killed when dropped.
-struct Upstream {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Upstream {
-    fn start(dir: &Path, name: &str, ca: &TestCa, names: &[&str]) -> Upstream {
-        let script = dir.join("tls_upstream.py");
-        std::fs::write(&script, SERVER_PY).unwrap();
-        let (cert, key) = ca.leaf(names);
-        let cert_file = dir.join(format!("{name}.crt"));
-        let key_file = dir.join(format!("{name}.key"));
-        std::fs::write(&cert_file, cert).unwrap();
-        std::fs::write(&key_file, key).unwrap();
-        let log = dir.join(format!("{name}.jsonl"));
-        let mut child = Command::new(common::upstream::python())
-            .arg(&script)
-            .arg(UPSTREAM_IP)
-            .args([&cert_file, &key_file, &log])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start python3 upstream");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line.trim().parse().expect("upstream port");
-        Upstream { child, port, log }
-    }
-
-    fn raw_log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn requests(&self) -> Vec<Value> {
-        self.raw_log()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A logging TLS upstream with a leaf of `ca` for `names`.
+fn tls_upstream(dir: &Path, name: &str, ca: &TestCa, names: &[&str]) -> LoggingUpstream {
+    let (cert, key) = ca.leaf(names);
+    let cert_file = dir.join(format!("{name}.crt"));
+    let key_file = dir.join(format!("{name}.key"));
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    LoggingUpstream::start(dir, name, Some((&cert_file, &key_file)))
 }
 
 /// The test's directory: the operator config (secret `api` for `api.test`, the test CA
@@ -274,7 +204,7 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
     require_cells!();
     let env = Env::new();
     let all = ["api.test", "evil.test", "plain.test"];
-    let up = Upstream::start(env.dir.path(), "good", &env.ca, &all);
+    let up = tls_upstream(env.dir.path(), "good", &env.ca, &all);
     let port = up.port;
     let contract = format!(
         "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:{port}\", \"evil.test:{port}\", \"plain.test:{port}\"]\n  \
@@ -441,7 +371,7 @@ fn an_upstream_certificate_the_roots_do_not_sign_is_refused_with_a_reason() {
     require_cells!();
     let env = Env::new();
     let stranger = TestCa::new("someone else's CA");
-    let up = Upstream::start(env.dir.path(), "rogue", &stranger, &["rogue.test"]);
+    let up = tls_upstream(env.dir.path(), "rogue", &stranger, &["rogue.test"]);
     let port = up.port;
     let contract = format!(
         "network:\n  mode: allowlist\n  allowed_domains: [\"rogue.test:{port}\"]\n  \

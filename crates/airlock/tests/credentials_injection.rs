@@ -2,101 +2,20 @@
 //! the cell holds a per-run placeholder, the upstream receives the real value only on an
 //! allowed request, and every other use of the placeholder is refused and recorded.
 //!
-//! The upstream is a python3 server on 127.0.0.2 (exempted by the test's operator config)
-//! that logs every request it gets (method, path, headers, body) as JSON lines; `api.test`
+//! The upstream is `common::logging_upstream` on 127.0.0.2 (exempted by the test's
+//! operator config), logging every request it gets; `api.test`
 //! and `evil.test` both map to it through the config's static host map. The secret's
 //! value lives in a file of the test's directory, which no cell can see.
 
 mod common;
 
+use common::logging_upstream::LoggingUpstream as Upstream;
 use common::CellRun;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
-const UPSTREAM_IP: &str = "127.0.0.2";
-
-const SERVER_PY: &str = r#"
-import sys, json, http.server, urllib.parse
-address, log = sys.argv[1], sys.argv[2]
-logf = open(log, "a", buffering=1)
-class H(http.server.BaseHTTPRequestHandler):
-    def handle_one(self):
-        n = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(n).decode("latin-1") if n else ""
-        logf.write(json.dumps({"method": self.command, "path": self.path,
-            "headers": [[k, v] for k, v in self.headers.items()], "body": body}) + "\n")
-        url = urllib.parse.urlparse(self.path)
-        query = urllib.parse.parse_qs(url.query)
-        if url.path.endswith("/redirect"):
-            self.send_response(302)
-            self.send_header("Location", query["to"][0])
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        # A careless service that echoes the credential it was sent.
-        reply = ("echo " + self.headers.get("Authorization", "")) if url.path.endswith("/echo") else "ok"
-        data = (reply + "\n").encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-    do_GET = do_POST = do_PUT = do_DELETE = handle_one
-    def log_message(self, *a):
-        pass
-srv = http.server.ThreadingHTTPServer((address, 0), H)
-print(srv.server_address[1], flush=True)
-srv.serve_forever()
-"#;
-
-/// The logging upstream; killed when dropped.
-struct Upstream {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Upstream {
-    fn start(dir: &Path) -> Upstream {
-        let script = dir.join("logging_upstream.py");
-        std::fs::write(&script, SERVER_PY).unwrap();
-        let log = dir.join("upstream.jsonl");
-        let mut child = Command::new(common::upstream::python())
-            .arg(&script)
-            .arg(UPSTREAM_IP)
-            .arg(&log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start python3 upstream");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line.trim().parse().expect("upstream port");
-        Upstream { child, port, log }
-    }
-
-    fn raw_log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn requests(&self) -> Vec<Value> {
-        self.raw_log()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+const UPSTREAM_IP: &str = common::logging_upstream::ADDRESS;
 
 /// A test's directory: the operator config with one secret `api`, its value file, the
 /// state dir.
@@ -251,7 +170,7 @@ fn denial_reasons(run: &CellRun) -> Vec<String> {
 fn the_upstream_gets_the_value_while_the_cell_only_ever_holds_the_placeholder() {
     require_cells!();
     let env = Env::bearer();
-    let up = Upstream::start(env.dir.path());
+    let up = Upstream::start(env.dir.path(), "upstream", None);
     let port = up.port;
     let script = format!(
         "echo \"seen=$API_TOKEN\"; \
@@ -309,7 +228,7 @@ fn the_upstream_gets_the_value_while_the_cell_only_ever_holds_the_placeholder() 
 fn every_other_use_of_a_placeholder_is_refused_and_recorded() {
     require_cells!();
     let env = Env::bearer();
-    let up = Upstream::start(env.dir.path());
+    let up = Upstream::start(env.dir.path(), "upstream", None);
     let port = up.port;
     let hdr = "-H \"Authorization: Bearer $API_TOKEN\"";
     let attempts = [
@@ -422,7 +341,7 @@ fn every_other_use_of_a_placeholder_is_refused_and_recorded() {
 fn a_placeholder_of_an_ended_run_is_refused() {
     require_cells!();
     let env = Env::bearer();
-    let up = Upstream::start(env.dir.path());
+    let up = Upstream::start(env.dir.path(), "upstream", None);
     let port = up.port;
     let first = env.run(&contract(port), "echo \"$API_TOKEN\"");
     assert_eq!(first.status(), "ok", "{}", first.describe());
@@ -453,7 +372,7 @@ fn a_placeholder_of_an_ended_run_is_refused() {
 fn a_value_the_payload_prints_is_redacted_in_what_airlock_stores() {
     require_cells!();
     let env = Env::bearer();
-    let up = Upstream::start(env.dir.path());
+    let up = Upstream::start(env.dir.path(), "upstream", None);
     let port = up.port;
     // The upstream echoes the credential back: the payload now holds the real value
     // and prints it, with its placeholder.
@@ -515,7 +434,7 @@ fn a_secret_the_operator_did_not_define_or_cannot_read_refuses_the_run() {
 fn plain_http_inside_a_connect_tunnel_gets_the_same_swap_and_refusals() {
     require_cells!();
     let env = Env::bearer();
-    let up = Upstream::start(env.dir.path());
+    let up = Upstream::start(env.dir.path(), "upstream", None);
     let port = up.port;
     let script = format!(
         "curl -s -o /dev/null -w '%{{http_code}}\\n' --max-time 20 --proxytunnel -X POST \
@@ -550,7 +469,7 @@ fn plain_http_inside_a_connect_tunnel_gets_the_same_swap_and_refusals() {
 fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() {
     require_cells!();
     let env = Env::bearer();
-    let up = Upstream::start(env.dir.path());
+    let up = Upstream::start(env.dir.path(), "upstream", None);
     let port = up.port;
     let contract = format!(
         "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:{port}\", \"evil.test:{port}\"]\n  \
@@ -668,7 +587,7 @@ fn provider_env(expires_at_unix: &str) -> (Env, PathBuf) {
 fn a_provider_token_fits_the_deadline_reaches_only_the_upstream_and_is_revoked_at_the_end() {
     require_cells!();
     let (env, revoked) = provider_env("99999999999");
-    let up = Upstream::start(env.dir.path());
+    let up = Upstream::start(env.dir.path(), "upstream", None);
     let port = up.port;
     let contract = format!("{}resources:\n  wall_time_seconds: 30\n", contract(port));
     let script = format!(
@@ -795,7 +714,7 @@ fn only_a_provider_token_may_be_delivered_into_the_env() {
 fn the_service_injects_the_operators_secrets_as_a_cli_run_does() {
     require_cells!();
     let env = Env::bearer();
-    let up = Upstream::start(env.dir.path());
+    let up = Upstream::start(env.dir.path(), "upstream", None);
     let port = up.port;
     // The same operator config, with a [server] naming the contract.
     std::fs::write(env.dir.path().join("api.yaml"), contract(port)).unwrap();

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod host;
+pub mod logging_upstream;
 pub mod upstream;
 
 use serde_json::Value;

@@ -264,17 +264,10 @@ impl Loop<'_> {
     /// A Chat Completions `shell` function call: the `shell_call_output`, as text.
     fn chat_shell_call(&mut self, call_id: &str, arguments: &str) -> String {
         self.outcome.tool_calls += 1;
-        let action = serde_json::from_str::<ShellAction>(arguments)
-            .map_err(|err| format!("the shell action is not valid: {err}"));
-        let output = match action {
-            Ok(action) => self.run_shell(call_id, action),
-            Err(why) => {
-                return json!({"type": "shell_call_output", "call_id": call_id,
-                              "error": crate::schema::bounded(&why, 300)})
-                .to_string();
-            }
-        };
-        match output {
+        let ran = serde_json::from_str::<ShellAction>(arguments)
+            .map_err(|err| format!("the shell action is not valid: {err}"))
+            .and_then(|action| self.run_shell(call_id, action));
+        match ran {
             Ok(output) => {
                 let value = serde_json::to_value(&output).unwrap_or_default();
                 self.toolbox.redacted_value(value).to_string()

@@ -23,6 +23,7 @@ mod runs;
 mod sessions;
 mod state;
 pub mod tenants;
+mod tls;
 
 pub use config::ServerConfig;
 pub use error::ServerError;
@@ -164,6 +165,7 @@ pub fn router(state: Shared) -> Router {
 async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
     let euid_is_root = options.euid_is_root;
     let mcp = options.mcp.take();
+    let tls = tls_acceptor(&options.server, &options.config_dir)?;
     let state = build_state(options)?;
     let mut routes = router(Arc::clone(&state));
     if let Some(mount) = mcp {
@@ -171,7 +173,7 @@ async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
         let mcp = mount(Arc::clone(&state.engine), authenticate).map_err(ServerError::Config)?;
         routes = routes.merge(mcp);
     }
-    let bound = listen::bind(&state.config, euid_is_root).await?;
+    let bound = listen::bind(&state.config, euid_is_root, tls).await?;
     let graceful = Arc::new(hyper_util::server::graceful::GracefulShutdown::new());
     let app = listen::App {
         state: Arc::clone(&state),
@@ -208,6 +210,22 @@ async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
     }
     eprintln!("airlock serve: stopped");
     Ok(())
+}
+
+/// The acceptor of the `tls:` listeners, when the configuration names a certificate and
+/// key (relative paths from the configuration file's directory). Loaded before anything
+/// else starts, so a bad pair is a start-up error, not a failed first handshake.
+fn tls_acceptor(
+    server: &ServerConfig,
+    config_dir: &std::path::Path,
+) -> Result<Option<tokio_rustls::TlsAcceptor>, ServerError> {
+    match (&server.tls_cert_file, &server.tls_key_file) {
+        (Some(cert), Some(key)) => Ok(Some(tls::acceptor(
+            &config_dir.join(cert),
+            &config_dir.join(key),
+        )?)),
+        _ => Ok(None),
+    }
 }
 
 async fn wait_for_signal() -> Result<(), ServerError> {

@@ -4,6 +4,7 @@
 
 pub mod host;
 pub mod logging_upstream;
+pub mod test_ca;
 pub mod upstream;
 
 use serde_json::Value;

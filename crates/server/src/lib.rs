@@ -27,6 +27,7 @@ mod tls;
 
 pub use config::ServerConfig;
 pub use error::ServerError;
+pub use plans::{ImageLease, ImageResolver, LeasedImage};
 
 use airlock_engine::{Engine, EngineConfig, PlanShape};
 use axum::extract::DefaultBodyLimit;
@@ -52,6 +53,8 @@ pub struct ServeOptions {
     pub mcp: Option<McpMount>,
     /// The workload classes and approvals (`POST /v1/runs` with a `class`, `/v1/approvals`).
     pub policy: Option<Arc<dyn approvals::ClassPolicy>>,
+    /// The host's OCI image store, for contracts with an `image`.
+    pub images: Option<Arc<dyn ImageResolver>>,
 }
 
 /// Builds the agent's routes, merged into the service's, from its engine and the
@@ -82,6 +85,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         config_dir,
         engine,
         policy,
+        images,
         ..
     } = options;
     server.check().map_err(ServerError::Config)?;
@@ -89,7 +93,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
     // previous service that died (SIGKILL, a crash) as aborted.
     let store = airlock_store::Store::open(&engine.state_dir)?;
     store.reap_aborted()?;
-    let contracts = plans::Contracts::load(&server, &config_dir)?;
+    let contracts = plans::Contracts::load(&server, &config_dir, images)?;
     let engine = Arc::new(Engine::new(engine));
     let mut pools = BTreeMap::new();
     for (name, size) in &server.pools {

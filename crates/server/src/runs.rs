@@ -10,7 +10,6 @@ use crate::state::{ApiJson, Caller, Shared};
 use crate::tenants::Tenant;
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::PayloadStdin;
-use airlock_contract::CellPlan;
 use airlock_engine::{record, Engine, Refusal, RunRequest};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -38,10 +37,15 @@ pub async fn create_run(
     ApiJson(body): ApiJson<RunBody>,
 ) -> Result<Response, ApiError> {
     let permit = state.admit(&tenant, Work::Run)?;
-    let (plan, class, after_run) = match plan_request(&state, &tenant, body.clone()).await? {
+    let (planned, after_run) = match plan_request(&state, &tenant, body.clone()).await? {
         Ok(planned) => planned,
         Err(answer) => return Ok(answer),
     };
+    let plans::Planned {
+        plan,
+        class,
+        lease: image_lease,
+    } = planned;
     let log = OutputLog::new(state.config.max_stream_bytes)
         .map_err(|e| ApiError::internal("output.spill", e.to_string()))?;
     let (stdout, stderr) = output_pipes(&log)?;
@@ -66,7 +70,8 @@ pub async fn create_run(
     let task_log = Arc::clone(&log);
     let tenant_name = tenant.name.clone();
     tokio::task::spawn_blocking(move || {
-        let (_permit, _guard) = (permit, guard);
+        // The image stays leased until the cell is gone and its record complete.
+        let (_permit, _guard, _image_lease) = (permit, guard, image_lease);
         let (report, secrets, latency, evidence) = run_to_end(&task_state.engine, request);
         match after_run {
             Some(after_run) => after_run(&report, evidence.as_deref()),
@@ -110,7 +115,7 @@ async fn plan_request(
     state: &Shared,
     tenant: &Tenant,
     body: RunBody,
-) -> Result<Result<(CellPlan, String, AfterRun), Response>, ApiError> {
+) -> Result<Result<(plans::Planned, AfterRun), Response>, ApiError> {
     let wanted = Wanted {
         contract: body.contract.as_deref(),
         inline: body.contract_inline.as_ref(),
@@ -120,7 +125,7 @@ async fn plan_request(
     };
     let Some(class) = body.class.as_deref() else {
         return match state.contracts.plan(&wanted, state.inline_allowed(tenant)) {
-            Ok((plan, class)) => Ok(Ok((plan, class, None))),
+            Ok(planned) => Ok(Ok((planned, None))),
             Err(refusal) => Err(record_refusal(state, tenant, &body.argv, refusal).await),
         };
     };
@@ -146,8 +151,11 @@ async fn plan_request(
         Ok(grant) => grant,
         Err(answer) => return Ok(Err(answer)),
     };
-    match plans::plan_of(&grant.contract, &grant.base_dir, class, &wanted) {
-        Ok(plan) => Ok(Ok((plan, class.to_string(), Some(grant.after_run)))),
+    let planned = state
+        .contracts
+        .plan_granted(&grant.contract, &grant.base_dir, class, &wanted);
+    match planned {
+        Ok(planned) => Ok(Ok((planned, Some(grant.after_run)))),
         Err(refusal) => Err(record_refusal(state, tenant, &body.argv, refusal).await),
     }
 }

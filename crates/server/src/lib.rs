@@ -22,6 +22,7 @@ pub mod quota;
 mod runs;
 mod sessions;
 mod state;
+mod stdin_stream;
 pub mod tenants;
 mod tls;
 
@@ -126,6 +127,7 @@ pub fn router(state: Shared) -> Router {
     let max_file = state.config.max_file_bytes;
     Router::new()
         .route("/v1/runs", post(runs::create_run).get(runs::list_runs))
+        .route(stdin_stream::PATH, post(runs::create_streamed_run))
         .route("/v1/runs/{id}", get(runs::get_run))
         .route("/v1/audit/verify", get(runs::verify))
         .route("/v1/approvals", get(approvals::list_approvals))

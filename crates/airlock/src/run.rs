@@ -515,6 +515,29 @@ fn handoff_contract(args: &RunArgs) -> Option<(HandoffContract, PathBuf)> {
     Some((HandoffContract::Text { text, format }, base))
 }
 
+/// The variables of this process's environment that the contract's credentials read,
+/// for the service to resolve as this process would (a contract that does not parse has
+/// none: the service refuses it, saying why).
+fn credential_values(contract: &HandoffContract) -> Vec<(String, String)> {
+    let HandoffContract::Text { text, format } = contract else {
+        return Vec::new();
+    };
+    let parsed = airlock_contract::ContractFormat::from_extension(format)
+        .and_then(|format| airlock_contract::parse_contract(text, format).ok());
+    let Some(parsed) = parsed else {
+        return Vec::new();
+    };
+    parsed
+        .credentials
+        .iter()
+        .filter_map(|c| {
+            std::env::var(&c.from_env)
+                .ok()
+                .map(|v| (c.from_env.clone(), v))
+        })
+        .collect()
+}
+
 /// Hands the run to the service when one listens: `None` when it runs in this process
 /// (no service, one that refuses connections, a run it declines, `--local`), otherwise
 /// the exit code, with the same stderr and result file as a run in this process.
@@ -538,6 +561,7 @@ fn hand_off(args: &RunArgs) -> Option<ExitCode> {
         }
     };
     let (contract, base_dir) = handoff_contract(args)?;
+    let credential_values = credential_values(&contract);
     let request = HandoffRequest {
         contract,
         base_dir,
@@ -545,6 +569,7 @@ fn hand_off(args: &RunArgs) -> Option<ExitCode> {
         env: Vec::new(),
         workload_class: args.workload_class.clone(),
         wall_time_ms: None,
+        credential_values,
     };
     let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
     let stdio = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];

@@ -70,6 +70,10 @@ impl Service {
         }
     }
 
+    fn state_dir(&self) -> &Path {
+        self._state.path()
+    }
+
     fn peers(&self) -> Vec<HandoffPeer> {
         self.gate.peers.lock().unwrap().clone()
     }
@@ -101,6 +105,11 @@ impl Ran {
     }
 }
 
+/// A credential in every client's environment (crates/airlock/tests/handoff.rs's runs
+/// name it through `from_env`).
+const CREDENTIAL_VAR: &str = "AIRLOCK_TEST_HANDOFF_TOKEN";
+const CREDENTIAL_VALUE: &str = "handoff-credential-4f1c9a7e2b";
+
 /// Where a run goes: the service at a socket, or this process with its own store.
 enum Via<'a> {
     Service(&'a Path),
@@ -111,6 +120,8 @@ fn airlock_run(dir: &Path, via: Via<'_>, contract: Option<&str>, argv: &[&str]) 
     let result = dir.join(format!("result-{}.json", unique()));
     let mut cmd = Command::new(common::airlock_bin());
     cmd.current_dir(dir).arg("run").arg("--result").arg(&result);
+    // The client's own environment holds the credential a contract may name.
+    cmd.env(CREDENTIAL_VAR, CREDENTIAL_VALUE);
     match via {
         Via::Service(socket) => cmd.env("AIRLOCK_SOCKET", socket),
         Via::Local(state) => cmd
@@ -273,6 +284,72 @@ fn a_contract_refused_by_policy_ends_alike_handed_over_and_in_process() {
         handed.stderr().contains("contract"),
         "{}",
         handed.describe()
+    );
+}
+
+/// Every file under `dir`, read as bytes, that contains `needle`.
+fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if std::fs::read(&path)
+                .map(|bytes| bytes.windows(needle.len()).any(|w| w == needle.as_bytes()))
+                .unwrap_or(false)
+            {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn a_credential_from_the_clients_environment_is_handed_over_and_redacted_alike() {
+    require_cells!();
+    let contract =
+        format!("credentials:\n  - name: token\n    env: TOKEN\n    from_env: {CREDENTIAL_VAR}\n");
+    let script = format!("test \"$TOKEN\" = {CREDENTIAL_VALUE} && echo match; echo \"$TOKEN\" >&2");
+    let service = Service::start();
+    let dir = tempfile::tempdir().unwrap();
+    let handed = airlock_run(
+        dir.path(),
+        Via::Service(&service.socket),
+        Some(&contract),
+        &["/bin/sh", "-c", &script],
+    );
+    assert_eq!(
+        service.peers().len(),
+        1,
+        "not handed over: {}",
+        handed.describe()
+    );
+    assert_eq!(handed.code(), 0, "{}", handed.describe());
+    assert_eq!(String::from_utf8_lossy(&handed.output.stdout), "match\n");
+    let result = handed.result.to_string();
+    assert!(
+        !result.contains(CREDENTIAL_VALUE),
+        "the result keeps the value: {result}"
+    );
+    assert!(result.contains("[REDACTED]"), "{result}");
+    let kept = files_containing(service.state_dir(), CREDENTIAL_VALUE);
+    assert!(
+        kept.is_empty(),
+        "the service's store keeps the value: {kept:?}"
+    );
+
+    // Ends as it does in the client's process, and a credential the client lacks is
+    // refused alike (exit 125, naming the variable).
+    assert_same_end(Some(&contract), &["/bin/sh", "-c", &script], 0);
+    let missing = "credentials:\n  - name: other\n    env: OTHER\n    from_env: AIRLOCK_TEST_UNSET_CREDENTIAL\n";
+    let refused = assert_same_end(Some(missing), &["/bin/true"], 125);
+    assert!(
+        refused.stderr().contains("AIRLOCK_TEST_UNSET_CREDENTIAL"),
+        "{}",
+        refused.describe()
     );
 }
 

@@ -47,6 +47,6 @@ mod terminal;
 pub use error::CellError;
 pub use protocol::EgressListeners;
 pub use supervisor::{
-    credential_env, run_cell, serve_cell, BeforeStart, EgressSession, EgressSummary, PayloadStdin,
-    RunOptions, ServeMode, ServeOptions, PID1_NAME, TERM_GRACE,
+    credential_env, credential_env_from, run_cell, serve_cell, BeforeStart, EgressSession,
+    EgressSummary, PayloadStdin, RunOptions, ServeMode, ServeOptions, PID1_NAME, TERM_GRACE,
 };

@@ -71,6 +71,11 @@ pub struct HandoffRequest {
     pub workload_class: String,
     /// May only lower the contract's `wall_time_ms`.
     pub wall_time_ms: Option<u64>,
+    /// The client's environment variables that the contract's credentials read
+    /// (`from_env`), as the client has them: the run gets them exactly as a run in the
+    /// client's process would, and its records redact them alike.
+    #[serde(default)]
+    pub credential_values: Vec<(String, String)>,
 }
 
 /// Service -> client.
@@ -353,6 +358,18 @@ pub fn serve_connection(
         }
     };
     let PeerPlan { plan, pins } = loaded;
+    let credentials = airlock_cell::credential_env_from(&plan, |name| {
+        (request.credential_values.iter())
+            .find(|(from_env, _)| from_env == name)
+            .map(|(_, value)| value.clone())
+    });
+    let credentials = match credentials {
+        Ok(credentials) => credentials,
+        Err(err) => {
+            let reply = refuse(err.class(), err.to_string(), Some(&plan), tenant);
+            return write_frame(&stream, &reply, &[]);
+        }
+    };
     let (stdin, stdin_kind) = match classify_stdin(Some(stdin), plan.terminal) {
         Ok(classified) => classified,
         Err(err) => {
@@ -364,7 +381,7 @@ pub fn serve_connection(
     let run = engine.run(RunRequest {
         plan,
         workload_class: request.workload_class.clone(),
-        credentials: Vec::new(),
+        credentials,
         stdin,
         artifacts: None,
         stdout: Some(stdout),
@@ -550,13 +567,10 @@ fn declined(contract: &Contract, base_dir: &Path) -> Option<String> {
     None
 }
 
-/// What the service does not run for a client, once compiled: credentials (taken from
-/// the client's own environment), a terminal (a serving cell has none) and an egress
-/// allowlist (resolved by the client's operator configuration).
+/// What the service does not run for a client, once compiled: a terminal (a serving
+/// cell has none) and an egress allowlist (resolved by the client's operator
+/// configuration).
 fn declined_plan(plan: &CellPlan) -> Option<String> {
-    if !plan.credentials.is_empty() {
-        return Some("a contract with credentials runs in the client's process".into());
-    }
     if plan.terminal {
         return Some("a contract with a terminal runs in the client's process".into());
     }
@@ -708,6 +722,7 @@ mod tests {
             env: Vec::new(),
             workload_class: "default".into(),
             wall_time_ms,
+            credential_values: vec![("API_TOKEN".into(), "value".into())],
         }
     }
 
@@ -738,7 +753,7 @@ mod tests {
     }
 
     #[test]
-    fn terminals_credentials_and_allowlists_are_left_to_the_client() {
+    fn terminals_and_relative_base_directories_are_left_to_the_client() {
         let mut with_terminal = plan();
         assert!(declined_plan(&with_terminal).is_none());
         with_terminal.terminal = true;

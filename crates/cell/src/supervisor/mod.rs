@@ -100,11 +100,20 @@ pub enum PayloadStdin {
 /// Values taken from the supervisor's environment for the plan's credentials. A helper
 /// for the CLI: other callers pass the values they hold.
 pub fn credential_env(plan: &CellPlan) -> Result<Vec<(String, String)>, CellError> {
+    credential_env_from(plan, |name| std::env::var(name).ok())
+}
+
+/// [`credential_env`] with the caller's environment given by `lookup` (a service takes
+/// the values its hand-off client sent from its own environment).
+pub fn credential_env_from(
+    plan: &CellPlan,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>, CellError> {
     plan.credentials
         .iter()
-        .map(|c| match std::env::var(&c.from_env) {
-            Ok(value) => Ok((c.env.clone(), value)),
-            Err(_) => Err(CellError::MissingCredential {
+        .map(|c| match lookup(&c.from_env) {
+            Some(value) => Ok((c.env.clone(), value)),
+            None => Err(CellError::MissingCredential {
                 name: c.name.clone(),
                 from_env: c.from_env.clone(),
             }),

@@ -182,6 +182,30 @@ fn a_named_image_contract_runs_its_entrypoint_through_the_service_and_stays_leas
         "{record}"
     );
 
+    // `airlock run` with the same image contract is handed to the service, which runs
+    // it on the image from its own store (pinned by digest: the same content).
+    let handed = Command::new(common::airlock_bin())
+        .env("AIRLOCK_SOCKET", dir.path().join("airlock.sock"))
+        .args(["run", "-v", "--contract"])
+        .arg(dir.path().join("py.yaml"))
+        .args([
+            "--",
+            "python3",
+            "-c",
+            "import os; print(os.getuid(), os.path.exists('/app/tool.py'))",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let said = common::output_text(&handed);
+    assert!(handed.status.success(), "{said}");
+    assert!(said.contains("handed to the service"), "{said}");
+    assert_eq!(
+        String::from_utf8_lossy(&handed.stdout),
+        "1000 True\n",
+        "{said}"
+    );
+
     // The service holds the named contract's image for as long as it runs.
     let rm = image_rm(state.path(), &reference);
     assert!(

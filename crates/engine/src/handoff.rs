@@ -27,7 +27,7 @@ use airlock_cell::stdin_relay::StdinRecord;
 use airlock_cell::PayloadStdin;
 use airlock_contract::{
     compile, default_contract, parse_contract, read_seccomp_profile, CellPlan, CompileInput,
-    Contract, ContractFormat, EnvVar, EtcEntry, MountPlan, NetworkPlan, HOST_IMAGE,
+    Contract, ContractFormat, EnvVar, EtcEntry, MountPlan, NetworkPlan, ResolvedImage, HOST_IMAGE,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -138,7 +138,24 @@ pub trait HandoffGate: Sync {
     fn named_contract(&self, _name: &str) -> Option<Contract> {
         None
     }
+    /// A client contract's OCI image (pinned by digest, so the same content in any
+    /// store), resolved in the service's own image store and leased for the run; `None`
+    /// when the service cannot serve it (no store, not in it, a reference its policy
+    /// refuses): the client then runs it in its own process with its own store and
+    /// policy.
+    fn image(&self, _reference: &str) -> Option<LeasedImage> {
+        None
+    }
 }
+
+/// A resolved OCI image and the lease that keeps its layers from removal while held.
+pub struct LeasedImage {
+    pub image: ResolvedImage,
+    pub lease: ImageLease,
+}
+
+/// Held while a cell may use an image's layers.
+pub type ImageLease = Box<dyn std::any::Any + Send + Sync>;
 
 /// A gate that admits every peer into no tenant (a single-user host, the benchmarks).
 pub struct AdmitEveryone;
@@ -357,7 +374,12 @@ pub fn serve_connection(
             return write_frame(&stream, &refuse(class, error, Some(&plan), tenant), &[]);
         }
     };
-    let PeerPlan { plan, pins } = loaded;
+    // The image's lease lives until this function returns: the run is over by then.
+    let PeerPlan {
+        plan,
+        pins,
+        image_lease: _image_lease,
+    } = loaded;
     let credentials = airlock_cell::credential_env_from(&plan, |name| {
         (request.credential_values.iter())
             .find(|(from_env, _)| from_env == name)
@@ -481,6 +503,8 @@ fn redacted_plan(plan: &CellPlan, secrets: &[String]) -> Option<Box<CellPlan>> {
 struct PeerPlan {
     plan: CellPlan,
     pins: Vec<OwnedFd>,
+    /// The image's lease, held like the pins until the run is over.
+    image_lease: Option<ImageLease>,
 }
 
 /// Why a request has no plan.
@@ -524,9 +548,18 @@ fn load_as_peer(
             )
         })?,
     };
-    if let Some(why) = declined(&contract, &request.base_dir) {
+    if let Some(why) = declined(&request.base_dir) {
         return Err(Loading::Declined(why));
     }
+    let image = match contract.image == HOST_IMAGE {
+        true => None,
+        false => Some(gate.image(&contract.image).ok_or_else(|| {
+            Loading::Declined(format!(
+                "the service does not have image {} in its store",
+                contract.image
+            ))
+        })?),
+    };
     let loaded = std::thread::scope(|scope| {
         scope
             .spawn(|| {
@@ -536,11 +569,16 @@ fn load_as_peer(
                         format!("taking the client's identity for its paths: {err}"),
                     )
                 })?;
-                compile_as_peer(&contract, request, peer.uid)
+                compile_as_peer(
+                    &contract,
+                    request,
+                    peer.uid,
+                    image.as_ref().map(|i| &i.image),
+                )
             })
             .join()
     });
-    let PeerPlan { mut plan, pins } = loaded.unwrap_or_else(|_| {
+    let PeerPlan { mut plan, pins, .. } = loaded.unwrap_or_else(|_| {
         Err(Loading::Refused(
             ResultClass::RuntimeFault,
             "compiling the contract panicked".into(),
@@ -552,15 +590,16 @@ fn load_as_peer(
     lower_limits(&mut plan, request)
         .map_err(|(class, error)| Loading::RefusedPlan(class, error, Box::new(plan.clone())))?;
     add_env(&mut plan, &request.env);
-    Ok(PeerPlan { plan, pins })
+    Ok(PeerPlan {
+        plan,
+        pins,
+        image_lease: image.map(|leased| leased.lease),
+    })
 }
 
-/// What the service does not run for a client, before compiling: image contracts (the
-/// client's own image store and lease) and relative base directories.
-fn declined(contract: &Contract, base_dir: &Path) -> Option<String> {
-    if contract.image != HOST_IMAGE {
-        return Some("an OCI image contract runs in the client's process".into());
-    }
+/// What the service does not run for a client, before compiling: relative base
+/// directories.
+fn declined(base_dir: &Path) -> Option<String> {
     if !base_dir.is_absolute() {
         return Some("the base directory is not absolute".into());
     }
@@ -586,6 +625,7 @@ fn compile_as_peer(
     contract: &Contract,
     request: &HandoffRequest,
     uid: u32,
+    image: Option<&ResolvedImage>,
 ) -> Result<PeerPlan, Loading> {
     let profile = read_seccomp_profile(contract, &request.base_dir)?;
     let mut plan = compile(
@@ -594,7 +634,7 @@ fn compile_as_peer(
             base_dir: &request.base_dir,
             argv: &request.argv,
             seccomp_profile: profile.as_deref(),
-            image: None,
+            image,
         },
     )?;
     let mut pins = Vec::new();
@@ -633,7 +673,11 @@ fn compile_as_peer(
             error,
             Box::new(plan),
         )),
-        None => Ok(PeerPlan { plan, pins }),
+        None => Ok(PeerPlan {
+            plan,
+            pins,
+            image_lease: None,
+        }),
     }
 }
 
@@ -758,8 +802,8 @@ mod tests {
         assert!(declined_plan(&with_terminal).is_none());
         with_terminal.terminal = true;
         assert!(declined_plan(&with_terminal).is_some());
-        assert!(declined(&default_contract(), Path::new("relative")).is_some());
-        assert!(declined(&default_contract(), Path::new("/abs")).is_none());
+        assert!(declined(Path::new("relative")).is_some());
+        assert!(declined(Path::new("/abs")).is_none());
     }
 
     #[test]

@@ -41,6 +41,10 @@ impl HandoffGate for ServiceGate {
             guard: Box::new(permit),
         })
     }
+
+    fn image(&self, reference: &str) -> Option<airlock_engine::handoff::LeasedImage> {
+        self.state.contracts.leased_image(reference)
+    }
 }
 
 /// What a unix connection's first bytes say it is.

@@ -16,6 +16,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use airlock_engine::handoff::{ImageLease, LeasedImage};
+
 /// The workload class of a run under an inline contract.
 pub const INLINE_CLASS: &str = "inline";
 
@@ -27,15 +29,6 @@ pub trait ImageResolver: Send + Sync {
     /// or why not, with the run's class.
     fn resolve(&self, image: &str) -> Result<LeasedImage, (ResultClass, String)>;
 }
-
-/// A resolved image and its lease.
-pub struct LeasedImage {
-    pub image: ResolvedImage,
-    pub lease: ImageLease,
-}
-
-/// Held while a cell may use the image's layers.
-pub type ImageLease = Box<dyn std::any::Any + Send + Sync>;
 
 struct Named {
     contract: Contract,
@@ -162,6 +155,14 @@ impl Contracts {
             class: chosen.class,
             lease: chosen.own_lease.map(|leased| leased.lease),
         })
+    }
+
+    /// A hand-off client's image, when this service's store has it and its policy
+    /// admits the reference (otherwise the client runs it in its own process).
+    pub fn leased_image(&self, reference: &str) -> Option<LeasedImage> {
+        resolve_image(self.images.as_deref(), reference)
+            .ok()
+            .flatten()
     }
 
     /// The plan of a contract the policy layer generated for a request (a class's), its

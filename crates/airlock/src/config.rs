@@ -3,7 +3,6 @@
 //! docs/config.md; docs/config.schema.json is generated from these types.
 
 use airlock_cell::host_identity::HostIdRange;
-use airlock_contract::DestinationRule;
 use anyhow::{bail, Context};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -318,35 +317,6 @@ impl OperatorConfig {
             .or_else(|| self.store.state_dir.clone())
             .unwrap_or_else(airlock_store::default_state_dir)
     }
-
-    /// Allowlisted destinations this configuration cannot resolve: not an IP literal the
-    /// config allows, no entry of `[egress] resolve` that the pattern matches, and no
-    /// upstream resolver. Every connection to them would fail inside the cell with
-    /// `egress.resolve_failed` while the run looked fine, so such a run is refused.
-    pub fn unresolvable<'a>(&self, destinations: &'a [DestinationRule]) -> Vec<&'a str> {
-        if !self.egress.upstream_resolvers.is_empty() {
-            return Vec::new();
-        }
-        destinations
-            .iter()
-            .map(|d| d.host_pattern.as_str())
-            .filter(|pattern| !self.resolvable(pattern))
-            .collect()
-    }
-
-    fn resolvable(&self, pattern: &str) -> bool {
-        if pattern.parse::<std::net::IpAddr>().is_ok() {
-            return self.egress.allow_ip_literals;
-        }
-        match pattern.strip_prefix("*.") {
-            Some(apex) => self
-                .egress
-                .resolve
-                .keys()
-                .any(|name| name.ends_with(&format!(".{apex}"))),
-            None => self.egress.resolve.contains_key(pattern),
-        }
-    }
 }
 
 /// The JSON Schema of the operator configuration (docs/config.schema.json).
@@ -361,44 +331,6 @@ mod tests {
 
     fn config(text: &str) -> OperatorConfig {
         toml::from_str(text).unwrap()
-    }
-
-    fn rules(patterns: &[&str]) -> Vec<DestinationRule> {
-        patterns
-            .iter()
-            .map(|p| DestinationRule {
-                host_pattern: p.to_string(),
-                ports: vec![443],
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_name_outside_the_host_map_is_unresolvable_without_upstream_resolvers() {
-        let c = config("[egress]\nresolve = { \"api.test\" = \"127.0.0.2\" }\n");
-        let destinations = rules(&["api.test", "other.test", "*.pkg.test"]);
-        assert_eq!(c.unresolvable(&destinations), ["other.test", "*.pkg.test"]);
-    }
-
-    #[test]
-    fn a_wildcard_is_resolvable_when_the_map_has_one_of_its_sub_domains() {
-        let c = config("[egress]\nresolve = { \"a.pkg.test\" = \"127.0.0.2\" }\n");
-        assert!(c.unresolvable(&rules(&["*.pkg.test"])).is_empty());
-        assert_eq!(c.unresolvable(&rules(&["*.a.pkg.test"])), ["*.a.pkg.test"]);
-    }
-
-    #[test]
-    fn upstream_resolvers_resolve_every_name() {
-        let c = config("[egress]\nupstream_resolvers = [\"127.0.0.53:53\"]\n");
-        assert!(c.unresolvable(&rules(&["x.test", "*.y.test"])).is_empty());
-    }
-
-    #[test]
-    fn ip_literals_need_allow_ip_literals() {
-        let denied = config("");
-        assert_eq!(denied.unresolvable(&rules(&["127.0.0.2"])), ["127.0.0.2"]);
-        let allowed = config("[egress]\nallow_ip_literals = true\n");
-        assert!(allowed.unresolvable(&rules(&["127.0.0.2"])).is_empty());
     }
 
     #[test]

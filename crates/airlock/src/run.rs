@@ -223,7 +223,9 @@ fn prepare(
     })?;
     let refuse_plan = |status, error: String| refuse(engine, args, status, error, Some(&plan));
     if let NetworkPlan::Allowlist { destinations } = &plan.network {
-        let unresolvable = config.unresolvable(destinations);
+        let unresolvable = config
+            .egress
+            .unresolvable(destinations.iter().map(|d| d.host_pattern.as_str()));
         if !unresolvable.is_empty() {
             let error = unresolvable_error(&unresolvable, args.config.as_deref());
             return Err(refuse_plan(ResultClass::SandboxUnavailable, error));

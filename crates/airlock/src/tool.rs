@@ -198,7 +198,10 @@ impl Planner for CliPlanner {
         )
         .map_err(refused)?;
         if let airlock_contract::NetworkPlan::Allowlist { destinations } = &plan.network {
-            let unresolvable = self.config.unresolvable(destinations);
+            let unresolvable = self
+                .config
+                .egress
+                .unresolvable(destinations.iter().map(|d| d.host_pattern.as_str()));
             if !unresolvable.is_empty() {
                 return Err(PlanError {
                     class: ResultClass::SandboxUnavailable,

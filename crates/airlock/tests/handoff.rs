@@ -43,13 +43,18 @@ struct Service {
 
 impl Service {
     fn start() -> Service {
+        Service::start_with(Default::default())
+    }
+
+    /// A service whose operator configuration's `[egress]` is `egress`.
+    fn start_with(egress: airlock_egress::EgressConfig) -> Service {
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let state = tempfile::tempdir().unwrap();
         let socket = dir.path().join("airlock.sock");
         let listener = UnixListener::bind(&socket).unwrap();
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let mut config = EngineConfig::new(state.path().to_path_buf(), Default::default());
+        let mut config = EngineConfig::new(state.path().to_path_buf(), egress);
         config.program = common::airlock_bin();
         let engine = Arc::new(Engine::new(config));
         let gate = Arc::new(Doorman::default());
@@ -350,6 +355,70 @@ fn a_credential_from_the_clients_environment_is_handed_over_and_redacted_alike()
         refused.stderr().contains("AIRLOCK_TEST_UNSET_CREDENTIAL"),
         "{}",
         refused.describe()
+    );
+}
+
+#[test]
+fn an_allowlist_is_handed_over_and_resolved_by_the_services_configuration() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    std::fs::write(www.join("hello.txt"), "hello from upstream\n").unwrap();
+    let upstream = common::upstream::Upstream::start(dir.path(), &www, "127.0.0.2", None);
+    let egress = airlock_egress::EgressConfig {
+        resolve: [("api.test".to_string(), "127.0.0.2".parse().unwrap())].into(),
+        exempt_cidrs: vec!["127.0.0.2/32".parse().unwrap()],
+        ..Default::default()
+    };
+    let service = Service::start_with(egress);
+    let contract = format!(
+        "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:{}\"]\n",
+        upstream.port
+    );
+    let fetch = |url: String| {
+        airlock_run(
+            dir.path(),
+            Via::Service(&service.socket),
+            Some(&contract),
+            &["curl", "-fsS", "--max-time", "20", &url],
+        )
+    };
+    let allowed = fetch(format!("http://api.test:{}/hello.txt", upstream.port));
+    assert_eq!(allowed.code(), 0, "{}", allowed.describe());
+    assert_eq!(
+        String::from_utf8_lossy(&allowed.output.stdout),
+        "hello from upstream\n"
+    );
+    assert!(
+        upstream.log().contains("GET /hello.txt"),
+        "{}",
+        upstream.log()
+    );
+    // A name outside the allowlist is refused by the service's proxy, with its reason
+    // in the client's result file.
+    let denied = fetch(format!("http://other.test:{}/hello.txt", upstream.port));
+    assert_ne!(denied.code(), 0, "{}", denied.describe());
+    assert!(
+        denied.result.to_string().contains("egress.not_allowlisted"),
+        "{}",
+        denied.describe()
+    );
+    assert_eq!(service.peers().len(), 2, "both runs were handed over");
+    // An allowlisted name the service's configuration cannot resolve: refused before
+    // any cell, as a run in the client's process would be.
+    let nowhere = airlock_run(
+        dir.path(),
+        Via::Service(&service.socket),
+        Some("network:\n  mode: allowlist\n  allowed_domains: [\"nowhere.test:80\"]\n"),
+        &["/bin/true"],
+    );
+    assert_eq!(nowhere.code(), 125, "{}", nowhere.describe());
+    assert_eq!(nowhere.result["status"], "sandbox_unavailable");
+    assert!(
+        nowhere.stderr().contains("nowhere.test"),
+        "{}",
+        nowhere.describe()
     );
 }
 

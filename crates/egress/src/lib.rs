@@ -67,6 +67,7 @@ pub mod l7;
 mod proxy;
 pub mod reason;
 mod request;
+mod resolvable;
 mod resolver;
 pub mod secrets;
 pub mod sni;

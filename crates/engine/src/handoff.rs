@@ -380,6 +380,10 @@ pub fn serve_connection(
         pins,
         image_lease: _image_lease,
     } = loaded;
+    if let Some(error) = unresolvable(engine, &plan) {
+        let reply = refuse(ResultClass::SandboxUnavailable, error, Some(&plan), tenant);
+        return write_frame(&stream, &reply, &[]);
+    }
     let credentials = airlock_cell::credential_env_from(&plan, |name| {
         (request.credential_values.iter())
             .find(|(from_env, _)| from_env == name)
@@ -607,16 +611,29 @@ fn declined(base_dir: &Path) -> Option<String> {
 }
 
 /// What the service does not run for a client, once compiled: a terminal (a serving
-/// cell has none) and an egress allowlist (resolved by the client's operator
-/// configuration).
+/// cell has none).
 fn declined_plan(plan: &CellPlan) -> Option<String> {
-    if plan.terminal {
-        return Some("a contract with a terminal runs in the client's process".into());
-    }
-    if matches!(plan.network, NetworkPlan::Allowlist { .. }) {
-        return Some("a contract with an egress allowlist runs in the client's process".into());
-    }
-    None
+    plan.terminal
+        .then(|| "a contract with a terminal runs in the client's process".into())
+}
+
+/// An allowlist the service's operator configuration cannot resolve: the run would fail
+/// every connection while it looked fine, so it is refused as `airlock run` refuses it.
+/// The service's configuration is the operator's: it decides how names resolve.
+fn unresolvable(engine: &Engine, plan: &CellPlan) -> Option<String> {
+    let NetworkPlan::Allowlist { destinations } = &plan.network else {
+        return None;
+    };
+    let patterns = destinations.iter().map(|d| d.host_pattern.as_str());
+    let unresolvable = engine.config().egress.unresolvable(patterns);
+    (!unresolvable.is_empty()).then(|| {
+        format!(
+            "egress: the contract allows {}, but the service's operator configuration cannot \
+             resolve it: add the name to `[egress] resolve` or set `[egress] \
+             upstream_resolvers` (docs/config.md)",
+            unresolvable.join(", ")
+        )
+    })
 }
 
 /// On the peer's thread: the seccomp profile read, the plan compiled, and every host

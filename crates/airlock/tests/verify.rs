@@ -1,0 +1,358 @@
+//! `airlock verify`, end to end: the real binary verifies a contract on this host, and a
+//! verifier that can fail: for every check whose control an input can weaken, a test
+//! weakens exactly that control and sees that check, and only that check, fail with a
+//! non-zero exit (docs/verify.md lists the controls no input can weaken).
+
+mod common;
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+/// Every check, as `airlock verify --json` names them.
+const CHECKS: [&str; 16] = [
+    "fs.unmounted_read",
+    "fs.write_outside",
+    "egress.unapproved_domain",
+    "egress.private_address",
+    "host.processes",
+    "host.runtime_socket",
+    "ceiling.processes",
+    "ceiling.memory",
+    "ceiling.disk",
+    "ceiling.output",
+    "ceiling.wall_time",
+    "residue.fresh_run",
+    "artifact.undeclared",
+    "credential.retained",
+    "boundary.exercise",
+    "permitted.smoke",
+];
+
+/// One `airlock verify` in a directory of its own, with its plants under `plant`.
+struct Verification {
+    dir: tempfile::TempDir,
+}
+
+impl Verification {
+    fn new() -> Verification {
+        Verification {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Where verify plants (it creates the directory, and removes it at the end).
+    fn plant(&self) -> PathBuf {
+        self.path("plant")
+    }
+
+    fn state(&self) -> PathBuf {
+        self.path("state")
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.path(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// `airlock verify --json` with `args`, its store and plants of its own, no service.
+    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> (Output, Value) {
+        let out = Command::new(common::airlock_bin())
+            .arg("verify")
+            .arg("--json")
+            .arg("--state-dir")
+            .arg(self.state())
+            .arg("--plant-dir")
+            .arg(self.plant())
+            .args(args)
+            .env("AIRLOCK_SOCKET", "")
+            .envs(env.iter().copied())
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out, json)
+    }
+}
+
+fn verdicts(json: &Value) -> Vec<(String, String)> {
+    json["checks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            (
+                c["check"].as_str().unwrap_or("").to_string(),
+                c["verdict"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+fn failed(json: &Value) -> Vec<String> {
+    verdicts(json)
+        .into_iter()
+        .filter(|(_, v)| v == "fail")
+        .map(|(c, _)| c)
+        .collect()
+}
+
+fn describe(out: &Output, json: &Value) -> String {
+    format!(
+        "exit {:?}\n{}\nstderr: {}",
+        out.status.code(),
+        serde_json::to_string_pretty(json).unwrap_or_default(),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `check` failed, alone, with exit 1; and everything planted is gone.
+fn assert_only_failed(v: &Verification, out: &Output, json: &Value, check: &str) {
+    assert_eq!(failed(json), [check], "{}", describe(out, json));
+    assert_eq!(out.status.code(), Some(1), "{}", describe(out, json));
+    assert!(!v.plant().exists(), "the plants were left behind");
+}
+
+#[test]
+fn every_check_passes_on_the_default_contract_and_the_plants_are_removed() {
+    require_cells!();
+    let v = Verification::new();
+    let junit = v.path("verify.xml");
+    let (out, json) = v.run(
+        &[
+            "--smoke",
+            "echo permitted",
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let names: Vec<String> = verdicts(&json).into_iter().map(|(c, _)| c).collect();
+    assert_eq!(names, CHECKS, "{}", describe(&out, &json));
+    assert!(
+        verdicts(&json).iter().all(|(_, verdict)| verdict == "pass"),
+        "{}",
+        describe(&out, &json)
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out, &json));
+    assert_eq!(json["passed"], true);
+    assert!(
+        json["duration_ms"].as_u64().unwrap() < 30_000,
+        "{}",
+        describe(&out, &json)
+    );
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(
+        xml.contains("tests=\"16\" failures=\"0\" skipped=\"0\""),
+        "{xml}"
+    );
+    assert!(!v.plant().exists(), "the plants were left behind");
+    let pid = json["planted"]["marker_pid"].as_u64().unwrap();
+    let name = json["planted"]["marker_process"].as_str().unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    assert!(
+        !String::from_utf8_lossy(&cmdline).contains(name),
+        "the marker process outlived the verification"
+    );
+    // The verification is in the audit store, in the hash chain.
+    let export = Command::new(common::airlock_bin())
+        .args(["audit", "export", "--state-dir"])
+        .arg(v.state())
+        .output()
+        .unwrap();
+    let export = String::from_utf8_lossy(&export.stdout);
+    let entry = export
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["kind"] == "verify.result")
+        .unwrap_or_else(|| panic!("no verify.result entry in {export}"));
+    assert_eq!(
+        entry["body"]["checks"].as_array().map(Vec::len),
+        Some(16),
+        "{entry}"
+    );
+    assert_eq!(
+        entry["body"]["contract_sha256"], json["contract_sha256"],
+        "{entry}"
+    );
+    let verified = Command::new(common::airlock_bin())
+        .args(["audit", "verify", "--state-dir"])
+        .arg(v.state())
+        .output()
+        .unwrap();
+    assert!(verified.status.success(), "{verified:?}");
+}
+
+#[test]
+fn the_table_says_each_verdict_and_its_evidence() {
+    require_cells!();
+    let v = Verification::new();
+    let out = Command::new(common::airlock_bin())
+        .arg("verify")
+        .arg("--state-dir")
+        .arg(v.state())
+        .env("AIRLOCK_SOCKET", "")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{table}");
+    assert!(
+        table.contains("egress.private_address") && table.contains("endpoint saw 0 connections"),
+        "{table}"
+    );
+    assert!(
+        table.contains("n/a   permitted.smoke"),
+        "no smoke command is not a failure, and said so: {table}"
+    );
+    assert!(table.contains("0 of 16 checks failed"), "{table}");
+}
+
+// ---- a verifier that can fail: one weakened control, one failed check ----
+
+/// A contract mounting `sub` of the plant directory at `/mnt/weak` (the probe looks for
+/// its planted files wherever the contract's inputs show them).
+fn contract_with_input(v: &Verification, sub: &str) -> PathBuf {
+    let source = v.plant().join(sub);
+    v.write(
+        "weak.yaml",
+        &format!(
+            "filesystem:\n  readonly_inputs: [{{ source: {}, target: /mnt/weak }}]\n",
+            source.display()
+        ),
+    )
+}
+
+#[test]
+fn a_contract_mounting_the_markers_directory_fails_the_unmounted_read_check() {
+    require_cells!();
+    let v = Verification::new();
+    let contract = contract_with_input(&v, "marker");
+    let (out, json) = v.run(&["--contract", contract.to_str().unwrap()], &[]);
+    assert_only_failed(&v, &out, &json, "fs.unmounted_read");
+}
+
+/// A contract allowing `name` on the endpoint's port, and an operator configuration that
+/// maps it to the endpoint's address, exempting that address when `exempt`.
+fn egress_weakened(v: &Verification, name: &str, exempt: bool) -> (Output, Value) {
+    let port = common::free_port();
+    let contract = v.write(
+        "weak.yaml",
+        &format!("network:\n  mode: allowlist\n  allowed_domains: [\"{name}:{port}\"]\n"),
+    );
+    let exempt = if exempt { "\"127.0.0.1/32\"" } else { "" };
+    let config = v.write(
+        "airlock.toml",
+        &format!(
+            "[egress]\nresolve = {{ \"{name}\" = \"127.0.0.1\" }}\nexempt_cidrs = [{exempt}]\n"
+        ),
+    );
+    let port = port.to_string();
+    v.run(
+        &[
+            "--contract",
+            contract.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--endpoint-port",
+            &port,
+        ],
+        &[],
+    )
+}
+
+#[test]
+fn allowing_the_unapproved_name_fails_the_unapproved_domain_check() {
+    require_cells!();
+    let v = Verification::new();
+    let (out, json) = egress_weakened(&v, "unapproved.verify.airlock.test", true);
+    assert_only_failed(&v, &out, &json, "egress.unapproved_domain");
+}
+
+#[test]
+fn exempting_the_endpoints_address_fails_the_private_address_check() {
+    require_cells!();
+    let v = Verification::new();
+    let (out, json) = egress_weakened(&v, "private.verify.airlock.test", true);
+    assert_only_failed(&v, &out, &json, "egress.private_address");
+}
+
+#[test]
+fn the_same_name_without_the_exemption_is_refused_as_a_private_address() {
+    require_cells!();
+    let v = Verification::new();
+    let (out, json) = egress_weakened(&v, "private.verify.airlock.test", false);
+    assert_eq!(
+        failed(&json),
+        Vec::<String>::new(),
+        "{}",
+        describe(&out, &json)
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out, &json));
+}
+
+#[test]
+fn a_contract_mounting_the_runtime_socket_fails_the_runtime_socket_check() {
+    require_cells!();
+    let v = Verification::new();
+    let contract = contract_with_input(&v, "runtime");
+    let (out, json) = v.run(&["--contract", contract.to_str().unwrap()], &[]);
+    assert_only_failed(&v, &out, &json, "host.runtime_socket");
+}
+
+#[test]
+fn an_output_allowlist_taking_every_file_fails_the_undeclared_artifact_check() {
+    require_cells!();
+    let v = Verification::new();
+    let contract = v.write(
+        "weak.yaml",
+        "filesystem:\n  writable_paths: [/tmp]\n  output_allowlist: ['tmp/*']\n",
+    );
+    let (out, json) = v.run(&["--contract", contract.to_str().unwrap()], &[]);
+    assert_only_failed(&v, &out, &json, "artifact.undeclared");
+}
+
+#[test]
+fn a_store_without_redaction_fails_the_credential_check() {
+    require_cells!();
+    let v = Verification::new();
+    let (out, json) = v.run(&[], &[("AIRLOCK_TEST_ONLY_DISABLE_REDACTION", "1")]);
+    assert_only_failed(&v, &out, &json, "credential.retained");
+}
+
+#[test]
+fn a_contract_mounting_the_exercise_marker_fails_the_boundary_exercise() {
+    require_cells!();
+    let v = Verification::new();
+    let contract = contract_with_input(&v, "exercise");
+    let (out, json) = v.run(&["--contract", contract.to_str().unwrap()], &[]);
+    assert_only_failed(&v, &out, &json, "boundary.exercise");
+}
+
+#[test]
+fn a_failing_smoke_command_fails_the_permitted_path_check() {
+    require_cells!();
+    let v = Verification::new();
+    let (out, json) = v.run(&["--smoke", "exit 3"], &[]);
+    assert_only_failed(&v, &out, &json, "permitted.smoke");
+}
+
+#[test]
+fn a_plant_directory_that_exists_is_refused_and_left_alone() {
+    let v = Verification::new();
+    std::fs::create_dir(v.plant()).unwrap();
+    std::fs::write(v.plant().join("keep"), "mine").unwrap();
+    let (out, _) = v.run(&[], &[]);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(v.plant().join("keep")).unwrap(),
+        "mine"
+    );
+}

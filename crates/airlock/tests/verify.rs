@@ -356,3 +356,137 @@ fn a_plant_directory_that_exists_is_refused_and_left_alone() {
         "mine"
     );
 }
+
+// ---- a class, and a running service ----
+
+/// An operator configuration with one class, `quick`, whose smoke command is `smoke`.
+fn class_config(v: &Verification, smoke: &str) -> PathBuf {
+    v.write(
+        "airlock.toml",
+        &format!(
+            "[policy.classes.quick]\ndescription = \"quick\"\nsmoke = {smoke}\n\
+             [policy.classes.quick.commands]\nunmatched = \"allow\"\n\
+             [policy.classes.quick.template.resources]\nmemory_mb = 256\n"
+        ),
+    )
+}
+
+#[test]
+fn a_class_is_verified_with_its_own_smoke_command_through_its_policy() {
+    require_cells!();
+    let v = Verification::new();
+    let config = class_config(&v, r#"["/bin/sh", "-c", "echo smoke"]"#);
+    let args = ["--class", "quick", "--config", config.to_str().unwrap()];
+    let (out, json) = v.run(&args, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out, &json));
+    assert!(
+        verdicts(&json).iter().all(|(_, verdict)| verdict == "pass"),
+        "{}",
+        describe(&out, &json)
+    );
+    assert_eq!(json["class"], "quick");
+    // The smoke run was a request of the class: its record names the class.
+    let smoke = json["checks"][15]["runs"][0]["run_id"].as_str().unwrap();
+    let shown = Command::new(common::airlock_bin())
+        .args(["runs", "show", smoke, "--json", "--state-dir"])
+        .arg(v.state())
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("\"workload_class\": \"quick\""), "{shown}");
+}
+
+#[test]
+fn a_class_whose_policy_refuses_its_own_smoke_command_fails_the_permitted_path() {
+    require_cells!();
+    let v = Verification::new();
+    let config = v.write(
+        "airlock.toml",
+        "[policy.classes.quick]\ndescription = \"quick\"\nsmoke = [\"/bin/true\"]\n\
+         [policy.classes.quick.commands]\nunmatched = \"forbidden\"\n",
+    );
+    let args = ["--class", "quick", "--config", config.to_str().unwrap()];
+    let (out, json) = v.run(&args, &[]);
+    assert_only_failed(&v, &out, &json, "permitted.smoke");
+}
+
+/// `airlock serve` on a socket of its own, recording in `state`.
+struct Service {
+    child: std::process::Child,
+    socket: PathBuf,
+}
+
+impl Service {
+    fn start(v: &Verification) -> Service {
+        let socket = v.path("airlock.sock");
+        let config = v.write(
+            "serve.toml",
+            &format!("[server]\nlisten = [\"unix:{}\"]\n", socket.display()),
+        );
+        let child = Command::new(common::airlock_bin())
+            .args(["serve", "--config"])
+            .arg(config)
+            .arg("--state-dir")
+            .arg(v.state())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(v.path("serve.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !socket.exists() || std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "airlock serve did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Service { child, socket }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn through_a_running_service_the_runs_are_handed_off_and_every_check_passes() {
+    require_cells!();
+    let v = Verification::new();
+    let service = Service::start(&v);
+    let out = Command::new(common::airlock_bin())
+        .args(["verify", "--json", "--smoke", "true", "--state-dir"])
+        .arg(v.state())
+        .arg("--plant-dir")
+        .arg(v.plant())
+        .env("AIRLOCK_SOCKET", &service.socket)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out, &json));
+    let via = |check: &str| -> String {
+        let found = json["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == check)
+            .unwrap();
+        found["runs"][0]["via"].as_str().unwrap_or("").to_string()
+    };
+    for check in [
+        "fs.unmounted_read",
+        "egress.private_address",
+        "ceiling.memory",
+        "boundary.exercise",
+        "permitted.smoke",
+    ] {
+        assert_eq!(via(check), "service", "{check}: {}", describe(&out, &json));
+    }
+    // These keep their runs in the client's process, as `airlock run` would.
+    for check in ["artifact.undeclared", "credential.retained"] {
+        assert_eq!(via(check), "this process", "{check}");
+    }
+}

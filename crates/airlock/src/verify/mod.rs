@@ -113,6 +113,7 @@ fn verify_all(args: &VerifyArgs) -> anyhow::Result<bool> {
     std::fs::create_dir(&work)?;
     let mut runner = Runner {
         args,
+        service: service_listening(args),
         target: &target,
         state_dir: config.state_dir(args.state_dir.as_deref()),
         work,
@@ -236,6 +237,10 @@ impl RunOutcome {
 
 struct Runner<'a> {
     args: &'a VerifyArgs,
+    /// An airlock service listens and the runs may be handed to it: `--state-dir` then
+    /// goes only to the runs that stay here (the service records in its own store, which
+    /// must be the one given for the boundary exercise to find its run).
+    service: bool,
     target: &'a Target,
     state_dir: PathBuf,
     work: PathBuf,
@@ -580,11 +585,16 @@ impl Runner<'_> {
         if let Some(config) = &self.args.config {
             cmd.arg("--config").arg(config);
         }
-        if let Some(state_dir) = &self.args.state_dir {
+        // `--output-dir` and `--class`, the only extra options, keep a run here too
+        // (run.rs, `stays_local`).
+        let stays_here = local || self.args.local || !self.service || !extra.is_empty();
+        if let (Some(state_dir), true) = (&self.args.state_dir, stays_here) {
             cmd.arg("--state-dir").arg(state_dir);
         }
-        if let Some(class) = &self.target.class {
-            cmd.args(["--workload-class", class]);
+        // Probe runs fail on purpose: they are kept apart from the figures of real runs
+        // (`airlock stats`). A class's smoke run is a request of the class, and its own.
+        if !extra.iter().any(|arg| arg == "--class") {
+            cmd.args(["--workload-class", output::VERIFY_CLASS]);
         }
         if local || self.args.local {
             cmd.arg("--local");
@@ -609,6 +619,16 @@ impl Runner<'_> {
             supervisor_pid,
         })
     }
+}
+
+/// Whether an airlock service answers where `airlock run` would hand its runs to, and
+/// nothing of this verification keeps them here.
+fn service_listening(args: &VerifyArgs) -> bool {
+    if args.local || args.config.is_some() {
+        return false;
+    }
+    crate::run::service_socket()
+        .is_some_and(|socket| std::os::unix::net::UnixStream::connect(socket).is_ok())
 }
 
 /// What the output says of one run of a check.

@@ -490,3 +490,152 @@ fn through_a_running_service_the_runs_are_handed_off_and_every_check_passes() {
         assert_eq!(via(check), "this process", "{check}");
     }
 }
+
+// ---- periodic verification in `airlock serve` ----
+
+/// `curl` to the service: over its unix socket as the operator (uid 0), or over TCP with
+/// `key`. Returns (HTTP status, body).
+fn curl(socket: &std::path::Path, tcp: Option<(u16, &str)>, args: &[&str]) -> (u16, String) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", "60", "-w", "\n%{http_code}"]);
+    let base = match tcp {
+        Some((port, key)) => {
+            cmd.args(["-H", &format!("Authorization: Bearer {key}")]);
+            format!("http://127.0.0.1:{port}")
+        }
+        None => {
+            cmd.arg("--unix-socket").arg(socket);
+            "http://airlock".to_string()
+        }
+    };
+    let (path, rest) = args.split_first().unwrap();
+    cmd.args(rest).arg(format!("{base}{path}"));
+    let text = String::from_utf8_lossy(&cmd.output().unwrap().stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (status.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn class_run_body(class: &str) -> String {
+    format!(r#"{{"class": "{class}", "argv": ["true"]}}"#)
+}
+
+#[test]
+fn a_service_verifying_its_classes_is_not_ready_and_refuses_a_failed_class_until_acknowledged() {
+    require_cells!();
+    let v = Verification::new();
+    let socket = v.path("airlock.sock");
+    let port = common::free_port();
+    const KEY: &str = "verify-test-tenant-key";
+    let config = v.write(
+        "airlock.toml",
+        &format!(
+            "[server]\nlisten = [\"unix:{}\", \"tcp:127.0.0.1:{port}\"]\n\
+             [server.tenants.alice]\napi_key_sha256 = [\"{}\"]\n\
+             [server.verify]\nclasses = [\"broken\", \"sound\"]\ninterval_s = 3600\n\
+             [policy.classes.broken]\ndescription = \"its smoke command fails\"\n\
+             smoke = [\"/bin/false\"]\n\
+             [policy.classes.broken.commands]\nunmatched = \"allow\"\n\
+             [policy.classes.sound]\ndescription = \"its smoke command succeeds\"\n\
+             smoke = [\"/bin/true\"]\n\
+             [policy.classes.sound.commands]\nunmatched = \"allow\"\n",
+            socket.display(),
+            common::sha256_hex(KEY),
+        ),
+    );
+    let mut child = Command::new(common::airlock_bin())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(v.state())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(v.path("serve.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(v.path("serve.log")).unwrap_or_default();
+    // Until both classes are verified the service is not ready (fail closed).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let metrics = loop {
+        let (_, metrics) = curl(&socket, None, &["/metrics"]);
+        let verified = |class: &str| {
+            metrics.contains(&format!(
+                "airlock_verify_last_run_timestamp_seconds{{class=\"{class}\"}}"
+            )) && !metrics.contains(&format!(
+                "airlock_verify_last_run_timestamp_seconds{{class=\"{class}\"}} 0\n"
+            ))
+        };
+        if verified("broken") && verified("sound") {
+            break metrics;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the classes were not verified: {metrics}\n{}", log());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    };
+    assert!(
+        metrics.contains("airlock_verify_passed{class=\"broken\"} 0\n")
+            && metrics.contains("airlock_verify_passed{class=\"sound\"} 1\n")
+            && metrics.contains("airlock_verify_blocking{class=\"broken\"} 1\n"),
+        "{metrics}"
+    );
+    let (status, body) = curl(&socket, None, &["/readyz"]);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("broken"), "{body}");
+    let post = |class: &str| {
+        let body = class_run_body(class);
+        curl(
+            &socket,
+            None,
+            &[
+                "/v1/runs",
+                "-H",
+                "content-type: application/json",
+                "--data-binary",
+                &body,
+            ],
+        )
+    };
+    let (status, body) = post("broken");
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("verify.failed"), "{body}");
+    let (status, body) = post("sound");
+    assert_eq!(status, 200, "{body}");
+    // Only the operator acknowledges.
+    let ack = ["/v1/verify/broken/ack", "-X", "POST"];
+    let (status, body) = curl(&socket, Some((port, KEY)), &ack);
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("verify.not_operator"), "{body}");
+    let (status, body) = curl(&socket, None, &ack);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = curl(&socket, None, &["/readyz"]);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post("broken");
+    assert_eq!(status, 200, "{body}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn a_schedule_naming_a_class_that_does_not_exist_stops_the_service() {
+    let v = Verification::new();
+    let socket = v.path("airlock.sock");
+    let config = v.write(
+        "airlock.toml",
+        &format!(
+            "[server]\nlisten = [\"unix:{}\"]\n[server.verify]\nclasses = [\"nope\"]\n",
+            socket.display()
+        ),
+    );
+    let out = Command::new(common::airlock_bin())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(v.state())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no workload class nope"),
+        "{out:?}"
+    );
+}

@@ -23,6 +23,7 @@ mod runs;
 mod sessions;
 mod state;
 pub mod tenants;
+pub mod verification;
 
 pub use config::ServerConfig;
 pub use error::ServerError;
@@ -51,6 +52,9 @@ pub struct ServeOptions {
     pub mcp: Option<McpMount>,
     /// The workload classes and approvals (`POST /v1/runs` with a `class`, `/v1/approvals`).
     pub policy: Option<Arc<dyn approvals::ClassPolicy>>,
+    /// The last periodic verification of each class of `[server.verify]`, which the binary
+    /// runs and records here (crates/airlock/src/serve.rs).
+    pub verifications: Arc<verification::Verifications>,
 }
 
 /// Builds the agent's routes, merged into the service's, from its engine and the
@@ -81,6 +85,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         config_dir,
         engine,
         policy,
+        verifications,
         ..
     } = options;
     server.check().map_err(ServerError::Config)?;
@@ -113,6 +118,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         pools,
         config: server,
         policy,
+        verifications,
     }))
 }
 
@@ -125,6 +131,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/audit/verify", get(runs::verify))
         .route("/v1/approvals", get(approvals::list_approvals))
         .route("/v1/approvals/{id}", post(approvals::decide_approval))
+        .route("/v1/verify/{class}/ack", post(verification::acknowledge))
         .route(
             "/v1/sessions",
             post(sessions::create_session).get(sessions::list_sessions),

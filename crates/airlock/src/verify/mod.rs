@@ -10,6 +10,9 @@ mod checks;
 mod derive;
 mod output;
 mod plant;
+mod schedule;
+
+pub use schedule::Schedule;
 
 use crate::config::OperatorConfig;
 use airlock_cell::report::RunReport;

@@ -190,6 +190,9 @@ fn target(args: &VerifyArgs, config: &OperatorConfig) -> anyhow::Result<Target> 
     Ok(target)
 }
 
+/// What a check saw, and its runs.
+type Observed = (Observation, Vec<RunSeen>);
+
 /// How a check's run names its contract.
 enum ContractArg {
     /// The contract under test, as a real run of it would name it.
@@ -269,95 +272,76 @@ impl Runner<'_> {
     }
 
     /// The check's runs and what the host saw of them.
-    fn observe(&mut self, check: Check) -> anyhow::Result<(Observation, Vec<RunSeen>)> {
-        let target = self.target;
-        let contract = &target.contract;
-        let port = self.plants.endpoint_port;
-        let (seen, run) = match check {
-            Check::UnmountedRead => {
-                let paths = self.exposed(&self.plants.marker);
-                let mut argv = vec!["read"];
-                argv.extend(paths.iter().map(String::as_str));
-                let run = self.probe(ContractArg::AsIs, &argv, &[])?;
-                let mut seen = run.observation();
-                seen.secret_found_in = run.holding(&self.plants.marker_content);
-                (seen, run)
-            }
-            Check::WriteOutside => return self.write_outside(),
-            Check::UnapprovedDomain => {
-                let port = port.to_string();
-                let run = self.probe(
-                    ContractArg::AsIs,
-                    &["egress-name", UNAPPROVED_NAME, &port],
-                    &[],
-                )?;
-                self.endpoint_seen(run)
-            }
-            Check::PrivateAddress => {
-                let port = port.to_string();
-                let run = self.probe(
-                    ContractArg::AsIs,
-                    &["egress-private", &port, PRIVATE_NAME],
-                    &[],
-                )?;
-                self.endpoint_seen(run)
-            }
-            Check::HostProcesses => return self.host_processes(),
-            Check::RuntimeSocket => {
-                let paths = self.exposed(&self.plants.socket);
-                let mut argv = vec!["socket"];
-                argv.extend(paths.iter().map(String::as_str));
-                let run = self.probe(ContractArg::AsIs, &argv, &[])?;
-                let mut seen = run.observation();
-                seen.socket_accepts = self.plants.socket_accepts();
-                (seen, run)
-            }
+    fn observe(&mut self, check: Check) -> anyhow::Result<Observed> {
+        match check {
+            Check::UnmountedRead => self.unmounted_read(),
+            Check::WriteOutside => self.write_outside(),
+            Check::UnapprovedDomain => self.egress("egress-name", UNAPPROVED_NAME),
+            Check::PrivateAddress => self.egress("egress-private", PRIVATE_NAME),
+            Check::HostProcesses => self.host_processes(),
+            Check::RuntimeSocket => self.runtime_socket(),
             Check::ProcessCeiling => {
-                let derived = derive::with_processes(contract);
-                let beyond = (derived.resources.process_limit + 4).to_string();
-                let run = self.probe(
-                    ContractArg::Derived(Box::new(derived)),
-                    &["processes-beyond", &beyond],
-                    &[],
-                )?;
-                (run.observation(), run)
+                let derived = derive::with_processes(&self.target.contract);
+                let beyond = derived.resources.process_limit + 4;
+                self.ceiling(derived, &["processes-beyond", &beyond.to_string()])
             }
             Check::MemoryCeiling => {
-                let derived = derive::with_memory(contract);
-                let beyond = (derived.resources.memory_mb + 64).to_string();
-                let run = self.probe(
-                    ContractArg::Derived(Box::new(derived)),
-                    &["memory", &beyond],
-                    &[],
-                )?;
-                (run.observation(), run)
+                let derived = derive::with_memory(&self.target.contract);
+                let beyond = derived.resources.memory_mb + 64;
+                self.ceiling(derived, &["memory", &beyond.to_string()])
             }
-            Check::DiskCeiling => return self.disk(),
+            Check::DiskCeiling => self.disk(),
             Check::OutputCeiling => {
-                let derived = derive::with_output(contract);
-                let beyond = (derived.resources.output_bytes + (128 << 10)).to_string();
-                let run = self.probe(
-                    ContractArg::Derived(Box::new(derived)),
-                    &["flood", &beyond],
-                    &[],
-                )?;
-                (run.observation(), run)
+                let derived = derive::with_output(&self.target.contract);
+                let beyond = derived.resources.output_bytes + (128 << 10);
+                self.ceiling(derived, &["flood", &beyond.to_string()])
             }
             Check::WallTimeCeiling => {
-                let derived = derive::with_wall_time(contract);
-                let run = self.probe(
-                    ContractArg::Derived(Box::new(derived)),
-                    &["sleep", "30"],
-                    &[],
-                )?;
-                (run.observation(), run)
+                let derived = derive::with_wall_time(&self.target.contract);
+                self.ceiling(derived, &["sleep", "30"])
             }
-            Check::Residue => return self.residue(),
-            Check::UndeclaredArtifact => return self.undeclared_artifact(),
-            Check::CredentialRetained => return self.credential(),
-            Check::BoundaryExercise => return self.exercise(),
-            Check::PermittedPath => return self.smoke(),
+            Check::Residue => self.residue(),
+            Check::UndeclaredArtifact => self.undeclared_artifact(),
+            Check::CredentialRetained => self.credential(),
+            Check::BoundaryExercise => self.exercise(),
+            Check::PermittedPath => self.smoke(),
+        }
+    }
+
+    fn ceiling(&mut self, derived: Contract, probe: &[&str]) -> anyhow::Result<Observed> {
+        let run = self.probe(ContractArg::Derived(Box::new(derived)), probe, &[])?;
+        Ok((run.observation(), vec![RunSeen::of(&run)]))
+    }
+
+    fn unmounted_read(&mut self) -> anyhow::Result<Observed> {
+        let paths = self.exposed(&self.plants.marker);
+        let mut argv = vec!["read"];
+        argv.extend(paths.iter().map(String::as_str));
+        let run = self.probe(ContractArg::AsIs, &argv, &[])?;
+        let mut seen = run.observation();
+        seen.secret_found_in = run.holding(&self.plants.marker_content);
+        Ok((seen, vec![RunSeen::of(&run)]))
+    }
+
+    /// `mode` of the probe against `name` and the endpoint's port.
+    fn egress(&mut self, mode: &str, name: &str) -> anyhow::Result<Observed> {
+        let port = self.plants.endpoint_port.to_string();
+        let argv = match mode {
+            "egress-name" => [mode, name, &port],
+            _ => [mode, &port, name],
         };
+        let run = self.probe(ContractArg::AsIs, &argv, &[])?;
+        let (seen, run) = self.endpoint_seen(run);
+        Ok((seen, vec![RunSeen::of(&run)]))
+    }
+
+    fn runtime_socket(&mut self) -> anyhow::Result<Observed> {
+        let paths = self.exposed(&self.plants.socket);
+        let mut argv = vec!["socket"];
+        argv.extend(paths.iter().map(String::as_str));
+        let run = self.probe(ContractArg::AsIs, &argv, &[])?;
+        let mut seen = run.observation();
+        seen.socket_accepts = self.plants.socket_accepts();
         Ok((seen, vec![RunSeen::of(&run)]))
     }
 
@@ -379,7 +363,7 @@ impl Runner<'_> {
         (seen, run)
     }
 
-    fn write_outside(&mut self) -> anyhow::Result<(Observation, Vec<RunSeen>)> {
+    fn write_outside(&mut self) -> anyhow::Result<Observed> {
         let name = format!("airlock-verify-{}", plant::random_hex(6)?);
         let host_target = self.plants.write_target.join(&name);
         let target = self.target;
@@ -395,7 +379,7 @@ impl Runner<'_> {
         Ok((seen, vec![RunSeen::of(&run)]))
     }
 
-    fn host_processes(&mut self) -> anyhow::Result<(Observation, Vec<RunSeen>)> {
+    fn host_processes(&mut self) -> anyhow::Result<Observed> {
         let reversed: String = self.plants.process_marker.chars().rev().collect();
         let ns = |kind: &str| -> anyhow::Result<String> {
             let link = std::fs::read_link(format!("/proc/self/ns/{kind}"))?;
@@ -413,7 +397,7 @@ impl Runner<'_> {
         Ok((seen, vec![RunSeen::of(&run)]))
     }
 
-    fn disk(&mut self) -> anyhow::Result<(Observation, Vec<RunSeen>)> {
+    fn disk(&mut self) -> anyhow::Result<Observed> {
         let Some(derived) = derive::with_disk(&self.target.contract) else {
             return Ok((not_applicable("the contract has no writable path"), vec![]));
         };
@@ -426,7 +410,7 @@ impl Runner<'_> {
         Ok((run.observation(), vec![RunSeen::of(&run)]))
     }
 
-    fn residue(&mut self) -> anyhow::Result<(Observation, Vec<RunSeen>)> {
+    fn residue(&mut self) -> anyhow::Result<Observed> {
         let mut dirs = derive::writable_dirs(&self.target.contract);
         dirs.push("/dev/shm".to_string());
         let name = format!("airlock-verify-residue-{}", plant::random_hex(6)?);
@@ -447,7 +431,7 @@ impl Runner<'_> {
         ))
     }
 
-    fn undeclared_artifact(&mut self) -> anyhow::Result<(Observation, Vec<RunSeen>)> {
+    fn undeclared_artifact(&mut self) -> anyhow::Result<Observed> {
         let dirs = derive::writable_dirs(&self.target.contract);
         if dirs.is_empty() {
             return Ok((not_applicable("the contract has no writable path"), vec![]));
@@ -466,7 +450,7 @@ impl Runner<'_> {
         Ok((seen, vec![RunSeen::of(&run)]))
     }
 
-    fn credential(&mut self) -> anyhow::Result<(Observation, Vec<RunSeen>)> {
+    fn credential(&mut self) -> anyhow::Result<Observed> {
         let value = format!("airlock-verify-credential-{}", plant::random_hex(16)?);
         let derived = derive::with_credential(&self.target.contract);
         let env = [(derive::CREDENTIAL_ENV.to_string(), value.clone())];
@@ -495,7 +479,7 @@ impl Runner<'_> {
         Ok((seen, vec![RunSeen::of(&run)]))
     }
 
-    fn exercise(&mut self) -> anyhow::Result<(Observation, Vec<RunSeen>)> {
+    fn exercise(&mut self) -> anyhow::Result<Observed> {
         let port = self.plants.endpoint_port.to_string();
         let paths = self.exposed(&self.plants.exercise_marker);
         let mut argv = vec!["exercise", port.as_str()];
@@ -513,7 +497,7 @@ impl Runner<'_> {
         Ok((seen, vec![RunSeen::of(&run)]))
     }
 
-    fn smoke(&mut self) -> anyhow::Result<(Observation, Vec<RunSeen>)> {
+    fn smoke(&mut self) -> anyhow::Result<Observed> {
         let Some(argv) = self.target.smoke.clone() else {
             return Ok((
                 not_applicable("no smoke command (--smoke, or the class's `smoke`)"),

@@ -639,3 +639,71 @@ fn a_schedule_naming_a_class_that_does_not_exist_stops_the_service() {
         "{out:?}"
     );
 }
+
+// ---- an image ----
+
+/// The image `name` of scripts/test-images.sh, as an OCI layout imported into `state`;
+/// its pinned reference.
+fn imported(v: &Verification, name: &str) -> String {
+    use airlock_images::layout::{write_layout, NewImage};
+    let tree = common::test_image_trees().join(name);
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.follow_symlinks(false);
+    builder.mode(tar::HeaderMode::Complete);
+    builder.append_dir_all(".", &tree).unwrap();
+    let image = NewImage {
+        name: Some(format!("airlock.test/{name}:1")),
+        layers: vec![builder.into_inner().unwrap()],
+        gzip: false,
+        defaults: Default::default(),
+    };
+    let layout = v.path(&format!("layout-{name}"));
+    write_layout(&layout, &image).unwrap();
+    let out = Command::new(common::airlock_bin())
+        .args(["image", "--state-dir"])
+        .arg(v.state())
+        .arg("import")
+        .arg(&layout)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn an_image_with_python_is_verified_with_the_image_as_the_cells_root() {
+    require_cells!();
+    let v = Verification::new();
+    let reference = imported(&v, "python");
+    let (out, json) = v.run(&["--image", &reference], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out, &json));
+    assert_eq!(json["image"], reference.as_str());
+    assert!(
+        verdicts(&json)
+            .iter()
+            .all(|(check, verdict)| verdict == "pass" || check == "permitted.smoke"),
+        "{}",
+        describe(&out, &json)
+    );
+}
+
+#[test]
+fn an_image_the_probe_cannot_run_in_fails_closed() {
+    require_cells!();
+    let v = Verification::new();
+    let reference = imported(&v, "distroless");
+    let (out, json) = v.run(&["--image", &reference], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out, &json));
+    for check in [
+        "fs.unmounted_read",
+        "egress.private_address",
+        "ceiling.memory",
+        "boundary.exercise",
+    ] {
+        assert!(
+            failed(&json).contains(&check.to_string()),
+            "{check} passed without its probe: {}",
+            describe(&out, &json)
+        );
+    }
+}

@@ -206,6 +206,8 @@ pub struct Observation {
     pub cells_left: usize,
     /// Why the check has nothing to try; set by the planner from the contract alone.
     pub not_applicable: Option<String>,
+    /// For a ceiling check: the declared value and the one the check ran with.
+    pub ceiling_value: Option<String>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -343,10 +345,13 @@ fn ceiling_verdict(ceiling: Ceiling, seen: &Observation) -> Outcome {
     // ceiling in `limits_hit` (docs/contract.md, `process_limit`).
     let hit = report.limit_fired == Some(ceiling) && report.status == ResultClass::CapacityExceeded
         || ceiling == Ceiling::Pids && report.limits_hit.contains(&ceiling);
+    let value = (seen.ceiling_value.as_deref())
+        .map(|v| format!(" ({v})"))
+        .unwrap_or_default();
     if hit {
         (
             Verdict::Pass,
-            format!("{} fired, class {class}", ceiling.as_str()),
+            format!("{} fired, class {class}{value}", ceiling.as_str()),
         )
     } else {
         fail(format!(

@@ -16,7 +16,7 @@ pub use schedule::Schedule;
 
 use crate::config::OperatorConfig;
 use airlock_cell::report::RunReport;
-use airlock_contract::{default_contract, load_contract_file, Contract};
+use airlock_contract::{default_contract, load_contract_file, Contract, Resources};
 use anyhow::Context;
 use checks::{Check, Observation, ProbeOutput, StoredRun, Verdict};
 use clap::Args;
@@ -282,23 +282,31 @@ impl Runner<'_> {
             Check::RuntimeSocket => self.runtime_socket(),
             Check::ProcessCeiling => {
                 let derived = derive::with_processes(&self.target.contract);
-                let beyond = derived.resources.process_limit + 4;
-                self.ceiling(derived, &["processes-beyond", &beyond.to_string()])
+                let (declared, used) = self.values(&derived, |r| r.process_limit);
+                let beyond = (used + 4).to_string();
+                let value = format!("process_limit {declared} declared, {used} verified");
+                self.ceiling(derived, &["processes-beyond", &beyond], value)
             }
             Check::MemoryCeiling => {
                 let derived = derive::with_memory(&self.target.contract);
-                let beyond = derived.resources.memory_mb + 64;
-                self.ceiling(derived, &["memory", &beyond.to_string()])
+                let (declared, used) = self.values(&derived, |r| r.memory_mb);
+                let beyond = (used + 64).to_string();
+                let value = format!("memory_mb {declared} declared, {used} verified");
+                self.ceiling(derived, &["memory", &beyond], value)
             }
             Check::DiskCeiling => self.disk(),
             Check::OutputCeiling => {
                 let derived = derive::with_output(&self.target.contract);
-                let beyond = derived.resources.output_bytes + (128 << 10);
-                self.ceiling(derived, &["flood", &beyond.to_string()])
+                let (declared, used) = self.values(&derived, |r| r.output_bytes);
+                let beyond = (used + (128 << 10)).to_string();
+                let value = format!("output_bytes {declared} declared, {used} verified");
+                self.ceiling(derived, &["flood", &beyond], value)
             }
             Check::WallTimeCeiling => {
                 let derived = derive::with_wall_time(&self.target.contract);
-                self.ceiling(derived, &["sleep", "30"])
+                let (declared, used) = self.values(&derived, |r| r.wall_time_seconds);
+                let value = format!("wall_time_seconds {declared} declared, {used} verified");
+                self.ceiling(derived, &["sleep", "30"], value)
             }
             Check::Residue => self.residue(),
             Check::UndeclaredArtifact => self.undeclared_artifact(),
@@ -308,9 +316,21 @@ impl Runner<'_> {
         }
     }
 
-    fn ceiling(&mut self, derived: Contract, probe: &[&str]) -> anyhow::Result<Observed> {
+    /// A resource of the contract under test, and of the derived contract.
+    fn values(&self, derived: &Contract, of: fn(&Resources) -> i64) -> (i64, i64) {
+        (of(&self.target.contract.resources), of(&derived.resources))
+    }
+
+    fn ceiling(
+        &mut self,
+        derived: Contract,
+        probe: &[&str],
+        value: String,
+    ) -> anyhow::Result<Observed> {
         let run = self.probe(ContractArg::Derived(Box::new(derived)), probe, &[])?;
-        Ok((run.observation(), vec![RunSeen::of(&run)]))
+        let mut seen = run.observation();
+        seen.ceiling_value = Some(value);
+        Ok((seen, vec![RunSeen::of(&run)]))
     }
 
     fn unmounted_read(&mut self) -> anyhow::Result<Observed> {
@@ -402,12 +422,8 @@ impl Runner<'_> {
             return Ok((not_applicable("the contract has no writable path"), vec![]));
         };
         let first = derive::writable_dirs(&derived).remove(0);
-        let run = self.probe(
-            ContractArg::Derived(Box::new(derived)),
-            &["fill", &first],
-            &[],
-        )?;
-        Ok((run.observation(), vec![RunSeen::of(&run)]))
+        let value = format!("{first} filled, at most {} MiB", derive::DISK_MB);
+        self.ceiling(derived, &["fill", &first], value)
     }
 
     fn residue(&mut self) -> anyhow::Result<Observed> {

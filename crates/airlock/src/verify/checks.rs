@@ -254,8 +254,9 @@ pub fn verdict(check: Check, seen: &Observation) -> Outcome {
 fn probe_verdict(seen: &Observation, held: &str) -> Outcome {
     if !seen.probe.done {
         return fail(format!(
-            "the probe did not run to its end (exit {}): nothing was shown",
-            seen.exit_code
+            "the probe did not run to its end (exit {}{}): nothing was shown",
+            seen.exit_code,
+            why_not_run(seen)
         ));
     }
     let reached = seen.probe.reached();
@@ -264,6 +265,17 @@ fn probe_verdict(seen: &Observation, held: &str) -> Outcome {
         return fail(format!("reached: {}", what.join("; ")));
     }
     (Verdict::Pass, format!("{}; {held}", seen.probe.summary()))
+}
+
+/// `, policy_denied: contract: ...`: why a run ended without its probe, when it says.
+fn why_not_run(seen: &Observation) -> String {
+    match &seen.report {
+        Some(report) => match &report.error {
+            Some(error) => format!(", {}: {error}", report.status.as_str()),
+            None => format!(", {}", report.status.as_str()),
+        },
+        None => String::new(),
+    }
 }
 
 fn secret_verdict(seen: &Observation, held: &str) -> Outcome {

@@ -31,7 +31,7 @@ pub struct OperatorConfig {
     pub broker: airlock_broker::BrokerConfig,
 }
 
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ImagesConfig {
     /// Registry for a reference that names none (`tools@sha256:...`), e.g.
@@ -54,7 +54,7 @@ pub struct ImagesConfig {
     pub registries: std::collections::BTreeMap<String, RegistryAccount>,
 }
 
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RegistryAccount {
     pub username: String,

@@ -121,7 +121,7 @@ fn load_plan(
         None
     } else {
         let state_dir = config.state_dir(args.state_dir.as_deref());
-        let (image, lease) = crate::run_image::resolve(&contract.image, config, &state_dir)
+        let (image, lease) = crate::run_image::resolve(&contract.image, &config.images, &state_dir)
             .map_err(|(class, why)| PlanRefusal::Refused(class, why))?;
         Some((image, lease))
     };

@@ -3,7 +3,7 @@
 //! unpacked layers, the merged view's top-level and `/etc` entries and the config's
 //! process defaults, and the lease the run holds for the cell's life.
 
-use crate::config::OperatorConfig;
+use crate::config::ImagesConfig;
 use airlock_cell::report::ResultClass;
 use airlock_contract::{CellIdentity, ImageDefaults, ResolvedImage};
 use airlock_images::merged::{merged_entries, merged_file, MergedKind};
@@ -18,16 +18,16 @@ pub type Refused = (ResultClass, String);
 /// the lease that keeps `airlock image rm` from removing it while the cell lives.
 pub fn resolve(
     image: &str,
-    config: &OperatorConfig,
+    config: &ImagesConfig,
     state_dir: &Path,
 ) -> Result<(ResolvedImage, Lease), Refused> {
-    let registry = config.images.default_registry.as_deref();
+    let registry = config.default_registry.as_deref();
     // A reference the operator's policy refuses (unpinned, malformed) is the contract's
     // fault: policy_denied. An image this host lacks is sandbox_unavailable, like an
     // allowlisted name the configuration cannot resolve: the run could work elsewhere.
     let denied = |e: ImageError| (ResultClass::PolicyDenied, format!("image: {e}"));
     let reference = ImageRef::parse(image, registry).map_err(denied)?;
-    airlock_images::registry::check_pinned(&reference, config.images.allow_tags).map_err(denied)?;
+    airlock_images::registry::check_pinned(&reference, config.allow_tags).map_err(denied)?;
     let unavailable = |e: ImageError| {
         (
             ResultClass::SandboxUnavailable,
@@ -38,9 +38,9 @@ pub fn resolve(
             ),
         )
     };
-    let store = ImageStore::open(state_dir, config.images.limits()).map_err(unavailable)?;
+    let store = ImageStore::open(state_dir, config.limits()).map_err(unavailable)?;
     let record = store
-        .resolve(&reference, config.images.allow_tags)
+        .resolve(&reference, config.allow_tags)
         .map_err(unavailable)?;
     let lease = store.lease(&record).map_err(unavailable)?;
     let layers = store.layer_dirs(&record).map_err(unavailable)?;

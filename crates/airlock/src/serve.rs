@@ -38,6 +38,10 @@ fn start(args: ServeArgs) -> anyhow::Result<()> {
     let server = std::mem::take(&mut config.server);
     let verifications = std::sync::Arc::new(airlock_server::verification::Verifications::default());
     let state_dir = engine.state_dir.clone();
+    let images = std::sync::Arc::new(HostImages {
+        images: config.images.clone(),
+        state_dir: state_dir.clone(),
+    });
     let policy = crate::approvals::ServicePolicy {
         classes: crate::class::load_classes(&config, args.config.as_deref())?,
         approvers: config.policy.approvers.clone(),
@@ -79,8 +83,29 @@ fn start(args: ServeArgs) -> anyhow::Result<()> {
         mcp: Some(mcp),
         policy: Some(std::sync::Arc::new(policy)),
         verifications,
+        images: Some(images),
     })?;
     Ok(())
+}
+
+/// The state directory's image store, read as `airlock run` reads it (the `[images]`
+/// configuration: default registry, tags, unpacker limits).
+struct HostImages {
+    images: crate::config::ImagesConfig,
+    state_dir: PathBuf,
+}
+
+impl airlock_server::ImageResolver for HostImages {
+    fn resolve(
+        &self,
+        image: &str,
+    ) -> Result<airlock_server::LeasedImage, (airlock_cell::report::ResultClass, String)> {
+        let (image, lease) = crate::run_image::resolve(image, &self.images, &self.state_dir)?;
+        Ok(airlock_server::LeasedImage {
+            image,
+            lease: Box::new(lease),
+        })
+    }
 }
 
 /// Whether this process's effective uid is 0 (from /proc/self/status: no libc call).

@@ -182,7 +182,7 @@ impl Planner for CliPlanner {
         let resolved = match contract.image == airlock_contract::HOST_IMAGE {
             true => None,
             false => Some(
-                crate::run_image::resolve(&contract.image, &self.config, &self.state_dir)
+                crate::run_image::resolve(&contract.image, &self.config.images, &self.state_dir)
                     .map_err(|(class, detail)| PlanError { class, detail })?,
             ),
         };

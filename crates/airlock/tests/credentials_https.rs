@@ -11,43 +11,13 @@
 mod common;
 
 use common::logging_upstream::LoggingUpstream;
+use common::test_ca::TestCa;
 use common::CellRun;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 const UPSTREAM_IP: &str = common::logging_upstream::ADDRESS;
-
-/// A certificate authority made for the test.
-struct TestCa {
-    certificate: rcgen::Certificate,
-    key: rcgen::KeyPair,
-}
-
-impl TestCa {
-    fn new(name: &str) -> TestCa {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::new()).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let certificate = params.self_signed(&key).unwrap();
-        TestCa { certificate, key }
-    }
-
-    /// A server certificate for `names` and its key, PEM.
-    fn leaf(&self, names: &[&str]) -> (String, String) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let params =
-            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        let certificate = params
-            .signed_by(&key, &self.certificate, &self.key)
-            .unwrap();
-        (certificate.pem(), key.serialize_pem())
-    }
-}
 
 /// A logging TLS upstream with a leaf of `ca` for `names`.
 fn tls_upstream(dir: &Path, name: &str, ca: &TestCa, names: &[&str]) -> LoggingUpstream {
@@ -74,7 +44,7 @@ impl Env {
         let dir = tempfile::tempdir().unwrap();
         let ca = TestCa::new("airlock test CA");
         let ca_file = dir.path().join("test-ca.pem");
-        std::fs::write(&ca_file, ca.certificate.pem()).unwrap();
+        std::fs::write(&ca_file, ca.certificate_pem()).unwrap();
         let value = format!("sk-real-{}-{}", std::process::id(), nanos());
         let value_file = dir.path().join("api-token");
         std::fs::write(&value_file, format!("{value}\n")).unwrap();
@@ -212,8 +182,7 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
          secrets:\n  - {{ name: api, env: API_TOKEN }}\n\
          env:\n  TEST_CA: |\n{}",
         env.ca
-            .certificate
-            .pem()
+            .certificate_pem()
             .lines()
             .map(|l| format!("    {l}\n"))
             .collect::<String>()

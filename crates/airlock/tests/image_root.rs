@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::images::tree_layer;
+
 use airlock_images::layout::{write_layout, NewImage};
 use airlock_images::oci::ProcessDefaults;
 use std::io::Write;
@@ -51,14 +53,6 @@ fn extra_layer() -> Vec<u8> {
     std::fs::create_dir(dir.path().join("layer2")).unwrap();
     std::fs::write(dir.path().join("layer2/marker"), "top layer\n").unwrap();
     tree_layer(dir.path())
-}
-
-fn tree_layer(tree: &Path) -> Vec<u8> {
-    let mut builder = tar::Builder::new(Vec::new());
-    builder.follow_symlinks(false);
-    builder.mode(tar::HeaderMode::Complete);
-    builder.append_dir_all(".", tree).unwrap();
-    builder.into_inner().unwrap()
 }
 
 /// Imports the layout into `state`; the pinned reference.

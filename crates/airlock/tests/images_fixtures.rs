@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::images::tree_layer;
+
 use airlock_images::layout::{write_layout, NewImage};
 use airlock_images::oci::ProcessDefaults;
 use std::io::Write;
@@ -36,15 +38,6 @@ fn test_images(out: &Path) -> PathBuf {
         write_layout(&out.join(name), &image).unwrap();
     }
     out.to_path_buf()
-}
-
-/// A layer of a directory tree: symlinks as symlinks, owners, modes and times kept.
-fn tree_layer(tree: &Path) -> Vec<u8> {
-    let mut builder = tar::Builder::new(Vec::new());
-    builder.follow_symlinks(false);
-    builder.mode(tar::HeaderMode::Complete);
-    builder.append_dir_all(".", tree).unwrap();
-    builder.into_inner().unwrap()
 }
 
 /// Imports the layout and returns the (single) unpacked layer's directory.

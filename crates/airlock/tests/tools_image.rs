@@ -4,44 +4,9 @@
 
 mod common;
 
-use airlock_images::layout::{write_layout, NewImage};
-use airlock_images::oci::ProcessDefaults;
+use common::images::python_image;
 use serde_json::{json, Value};
-use std::path::Path;
 use std::process::Command;
-
-fn tree_layer(tree: &Path) -> Vec<u8> {
-    let mut builder = tar::Builder::new(Vec::new());
-    builder.follow_symlinks(false);
-    builder.mode(tar::HeaderMode::Complete);
-    builder.append_dir_all(".", tree).unwrap();
-    builder.into_inner().unwrap()
-}
-
-/// The Python test image imported into `state`: its pinned reference.
-fn python_image(state: &Path, layouts: &Path) -> String {
-    let image = NewImage {
-        name: Some("airlock.test/python:1".into()),
-        layers: vec![tree_layer(&common::test_image_trees().join("python"))],
-        gzip: false,
-        defaults: ProcessDefaults {
-            user: Some("1000:1000".into()),
-            entrypoint: Some(vec!["python3".into(), "/app/tool.py".into()]),
-            working_dir: Some("/app".into()),
-            ..Default::default()
-        },
-    };
-    write_layout(&layouts.join("python"), &image).unwrap();
-    let out = Command::new(common::airlock_bin())
-        .args(["image", "--state-dir"])
-        .arg(state)
-        .arg("import")
-        .arg(layouts.join("python"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", common::output_text(&out));
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
 
 #[test]
 fn a_tool_without_a_command_runs_its_images_entrypoint() {

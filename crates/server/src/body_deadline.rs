@@ -2,7 +2,9 @@
 //! whole within that time of the request's head. A client that sends it slowly, or
 //! stops, is answered 408 (`request.body_timeout`) and its connection closed, so it
 //! holds a task for at most that long and never a cell: no route starts a cell before
-//! its body is whole (every handler takes its body as one buffered value).
+//! its body is whole (every handler takes its body as one buffered value), except
+//! `POST /v1/runs/stream`, whose body after its JSON line is the payload's stdin: it
+//! bounds that line itself and its stdin is under the run's deadline (stdin_stream.rs).
 
 use crate::error::ApiError;
 use axum::body::Body;
@@ -21,6 +23,9 @@ pub async fn bound_body(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
+    if request.uri().path() == crate::stdin_stream::PATH {
+        return next.run(request).await;
+    }
     let fired = Arc::new(AtomicBool::new(false));
     let request = request.map(|inner| {
         Body::new(Timed {

@@ -9,10 +9,19 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
-    /// `unix:/path/to.sock` and `tcp:127.0.0.1:8420` listeners. Empty: one unix socket
-    /// at `/run/airlock/airlock.sock` as root, `$XDG_RUNTIME_DIR/airlock/airlock.sock`
-    /// otherwise.
+    /// `unix:/path/to.sock`, `tcp:127.0.0.1:8420` and `tls:0.0.0.0:8443` listeners. Empty:
+    /// one unix socket at `/run/airlock/airlock.sock` as root,
+    /// `$XDG_RUNTIME_DIR/airlock/airlock.sock` otherwise. A plain `tcp:` listener must be
+    /// on a loopback address unless `allow_plaintext_tcp` is set.
     pub listen: Vec<String>,
+    /// The certificate chain (PEM) of every `tls:` listener; a relative path is taken
+    /// from the configuration file's directory.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM, PKCS#8, PKCS#1 or SEC1) of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+    /// Lets a plain `tcp:` listener bind a non-loopback address: only for a proxy in
+    /// front that terminates TLS, since API keys travel in a request header.
+    pub allow_plaintext_tcp: bool,
     /// The tenant of connections on the unix socket from uid 0 (it sees every tenant's
     /// runs and sessions).
     pub operator_tenant: String,
@@ -70,6 +79,9 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             listen: Vec::new(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            allow_plaintext_tcp: false,
             operator_tenant: "operator".into(),
             tenants: BTreeMap::new(),
             contracts: BTreeMap::new(),
@@ -125,10 +137,12 @@ impl Default for TenantConfig {
 pub enum Listen {
     Unix(PathBuf),
     Tcp(std::net::SocketAddr),
+    /// TCP with TLS (the `tls_cert_file` and `tls_key_file` pair).
+    Tls(std::net::SocketAddr),
 }
 
 impl Listen {
-    /// `unix:PATH` (absolute) or `tcp:ADDR:PORT`.
+    /// `unix:PATH` (absolute), `tcp:ADDR:PORT` or `tls:ADDR:PORT`.
     pub fn parse(text: &str) -> Result<Listen, String> {
         if let Some(path) = text.strip_prefix("unix:") {
             let path = PathBuf::from(path);
@@ -143,8 +157,14 @@ impl Listen {
                 .map(Listen::Tcp)
                 .map_err(|err| format!("{text}: {err}"));
         }
+        if let Some(addr) = text.strip_prefix("tls:") {
+            return addr
+                .parse()
+                .map(Listen::Tls)
+                .map_err(|err| format!("{text}: {err}"));
+        }
         Err(format!(
-            "{text}: a listener is `unix:PATH` or `tcp:ADDR:PORT`"
+            "{text}: a listener is `unix:PATH`, `tcp:ADDR:PORT` or `tls:ADDR:PORT`"
         ))
     }
 }
@@ -163,6 +183,30 @@ pub fn default_socket(euid_is_root: bool) -> PathBuf {
 }
 
 impl ServerConfig {
+    /// A listener's transport against the rules: TLS needs its certificate and key, and
+    /// plain TCP stays on loopback unless the operator says TLS ends in front of it.
+    fn check_transport(&self, text: &str, listen: &Listen) -> Result<(), String> {
+        match listen {
+            Listen::Unix(_) => Ok(()),
+            Listen::Tls(_) if self.tls_cert_file.is_none() || self.tls_key_file.is_none() => {
+                Err(format!(
+                    "server.listen: {text}: a tls: listener needs server.tls_cert_file and \
+                     server.tls_key_file"
+                ))
+            }
+            Listen::Tls(_) => Ok(()),
+            Listen::Tcp(addr) if !addr.ip().is_loopback() && !self.allow_plaintext_tcp => {
+                Err(format!(
+                    "server.listen: {text}: plain TCP off loopback would carry API keys in \
+                     clear; listen on tls:{addr} with server.tls_cert_file and \
+                     server.tls_key_file (or set server.allow_plaintext_tcp when a proxy in \
+                     front terminates TLS)"
+                ))
+            }
+            Listen::Tcp(_) => Ok(()),
+        }
+    }
+
     /// Every bound and reference checked: listeners parse, pools name contracts, key
     /// hashes are sha256 hex, no uid or key belongs to two tenants.
     pub fn check(&self) -> Result<(), String> {
@@ -170,7 +214,11 @@ impl ServerConfig {
             return Err("server.verify.interval_s: must be at least 60".into());
         }
         for listen in &self.listen {
-            Listen::parse(listen).map_err(|e| format!("server.listen: {e}"))?;
+            let parsed = Listen::parse(listen).map_err(|e| format!("server.listen: {e}"))?;
+            self.check_transport(listen, &parsed)?;
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return Err("server.tls_cert_file and server.tls_key_file: set both or neither".into());
         }
         for name in self.pools.keys() {
             if !self.contracts.contains_key(name) {
@@ -245,8 +293,53 @@ mod tests {
             Listen::parse("tcp:127.0.0.1:8420"),
             Ok(Listen::Tcp("127.0.0.1:8420".parse().unwrap()))
         );
+        assert_eq!(
+            Listen::parse("tls:[::]:8443"),
+            Ok(Listen::Tls("[::]:8443".parse().unwrap()))
+        );
         assert!(Listen::parse("unix:rel.sock").is_err());
         assert!(Listen::parse("http://x.test").is_err());
+        assert!(Listen::parse("tls:x.test:8443").is_err());
+    }
+
+    fn listening_on(listen: &str) -> ServerConfig {
+        ServerConfig {
+            listen: vec![listen.into()],
+            ..ServerConfig::default()
+        }
+    }
+
+    #[test]
+    fn plain_tcp_off_loopback_is_refused_unless_tls_ends_in_front() {
+        for loopback in ["tcp:127.0.0.1:8420", "tcp:127.9.0.1:1", "tcp:[::1]:8420"] {
+            listening_on(loopback).check().unwrap();
+        }
+        for open in ["tcp:0.0.0.0:8420", "tcp:10.0.0.5:8420", "tcp:[::]:8420"] {
+            let err = listening_on(open).check().unwrap_err();
+            assert!(err.contains("API keys in clear"), "{open}: {err}");
+            assert!(err.contains("server.allow_plaintext_tcp"), "{err}");
+        }
+        let mut proxied = listening_on("tcp:0.0.0.0:8420");
+        proxied.allow_plaintext_tcp = true;
+        proxied.check().unwrap();
+    }
+
+    #[test]
+    fn a_tls_listener_needs_its_certificate_and_key() {
+        let mut config = listening_on("tls:0.0.0.0:8443");
+        let err = config.check().unwrap_err();
+        assert!(err.contains("needs server.tls_cert_file and server.tls_key_file"));
+        config.tls_cert_file = Some("cert.pem".into());
+        assert!(config.check().unwrap_err().contains("needs"));
+        config.tls_key_file = Some("key.pem".into());
+        config.check().unwrap();
+        let mut half = ServerConfig {
+            tls_key_file: Some("key.pem".into()),
+            ..ServerConfig::default()
+        };
+        assert!(half.check().unwrap_err().contains("set both or neither"));
+        half.tls_cert_file = Some("cert.pem".into());
+        half.check().unwrap();
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub enum ServerError {
         listen: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsSetupError),
     #[error("audit store: {0}")]
     Store(#[from] airlock_store::StoreError),
     #[error("engine: {0}")]

@@ -22,11 +22,14 @@ pub mod quota;
 mod runs;
 mod sessions;
 mod state;
+mod stdin_stream;
 pub mod tenants;
+mod tls;
 pub mod verification;
 
 pub use config::ServerConfig;
 pub use error::ServerError;
+pub use plans::{ImageLease, ImageResolver, LeasedImage};
 
 use airlock_engine::{Engine, EngineConfig, PlanShape};
 use axum::extract::DefaultBodyLimit;
@@ -55,6 +58,8 @@ pub struct ServeOptions {
     /// The last periodic verification of each class of `[server.verify]`, which the binary
     /// runs and records here (crates/airlock/src/serve.rs).
     pub verifications: Arc<verification::Verifications>,
+    /// The host's OCI image store, for contracts with an `image`.
+    pub images: Option<Arc<dyn ImageResolver>>,
 }
 
 /// Builds the agent's routes, merged into the service's, from its engine and the
@@ -86,6 +91,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         engine,
         policy,
         verifications,
+        images,
         ..
     } = options;
     server.check().map_err(ServerError::Config)?;
@@ -93,7 +99,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
     // previous service that died (SIGKILL, a crash) as aborted.
     let store = airlock_store::Store::open(&engine.state_dir)?;
     store.reap_aborted()?;
-    let contracts = plans::Contracts::load(&server, &config_dir)?;
+    let contracts = plans::Contracts::load(&server, &config_dir, images)?;
     let engine = Arc::new(Engine::new(engine));
     let mut pools = BTreeMap::new();
     for (name, size) in &server.pools {
@@ -127,6 +133,7 @@ pub fn router(state: Shared) -> Router {
     let max_file = state.config.max_file_bytes;
     Router::new()
         .route("/v1/runs", post(runs::create_run).get(runs::list_runs))
+        .route(stdin_stream::PATH, post(runs::create_streamed_run))
         .route("/v1/runs/{id}", get(runs::get_run))
         .route("/v1/audit/verify", get(runs::verify))
         .route("/v1/approvals", get(approvals::list_approvals))
@@ -171,6 +178,7 @@ pub fn router(state: Shared) -> Router {
 async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
     let euid_is_root = options.euid_is_root;
     let mcp = options.mcp.take();
+    let tls = tls_acceptor(&options.server, &options.config_dir)?;
     let state = build_state(options)?;
     let mut routes = router(Arc::clone(&state));
     if let Some(mount) = mcp {
@@ -178,7 +186,7 @@ async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
         let mcp = mount(Arc::clone(&state.engine), authenticate).map_err(ServerError::Config)?;
         routes = routes.merge(mcp);
     }
-    let bound = listen::bind(&state.config, euid_is_root).await?;
+    let bound = listen::bind(&state.config, euid_is_root, tls).await?;
     let graceful = Arc::new(hyper_util::server::graceful::GracefulShutdown::new());
     let app = listen::App {
         state: Arc::clone(&state),
@@ -215,6 +223,22 @@ async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
     }
     eprintln!("airlock serve: stopped");
     Ok(())
+}
+
+/// The acceptor of the `tls:` listeners, when the configuration names a certificate and
+/// key (relative paths from the configuration file's directory). Loaded before anything
+/// else starts, so a bad pair is a start-up error, not a failed first handshake.
+fn tls_acceptor(
+    server: &ServerConfig,
+    config_dir: &std::path::Path,
+) -> Result<Option<tokio_rustls::TlsAcceptor>, ServerError> {
+    match (&server.tls_cert_file, &server.tls_key_file) {
+        (Some(cert), Some(key)) => Ok(Some(tls::acceptor(
+            &config_dir.join(cert),
+            &config_dir.join(key),
+        )?)),
+        _ => Ok(None),
+    }
 }
 
 async fn wait_for_signal() -> Result<(), ServerError> {

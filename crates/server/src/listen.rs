@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio_rustls::TlsAcceptor;
 
 /// What serving a connection needs.
 #[derive(Clone)]
@@ -31,6 +32,7 @@ pub struct App {
 pub enum Bound {
     Unix(UnixListener, std::path::PathBuf),
     Tcp(TcpListener),
+    Tls(TcpListener, TlsAcceptor),
 }
 
 /// Binds a unix socket: its directory is created (0755), a stale socket nobody listens on
@@ -64,7 +66,12 @@ fn bind_unix(path: &Path, euid_is_root: bool) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
-pub async fn bind(config: &ServerConfig, euid_is_root: bool) -> Result<Vec<Bound>, ServerError> {
+/// Binds every listener of the configuration; `tls` is the acceptor of its `tls:` ones.
+pub async fn bind(
+    config: &ServerConfig,
+    euid_is_root: bool,
+    tls: Option<TlsAcceptor>,
+) -> Result<Vec<Bound>, ServerError> {
     let listen: Vec<String> = if config.listen.is_empty() {
         vec![format!(
             "unix:{}",
@@ -88,6 +95,14 @@ pub async fn bind(config: &ServerConfig, euid_is_root: bool) -> Result<Vec<Bound
                 let listener = TcpListener::bind(addr).await.map_err(err)?;
                 bound.push(Bound::Tcp(listener));
             }
+            Listen::Tls(addr) => {
+                // ServerConfig::check refuses a tls: listener without the pair.
+                let acceptor = tls.clone().ok_or_else(|| {
+                    ServerError::Config(format!("server.listen: {text}: no certificate"))
+                })?;
+                let listener = TcpListener::bind(addr).await.map_err(err)?;
+                bound.push(Bound::Tls(listener, acceptor));
+            }
         }
     }
     Ok(bound)
@@ -110,6 +125,18 @@ impl App {
 
     fn serve_tcp_connection(&self, stream: TcpStream) {
         self.serve(TokioIo::new(stream), Peer::Tcp);
+    }
+
+    /// The handshake is bounded like a request head: a client that never finishes it
+    /// holds a task until `header_timeout`, never a worker or a cell.
+    fn serve_tls_connection(&self, stream: TcpStream, acceptor: TlsAcceptor) {
+        let app = self.clone();
+        tokio::spawn(async move {
+            let handshake = tokio::time::timeout(app.header_timeout, acceptor.accept(stream));
+            if let Ok(Ok(stream)) = handshake.await {
+                app.serve(TokioIo::new(stream), Peer::Tcp);
+            }
+        });
     }
 
     fn serve<I>(&self, io: I, peer: Peer)
@@ -156,6 +183,9 @@ pub async fn accept_all(app: App, bound: Vec<Bound>, stop: tokio::sync::watch::R
                             app.serve_unix_connection(stream, peer);
                         }
                         Ok(Accepted::Tcp(stream)) => app.serve_tcp_connection(stream),
+                        Ok(Accepted::Tls(stream, acceptor)) => {
+                            app.serve_tls_connection(stream, acceptor)
+                        }
                         // Out of descriptors and the like: let it pass, do not spin.
                         Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                     },
@@ -174,11 +204,16 @@ pub async fn accept_all(app: App, bound: Vec<Bound>, stop: tokio::sync::watch::R
 enum Accepted {
     Unix(UnixStream),
     Tcp(TcpStream),
+    Tls(TcpStream, TlsAcceptor),
 }
 
 async fn accept(listener: &Bound) -> std::io::Result<Accepted> {
     match listener {
         Bound::Unix(l, _) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
         Bound::Tcp(l) => l.accept().await.map(|(s, _)| Accepted::Tcp(s)),
+        Bound::Tls(l, acceptor) => l
+            .accept()
+            .await
+            .map(|(s, _)| Accepted::Tls(s, acceptor.clone())),
     }
 }

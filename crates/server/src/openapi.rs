@@ -8,7 +8,7 @@ use utoipa::OpenApi;
 #[openapi(
     info(title = "airlock", description = "The execution service: runs, sessions, files, records (docs/api.md)"),
     paths(
-        runs::create_run, runs::get_run, runs::list_runs, runs::verify,
+        runs::create_run, runs::create_streamed_run, runs::get_run, runs::list_runs, runs::verify,
         sessions::create_session, sessions::list_sessions, sessions::get_session,
         sessions::exec, sessions::get_command, sessions::command_output, sessions::signal,
         sessions::set_timeout, sessions::delete_session, sessions::put_file,

@@ -1,27 +1,88 @@
 //! From a request to a plan: the named contracts of the configuration (loaded once, at
 //! start), or an inline contract for a tenant allowed one, compiled with the request's
-//! command, environment additions and deadline.
+//! command, environment additions and deadline. A contract's OCI image is resolved
+//! through the host's image store ([`ImageResolver`]): a named contract's once at start,
+//! its lease held for the service's life; an inline contract's per request, its lease
+//! held by the run or session.
 
 use crate::config::ServerConfig;
 use crate::error::{ApiError, ServerError};
 use airlock_cell::report::ResultClass;
 use airlock_contract::{
     compile, load_contract_file, parse_contract, read_seccomp_profile, CellPlan, CompileInput,
-    Contract, ContractError, ContractFormat, EnvVar, HOST_IMAGE,
+    Contract, ContractError, ContractFormat, EnvVar, ResolvedImage, HOST_IMAGE,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The workload class of a run under an inline contract.
 pub const INLINE_CLASS: &str = "inline";
 
+/// The host's OCI image store as the service reads it (the binary implements it with
+/// its `[images]` configuration, crates/airlock/src/run_image.rs).
+pub trait ImageResolver: Send + Sync {
+    /// The contract's `image` reference resolved to its layers and process defaults,
+    /// and the lease that keeps `airlock image rm` and `gc` from removing it while held;
+    /// or why not, with the run's class.
+    fn resolve(&self, image: &str) -> Result<LeasedImage, (ResultClass, String)>;
+}
+
+/// A resolved image and its lease.
+pub struct LeasedImage {
+    pub image: ResolvedImage,
+    pub lease: ImageLease,
+}
+
+/// Held while a cell may use the image's layers.
+pub type ImageLease = Box<dyn std::any::Any + Send + Sync>;
+
 struct Named {
     contract: Contract,
     base_dir: PathBuf,
+    /// The contract's image, resolved at start; its lease lives as long as the service.
+    image: Option<LeasedImage>,
+}
+
+/// A request's contract before compiling: its image resolved, the lease of an image
+/// resolved for this request alone.
+struct Chosen<'a> {
+    contract: Contract,
+    base_dir: PathBuf,
+    class: String,
+    image: Option<&'a ResolvedImage>,
+    own_lease: Option<LeasedImage>,
+}
+
+/// A request's plan, its workload class, and the lease of its inline contract's image
+/// (to be held until its cell is gone).
+pub struct Planned {
+    pub plan: CellPlan,
+    pub class: String,
+    pub lease: Option<ImageLease>,
 }
 
 pub struct Contracts {
     named: BTreeMap<String, Named>,
+    images: Option<Arc<dyn ImageResolver>>,
+}
+
+/// `image` resolved when it is not the host's view; without an image store the service
+/// cannot run it.
+fn resolve_image(
+    images: Option<&dyn ImageResolver>,
+    image: &str,
+) -> Result<Option<LeasedImage>, (ResultClass, String)> {
+    if image == HOST_IMAGE {
+        return Ok(None);
+    }
+    match images {
+        Some(images) => images.resolve(image).map(Some),
+        None => Err((
+            ResultClass::SandboxUnavailable,
+            format!("image {image}: this service has no image store"),
+        )),
+    }
 }
 
 /// What a request asks to run.
@@ -42,8 +103,13 @@ pub struct PlanRefusal {
 }
 
 impl Contracts {
-    /// Loads every named contract; `config_dir` anchors relative paths.
-    pub fn load(config: &ServerConfig, config_dir: &Path) -> Result<Contracts, ServerError> {
+    /// Loads every named contract; `config_dir` anchors relative paths. A contract's
+    /// image must be in the store now: the service does not start otherwise.
+    pub fn load(
+        config: &ServerConfig,
+        config_dir: &Path,
+        images: Option<Arc<dyn ImageResolver>>,
+    ) -> Result<Contracts, ServerError> {
         let mut named = BTreeMap::new();
         for (name, path) in &config.contracts {
             let path = config_dir.join(path);
@@ -52,31 +118,70 @@ impl Contracts {
                 path: path.display().to_string(),
                 source,
             })?;
-            if contract.image != HOST_IMAGE {
-                return Err(ServerError::Config(format!(
-                    "server.contracts.{name}: the service runs contracts on the host image \
-                     only (an OCI image needs a lease per run, not built yet)"
-                )));
-            }
+            let image = match resolve_image(images.as_deref(), &contract.image) {
+                Ok(image) => image,
+                Err((_, why)) => {
+                    return Err(ServerError::Config(format!(
+                        "server.contracts.{name}: {why}"
+                    )))
+                }
+            };
             let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-            named.insert(name.clone(), Named { contract, base_dir });
+            named.insert(
+                name.clone(),
+                Named {
+                    contract,
+                    base_dir,
+                    image,
+                },
+            );
         }
-        Ok(Contracts { named })
+        Ok(Contracts { named, images })
     }
 
     pub fn names(&self) -> impl Iterator<Item = &String> {
         self.named.keys()
     }
 
-    /// The plan of a request, and its workload class (the contract's name).
-    pub fn plan(
+    /// The plan of a request, its workload class (the contract's name), and the lease of
+    /// an inline contract's image.
+    pub fn plan(&self, wanted: &Wanted<'_>, inline_allowed: bool) -> Result<Planned, PlanRefusal> {
+        let chosen = self.contract_of(wanted, inline_allowed)?;
+        let image = chosen
+            .image
+            .or(chosen.own_lease.as_ref().map(|leased| &leased.image));
+        let plan = plan_of(
+            &chosen.contract,
+            &chosen.base_dir,
+            &chosen.class,
+            wanted,
+            image,
+        )?;
+        Ok(Planned {
+            plan,
+            class: chosen.class,
+            lease: chosen.own_lease.map(|leased| leased.lease),
+        })
+    }
+
+    /// The plan of a contract the policy layer generated for a request (a class's), its
+    /// image resolved for this request alone.
+    pub fn plan_granted(
         &self,
+        contract: &Contract,
+        base_dir: &Path,
+        class: &str,
         wanted: &Wanted<'_>,
-        inline_allowed: bool,
-    ) -> Result<(CellPlan, String), PlanRefusal> {
-        let (contract, base_dir, class) = self.contract_of(wanted, inline_allowed)?;
-        let plan = plan_of(&contract, &base_dir, &class, wanted)?;
-        Ok((plan, class))
+    ) -> Result<Planned, PlanRefusal> {
+        let own_lease = resolve_image(self.images.as_deref(), &contract.image)
+            .map_err(|(status, why)| image_refusal(status, why, class))?;
+        let image = own_lease.as_ref().map(|leased| &leased.image);
+        let plan = plan_of(contract, base_dir, class, wanted, image)?;
+        Ok(Planned {
+            plan,
+            class: class.to_string(),
+            lease: own_lease.map(|leased| leased.lease),
+        })
     }
 
     /// The plan of a named contract for a warm pool's template (a pool's shape leaves the
@@ -89,14 +194,14 @@ impl Contracts {
             env: &BTreeMap::new(),
             deadline_ms: None,
         };
-        self.plan(&wanted, false).ok().map(|(plan, _)| plan)
+        self.plan(&wanted, false).ok().map(|planned| planned.plan)
     }
 
     fn contract_of(
         &self,
         wanted: &Wanted<'_>,
         inline_allowed: bool,
-    ) -> Result<(Contract, PathBuf, String), PlanRefusal> {
+    ) -> Result<Chosen<'_>, PlanRefusal> {
         let refusal = |error: ApiError| PlanRefusal {
             error: Box::new(error),
             class: ResultClass::PolicyDenied,
@@ -104,11 +209,13 @@ impl Contracts {
         };
         match (wanted.contract, wanted.inline) {
             (Some(name), None) => match self.named.get(name) {
-                Some(named) => Ok((
-                    named.contract.clone(),
-                    named.base_dir.clone(),
-                    name.to_string(),
-                )),
+                Some(named) => Ok(Chosen {
+                    contract: named.contract.clone(),
+                    base_dir: named.base_dir.clone(),
+                    class: name.to_string(),
+                    image: named.image.as_ref().map(|leased| &leased.image),
+                    own_lease: None,
+                }),
                 None => Err(refusal(ApiError::bad_request(
                     "contract.unknown",
                     format!("no contract named {name:?} in the service's configuration"),
@@ -128,20 +235,39 @@ impl Contracts {
                         format!("contract: {err}"),
                     ))
                 })?;
-                if contract.image != HOST_IMAGE {
-                    return Err(refusal(ApiError::bad_request(
-                        "contract.image_unsupported",
-                        "the service runs contracts on the host image only".into(),
-                    )));
-                }
-                // Relative paths of an inline contract have no directory to be relative to.
-                Ok((contract, PathBuf::from("/"), INLINE_CLASS.to_string()))
+                let own_lease = resolve_image(self.images.as_deref(), &contract.image)
+                    .map_err(|(status, why)| image_refusal(status, why, INLINE_CLASS))?;
+                Ok(Chosen {
+                    contract,
+                    // Relative paths of an inline contract have no directory to be
+                    // relative to.
+                    base_dir: PathBuf::from("/"),
+                    class: INLINE_CLASS.to_string(),
+                    image: None,
+                    own_lease,
+                })
             }
             _ => Err(refusal(ApiError::bad_request(
                 "contract.missing",
                 "name a contract (`contract`) or, if allowed, send one (`contract_inline`)".into(),
             ))),
         }
+    }
+}
+
+/// A request's image that cannot be the cell's root: 422 `contract.image` with the class
+/// the image store gave (an unpinned reference is the contract's fault, a missing image
+/// the host's).
+fn image_refusal(status: ResultClass, why: String, workload_class: &str) -> PlanRefusal {
+    PlanRefusal {
+        error: Box::new(ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            status,
+            "contract.image",
+            why,
+        )),
+        class: status,
+        workload_class: workload_class.to_string(),
     }
 }
 
@@ -152,6 +278,7 @@ pub fn plan_of(
     base_dir: &Path,
     class: &str,
     wanted: &Wanted<'_>,
+    image: Option<&ResolvedImage>,
 ) -> Result<CellPlan, PlanRefusal> {
     if let Some(name) = wanted
         .env
@@ -187,7 +314,7 @@ pub fn plan_of(
             base_dir,
             argv: wanted.argv,
             seccomp_profile: profile.as_deref(),
-            image: None,
+            image,
         },
     )
     .map_err(refuse)?;

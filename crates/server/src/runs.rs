@@ -7,10 +7,10 @@ use crate::output::{self, Ended, Frame, OutputLog, Stream};
 use crate::plans::{self, PlanRefusal, Wanted};
 use crate::quota::Work;
 use crate::state::{ApiJson, Caller, Shared};
+use crate::stdin_stream;
 use crate::tenants::Tenant;
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::PayloadStdin;
-use airlock_contract::CellPlan;
 use airlock_engine::{record, Engine, Refusal, RunRequest};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -37,15 +37,88 @@ pub async fn create_run(
     Query(query): Query<WaitQuery>,
     ApiJson(body): ApiJson<RunBody>,
 ) -> Result<Response, ApiError> {
+    let stdin = StdinSource::Inline(body.stdin.clone());
+    start_run(state, tenant, query, body, stdin).await
+}
+
+#[utoipa::path(post, path = "/v1/runs/stream", params(WaitQuery),
+    request_body(content = String, content_type = "application/octet-stream",
+        description = "One line of JSON (a RunBody without `stdin`), a newline, then the payload's stdin until the body ends"),
+    responses(
+        (status = 200, description = "As `POST /v1/runs`: NDJSON frames, or the record with wait=true", content_type = "application/x-ndjson"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 202, description = "A `class` request that needs approval (its stdin is not read)", body = crate::approvals::PendingApproval),
+        (status = 403, body = ErrorBody),
+        (status = 408, description = "The JSON line did not arrive within body_timeout_ms", body = ErrorBody),
+        (status = 413, description = "The JSON line is longer than max_body_bytes", body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn create_streamed_run(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Query(query): Query<WaitQuery>,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let within = std::time::Duration::from_millis(state.config.body_timeout_ms);
+    let head = stdin_stream::read_head(body, state.config.max_body_bytes, within).await?;
+    let stdin = StdinSource::Streamed {
+        first: head.first,
+        rest: head.rest,
+    };
+    start_run(state, tenant, query, head.body, stdin).await
+}
+
+/// Where a run's stdin comes from.
+enum StdinSource {
+    /// The request's `stdin` text, whole (none: `/dev/null`).
+    Inline(Option<String>),
+    /// The request body after its JSON line (stdin_stream.rs).
+    Streamed {
+        first: axum::body::Bytes,
+        rest: axum::body::BodyDataStream,
+    },
+}
+
+impl StdinSource {
+    /// The payload's stdin, and for a streamed one the sender whose drop (the run's
+    /// end) stops its relay.
+    fn into_payload(
+        self,
+    ) -> Result<(PayloadStdin, Option<tokio::sync::oneshot::Sender<()>>), ApiError> {
+        match self {
+            StdinSource::Inline(text) => Ok((stdin_of(text)?, None)),
+            StdinSource::Streamed { first, rest } => {
+                let (read, write) =
+                    output::pipe().map_err(|e| ApiError::internal("server.pipe", e.to_string()))?;
+                let (ended, run_ended) = tokio::sync::oneshot::channel();
+                stdin_stream::spawn_relay(write, first, rest, run_ended);
+                Ok((PayloadStdin::Relayed(read), Some(ended)))
+            }
+        }
+    }
+}
+
+/// A one-shot run: admitted, planned, started, and answered as frames or its record.
+async fn start_run(
+    state: Shared,
+    tenant: Tenant,
+    query: WaitQuery,
+    body: RunBody,
+    stdin: StdinSource,
+) -> Result<Response, ApiError> {
     let permit = state.admit(&tenant, Work::Run)?;
-    let (plan, class, after_run) = match plan_request(&state, &tenant, body.clone()).await? {
+    let (planned, after_run) = match plan_request(&state, &tenant, body.clone()).await? {
         Ok(planned) => planned,
         Err(answer) => return Ok(answer),
     };
+    let plans::Planned {
+        plan,
+        class,
+        lease: image_lease,
+    } = planned;
     let log = OutputLog::new(state.config.max_stream_bytes)
         .map_err(|e| ApiError::internal("output.spill", e.to_string()))?;
     let (stdout, stderr) = output_pipes(&log)?;
-    let stdin = stdin_of(body.stdin)?;
+    let (stdin, stdin_relay) = stdin.into_payload()?;
     let (begun, begun_rx) = tokio::sync::oneshot::channel::<String>();
     let request = RunRequest {
         plan,
@@ -66,7 +139,9 @@ pub async fn create_run(
     let task_log = Arc::clone(&log);
     let tenant_name = tenant.name.clone();
     tokio::task::spawn_blocking(move || {
-        let (_permit, _guard) = (permit, guard);
+        // The image stays leased until the cell is gone and its record complete.
+        // A streamed stdin's relay ends with the run (the sender's drop).
+        let _held = (permit, guard, image_lease, stdin_relay);
         let (report, secrets, latency, evidence) = run_to_end(&task_state.engine, request);
         match after_run {
             Some(after_run) => after_run(&report, evidence.as_deref()),
@@ -110,7 +185,7 @@ async fn plan_request(
     state: &Shared,
     tenant: &Tenant,
     body: RunBody,
-) -> Result<Result<(CellPlan, String, AfterRun), Response>, ApiError> {
+) -> Result<Result<(plans::Planned, AfterRun), Response>, ApiError> {
     let wanted = Wanted {
         contract: body.contract.as_deref(),
         inline: body.contract_inline.as_ref(),
@@ -120,7 +195,7 @@ async fn plan_request(
     };
     let Some(class) = body.class.as_deref() else {
         return match state.contracts.plan(&wanted, state.inline_allowed(tenant)) {
-            Ok((plan, class)) => Ok(Ok((plan, class, None))),
+            Ok(planned) => Ok(Ok((planned, None))),
             Err(refusal) => Err(record_refusal(state, tenant, &body.argv, refusal).await),
         };
     };
@@ -149,8 +224,11 @@ async fn plan_request(
         Ok(grant) => grant,
         Err(answer) => return Ok(Err(answer)),
     };
-    match plans::plan_of(&grant.contract, &grant.base_dir, class, &wanted) {
-        Ok(plan) => Ok(Ok((plan, class.to_string(), Some(grant.after_run)))),
+    let planned = state
+        .contracts
+        .plan_granted(&grant.contract, &grant.base_dir, class, &wanted);
+    match planned {
+        Ok(planned) => Ok(Ok((planned, Some(grant.after_run)))),
         Err(refusal) => Err(record_refusal(state, tenant, &body.argv, refusal).await),
     }
 }

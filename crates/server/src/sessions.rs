@@ -47,6 +47,8 @@ pub struct SessionEntry {
     idle: Mutex<(Instant, Duration)>,
     max_lifetime: Duration,
     _permit: Permit,
+    /// An inline contract's image, leased while the session's cell may use it.
+    _image_lease: Option<crate::plans::ImageLease>,
 }
 
 impl SessionEntry {
@@ -166,10 +168,15 @@ pub async fn create_session(
         env: &body.env,
         deadline_ms: None,
     };
-    let (plan, class) = match state.contracts.plan(&wanted, state.inline_allowed(&tenant)) {
+    let planned = match state.contracts.plan(&wanted, state.inline_allowed(&tenant)) {
         Ok(planned) => planned,
         Err(refusal) => return Err(record_refusal(&state, &tenant, &[], refusal).await),
     };
+    let crate::plans::Planned {
+        plan,
+        class,
+        lease: image_lease,
+    } = planned;
     let writable = files::writable_paths(&plan);
     let secrets = record::secrets_of(&plan, &[]);
     let request = SessionRequest {
@@ -200,6 +207,7 @@ pub async fn create_session(
         idle: Mutex::new((Instant::now(), idle)),
         max_lifetime: lifetime,
         _permit: permit,
+        _image_lease: image_lease,
     });
     let view = entry.view();
     state

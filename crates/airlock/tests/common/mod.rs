@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 pub mod host;
+pub mod images;
 pub mod logging_upstream;
+pub mod test_ca;
 pub mod upstream;
 
 use serde_json::Value;

@@ -647,13 +647,9 @@ fn a_schedule_naming_a_class_that_does_not_exist_stops_the_service() {
 fn imported(v: &Verification, name: &str) -> String {
     use airlock_images::layout::{write_layout, NewImage};
     let tree = common::test_image_trees().join(name);
-    let mut builder = tar::Builder::new(Vec::new());
-    builder.follow_symlinks(false);
-    builder.mode(tar::HeaderMode::Complete);
-    builder.append_dir_all(".", &tree).unwrap();
     let image = NewImage {
         name: Some(format!("airlock.test/{name}:1")),
-        layers: vec![builder.into_inner().unwrap()],
+        layers: vec![common::images::tree_layer(&tree)],
         gzip: false,
         defaults: Default::default(),
     };

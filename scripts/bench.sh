@@ -260,3 +260,12 @@ rm -rf "$SERVICE_DIR"
 echo "== images"
 AIRLOCK=$AIRLOCK scripts/bench-images.sh
 AIRLOCK=$AIRLOCK RUNS=$RUNS scripts/bench-image-root.sh
+
+echo "== airlock verify (the whole suite: 16 checks, 17 cells; docs/verify.md)"
+AIRLOCK_SOCKET= hyperfine -N -r 5 -w 1 --export-json "$OUT/verify.json" \
+  "$AIRLOCK verify --state-dir $STATE --smoke true" >/dev/null
+python3 - "$OUT/verify.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["results"][0]
+print(f"{r['median']:6.2f} s median  {r['min']:6.2f} min  {r['max']:6.2f} max  airlock verify --smoke true")
+PY

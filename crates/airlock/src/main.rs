@@ -13,6 +13,7 @@ mod run;
 mod run_image;
 mod serve;
 mod tool;
+mod verify;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -91,6 +92,9 @@ enum Command {
     Agent(agent::AgentArgs),
     /// Run the execution service: the /v1 HTTP API on a unix socket (and TCP).
     Serve(serve::ServeArgs),
+    /// Prove on this host that a contract's, class's or image's boundary holds: the
+    /// seed's negative suite and boundary exercise, through the path a real run takes.
+    Verify(verify::VerifyArgs),
     /// Check that this host can enforce every control of a cell.
     Doctor {
         /// Print the checks as JSON.
@@ -134,6 +138,7 @@ fn main() -> ExitCode {
         Command::Mcp(args) => mcp::mcp(args),
         Command::Agent(args) => agent::agent(args),
         Command::Serve(args) => serve::serve(args),
+        Command::Verify(args) => verify::verify(args),
         Command::Doctor { json, config } => doctor(json, config.as_deref()),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();

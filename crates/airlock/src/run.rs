@@ -466,7 +466,7 @@ fn deliver(args: &RunArgs, finished: &mut FinishedRun) {
 
 /// The service's socket: `AIRLOCK_SOCKET`, else `/run/airlock/airlock.sock` as root and
 /// `$XDG_RUNTIME_DIR/airlock/airlock.sock` otherwise (none without that variable).
-fn service_socket() -> Option<PathBuf> {
+pub(crate) fn service_socket() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("AIRLOCK_SOCKET") {
         return (!path.is_empty()).then(|| PathBuf::from(path));
     }

@@ -36,6 +36,7 @@ fn start(args: ServeArgs) -> anyhow::Result<()> {
         .and_then(|p| p.parent().map(PathBuf::from))
         .unwrap_or_else(crate::current_dir);
     let server = std::mem::take(&mut config.server);
+    let verifications = std::sync::Arc::new(airlock_server::verification::Verifications::default());
     let state_dir = engine.state_dir.clone();
     let images = std::sync::Arc::new(HostImages {
         images: config.images.clone(),
@@ -46,6 +47,16 @@ fn start(args: ServeArgs) -> anyhow::Result<()> {
         approvers: config.policy.approvers.clone(),
         state_dir: state_dir.clone(),
     };
+    if !server.verify.classes.is_empty() {
+        let schedule = crate::verify::Schedule {
+            classes: server.verify.classes.clone(),
+            every: std::time::Duration::from_secs(server.verify.interval_s),
+            config: args.config.clone(),
+            state_dir: state_dir.clone(),
+        };
+        schedule.check(&policy.classes)?;
+        schedule.start(std::sync::Arc::clone(&verifications));
+    }
     let tools_dir = config_dir.clone();
     // Every registry tool and the generic tools at /mcp, and the registry's tools at
     // POST /v1/tools/{name}/call, on the service's engine, as the service's tenants.
@@ -71,6 +82,7 @@ fn start(args: ServeArgs) -> anyhow::Result<()> {
         euid_is_root: euid_is_root(),
         mcp: Some(mcp),
         policy: Some(std::sync::Arc::new(policy)),
+        verifications,
         images: Some(images),
     })?;
     Ok(())

@@ -30,6 +30,10 @@ pub struct WorkloadClass {
     /// key).
     #[serde(default)]
     pub retry: crate::retry::RetryRules,
+    /// The permitted path `airlock verify --class` proves: a command (argv) that must
+    /// succeed when requested of this class (docs/verify.md). Not serialised when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smoke: Option<Vec<String>>,
 }
 
 /// Whether the class runs arbitrary code (a shell, an interpreter) or only its tools.

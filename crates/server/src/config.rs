@@ -51,6 +51,28 @@ pub struct ServerConfig {
     /// Output of one command kept for `GET .../output` and streaming, bytes; beyond it
     /// output is counted and dropped (the record's capture is the contract's).
     pub max_stream_bytes: usize,
+    /// Periodic `airlock verify` of workload classes (docs/verify.md). Off by default.
+    pub verify: VerifySchedule,
+}
+
+/// `[server.verify]`: which classes the service verifies, and how often.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerifySchedule {
+    /// Workload classes (`[policy]`) to verify, the first time at start-up. Empty (the
+    /// default): no periodic verification.
+    pub classes: Vec<String>,
+    /// Seconds from the start of one round of verifications to the next (at least 60).
+    pub interval_s: u64,
+}
+
+impl Default for VerifySchedule {
+    fn default() -> Self {
+        VerifySchedule {
+            classes: Vec::new(),
+            interval_s: 3600,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -73,6 +95,7 @@ impl Default for ServerConfig {
             max_session_idle_timeout_s: 3600,
             max_session_lifetime_s: 4 * 3600,
             max_stream_bytes: 8 << 20,
+            verify: VerifySchedule::default(),
         }
     }
 }
@@ -187,6 +210,9 @@ impl ServerConfig {
     /// Every bound and reference checked: listeners parse, pools name contracts, key
     /// hashes are sha256 hex, no uid or key belongs to two tenants.
     pub fn check(&self) -> Result<(), String> {
+        if !self.verify.classes.is_empty() && self.verify.interval_s < 60 {
+            return Err("server.verify.interval_s: must be at least 60".into());
+        }
         for listen in &self.listen {
             let parsed = Listen::parse(listen).map_err(|e| format!("server.listen: {e}"))?;
             self.check_transport(listen, &parsed)?;

@@ -18,7 +18,7 @@ pub async fn healthz() -> Json<Health> {
 }
 
 #[utoipa::path(get, path = "/readyz", security(()),
-    responses((status = 200, body = Health), (status = 503, description = "Pools still filling, or draining", body = Health)))]
+    responses((status = 200, body = Health), (status = 503, description = "Pools still filling, draining, or a class's verification failed and is not acknowledged", body = Health)))]
 pub async fn readyz(State(state): State<Shared>) -> Response {
     let status = state.engine.pool_status();
     let filling: Vec<String> = state
@@ -32,9 +32,16 @@ pub async fn readyz(State(state): State<Shared>) -> Response {
         .map(|(name, _)| name.clone())
         .collect();
     let draining = state.draining.load(std::sync::atomic::Ordering::SeqCst);
-    let ok = filling.is_empty() && !draining;
+    let unverified = state.verifications.blocking();
+    let ok = filling.is_empty() && !draining && unverified.is_empty();
     let detail = if draining {
         "draining".to_string()
+    } else if !unverified.is_empty() {
+        format!(
+            "verification failed for class {} (runs of it are refused until an operator \
+             acknowledges: POST /v1/verify/CLASS/ack)",
+            unverified.join(", ")
+        )
     } else if ok {
         "store open, pools full".to_string()
     } else {
@@ -60,7 +67,8 @@ pub async fn metrics(State(state): State<Shared>) -> Response {
     {
         *open.entry(entry.tenant.clone()).or_default() += 1;
     }
-    let text = state.metrics.render(&state.engine, &state.pools, &open);
+    let mut text = state.metrics.render(&state.engine, &state.pools, &open);
+    state.verifications.append_metrics(&mut text);
     (
         [(
             axum::http::header::CONTENT_TYPE,

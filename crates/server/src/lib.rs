@@ -25,6 +25,7 @@ mod state;
 mod stdin_stream;
 pub mod tenants;
 mod tls;
+pub mod verification;
 
 pub use config::ServerConfig;
 pub use error::ServerError;
@@ -54,6 +55,9 @@ pub struct ServeOptions {
     pub mcp: Option<McpMount>,
     /// The workload classes and approvals (`POST /v1/runs` with a `class`, `/v1/approvals`).
     pub policy: Option<Arc<dyn approvals::ClassPolicy>>,
+    /// The last periodic verification of each class of `[server.verify]`, which the binary
+    /// runs and records here (crates/airlock/src/serve.rs).
+    pub verifications: Arc<verification::Verifications>,
     /// The host's OCI image store, for contracts with an `image`.
     pub images: Option<Arc<dyn ImageResolver>>,
 }
@@ -86,6 +90,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         config_dir,
         engine,
         policy,
+        verifications,
         images,
         ..
     } = options;
@@ -119,6 +124,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         pools,
         config: server,
         policy,
+        verifications,
     }))
 }
 
@@ -132,6 +138,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/audit/verify", get(runs::verify))
         .route("/v1/approvals", get(approvals::list_approvals))
         .route("/v1/approvals/{id}", post(approvals::decide_approval))
+        .route("/v1/verify/{class}/ack", post(verification::acknowledge))
         .route(
             "/v1/sessions",
             post(sessions::create_session).get(sessions::list_sessions),

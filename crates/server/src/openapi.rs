@@ -1,7 +1,7 @@
 //! The OpenAPI 3.1 document of the `/v1` API, generated from the handlers' and bodies'
 //! types (docs/openapi.json; a test fails when the committed one is stale).
 
-use crate::{api, approvals, error, health, runs, sessions};
+use crate::{api, approvals, error, health, runs, sessions, verification};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
@@ -15,13 +15,14 @@ use utoipa::OpenApi;
         sessions::get_file, sessions::list_files,
         health::healthz, health::readyz, health::metrics,
         approvals::list_approvals, approvals::decide_approval,
+        verification::acknowledge,
     ),
     components(schemas(
         error::ErrorBody, api::RunBody, api::RunView, api::RunList, api::SessionBody,
         api::SessionView, api::SessionList, api::ExecBody, api::CommandView, api::SignalBody,
         api::TimeoutBody, api::DirEntry, api::DirList, api::Written, api::Verified, api::Health,
         approvals::Decision, approvals::DecisionKind, approvals::ApprovalList,
-        approvals::PendingApproval,
+        approvals::PendingApproval, verification::ClassVerification,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))

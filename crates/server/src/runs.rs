@@ -207,6 +207,9 @@ async fn plan_request(
                 .into(),
         ));
     }
+    if state.verifications.blocks(class) {
+        return Err(crate::verification::refusal(class));
+    }
     let asked = body.request.clone().unwrap_or_default();
     let grant = match crate::approvals::plan_class_run(
         state,

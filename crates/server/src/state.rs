@@ -33,6 +33,8 @@ pub struct AppState {
     pub pools: BTreeMap<String, PlanShape>,
     /// The policy layer, when the operator configured workload classes.
     pub policy: Option<Arc<dyn crate::approvals::ClassPolicy>>,
+    /// The last periodic verification of each class of `[server.verify]`.
+    pub verifications: Arc<crate::verification::Verifications>,
 }
 
 pub type Shared = Arc<AppState>;

@@ -9,6 +9,22 @@ pub const REDACTED: &str = "[REDACTED]";
 /// across a contiguous head/tail pair is redacted on both sides regardless of length.
 pub const MIN_FRAGMENT: usize = 4;
 
+/// The variable that turns redaction off, so that a test can show `airlock verify`'s
+/// `credential.retained` check fail (crates/airlock/tests/verify.rs). Honoured only by a
+/// build with debug assertions (the test profile); a release build, what is packaged and
+/// run in production, compiles the switch out (docs/verify.md, "A verifier that can fail").
+pub const DISABLE_REDACTION_FOR_TESTS: &str = "AIRLOCK_TEST_ONLY_DISABLE_REDACTION";
+
+#[cfg(debug_assertions)]
+fn redaction_disabled_for_tests() -> bool {
+    std::env::var_os(DISABLE_REDACTION_FOR_TESTS).is_some_and(|v| v == "1")
+}
+
+#[cfg(not(debug_assertions))]
+fn redaction_disabled_for_tests() -> bool {
+    false
+}
+
 /// The secrets of one run, longest first so that a secret containing another is
 /// replaced whole.
 #[derive(Clone, Default)]
@@ -24,6 +40,9 @@ impl std::fmt::Debug for Redactor {
 
 impl Redactor {
     pub fn new(secrets: Vec<String>) -> Self {
+        if redaction_disabled_for_tests() {
+            return Redactor::default();
+        }
         let mut secrets: Vec<String> = secrets.into_iter().filter(|s| !s.is_empty()).collect();
         secrets.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
         secrets.dedup();

@@ -287,7 +287,7 @@ fn read_reports(
                 return Ok((*report, latency));
             }
             Ok(Some(ToEngine::Failed { report })) => return Err(report),
-            Ok(Some(ToEngine::Parked { .. })) => {}
+            Ok(Some(ToEngine::Parked { .. })) | Ok(Some(ToEngine::DestinationsSet { .. })) => {}
             Ok(None) | Err(_) => return Err(Box::new(supervisor_gone(run_id))),
         }
     }

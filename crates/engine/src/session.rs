@@ -96,6 +96,9 @@ enum CommandState {
 struct SessionState {
     commands: BTreeMap<u64, CommandState>,
     run_ids: BTreeMap<u64, String>,
+    /// The supervisor's answers to destination changes, by change number: `None`
+    /// applied, `Some(why)` not.
+    destination_answers: BTreeMap<u64, Option<String>>,
     /// The session's final report, once its cell is destroyed.
     closed: Option<Box<RunReport>>,
 }
@@ -113,6 +116,7 @@ pub struct Session {
     shared: Shared,
     reader: Option<std::thread::JoinHandle<()>>,
     next_id: AtomicU64,
+    next_change: AtomicU64,
     plan: CellPlan,
     workload_class: String,
     tenant: Option<String>,
@@ -209,6 +213,7 @@ impl Engine {
             shared,
             reader: Some(reader),
             next_id: AtomicU64::new(1),
+            next_change: AtomicU64::new(1),
             plan,
             workload_class,
             tenant,
@@ -332,6 +337,44 @@ impl Session {
             .map_err(|err| EngineError::FactoryProtocol(err.to_string()))
     }
 
+    /// Replaces the destinations the session's egress proxy allows (a change the policy
+    /// layer granted): returns once the proxy decides every new connection against
+    /// them. Connections already open may finish. A session whose cell was built
+    /// without network access has no proxy: refused.
+    pub fn set_destinations(
+        &self,
+        destinations: Vec<airlock_contract::DestinationRule>,
+    ) -> Result<(), EngineError> {
+        if !matches!(
+            self.plan.network,
+            airlock_contract::NetworkPlan::Allowlist { .. }
+        ) {
+            return Err(EngineError::DestinationsNotSet(
+                "the session's cell was built without network access (network mode deny)"
+                    .to_string(),
+            ));
+        }
+        if self.closed().is_some() {
+            return Err(EngineError::SessionClosed);
+        }
+        let change = self.next_change.fetch_add(1, Ordering::SeqCst);
+        self.host
+            .control
+            .set_destinations(change, destinations)
+            .map_err(|err| EngineError::FactoryProtocol(err.to_string()))?;
+        let (state, changed) = &*self.shared;
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(answer) = state.destination_answers.remove(&change) {
+                return answer.map_or(Ok(()), |why| Err(EngineError::DestinationsNotSet(why)));
+            }
+            if state.closed.is_some() {
+                return Err(EngineError::SessionClosed);
+            }
+            state = changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
     /// Every command so far, running or ended.
     pub fn list(&self) -> Vec<CommandStatus> {
         let (state, _) = &*self.shared;
@@ -412,6 +455,12 @@ fn read_reports(
             Ok(Some(ToEngine::CommandEnded { id, report })) => {
                 let mut guard = state.lock().unwrap_or_else(|p| p.into_inner());
                 end_command(&mut guard, id, report, stores);
+                drop(guard);
+                changed.notify_all();
+            }
+            Ok(Some(ToEngine::DestinationsSet { change, error })) => {
+                let mut guard = state.lock().unwrap_or_else(|p| p.into_inner());
+                guard.destination_answers.insert(change, error);
                 drop(guard);
                 changed.notify_all();
             }

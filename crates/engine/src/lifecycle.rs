@@ -230,13 +230,29 @@ impl Engine {
     }
 
     /// The completion sequence's quarantine step for one run: a new directory in the
-    /// quarantine area (created 0700 when missing) that the cell's writable paths are
-    /// copied into, before the cell is destroyed, if its verdict is a suspected escape.
-    /// `None` when the operator keeps none, or the area is not a private directory.
+    /// quarantine area that the cell's writable paths are copied into, before the cell
+    /// is destroyed, if its verdict is a suspected escape. `None` when the operator keeps
+    /// none (or the area stopped being private since the run's check refused nothing).
     pub(crate) fn on_suspected_escape(&self) -> Option<airlock_cell::evidence::OnSuspectedEscape> {
+        let area = self.quarantine_area().ok().flatten()?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Some(airlock_cell::evidence::OnSuspectedEscape {
+            dir: area.join(format!(".cell-{}-{nanos}", std::process::id())),
+            max_bytes: self.config.quarantine_max_bytes,
+        })
+    }
+
+    /// The quarantine area (`<state dir>/quarantine`, created 0700 when missing);
+    /// `Ok(None)` when the operator keeps no evidence (`quarantine_max_bytes = 0`). An
+    /// area that is not a private directory (a link, a file, a mode open to others)
+    /// is an error: a suspected escape's evidence could not be kept there, so every run
+    /// is refused until the operator mends it, rather than run without its quarantine.
+    pub(crate) fn quarantine_area(&self) -> Result<Option<std::path::PathBuf>, String> {
         use std::os::unix::fs::{DirBuilderExt, MetadataExt};
         if self.config.quarantine_max_bytes == 0 {
-            return None;
+            return Ok(None);
         }
         let area = self.config.state_dir.join(crate::QUARANTINE_DIR);
         // The state directory itself may not exist yet (the store creates it when the
@@ -245,17 +261,23 @@ impl Engine {
             .recursive(true)
             .mode(0o700)
             .create(&area);
-        let meta = std::fs::symlink_metadata(&area).ok()?;
-        if !meta.is_dir() || meta.mode() & 0o077 != 0 {
-            return None;
+        let refused = |why: String| {
+            Err(format!(
+                "the quarantine area {} {why}: a suspected escape's evidence could not be \
+                 kept (make it a directory of mode 0700, or set [policy] \
+                 quarantine_max_bytes = 0 to keep none)",
+                area.display()
+            ))
+        };
+        match std::fs::symlink_metadata(&area) {
+            Err(err) => refused(format!("cannot be created: {err}")),
+            Ok(meta) if !meta.is_dir() => refused("is not a directory".to_string()),
+            Ok(meta) if meta.mode() & 0o077 != 0 => refused(format!(
+                "is open to others (mode {:o})",
+                meta.mode() & 0o7777
+            )),
+            Ok(_) => Ok(Some(area)),
         }
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        Some(airlock_cell::evidence::OnSuspectedEscape {
-            dir: area.join(format!(".cell-{}-{nanos}", std::process::id())),
-            max_bytes: self.config.quarantine_max_bytes,
-        })
     }
 
     /// The run's broker started for its plan (broker_session.rs), or the run refused
@@ -370,6 +392,9 @@ impl Engine {
                 from_env: missing.from_env.clone(),
             };
             return Err(refuse(err.class(), err.to_string()));
+        }
+        if let Err(why) = self.quarantine_area() {
+            return Err(refuse(ResultClass::SandboxUnavailable, why));
         }
         let mut hasher = InputHasher::new(&plan.argv);
         hasher

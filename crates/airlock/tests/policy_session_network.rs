@@ -416,3 +416,42 @@ fn a_class_session_checks_each_command_before_it_reaches_the_cell() {
     assert_eq!(status, 403, "{refused}");
     assert_eq!(refused["reason"], "policy.session_lifetime_above_class");
 }
+
+#[test]
+fn a_session_is_closed_when_one_of_its_commands_is_a_suspected_escape() {
+    require_cells!();
+    let service = Service::start();
+    let session = service.open();
+    let exec = |argv: Value| {
+        service.call(
+            AGENT,
+            "POST",
+            &format!("/v1/sessions/{session}/exec"),
+            Some(&json!({ "argv": argv })),
+        )
+    };
+    // A syscall of the x32 ABI: the filter kills it (SIGSYS), aimed at the boundary.
+    let x32 = "import ctypes\nctypes.CDLL(None).syscall(0x40000000 | 39)\nprint('survived')";
+    let (status, frames) = exec(json!(["/usr/bin/python3", "-c", x32]));
+    assert_eq!(status, 200, "{frames}");
+    let frames = frames.as_array().cloned().unwrap_or_default();
+    let exit = frames.iter().find(|f| f["type"] == "exit").unwrap();
+    assert_eq!(exit["status"], "suspected_escape", "{frames:?}");
+
+    // The session ends by itself: its record says why, and nothing more runs in it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let record = loop {
+        let (_, record) = service.call(AGENT, "GET", &format!("/v1/runs/{session}"), None);
+        if record["run"]["status"] != "running" || Instant::now() > deadline {
+            break record;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(record["run"]["status"], "suspected_escape", "{record}");
+    assert!(
+        record.to_string().contains("was a suspected escape"),
+        "{record}"
+    );
+    let (status, refused) = exec(json!(["true"]));
+    assert_eq!(status, 404, "{refused}");
+}

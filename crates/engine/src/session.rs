@@ -16,7 +16,7 @@ use crate::stores::StorePool;
 use crate::{Engine, EngineError};
 use airlock_cell::artifacts::ArtifactRequest;
 use airlock_cell::control::{CommandSpec, ToEngine};
-use airlock_cell::report::RunReport;
+use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::PayloadStdin;
 use airlock_contract::CellPlan;
 use airlock_contract::PlanTransfer;
@@ -450,10 +450,18 @@ fn read_reports(
     (store, handle): (Store, RunHandle),
 ) {
     let (state, changed) = &**shared;
+    // The first command that was a suspected escape: the session is closed at once.
+    let mut escaped: Option<String> = None;
     let final_report = loop {
         match host.control.recv() {
             Ok(Some(ToEngine::CommandEnded { id, report })) => {
                 let mut guard = state.lock().unwrap_or_else(|p| p.into_inner());
+                if report.status == ResultClass::SuspectedEscape && escaped.is_none() {
+                    // Nothing more runs in a cell whose command aimed at the boundary;
+                    // the completion sequence runs as at any close.
+                    let _ = host.control.close();
+                    escaped = Some(guard.run_ids.get(&id).cloned().unwrap_or_default());
+                }
                 end_command(&mut guard, id, report, stores);
                 drop(guard);
                 changed.notify_all();
@@ -487,11 +495,28 @@ fn read_reports(
     }
     let mut report = final_report;
     report.run_id = handle.run_id();
+    if let Some(command) = escaped {
+        closed_for_escape(&mut report, &command);
+    }
     let _ = record::finish(&store, &handle, &report, &stored(&report));
     stores.give_back(store);
     guard.closed = Some(report);
     drop(guard);
     changed.notify_all();
+}
+
+/// The session's own record says why it ended: one of its commands was a suspected
+/// escape (the command's own record has its evidence).
+fn closed_for_escape(report: &mut RunReport, command: &str) {
+    let command = if command.is_empty() {
+        "a command"
+    } else {
+        command
+    };
+    report.notes.push(format!(
+        "the session was closed: its command {command} was a suspected escape"
+    ));
+    report.status = ResultClass::SuspectedEscape;
 }
 
 /// Records the end of command `id` and keeps its report for [`Session::wait`].

@@ -587,6 +587,22 @@ impl ClassPolicy for ServicePolicy {
         })
     }
 
+    fn after_contract_run(
+        &self,
+        report: &airlock_cell::report::RunReport,
+        workload_class: &str,
+        requester: &Identity,
+        writable_copy: Option<&std::path::Path>,
+    ) {
+        let suspect = crate::quarantine::Suspect {
+            class: workload_class,
+            requester: requester.to_string(),
+            credentials: Vec::new(),
+            writable_copy: writable_copy.map(PathBuf::from),
+        };
+        crate::quarantine::preserve_if_suspected(&self.state_dir, report, &suspect);
+    }
+
     fn plan_session(&self, request: ClassRequest) -> Result<SessionGrant, PolicyRefusal> {
         let loaded = self.loaded(&request.class)?;
         let requester = request.requester.to_string();

@@ -37,6 +37,17 @@ pub trait ClassPolicy: Send + Sync {
     /// (a denial is recorded by the policy layer; a request needing approval is stored
     /// pending).
     fn plan_run(&self, request: ClassRequest) -> Result<ClassGrant, PolicyRefusal>;
+    /// After a run of a named or inline contract (no class) whose record is complete:
+    /// keeps a suspected escape's evidence (`writable_copy`, where the completion
+    /// sequence copied its writable paths) as for a class run and flags `requester`,
+    /// or removes the copy of a run that was none.
+    fn after_contract_run(
+        &self,
+        report: &RunReport,
+        workload_class: &str,
+        requester: &Identity,
+        writable_copy: Option<&std::path::Path>,
+    );
     /// Evaluates opening a session of a class (its capabilities; no command yet): the
     /// contract and lifetime, or why not, as for [`ClassPolicy::plan_run`].
     fn plan_session(&self, request: ClassRequest) -> Result<SessionGrant, PolicyRefusal>;

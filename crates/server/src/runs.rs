@@ -65,14 +65,17 @@ pub async fn create_run(
     let task_state = Arc::clone(&state);
     let task_log = Arc::clone(&log);
     let tenant_name = tenant.name.clone();
+    let requester = crate::approvals::identity_of(&tenant);
     tokio::task::spawn_blocking(move || {
         let (_permit, _guard) = (permit, guard);
         let (report, secrets, latency, evidence) = run_to_end(&task_state.engine, request);
-        match after_run {
-            Some(after_run) => after_run(&report, evidence.as_deref()),
-            // Only a class run's evidence is quarantined through the service so far
-            // (docs/policy.md): no copy is left behind unclaimed.
-            None => discard_evidence(evidence.as_deref()),
+        match (after_run, &task_state.policy) {
+            (Some(after_run), _) => after_run(&report, evidence.as_deref()),
+            (None, Some(policy)) => {
+                policy.after_contract_run(&report, &class, &requester, evidence.as_deref())
+            }
+            // No policy layer to keep it: no copy is left behind unclaimed.
+            (None, None) => discard_evidence(evidence.as_deref()),
         }
         task_state
             .metrics

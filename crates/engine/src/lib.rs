@@ -107,7 +107,8 @@ impl Engine {
         size: usize,
     ) -> Result<(), EngineError> {
         let factory = self.factory()?;
-        self.pools.keep(factory, template, size);
+        self.pools
+            .keep(factory, self.evidence_area(), template, size);
         Ok(())
     }
 

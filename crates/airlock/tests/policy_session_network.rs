@@ -6,7 +6,8 @@
 //! (`policy.domain_not_in_class`) and never reached, one the class lets a request ask
 //! for waits for an approver other than the session's tenant. Every decision is in the
 //! session's record; another tenant gets 404. A class session's commands go through
-//! the class's command policy before they reach the cell.
+//! the class's command policy before they reach the cell, and a session whose command
+//! is a suspected escape is closed with its writable paths quarantined.
 //!
 //! The upstream is python's http.server on 127.0.0.2 (exempted from the private-address
 //! rule), named `api.test`, `files.test` and `evil.test` by the operator's resolver map.
@@ -430,6 +431,8 @@ fn a_session_is_closed_when_one_of_its_commands_is_a_suspected_escape() {
             Some(&json!({ "argv": argv })),
         )
     };
+    let (status, _) = exec(json!(["sh", "-c", "echo left behind > /tmp/notes.txt"]));
+    assert_eq!(status, 200);
     // A syscall of the x32 ABI: the filter kills it (SIGSYS), aimed at the boundary.
     let x32 = "import ctypes\nctypes.CDLL(None).syscall(0x40000000 | 39)\nprint('survived')";
     let (status, frames) = exec(json!(["/usr/bin/python3", "-c", x32]));
@@ -454,4 +457,26 @@ fn a_session_is_closed_when_one_of_its_commands_is_a_suspected_escape() {
     );
     let (status, refused) = exec(json!(["true"]));
     assert_eq!(status, 404, "{refused}");
+
+    // The session's writable paths were copied before its cell was destroyed, and kept
+    // in the quarantine under the session's record, its tenant flagged.
+    let shown = Command::new(common::airlock_bin())
+        .args(["quarantine", "show", &session, "--config"])
+        .arg(service.dir.path().join("airlock.toml"))
+        .arg("--state-dir")
+        .arg(service.dir.path().join("state"))
+        .output()
+        .unwrap();
+    let shown: Value = serde_json::from_slice(&shown.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&shown.stderr)));
+    let manifest = &shown["manifest"];
+    assert_eq!(manifest["writable_paths_copied"], true, "{shown}");
+    assert_eq!(manifest["tenant_flagged"], "tenant:agent", "{manifest}");
+    let copy = service
+        .dir
+        .path()
+        .join("state/quarantine")
+        .join(&session)
+        .join("writable/tmp/notes.txt");
+    assert_eq!(std::fs::read_to_string(copy).unwrap(), "left behind\n");
 }

@@ -41,7 +41,14 @@ pub struct SessionRequest {
     pub max_lifetime: Duration,
     /// The service tenant the session and its commands are recorded for.
     pub tenant: Option<String>,
+    /// Called once the session's record is complete, with its final report and, when
+    /// it was a suspected escape, where its writable paths were copied (the front end
+    /// keeps or removes the copy). `None`: a copy is removed.
+    pub after_close: Option<AfterClose>,
 }
+
+/// See [`SessionRequest::after_close`].
+pub type AfterClose = Box<dyn FnOnce(&RunReport, Option<&std::path::Path>) + Send>;
 
 /// One command of a session.
 pub struct CommandRequest {
@@ -138,6 +145,7 @@ impl Engine {
             idle_timeout,
             max_lifetime,
             tenant,
+            after_close,
         } = request;
         if plan.broker.is_some() {
             // A session's socket would outlive each command's authorization: not built.
@@ -160,8 +168,9 @@ impl Engine {
             credentials,
             secrets: injections,
             artifacts,
-            // A session's cell outlives its commands: not copied yet (docs/policy.md).
-            on_suspected_escape: None,
+            // Copied at the session's end if one of its commands was a suspected
+            // escape (the session is closed at once then, see read_reports).
+            on_suspected_escape: self.on_suspected_escape(),
             mode: HostMode::Session {
                 idle_timeout_ms: idle_timeout.as_millis() as u64,
                 max_lifetime_ms: max_lifetime.as_millis() as u64,
@@ -191,6 +200,10 @@ impl Engine {
             }
         };
         let session_id = handle.run_id();
+        let closing = Closing {
+            evidence_dir: host.evidence_dir.clone(),
+            after_close,
+        };
         let host = Arc::new(host);
         let shared: Shared = Arc::default();
         let reader = {
@@ -199,7 +212,7 @@ impl Engine {
             let stores = Arc::clone(&self.stores);
             std::thread::Builder::new()
                 .name("session-reports".into())
-                .spawn(move || read_reports(&host, &shared, &stores, (store, handle)))
+                .spawn(move || read_reports(&host, &shared, &stores, (store, handle), closing))
                 .map_err(|source| EngineError::Factory {
                     context: "starting a session's reader thread".into(),
                     source,
@@ -448,6 +461,7 @@ fn read_reports(
     shared: &Shared,
     stores: &StorePool,
     (store, handle): (Store, RunHandle),
+    closing: Closing,
 ) {
     let (state, changed) = &**shared;
     // The first command that was a suspected escape: the session is closed at once.
@@ -500,9 +514,31 @@ fn read_reports(
     }
     let _ = record::finish(&store, &handle, &report, &stored(&report));
     stores.give_back(store);
-    guard.closed = Some(report);
+    guard.closed = Some(report.clone());
     drop(guard);
     changed.notify_all();
+    closing.after_close(&report);
+}
+
+/// What happens once the session's record is complete: its evidence is handed to the
+/// front end, or removed when nobody takes it.
+struct Closing {
+    evidence_dir: Option<std::path::PathBuf>,
+    after_close: Option<AfterClose>,
+}
+
+impl Closing {
+    fn after_close(self, report: &RunReport) {
+        let copy = self.evidence_dir.filter(|d| d.exists());
+        match self.after_close {
+            Some(after_close) => after_close(report, copy.as_deref()),
+            None => {
+                if let Some(copy) = copy {
+                    let _ = std::fs::remove_dir_all(copy);
+                }
+            }
+        }
+    }
 }
 
 /// The session's own record says why it ended: one of its commands was a suspected

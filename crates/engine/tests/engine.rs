@@ -644,6 +644,7 @@ fn session_request(plan: CellPlan) -> SessionRequest {
         idle_timeout: Duration::from_secs(30),
         max_lifetime: Duration::from_secs(120),
         tenant: None,
+        after_close: None,
     }
 }
 

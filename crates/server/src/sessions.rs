@@ -241,6 +241,7 @@ pub async fn create_session(
         idle_timeout: Duration::from_secs(config.max_session_idle_timeout_s),
         max_lifetime: lifetime,
         tenant: Some(tenant.name.clone()),
+        after_close: quarantine_after_close(&state, &tenant, &class),
     };
     let engine = Arc::clone(&state.engine);
     let opened = tokio::task::spawn_blocking(move || engine.open_session(request))
@@ -274,6 +275,22 @@ pub async fn create_session(
         .unwrap_or_else(|p| p.into_inner())
         .insert(view.session_id.clone(), entry);
     Ok((axum::http::StatusCode::CREATED, Json(view)).into_response())
+}
+
+/// Keeps a session's evidence once its record is complete, if it was a suspected
+/// escape (the policy layer's quarantine, its tenant flagged); without a policy layer
+/// the engine removes the copy.
+fn quarantine_after_close(
+    state: &Shared,
+    tenant: &Tenant,
+    class: &str,
+) -> Option<airlock_engine::AfterClose> {
+    let policy = state.policy.clone()?;
+    let requester = approvals::identity_of(tenant);
+    let class = class.to_string();
+    Some(Box::new(move |report, copy| {
+        policy.after_contract_run(report, &class, &requester, copy)
+    }))
 }
 
 /// The policy step of a class session: the grant, or the answer (202 pending, 403).

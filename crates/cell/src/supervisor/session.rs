@@ -302,6 +302,8 @@ impl Session<'_> {
                     let mut command = self.running.remove(at);
                     command.drain(&mut Vec::new());
                     let report = command.report(supervision, Some(wait_status), None);
+                    supervision.observed.command_escaped |=
+                        report.status == crate::report::ResultClass::SuspectedEscape;
                     self.send(ToEngine::CommandEnded {
                         id,
                         report: Box::new(report),
@@ -418,6 +420,12 @@ impl Session<'_> {
             // The cell's mounts are final: held for a collection after a memory kill.
             supervision.observed.output_mounts =
                 crate::artifacts::OutputMounts::open(supervision.pid, plan);
+        }
+        if self.started == 0 && supervision.on_suspected_escape.is_some() {
+            // Held until the session's end: a suspected escape's evidence is copied
+            // from them before the cell is destroyed.
+            supervision.observed.writable_mounts =
+                crate::evidence::WritableMounts::open(supervision.pid, plan);
         }
         self.started += 1;
         let now = Instant::now();

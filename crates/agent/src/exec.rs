@@ -100,6 +100,7 @@ pub fn open_session(
         idle_timeout: wall.max(lifetime) + SESSION_SLACK,
         max_lifetime: wall.max(lifetime) + SESSION_SLACK,
         tenant: tenant.map(String::from),
+        after_close: None,
     })?;
     Ok(Arc::new(session))
 }

@@ -9,8 +9,10 @@ use crate::class::{ClassStop, LoadedClass, Request};
 use crate::config::OperatorConfig;
 use airlock_policy::approval::{self, Identity, Scope};
 use airlock_policy::{ApprovalItem, Asked, Denial, DenyReason};
+use airlock_policy::{NetworkChange, NetworkEvaluation};
 use airlock_server::approvals::{
-    ClassGrant as ServiceGrant, ClassPolicy, ClassRequest, Decision, DecisionKind, PolicyRefusal,
+    ClassGrant as ServiceGrant, ClassPolicy, ClassRequest, ClassSession, Decision, DecisionKind,
+    NetworkGrant, NetworkRequest, PolicyRefusal, SessionGrant,
 };
 use airlock_store::approvals::{
     ApprovalDecision, ApprovalRecord, NewApproval, STATUS_APPROVED, STATUS_DENIED, STATUS_EXPIRED,
@@ -407,6 +409,63 @@ impl ServicePolicy {
     fn store(&self) -> Result<Store, PolicyRefusal> {
         Store::open(&self.state_dir).map_err(store_fault)
     }
+
+    fn loaded(&self, class: &str) -> Result<&LoadedClass, PolicyRefusal> {
+        self.classes
+            .get(class)
+            .ok_or_else(|| PolicyRefusal::Invalid {
+                code: "class.unknown".into(),
+                message: format!("no workload class {class:?}"),
+            })
+    }
+
+    /// Appends `body` to run `run_id`'s record; a failure refuses what it records.
+    fn record(
+        &self,
+        run_id: &str,
+        kind: &str,
+        body: serde_json::Value,
+    ) -> Result<(), PolicyRefusal> {
+        self.store()?
+            .append_run_event(run_id, kind, body)
+            .map_err(store_fault)
+    }
+}
+
+/// What a class session's records say it was opened with (its placeholder argv, as a
+/// contract session's record has).
+const SESSION_ARGV: &str = "<session>";
+/// What a network change's approval and denial records name as the command: the change
+/// and the session it is for (an approval of one session's change covers no other).
+const SESSION_NETWORK_ARGV: &str = "<session network>";
+
+/// One decision on a session's destinations, as its `session.network` event says it.
+struct NetworkEvent<'a> {
+    session: &'a ClassSession,
+    requester: &'a str,
+    change: &'a NetworkChange,
+}
+
+impl NetworkEvent<'_> {
+    fn body(&self, decision: &str, after: &[String]) -> serde_json::Value {
+        json!({
+            "decision": decision,
+            "class": self.session.class,
+            "requester": self.requester,
+            "add": self.change.add,
+            "remove": self.change.remove,
+            "before": self.session.domains,
+            "after": after,
+        })
+    }
+
+    fn denied(&self, code: &str, message: &str, denial_run: Option<&str>) -> serde_json::Value {
+        let mut body = self.body("deny", &self.session.domains);
+        body["reason_code"] = json!(code);
+        body["detail"] = json!(message);
+        body["denial_run_id"] = json!(denial_run);
+        body
+    }
 }
 
 fn store_fault(err: StoreError) -> PolicyRefusal {
@@ -500,12 +559,7 @@ impl ClassPolicy for ServicePolicy {
     }
 
     fn plan_run(&self, request: ClassRequest) -> Result<ServiceGrant, PolicyRefusal> {
-        let Some(loaded) = self.classes.get(&request.class) else {
-            return Err(PolicyRefusal::Invalid {
-                code: "class.unknown".into(),
-                message: format!("no workload class {:?}", request.class),
-            });
-        };
+        let loaded = self.loaded(&request.class)?;
         let requester = request.requester.to_string();
         let decided = Request {
             class: &request.class,
@@ -531,5 +585,189 @@ impl ClassPolicy for ServicePolicy {
                 crate::class::after_run(&state_dir, report, Some(&grant), suspect);
             }),
         })
+    }
+
+    fn after_contract_run(
+        &self,
+        report: &airlock_cell::report::RunReport,
+        workload_class: &str,
+        requester: &Identity,
+        writable_copy: Option<&std::path::Path>,
+    ) {
+        let suspect = crate::quarantine::Suspect {
+            class: workload_class,
+            requester: requester.to_string(),
+            credentials: Vec::new(),
+            writable_copy: writable_copy.map(PathBuf::from),
+        };
+        crate::quarantine::preserve_if_suspected(&self.state_dir, report, &suspect);
+    }
+
+    fn plan_session(&self, request: ClassRequest) -> Result<SessionGrant, PolicyRefusal> {
+        let loaded = self.loaded(&request.class)?;
+        let requester = request.requester.to_string();
+        let argv = [SESSION_ARGV.to_string()];
+        let decided = Request {
+            class: &request.class,
+            requester: &requester,
+            argv: &argv,
+            state_dir: &self.state_dir,
+            tenant: Some(&request.tenant),
+        };
+        let approval = request.approval.as_deref();
+        let grant = crate::class::decide_session(&decided, loaded, &request.asked, approval)
+            .map_err(stop_refusal)?;
+        let state_dir = self.state_dir.clone();
+        let decision = grant.decision.clone();
+        Ok(SessionGrant {
+            lifetime_seconds: grant.session_lifetime_seconds.unwrap_or(0),
+            contract: grant.contract,
+            base_dir: grant.base_dir,
+            opened: Box::new(move |session_id| {
+                let recorded = Store::open(&state_dir).and_then(|store| {
+                    store.append_run_event(
+                        session_id,
+                        airlock_store::kinds::POLICY_DECISION,
+                        decision,
+                    )
+                });
+                if let Err(err) = recorded {
+                    eprintln!(
+                        "airlock: warning: the session's policy decision was not recorded: {err}"
+                    );
+                }
+            }),
+        })
+    }
+
+    fn check_session_command(
+        &self,
+        session: &ClassSession,
+        requester: &Identity,
+        argv: &[String],
+    ) -> Result<(), PolicyRefusal> {
+        let loaded = self.loaded(&session.class)?;
+        let requester = requester.to_string();
+        let decided = Request {
+            class: &session.class,
+            requester: &requester,
+            argv,
+            state_dir: &self.state_dir,
+            tenant: Some(&session.tenant),
+        };
+        crate::class::check_session_command(&decided, loaded).map_err(stop_refusal)
+    }
+
+    fn change_network(
+        &self,
+        session: &ClassSession,
+        request: NetworkRequest,
+    ) -> Result<NetworkGrant, PolicyRefusal> {
+        let loaded = self.loaded(&session.class)?;
+        let requester = request.requester.to_string();
+        let event = NetworkEvent {
+            session,
+            requester: &requester,
+            change: &request.change,
+        };
+        let argv = [SESSION_NETWORK_ARGV.to_string(), session.session_id.clone()];
+        let decided = Request {
+            class: &session.class,
+            requester: &requester,
+            argv: &argv,
+            state_dir: &self.state_dir,
+            tenant: Some(&session.tenant),
+        };
+        let asked = Asked {
+            domains: request.change.add.clone(),
+            ..Asked::default()
+        };
+        let evaluation = airlock_policy::evaluate_network_change(
+            &loaded.class,
+            &session.domains,
+            &request.change,
+        );
+        let (domains, approvals) = match evaluation {
+            NetworkEvaluation::Granted { domains } => (domains, Vec::new()),
+            NetworkEvaluation::Denied { reason } => {
+                let stop = decided.deny(&asked, &reason);
+                return Err(self.network_stop(&event, stop));
+            }
+            NetworkEvaluation::NeedsApproval { what, domains } => {
+                let approval = (request.approval.as_deref(), 0);
+                match approvals_for(&decided, loaded, approval, &what, &asked) {
+                    Ok(used) => (domains, used),
+                    Err(stop) => return Err(self.network_stop(&event, stop)),
+                }
+            }
+        };
+        let rules = airlock_policy::destination_rules(&domains).map_err(|denial| {
+            PolicyRefusal::Invalid {
+                code: denial.code().to_string(),
+                message: denial.to_string(),
+            }
+        })?;
+        let mut granted = event.body("grant", &domains);
+        granted["approvals"] = json!(approvals);
+        // Recorded before it applies: a change the chain does not show never happens.
+        self.record(
+            &session.session_id,
+            airlock_store::kinds::SESSION_NETWORK,
+            granted.clone(),
+        )?;
+        let state_dir = self.state_dir.clone();
+        let session_id = session.session_id.clone();
+        Ok(NetworkGrant {
+            domains,
+            rules,
+            applied: Box::new(move |error| {
+                let Some(error) = error else { return };
+                granted["applied"] = json!(false);
+                granted["error"] = json!(error);
+                let recorded = Store::open(&state_dir).and_then(|store| {
+                    store.append_run_event(
+                        &session_id,
+                        airlock_store::kinds::SESSION_NETWORK,
+                        granted,
+                    )
+                });
+                if let Err(err) = recorded {
+                    eprintln!("airlock: warning: a failed network change was not recorded: {err}");
+                }
+            }),
+        })
+    }
+}
+
+impl ServicePolicy {
+    /// A change that goes no further: denied (its denial record and review are written
+    /// by then) or pending, recorded in the session's record too.
+    fn network_stop(&self, event: &NetworkEvent<'_>, stop: ClassStop) -> PolicyRefusal {
+        let body = match &stop {
+            ClassStop::Denied {
+                code,
+                message,
+                run_id,
+            } => Some(event.denied(code, message, run_id.as_deref())),
+            ClassStop::Pending { approval_id, needs } => {
+                let mut body = event.body("pending_approval", &event.session.domains);
+                body["approval_id"] = json!(approval_id);
+                body["needs"] = json!(needs);
+                Some(body)
+            }
+            ClassStop::Usage(_) => None,
+        };
+        let refusal = stop_refusal(stop);
+        let recorded = body.map_or(Ok(()), |body| {
+            self.record(
+                &event.session.session_id,
+                airlock_store::kinds::SESSION_NETWORK,
+                body,
+            )
+        });
+        match recorded {
+            Ok(()) => refusal,
+            Err(fault) => fault,
+        }
     }
 }

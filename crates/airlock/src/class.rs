@@ -180,6 +180,17 @@ fn read_request(path: Option<&Path>) -> anyhow::Result<Asked> {
 /// resolved on the host first (symlinks followed), so that a link below a root cannot
 /// lead outside it: the policy compares paths lexically.
 pub fn evaluate(loaded: &LoadedClass, argv: &[String], asked: &Asked) -> Evaluation {
+    let (class, asked) = resolved_paths(loaded, asked);
+    airlock_policy::evaluate(&class, argv, &asked)
+}
+
+/// [`evaluate`] for opening a session (no command yet).
+pub fn evaluate_session(loaded: &LoadedClass, asked: &Asked) -> Evaluation {
+    let (class, asked) = resolved_paths(loaded, asked);
+    airlock_policy::evaluate_session(&class, &asked)
+}
+
+fn resolved_paths(loaded: &LoadedClass, asked: &Asked) -> (WorkloadClass, Asked) {
     let mut class = loaded.class.clone();
     for root in &mut class.bounds.input_roots {
         root.host = resolved(&root.host);
@@ -188,7 +199,7 @@ pub fn evaluate(loaded: &LoadedClass, argv: &[String], asked: &Asked) -> Evaluat
     for input in &mut asked.inputs {
         input.source = resolved(&input.source);
     }
-    airlock_policy::evaluate(&class, argv, &asked)
+    (class, asked)
 }
 
 /// `path` with its symlinks resolved when it exists and is absolute; else as it is (the
@@ -232,6 +243,8 @@ pub struct ClassGrant {
     pub decision: Value,
     /// The class's retry rules and the request's idempotency key, when it has one.
     pub retry: Option<(airlock_policy::retry::RetryRules, String)>,
+    /// A session's granted lifetime (a session request only).
+    pub session_lifetime_seconds: Option<u64>,
 }
 
 /// Why a class request goes no further.
@@ -330,7 +343,8 @@ pub fn decide_request(
     if asked.session.is_some() {
         return Err(ClassStop::Usage(
             "the request asks for a session: `airlock run` runs one command in one cell; \
-             sessions are opened through the engine's session API"
+             a class session is opened through the service (`POST /v1/sessions` with a \
+             `class`)"
                 .to_string(),
         ));
     }
@@ -338,18 +352,57 @@ pub fn decide_request(
     if let Some(denial) = lockfile_denial(&evaluation, asked) {
         return Err(request.deny(asked, &denial));
     }
+    conclude(request, loaded, evaluation, (approval, wait_seconds))
+}
+
+/// Decides opening a session of class `loaded` (its capabilities, no command: each
+/// command is checked when it comes, [`check_session_command`]): the grant, the
+/// recorded denial, or the pending approval.
+pub fn decide_session(
+    request: &Request<'_>,
+    loaded: &LoadedClass,
+    asked: &Asked,
+    approval: Option<&str>,
+) -> Result<ClassGrant, ClassStop> {
+    let evaluation = evaluate_session(loaded, asked);
+    conclude(request, loaded, evaluation, (approval, 0))
+}
+
+/// One command of an open session of class `loaded`: refused (and recorded like any
+/// denial, under the session's tenant) when the class's command policy forbids it or
+/// would route it to an approver; it never reaches the cell then.
+pub fn check_session_command(request: &Request<'_>, loaded: &LoadedClass) -> Result<(), ClassStop> {
+    airlock_policy::check_session_command(&loaded.class, request.argv)
+        .map(drop)
+        .map_err(|denial| request.deny(&Asked::default(), &denial))
+}
+
+/// The grant of an evaluation (with the approvals it spent), its recorded denial, or
+/// its pending approval.
+fn conclude(
+    request: &Request<'_>,
+    loaded: &LoadedClass,
+    evaluation: Evaluation,
+    (approval, wait_seconds): (Option<&str>, u64),
+) -> Result<ClassGrant, ClassStop> {
+    let grant = |contract: Box<Contract>,
+                 asked: &Asked,
+                 granted: &airlock_policy::Granted,
+                 command: &airlock_policy::CommandVerdict,
+                 approvals: &[String]| ClassGrant {
+        contract: *contract,
+        base_dir: loaded.base_dir.clone(),
+        decision: request.grant_event(asked, granted, command, approvals),
+        retry: retry_of(loaded, asked),
+        session_lifetime_seconds: granted.session_lifetime_seconds,
+    };
     match evaluation {
         Evaluation::Granted {
             contract,
             asked,
             granted,
             command,
-        } => Ok(ClassGrant {
-            contract: *contract,
-            base_dir: loaded.base_dir.clone(),
-            decision: request.grant_event(&asked, &granted, &command, &[]),
-            retry: retry_of(loaded, &asked),
-        }),
+        } => Ok(grant(contract, &asked, &granted, &command, &[])),
         Evaluation::Denied { reason, asked } => Err(request.deny(&asked, &reason)),
         Evaluation::NeedsApproval {
             what,
@@ -365,12 +418,7 @@ pub fn decide_request(
                 &what,
                 &asked,
             )?;
-            Ok(ClassGrant {
-                contract: *contract,
-                base_dir: loaded.base_dir.clone(),
-                decision: request.grant_event(&asked, &granted, &command, &approvals),
-                retry: retry_of(loaded, &asked),
-            })
+            Ok(grant(contract, &asked, &granted, &command, &approvals))
         }
     }
 }

@@ -317,9 +317,14 @@ fn a_forbidden_command_in_a_script_never_reaches_a_cell() {
     );
     let runs = setup.runs();
     assert_eq!(runs[0]["status"], "policy_denied");
+    // No plan was compiled: no cell was cloned, no cgroup made, no host identity leased.
     assert!(runs[0]["plan"].is_null());
+    assert!(runs[0]["result"]["cgroup_version"].is_null());
+    assert!(runs[0]["result"]["host_identity"].is_null());
     let event = setup.policy_event(runs[0]["run_id"].as_str().unwrap());
     assert_eq!(event["reason_code"], "policy.command_forbidden");
+    let reviews = json_of(&setup.cli(&["reviews", "list", "--json"]));
+    assert_eq!(reviews[0]["reason_code"], "policy.command_forbidden");
 }
 
 #[test]

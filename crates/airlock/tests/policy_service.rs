@@ -20,6 +20,8 @@ const NOSY: &str = "nosy-key";
 const CONFIG: &str = r#"
 [server]
 listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
+[server.contracts]
+probe-contract = "probe.yaml"
 [server.tenants.agent]
 api_key_sha256 = ["AGENT"]
 [server.tenants.reviewer]
@@ -79,6 +81,12 @@ impl Service {
             .replace("REVIEWER", &common::sha256_hex(REVIEWER))
             .replace("NOSY", &common::sha256_hex(NOSY));
         std::fs::write(dir.path().join("airlock.toml"), config).unwrap();
+        std::fs::write(
+            dir.path().join("probe.yaml"),
+            "network:\n  mode: allowlist\n  allowed_domains: [api.test]\n\
+             filesystem:\n  writable_paths: [/tmp]\n",
+        )
+        .unwrap();
         let child = Command::new(common::airlock_bin())
             .arg("serve")
             .arg("--config")
@@ -302,4 +310,38 @@ fn a_suspected_escape_through_the_service_keeps_its_writable_paths_and_flags_its
     let reviews: Value = serde_json::from_slice(&reviews.stdout).unwrap();
     assert_eq!(reviews[0]["reason_code"], "suspected_escape");
     assert_eq!(reviews[0]["requester"], "tenant:agent");
+}
+
+#[test]
+fn a_suspected_escape_of_a_named_contract_run_through_the_service_is_quarantined_too() {
+    require_cells!();
+    let service = Service::start();
+    let probe = "import socket\nopen('/tmp/notes.txt', 'w').write('named contract')\n\
+                 s = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n\
+                 s.sendall(b'CONNECT 169.254.169.254:80 HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n\
+                 print(s.recv(100))\n";
+    let body = json!({"contract": "probe-contract", "argv": ["python3", "-c", probe]});
+    let (status, record) = service.call(AGENT, "POST", "/v1/runs?wait=true", Some(&body));
+    assert_eq!(status, 200, "{record}\n{}", service.log());
+    assert_eq!(record["status"], "suspected_escape", "{record}");
+    let run_id = record["run_id"].as_str().unwrap();
+    let shown = service.cli(&["quarantine", "show", run_id]);
+    let shown: Value = serde_json::from_slice(&shown.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&shown.stderr)));
+    let manifest = &shown["manifest"];
+    assert_eq!(manifest["writable_paths_copied"], true, "{shown}");
+    assert_eq!(manifest["tenant_flagged"], "tenant:agent", "{manifest}");
+    let copy = service
+        .state_dir()
+        .join("quarantine")
+        .join(run_id)
+        .join("writable/tmp/notes.txt");
+    assert_eq!(std::fs::read_to_string(copy).unwrap(), "named contract");
+    // No unclaimed copy is left in the area.
+    let leftovers: Vec<String> = std::fs::read_dir(service.state_dir().join("quarantine"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".cell-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
 }

@@ -49,6 +49,18 @@ api_key_sha256 = ["{bob}"]
 api_key_sha256 = ["{carol}"]
 runs_per_minute = 2
 max_sessions = 1
+[policy]
+approvers = ["tenant:bob"]
+[policy.classes.fetch]
+description = "a session whose destinations change (docs/api.md)"
+[policy.classes.fetch.template.network]
+mode = "allowlist"
+allowed_domains = ["api.test:8080"]
+[policy.classes.fetch.bounds]
+requestable_domains = ["files.test:8080"]
+session = {{ allowed = true, max_lifetime_seconds = 600 }}
+[policy.classes.fetch.commands]
+unmatched = "allow"
 "#,
             sock = dir.path().join("airlock.sock").display(),
             alice = common::sha256_hex(ALICE),

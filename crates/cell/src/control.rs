@@ -63,6 +63,13 @@ pub enum ToSupervisor {
     Kill { id: u64 },
     /// Send `signal` to session command `id`'s process group (inside the cell).
     Signal { id: u64, signal: CommandSignal },
+    /// Replace a session's egress destinations (a decision of the policy layer, within
+    /// its class): connections opened from now on are decided against `destinations`.
+    /// Answered with [`ToEngine::DestinationsSet`] carrying the same `change`.
+    SetDestinations {
+        change: u64,
+        destinations: Vec<airlock_contract::DestinationRule>,
+    },
     /// Destroy the cell.
     Close,
 }
@@ -161,6 +168,12 @@ pub enum ToEngine {
         id: u64,
         report: Box<RunReport>,
     },
+    /// The answer to [`ToSupervisor::SetDestinations`]: applied (`error: None`) before
+    /// this is sent, or why not (the cell has no egress proxy, it is not a session).
+    DestinationsSet {
+        change: u64,
+        error: Option<String>,
+    },
     /// The cell is destroyed: the final report, cleanup included.
     Closed {
         report: Box<RunReport>,
@@ -180,7 +193,10 @@ impl Message for ToSupervisor {
     fn descriptors(&self) -> usize {
         match self {
             ToSupervisor::Run { command, .. } => 2 + usize::from(command.stdin),
-            ToSupervisor::Kill { .. } | ToSupervisor::Signal { .. } | ToSupervisor::Close => 0,
+            ToSupervisor::Kill { .. }
+            | ToSupervisor::Signal { .. }
+            | ToSupervisor::SetDestinations { .. }
+            | ToSupervisor::Close => 0,
         }
     }
 }
@@ -365,6 +381,20 @@ impl EngineControl {
         send(self.sock.as_fd(), &ToSupervisor::Close, &[])
     }
 
+    /// Asks a session's supervisor to replace its egress destinations; the answer is a
+    /// [`ToEngine::DestinationsSet`] with the same `change`.
+    pub fn set_destinations(
+        &self,
+        change: u64,
+        destinations: Vec<airlock_contract::DestinationRule>,
+    ) -> Result<(), CellError> {
+        let message = ToSupervisor::SetDestinations {
+            change,
+            destinations,
+        };
+        send(self.sock.as_fd(), &message, &[])
+    }
+
     /// The supervisor's next message; `None` once its process is gone. The release
     /// pipe that comes with `Parked` is kept here.
     pub fn recv(&self) -> Result<Option<ToEngine>, CellError> {
@@ -445,7 +475,8 @@ fn without_egress_records(message: &ToEngine) -> Option<ToEngine> {
         },
         ToEngine::Parked { .. }
         | ToEngine::CommandStarted { .. }
-        | ToEngine::CommandExited { .. } => return None,
+        | ToEngine::CommandExited { .. }
+        | ToEngine::DestinationsSet { .. } => return None,
     })
 }
 

@@ -22,7 +22,9 @@ pub use plan::*;
 pub use transparent::{
     transparent_endpoints, TransparentEndpoint, MAX_TRANSPARENT_LISTENERS, TRANSPARENT_DNS,
 };
-pub use validate::{BASE_ENV_NAMES, DEFAULT_PORTS, RESERVED_CELL_DIRS, RESERVED_ENV_NAMES};
+pub use validate::{
+    parse_destination, BASE_ENV_NAMES, DEFAULT_PORTS, RESERVED_CELL_DIRS, RESERVED_ENV_NAMES,
+};
 
 use std::path::Path;
 

@@ -386,7 +386,7 @@ fn check_network(network: &Network, errors: &mut Errors) -> Vec<DestinationRule>
 
 /// `name`, `*.name`, either optionally with `:port`. Deliberately narrow: anything the
 /// egress proxy could read more than one way (URLs, IP literals, bare `*`) is refused.
-pub(crate) fn parse_destination(entry: &str) -> Result<DestinationRule, String> {
+pub fn parse_destination(entry: &str) -> Result<DestinationRule, String> {
     if entry.is_empty() {
         return Err("must not be empty".to_owned());
     }

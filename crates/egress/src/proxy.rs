@@ -2,7 +2,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,7 +29,9 @@ pub const MAX_RECORDS: usize = 100_000;
 const REFUSAL_HEADROOM: u32 = 64;
 
 pub struct Shared {
-    pub allowlist: Allowlist,
+    /// Replaced whole while the proxy runs ([`ProxyHandle::replace_destinations`]): a
+    /// session's destinations change under a live cell (docs/policy.md).
+    allowlist: RwLock<Arc<Allowlist>>,
     pub resolver: DestinationResolver,
     pub policy: AddressPolicy,
     pub allow_ip_literals: bool,
@@ -61,6 +63,12 @@ pub struct Shared {
 pub const MAX_DNS_RECORDS: u64 = 1024;
 
 impl Shared {
+    /// The destinations allowed now. A connection is decided against the list of the
+    /// moment it is opened; one already open keeps going when the list changes.
+    pub fn allowlist(&self) -> Arc<Allowlist> {
+        Arc::clone(&self.allowlist.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// Account `n` bytes against the cell's budget; `false` once the budget is exceeded.
     pub fn consume(&self, n: usize) -> bool {
         let prev = self.bytes_total.fetch_add(n as u64, Ordering::Relaxed);
@@ -278,13 +286,13 @@ pub async fn decide_and_connect(
             if !shared.allow_ip_literals {
                 return Err(Refusal::new(reason::IP_LITERAL));
             }
-            if !shared.allowlist.permits_ip(ip, port) {
+            if !shared.allowlist().permits_ip(ip, port) {
                 return Err(Refusal::new(reason::NOT_ALLOWLISTED));
             }
             (None, vec![ip])
         }
         ParsedHost::Name(name) => {
-            if !shared.allowlist.permits(&name, port) {
+            if !shared.allowlist().permits(&name, port) {
                 return Err(Refusal::new(reason::NOT_ALLOWLISTED));
             }
             if shared.upstream_proxy.is_some() {
@@ -463,6 +471,18 @@ impl ProxyHandle {
         self.shared.bytes_total.load(Ordering::Relaxed)
     }
 
+    /// Replaces the destinations the proxy allows: every connection opened from now on
+    /// is decided against `rules`; connections already open are left to finish (their
+    /// destination was allowed when they were opened).
+    pub fn replace_destinations(&self, rules: &[DestinationRule]) {
+        let next = Arc::new(Allowlist::new(rules));
+        *self
+            .shared
+            .allowlist
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = next;
+    }
+
     /// The HTTP proxy listener's local address.
     pub fn http_addr(&self) -> SocketAddr {
         self.http_addr
@@ -549,7 +569,7 @@ pub fn start(
             })
             .transpose()?;
         let shared = Arc::new(Shared {
-            allowlist,
+            allowlist: RwLock::new(Arc::new(allowlist)),
             resolver,
             policy: AddressPolicy {
                 exempt: config.exempt_cidrs.clone(),

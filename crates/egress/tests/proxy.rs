@@ -888,3 +888,38 @@ fn server_first_protocols_work_through_tunnels() {
     assert_eq!(r.decision, Decision::Allowed);
     assert_eq!((r.bytes_up, r.bytes_down), (6, 20));
 }
+
+#[test]
+fn replaced_destinations_decide_new_connections_and_leave_open_ones_alone() {
+    let (port, accepted) = echo_server();
+    let rules = vec![rule("api.test", &[port])];
+    let proxy = start(opaque(base_config(), &rules), rules.clone());
+    let target = format!("api.test:{port}");
+
+    let (mut open, head) = http_connect(&proxy, &target);
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    // Removed: the next connection is refused, the open tunnel still relays.
+    proxy.replace_destinations(&[rule("other.test", &[port])]);
+    connect_refused(&proxy, &target, reason::NOT_ALLOWLISTED);
+    open.write_all(b"ping").unwrap();
+    let mut buf = [0u8; 4];
+    open.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ping");
+    drop(open);
+    // Added back: the next connection goes through.
+    proxy.replace_destinations(&rules);
+    let (again, head) = http_connect(&proxy, &target);
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    drop(again);
+
+    let records = proxy.shutdown();
+    let allowed = records.iter().filter(|r| r.decision == Decision::Allowed);
+    assert_eq!(allowed.count(), 2, "{records:#?}");
+    let denied: Vec<_> = records
+        .iter()
+        .filter(|r| r.decision == Decision::Denied)
+        .collect();
+    assert_eq!(denied.len(), 1, "{records:#?}");
+    assert_denied(denied[0], reason::NOT_ALLOWLISTED);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}

@@ -54,8 +54,8 @@ impl Engine {
             .then(|| self.pools.claim(&shape))
             .flatten();
         let parked = warm.is_some();
+        // A parked cell was given its evidence directory when it was built (pool.rs).
         let on_suspected_escape = (!parked).then(|| self.on_suspected_escape()).flatten();
-        let evidence_dir = on_suspected_escape.as_ref().map(|e| e.dir.clone());
         let host = match warm {
             Some(host) => Ok(host),
             None => self.spawn_host(HostRequest {
@@ -67,6 +67,7 @@ impl Engine {
                 on_suspected_escape,
             }),
         };
+        let evidence_dir = host.as_ref().ok().and_then(|h| h.evidence_dir.clone());
         let secrets = prepared.secrets.clone();
         // A parked cell gets its command before the record, held: the supervisor prepares
         // it and hands it to pid 1 while the record is written, and the engine releases
@@ -287,7 +288,7 @@ fn read_reports(
                 return Ok((*report, latency));
             }
             Ok(Some(ToEngine::Failed { report })) => return Err(report),
-            Ok(Some(ToEngine::Parked { .. })) => {}
+            Ok(Some(ToEngine::Parked { .. })) | Ok(Some(ToEngine::DestinationsSet { .. })) => {}
             Ok(None) | Err(_) => return Err(Box::new(supervisor_gone(run_id))),
         }
     }

@@ -140,13 +140,7 @@ impl ProxySession {
                 path_prefixes: r.path_prefixes.clone(),
             })
             .collect();
-        let rules = destinations
-            .iter()
-            .map(|d| DestinationRule {
-                host_pattern: d.host_pattern.clone(),
-                ports: d.ports.clone(),
-            })
-            .collect();
+        let rules = proxy_rules(destinations);
         ProxySession {
             config,
             rules,
@@ -160,6 +154,17 @@ impl ProxySession {
             records: Vec::new(),
         }
     }
+}
+
+/// The plan's destinations as the proxy takes them (the same shape).
+fn proxy_rules(destinations: &[airlock_contract::DestinationRule]) -> Vec<DestinationRule> {
+    destinations
+        .iter()
+        .map(|d| DestinationRule {
+            host_pattern: d.host_pattern.clone(),
+            ports: d.ports.clone(),
+        })
+        .collect()
 }
 
 impl ProxySession {
@@ -199,6 +204,21 @@ impl EgressSession for ProxySession {
                 .map_err(|e| e.to_string())?;
         self.handle = Some(handle);
         Ok(())
+    }
+
+    fn replace_destinations(
+        &mut self,
+        destinations: &[airlock_contract::DestinationRule],
+    ) -> Result<(), String> {
+        let rules = proxy_rules(destinations);
+        match &self.handle {
+            Some(handle) => {
+                handle.replace_destinations(&rules);
+                self.rules = rules;
+                Ok(())
+            }
+            None => Err("the session's egress proxy is not running".to_string()),
+        }
     }
 
     fn finish(&mut self) -> EgressSummary {

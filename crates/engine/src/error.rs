@@ -24,6 +24,10 @@ pub enum EngineError {
     SessionClosed,
     #[error("the session has no command {0}")]
     NoSuchCommand(u64),
+    /// The session's destinations could not be replaced (its cell has no egress proxy):
+    /// nothing changed.
+    #[error("the session's destinations were not changed: {0}")]
+    DestinationsNotSet(String),
 }
 
 impl EngineError {
@@ -38,6 +42,7 @@ impl EngineError {
             EngineError::SessionFailed(_)
             | EngineError::SessionClosed
             | EngineError::NoSuchCommand(_) => ResultClass::RuntimeFault,
+            EngineError::DestinationsNotSet(_) => ResultClass::PolicyDenied,
         }
     }
 }

@@ -66,6 +66,9 @@ pub struct CellFactory {
 pub struct CellHost {
     pub pid: i32,
     pub control: EngineControl,
+    /// Where its supervisor copies the cell's writable paths if its verdict is a
+    /// suspected escape (the request's `on_suspected_escape`).
+    pub evidence_dir: Option<std::path::PathBuf>,
     _counted: LiveCell,
 }
 
@@ -113,6 +116,7 @@ impl CellFactory {
     /// cell is then being built: [`EngineControl::recv`] gives `Parked` or `Failed`).
     pub fn spawn(&self, request: HostRequest) -> Result<CellHost, EngineError> {
         let counted = self.count_one()?;
+        let evidence_dir = request.on_suspected_escape.as_ref().map(|e| e.dir.clone());
         let (engine_end, supervisor_end) =
             process::seqpacket_pair().map_err(|source| EngineError::Factory {
                 context: "socketpair".into(),
@@ -134,6 +138,7 @@ impl CellFactory {
             Ok(FromFactory::Spawned { pid }) => Ok(CellHost {
                 pid,
                 control: EngineControl::new(engine_end),
+                evidence_dir,
                 _counted: counted,
             }),
             Ok(FromFactory::Refused { error }) => Err(EngineError::FactoryProtocol(error)),

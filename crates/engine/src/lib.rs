@@ -29,7 +29,7 @@ pub use lifecycle::{
     CommandLatency, FinishedRun, RecordedHook, RecordedRefusal, Refusal, RunRequest,
 };
 pub use pool::{PlanShape, PoolStatus};
-pub use session::{CommandRequest, CommandStatus, Session, SessionRequest};
+pub use session::{AfterClose, CommandRequest, CommandStatus, Session, SessionRequest};
 
 use factory::CellFactory;
 use std::path::PathBuf;
@@ -107,7 +107,8 @@ impl Engine {
         size: usize,
     ) -> Result<(), EngineError> {
         let factory = self.factory()?;
-        self.pools.keep(factory, template, size);
+        self.pools
+            .keep(factory, self.evidence_area(), template, size);
         Ok(())
     }
 

@@ -230,32 +230,23 @@ impl Engine {
     }
 
     /// The completion sequence's quarantine step for one run: a new directory in the
-    /// quarantine area (created 0700 when missing) that the cell's writable paths are
-    /// copied into, before the cell is destroyed, if its verdict is a suspected escape.
-    /// `None` when the operator keeps none, or the area is not a private directory.
+    /// quarantine area that the cell's writable paths are copied into, before the cell
+    /// is destroyed, if its verdict is a suspected escape. `None` when the operator keeps
+    /// none (or the area stopped being private since the run's check refused nothing).
     pub(crate) fn on_suspected_escape(&self) -> Option<airlock_cell::evidence::OnSuspectedEscape> {
-        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-        if self.config.quarantine_max_bytes == 0 {
-            return None;
-        }
-        let area = self.config.state_dir.join(crate::QUARANTINE_DIR);
-        // The state directory itself may not exist yet (the store creates it when the
-        // record begins, after this).
-        let _ = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&area);
-        let meta = std::fs::symlink_metadata(&area).ok()?;
-        if !meta.is_dir() || meta.mode() & 0o077 != 0 {
-            return None;
-        }
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        Some(airlock_cell::evidence::OnSuspectedEscape {
-            dir: area.join(format!(".cell-{}-{nanos}", std::process::id())),
+        self.evidence_area().for_one_cell()
+    }
+
+    /// See [`EvidenceArea::check`].
+    pub(crate) fn quarantine_area(&self) -> Result<Option<std::path::PathBuf>, String> {
+        self.evidence_area().check()
+    }
+
+    pub(crate) fn evidence_area(&self) -> EvidenceArea {
+        EvidenceArea {
+            area: self.config.state_dir.join(crate::QUARANTINE_DIR),
             max_bytes: self.config.quarantine_max_bytes,
-        })
+        }
     }
 
     /// The run's broker started for its plan (broker_session.rs), or the run refused
@@ -371,6 +362,9 @@ impl Engine {
             };
             return Err(refuse(err.class(), err.to_string()));
         }
+        if let Err(why) = self.quarantine_area() {
+            return Err(refuse(ResultClass::SandboxUnavailable, why));
+        }
         let mut hasher = InputHasher::new(&plan.argv);
         hasher
             .add_plan_inputs(plan)
@@ -471,5 +465,64 @@ impl Recorder<'_> {
         };
         let inputs = self.input_contents.take().map(inputs::join);
         FinishedRun::new(report, plan, inputs, self.secrets, record)
+    }
+}
+
+/// Where the evidence of a suspected escape goes (`<state dir>/quarantine`), and how
+/// much of a cell's writable paths is copied (`[policy] quarantine_max_bytes`).
+#[derive(Debug, Clone)]
+pub(crate) struct EvidenceArea {
+    area: PathBuf,
+    max_bytes: u64,
+}
+
+impl EvidenceArea {
+    /// A fresh directory of the area for one cell's copy; `None` when the operator keeps
+    /// none or the area is not private.
+    pub(crate) fn for_one_cell(&self) -> Option<airlock_cell::evidence::OnSuspectedEscape> {
+        let area = self.check().ok().flatten()?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Some(airlock_cell::evidence::OnSuspectedEscape {
+            dir: area.join(format!(".cell-{}-{nanos}", std::process::id())),
+            max_bytes: self.max_bytes,
+        })
+    }
+
+    /// The area, created 0700 when missing; `Ok(None)` when the operator keeps no
+    /// evidence (`quarantine_max_bytes = 0`). An area that is not a private directory
+    /// (a link, a file, a mode open to others) is an error: a suspected escape's
+    /// evidence could not be kept there, so every run is refused until the operator
+    /// mends it, rather than run without its quarantine.
+    pub(crate) fn check(&self) -> Result<Option<PathBuf>, String> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        if self.max_bytes == 0 {
+            return Ok(None);
+        }
+        let area = &self.area;
+        // The state directory itself may not exist yet (the store creates it when the
+        // record begins, after this).
+        let _ = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(area);
+        let refused = |why: String| {
+            Err(format!(
+                "the quarantine area {} {why}: a suspected escape's evidence could not be \
+                 kept (make it a directory of mode 0700, or set [policy] \
+                 quarantine_max_bytes = 0 to keep none)",
+                area.display()
+            ))
+        };
+        match std::fs::symlink_metadata(area) {
+            Err(err) => refused(format!("cannot be created: {err}")),
+            Ok(meta) if !meta.is_dir() => refused("is not a directory".to_string()),
+            Ok(meta) if meta.mode() & 0o077 != 0 => refused(format!(
+                "is open to others (mode {:o})",
+                meta.mode() & 0o7777
+            )),
+            Ok(_) => Ok(Some(area.clone())),
+        }
     }
 }

@@ -8,6 +8,7 @@
 use crate::cells::wait_parked;
 use crate::factory::{CellFactory, CellHost};
 use crate::host::{HostMode, HostRequest};
+use crate::lifecycle::EvidenceArea;
 use airlock_contract::CellPlan;
 use airlock_contract::PlanTransfer;
 use sha2::{Digest, Sha256};
@@ -61,7 +62,13 @@ pub struct PoolStatus {
 impl Pools {
     /// Keeps `size` cells of `template`'s shape parked (0 removes the pool and destroys
     /// its cells).
-    pub fn keep(&self, factory: Arc<CellFactory>, template: CellPlan, size: usize) {
+    pub fn keep(
+        &self,
+        factory: Arc<CellFactory>,
+        evidence: EvidenceArea,
+        template: CellPlan,
+        size: usize,
+    ) {
         let shape = PlanShape::of(&template);
         let (state, wake) = &*self.shared;
         let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
@@ -86,7 +93,7 @@ impl Pools {
             *refill = Some(
                 std::thread::Builder::new()
                     .name("warm-pool-refill".into())
-                    .spawn(move || refill_loop(&shared, &factory))
+                    .spawn(move || refill_loop(&shared, &factory, &evidence))
                     .expect("spawning the pool refill thread"),
             );
         }
@@ -138,7 +145,11 @@ impl Pools {
 }
 
 /// The refill thread: builds one cell at a time for the pool furthest below its size.
-fn refill_loop(shared: &(Mutex<PoolState>, Condvar), factory: &CellFactory) {
+fn refill_loop(
+    shared: &(Mutex<PoolState>, Condvar),
+    factory: &CellFactory,
+    evidence: &EvidenceArea,
+) {
     let (state, wake) = shared;
     loop {
         let wanted = {
@@ -161,8 +172,9 @@ fn refill_loop(shared: &(Mutex<PoolState>, Condvar), factory: &CellFactory) {
                 secrets: Vec::new(),
                 artifacts: None,
                 mode: HostMode::OneShot,
-                // A parked cell is not any run's yet: its claim does not copy.
-                on_suspected_escape: None,
+                // Its own evidence directory, used by the run that claims it (cells.rs
+                // takes it from the host): a warm cell's writable paths are copied too.
+                on_suspected_escape: evidence.for_one_cell(),
             })
             .ok()
             .filter(|host| wait_parked(&host.control).is_ok());

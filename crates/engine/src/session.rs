@@ -16,7 +16,7 @@ use crate::stores::StorePool;
 use crate::{Engine, EngineError};
 use airlock_cell::artifacts::ArtifactRequest;
 use airlock_cell::control::{CommandSpec, ToEngine};
-use airlock_cell::report::RunReport;
+use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::PayloadStdin;
 use airlock_contract::CellPlan;
 use airlock_contract::PlanTransfer;
@@ -41,7 +41,14 @@ pub struct SessionRequest {
     pub max_lifetime: Duration,
     /// The service tenant the session and its commands are recorded for.
     pub tenant: Option<String>,
+    /// Called once the session's record is complete, with its final report and, when
+    /// it was a suspected escape, where its writable paths were copied (the front end
+    /// keeps or removes the copy). `None`: a copy is removed.
+    pub after_close: Option<AfterClose>,
 }
+
+/// See [`SessionRequest::after_close`].
+pub type AfterClose = Box<dyn FnOnce(&RunReport, Option<&std::path::Path>) + Send>;
 
 /// One command of a session.
 pub struct CommandRequest {
@@ -96,6 +103,9 @@ enum CommandState {
 struct SessionState {
     commands: BTreeMap<u64, CommandState>,
     run_ids: BTreeMap<u64, String>,
+    /// The supervisor's answers to destination changes, by change number: `None`
+    /// applied, `Some(why)` not.
+    destination_answers: BTreeMap<u64, Option<String>>,
     /// The session's final report, once its cell is destroyed.
     closed: Option<Box<RunReport>>,
 }
@@ -113,6 +123,7 @@ pub struct Session {
     shared: Shared,
     reader: Option<std::thread::JoinHandle<()>>,
     next_id: AtomicU64,
+    next_change: AtomicU64,
     plan: CellPlan,
     workload_class: String,
     tenant: Option<String>,
@@ -134,6 +145,7 @@ impl Engine {
             idle_timeout,
             max_lifetime,
             tenant,
+            after_close,
         } = request;
         if plan.broker.is_some() {
             // A session's socket would outlive each command's authorization: not built.
@@ -156,8 +168,9 @@ impl Engine {
             credentials,
             secrets: injections,
             artifacts,
-            // A session's cell outlives its commands: not copied yet (docs/policy.md).
-            on_suspected_escape: None,
+            // Copied at the session's end if one of its commands was a suspected
+            // escape (the session is closed at once then, see read_reports).
+            on_suspected_escape: self.on_suspected_escape(),
             mode: HostMode::Session {
                 idle_timeout_ms: idle_timeout.as_millis() as u64,
                 max_lifetime_ms: max_lifetime.as_millis() as u64,
@@ -187,6 +200,10 @@ impl Engine {
             }
         };
         let session_id = handle.run_id();
+        let closing = Closing {
+            evidence_dir: host.evidence_dir.clone(),
+            after_close,
+        };
         let host = Arc::new(host);
         let shared: Shared = Arc::default();
         let reader = {
@@ -195,7 +212,7 @@ impl Engine {
             let stores = Arc::clone(&self.stores);
             std::thread::Builder::new()
                 .name("session-reports".into())
-                .spawn(move || read_reports(&host, &shared, &stores, (store, handle)))
+                .spawn(move || read_reports(&host, &shared, &stores, (store, handle), closing))
                 .map_err(|source| EngineError::Factory {
                     context: "starting a session's reader thread".into(),
                     source,
@@ -209,6 +226,7 @@ impl Engine {
             shared,
             reader: Some(reader),
             next_id: AtomicU64::new(1),
+            next_change: AtomicU64::new(1),
             plan,
             workload_class,
             tenant,
@@ -332,6 +350,44 @@ impl Session {
             .map_err(|err| EngineError::FactoryProtocol(err.to_string()))
     }
 
+    /// Replaces the destinations the session's egress proxy allows (a change the policy
+    /// layer granted): returns once the proxy decides every new connection against
+    /// them. Connections already open may finish. A session whose cell was built
+    /// without network access has no proxy: refused.
+    pub fn set_destinations(
+        &self,
+        destinations: Vec<airlock_contract::DestinationRule>,
+    ) -> Result<(), EngineError> {
+        if !matches!(
+            self.plan.network,
+            airlock_contract::NetworkPlan::Allowlist { .. }
+        ) {
+            return Err(EngineError::DestinationsNotSet(
+                "the session's cell was built without network access (network mode deny)"
+                    .to_string(),
+            ));
+        }
+        if self.closed().is_some() {
+            return Err(EngineError::SessionClosed);
+        }
+        let change = self.next_change.fetch_add(1, Ordering::SeqCst);
+        self.host
+            .control
+            .set_destinations(change, destinations)
+            .map_err(|err| EngineError::FactoryProtocol(err.to_string()))?;
+        let (state, changed) = &*self.shared;
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(answer) = state.destination_answers.remove(&change) {
+                return answer.map_or(Ok(()), |why| Err(EngineError::DestinationsNotSet(why)));
+            }
+            if state.closed.is_some() {
+                return Err(EngineError::SessionClosed);
+            }
+            state = changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
     /// Every command so far, running or ended.
     pub fn list(&self) -> Vec<CommandStatus> {
         let (state, _) = &*self.shared;
@@ -405,13 +461,28 @@ fn read_reports(
     shared: &Shared,
     stores: &StorePool,
     (store, handle): (Store, RunHandle),
+    closing: Closing,
 ) {
     let (state, changed) = &**shared;
+    // The first command that was a suspected escape: the session is closed at once.
+    let mut escaped: Option<String> = None;
     let final_report = loop {
         match host.control.recv() {
             Ok(Some(ToEngine::CommandEnded { id, report })) => {
                 let mut guard = state.lock().unwrap_or_else(|p| p.into_inner());
+                if report.status == ResultClass::SuspectedEscape && escaped.is_none() {
+                    // Nothing more runs in a cell whose command aimed at the boundary;
+                    // the completion sequence runs as at any close.
+                    let _ = host.control.close();
+                    escaped = Some(guard.run_ids.get(&id).cloned().unwrap_or_default());
+                }
                 end_command(&mut guard, id, report, stores);
+                drop(guard);
+                changed.notify_all();
+            }
+            Ok(Some(ToEngine::DestinationsSet { change, error })) => {
+                let mut guard = state.lock().unwrap_or_else(|p| p.into_inner());
+                guard.destination_answers.insert(change, error);
                 drop(guard);
                 changed.notify_all();
             }
@@ -438,11 +509,50 @@ fn read_reports(
     }
     let mut report = final_report;
     report.run_id = handle.run_id();
+    if let Some(command) = escaped {
+        closed_for_escape(&mut report, &command);
+    }
     let _ = record::finish(&store, &handle, &report, &stored(&report));
     stores.give_back(store);
-    guard.closed = Some(report);
+    guard.closed = Some(report.clone());
     drop(guard);
     changed.notify_all();
+    closing.after_close(&report);
+}
+
+/// What happens once the session's record is complete: its evidence is handed to the
+/// front end, or removed when nobody takes it.
+struct Closing {
+    evidence_dir: Option<std::path::PathBuf>,
+    after_close: Option<AfterClose>,
+}
+
+impl Closing {
+    fn after_close(self, report: &RunReport) {
+        let copy = self.evidence_dir.filter(|d| d.exists());
+        match self.after_close {
+            Some(after_close) => after_close(report, copy.as_deref()),
+            None => {
+                if let Some(copy) = copy {
+                    let _ = std::fs::remove_dir_all(copy);
+                }
+            }
+        }
+    }
+}
+
+/// The session's own record says why it ended: one of its commands was a suspected
+/// escape (the command's own record has its evidence).
+fn closed_for_escape(report: &mut RunReport, command: &str) {
+    let command = if command.is_empty() {
+        "a command"
+    } else {
+        command
+    };
+    report.notes.push(format!(
+        "the session was closed: its command {command} was a suspected escape"
+    ));
+    report.status = ResultClass::SuspectedEscape;
 }
 
 /// Records the end of command `id` and keeps its report for [`Session::wait`].

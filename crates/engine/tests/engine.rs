@@ -45,6 +45,10 @@ fn main() {
         ),
         ("capacity_counts_parked_cells", capacity_counts_parked_cells),
         (
+            "a_warm_cells_writable_paths_are_copied_on_a_suspected_escape",
+            a_warm_cells_writable_paths_are_copied_on_a_suspected_escape,
+        ),
+        (
             "parked_cells_are_visible_to_doctor",
             parked_cells_are_visible_to_doctor,
         ),
@@ -340,6 +344,58 @@ fn a_warm_cell_runs_the_claimed_command() {
     assert_eq!(runs[0].argv, ["/bin/echo", "warm"]);
 }
 
+/// A file named `name` somewhere below `dir`, and its text.
+fn find_file(dir: &Path, name: &str) -> Option<String> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if entry.file_type().ok()?.is_dir() {
+            if let Some(found) = find_file(&path, name) {
+                return Some(found);
+            }
+        } else if entry.file_name() == name {
+            return std::fs::read_to_string(path).ok();
+        }
+    }
+    None
+}
+
+/// A parked cell is given its own evidence directory when it is built: the run that
+/// claims it keeps the copy of its writable paths like a cell built for the run.
+fn a_warm_cells_writable_paths_are_copied_on_a_suspected_escape() {
+    let state = tempfile::tempdir().unwrap();
+    let engine = engine(state.path());
+    engine.keep_warm(plan(&["/bin/true"]), 1).unwrap();
+    wait_parked(&engine, 1);
+    let parked: Vec<i32> = engine
+        .pool_status()
+        .iter()
+        .flat_map(|p| p.supervisors.clone())
+        .collect();
+    // An x32 syscall: killed by the filter, a suspected escape.
+    let script = "open('/tmp/left', 'w').write('warm evidence')\n\
+                  import ctypes\nctypes.CDLL(None).syscall(0x40000000 | 39)\n";
+    let finished = engine
+        .run(request(plan(&["/usr/bin/python3", "-c", script]), None))
+        .unwrap_or_else(|r| panic!("refused: {:?}", r.report.error));
+    // The parked cell served it: its supervisor is no longer parked.
+    let still: Vec<i32> = engine
+        .pool_status()
+        .iter()
+        .flat_map(|p| p.supervisors.clone())
+        .collect();
+    assert!(
+        still.iter().all(|pid| !parked.contains(pid)),
+        "{parked:?} {still:?}"
+    );
+    assert_eq!(finished.report.status, ResultClass::SuspectedEscape);
+    let copy = finished
+        .evidence_dir
+        .clone()
+        .expect("an evidence directory");
+    assert_eq!(find_file(&copy, "left").as_deref(), Some("warm evidence"));
+    engine.complete(finished).unwrap();
+}
+
 fn no_record_no_payload_for_a_parked_cell() {
     use std::os::unix::fs::PermissionsExt;
     let state = tempfile::tempdir().unwrap();
@@ -588,6 +644,7 @@ fn session_request(plan: CellPlan) -> SessionRequest {
         idle_timeout: Duration::from_secs(30),
         max_lifetime: Duration::from_secs(120),
         tenant: None,
+        after_close: None,
     }
 }
 

@@ -104,12 +104,69 @@ pub fn evaluate(class: &WorkloadClass, argv: &[String], asked: &Asked) -> Evalua
             format!("{} ({})", forbidden.words.join(" "), forbidden.why),
         ));
     }
-    let (contract, granted, mut what) = match grant_capabilities(class, asked) {
+    let (contract, granted, what) = match grant_capabilities(class, asked) {
         Ok(granted) => granted,
         Err(denial) => return denied(denial),
     };
+    conclude((contract, granted, what), asked, command)
+}
+
+/// Opening a session of `class`: its capabilities against the bounds as for a run (a
+/// session is asked for, for at most the class's lifetime when the request names
+/// none), with no command yet: each command of the session is checked when it comes
+/// ([`check_session_command`]).
+pub fn evaluate_session(class: &WorkloadClass, asked: &Asked) -> Evaluation {
+    let mut asked = asked.clone();
+    asked.session.get_or_insert(crate::request::AskedSession {
+        lifetime_seconds: class.bounds.session.max_lifetime_seconds,
+    });
+    let no_command = CommandVerdict {
+        decision: Decision::Allow,
+        commands: Vec::new(),
+    };
+    match grant_capabilities(class, &asked) {
+        Ok(grant) => conclude(grant, &asked, no_command),
+        Err(reason) => Evaluation::Denied { reason, asked },
+    }
+}
+
+/// One command of an open class session: the class's code-execution rule and its
+/// command policy. A command the policy routes to an approver is refused: approvals
+/// cover requests, not the commands of a session already open.
+pub fn check_session_command(
+    class: &WorkloadClass,
+    argv: &[String],
+) -> Result<CommandVerdict, Denial> {
+    check_execution(class, argv)?;
+    let verdict = class.commands.evaluate(argv);
+    let strictest = |decision| verdict.commands.iter().find(|c| c.decision == decision);
+    if let Some(forbidden) = strictest(Decision::Forbidden) {
+        return Err(Denial::new(
+            DenyReason::CommandForbidden,
+            format!("{} ({})", forbidden.words.join(" "), forbidden.why),
+        ));
+    }
+    if let Some(prompt) = strictest(Decision::Prompt) {
+        return Err(Denial::new(
+            DenyReason::CommandNeedsApproval,
+            format!("{} ({})", prompt.words.join(" "), prompt.why),
+        ));
+    }
+    Ok(verdict)
+}
+
+/// The contract validated, and the command's approval items added: granted, or what
+/// needs approval.
+fn conclude(
+    (contract, granted, mut what): Grant,
+    asked: &Asked,
+    command: CommandVerdict,
+) -> Evaluation {
     if let Err(err) = airlock_contract::validate_contract(&contract) {
-        return denied(Denial::new(DenyReason::RequestInvalid, err.to_string()));
+        return Evaluation::Denied {
+            reason: Denial::new(DenyReason::RequestInvalid, err.to_string()),
+            asked: asked.clone(),
+        };
     }
     what.extend(
         command

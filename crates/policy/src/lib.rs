@@ -14,6 +14,7 @@ mod class;
 pub mod command;
 mod evaluate;
 pub mod lockfile;
+mod network;
 mod reason;
 mod request;
 pub mod retry;
@@ -23,7 +24,11 @@ pub use class::{
     ApprovalRules, ClassBounds, ClassProblem, Execution, InputRoot, SessionBounds, WorkloadClass,
 };
 pub use command::{CommandPolicy, CommandRule, CommandVerdict, Decision, Fallback, PatternToken};
-pub use evaluate::{domain_within, evaluate, normal_absolute, ApprovalItem, Evaluation, Granted};
+pub use evaluate::{
+    check_session_command, domain_within, evaluate, evaluate_session, normal_absolute,
+    ApprovalItem, Evaluation, Granted,
+};
+pub use network::{destination_rules, evaluate_network_change, NetworkChange, NetworkEvaluation};
 pub use reason::{Denial, DenyReason};
 pub use request::{Asked, AskedInput, AskedSession};
 

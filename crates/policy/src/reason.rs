@@ -64,10 +64,13 @@ pub enum DenyReason {
     /// An install the class allows only from a lockfile of hashes (`npm ci`) comes
     /// without one, or with one that leaves a package unpinned.
     LockfileMissing,
+    /// A command of a class session that the command policy routes to an approver:
+    /// approvals cover requests, not commands of an open session, so it is refused.
+    CommandNeedsApproval,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 20] = [
+    pub const ALL: [DenyReason; 21] = [
         DenyReason::CodeExecutionNotAllowed,
         DenyReason::CommandMissing,
         DenyReason::CommandForbidden,
@@ -88,6 +91,7 @@ impl DenyReason {
         DenyReason::ApprovalDenied,
         DenyReason::ApprovalExpired,
         DenyReason::LockfileMissing,
+        DenyReason::CommandNeedsApproval,
     ];
 
     pub const fn code(self) -> &'static str {
@@ -112,6 +116,7 @@ impl DenyReason {
             DenyReason::ApprovalDenied => "policy.approval_denied",
             DenyReason::ApprovalExpired => "policy.approval_expired",
             DenyReason::LockfileMissing => "policy.lockfile_missing",
+            DenyReason::CommandNeedsApproval => "policy.command_needs_approval",
         }
     }
 }

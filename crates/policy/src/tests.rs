@@ -390,3 +390,40 @@ fn checked_in_schemas_match_the_types() {
         );
     }
 }
+
+#[test]
+fn a_session_is_opened_within_the_bounds_with_no_command_yet() {
+    let evaluation = evaluate_session(&class(), &asked(r#"{"memory_mb": 1024}"#));
+    let (contract, granted) = granted(evaluation);
+    assert_eq!(contract.resources.memory_mb, 1024);
+    // No lifetime asked: the class's most.
+    assert_eq!(granted.session_lifetime_seconds, Some(3600));
+    let above = evaluate_session(
+        &class(),
+        &asked(r#"{"session": {"lifetime_seconds": 3601}}"#),
+    );
+    assert_eq!(code(&above), Some("policy.session_lifetime_above_class"));
+    let above = evaluate_session(&class(), &asked(r#"{"memory_mb": 4096}"#));
+    assert_eq!(code(&above), Some("policy.memory_above_class"));
+    let mut one_shot = class();
+    one_shot.bounds.session.allowed = false;
+    let refused = evaluate_session(&one_shot, &Asked::default());
+    assert_eq!(code(&refused), Some("policy.session_not_allowed"));
+}
+
+#[test]
+fn a_session_command_is_refused_when_forbidden_or_when_it_would_need_an_approver() {
+    let class = class();
+    assert!(check_session_command(&class, &argv("make test")).is_ok());
+    let forbidden = check_session_command(&class, &argv("rm -rf /")).unwrap_err();
+    assert_eq!(forbidden.code(), "policy.command_forbidden");
+    let prompt = check_session_command(&class, &argv("git push origin")).unwrap_err();
+    assert_eq!(prompt.code(), "policy.command_needs_approval");
+    let script = ["sh", "-c", "true && rm -rf /tmp"].map(String::from);
+    let hidden = check_session_command(&class, &script).unwrap_err();
+    assert_eq!(hidden.code(), "policy.command_forbidden");
+    assert_eq!(
+        check_session_command(&class, &[]).unwrap_err().code(),
+        "policy.command_missing"
+    );
+}

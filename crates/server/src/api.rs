@@ -89,9 +89,46 @@ pub struct SessionBody {
     /// Closed after this long without a command, seconds (at most the service's maximum).
     #[serde(default)]
     pub idle_timeout_s: Option<u64>,
-    /// Closed this long after it opened, seconds (at most the service's maximum).
+    /// Closed this long after it opened, seconds (at most the service's maximum, and
+    /// at most the class's for a class session).
     #[serde(default)]
     pub max_lifetime_s: Option<u64>,
+    /// A workload class of the operator's policy (docs/policy.md) instead of a contract:
+    /// the session's contract is generated from the class for `request` (denied: 403
+    /// with its `policy.*` code; needing approval: 202 with its id). Each command is
+    /// checked against the class's command policy, and the session's destinations may
+    /// change within the class (`POST /v1/sessions/{id}/network`).
+    #[serde(default)]
+    pub class: Option<String>,
+    /// With `class`: the capabilities asked for (docs/request.schema.json).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub request: Option<airlock_policy::Asked>,
+    /// With `class`: the approval (its id) of exactly this request, once decided.
+    #[serde(default)]
+    pub approval: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/network`: a change of a class session's destinations.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkBody {
+    /// Destinations to allow for new connections (`host`, `host:port`, `*.apex[:port]`).
+    #[serde(default)]
+    pub add: Vec<String>,
+    /// Destinations to refuse for new connections (open ones may finish).
+    #[serde(default)]
+    pub remove: Vec<String>,
+    /// The approval (its id) of exactly this change, once decided.
+    #[serde(default)]
+    pub approval: Option<String>,
+}
+
+/// A class session's destinations, as its egress proxy allows them now.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct NetworkView {
+    pub session_id: String,
+    pub allowed_domains: Vec<String>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -104,6 +141,9 @@ pub struct SessionView {
     /// The cell paths files may be written to and read from.
     pub writable_paths: Vec<String>,
     pub commands: Vec<CommandView>,
+    /// A class session's destinations now (none for a contract's session).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_domains: Option<Vec<String>>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]

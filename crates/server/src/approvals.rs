@@ -37,7 +37,76 @@ pub trait ClassPolicy: Send + Sync {
     /// (a denial is recorded by the policy layer; a request needing approval is stored
     /// pending).
     fn plan_run(&self, request: ClassRequest) -> Result<ClassGrant, PolicyRefusal>;
+    /// After a run of a named or inline contract (no class) whose record is complete:
+    /// keeps a suspected escape's evidence (`writable_copy`, where the completion
+    /// sequence copied its writable paths) as for a class run and flags `requester`,
+    /// or removes the copy of a run that was none.
+    fn after_contract_run(
+        &self,
+        report: &RunReport,
+        workload_class: &str,
+        requester: &Identity,
+        writable_copy: Option<&std::path::Path>,
+    );
+    /// Evaluates opening a session of a class (its capabilities; no command yet): the
+    /// contract and lifetime, or why not, as for [`ClassPolicy::plan_run`].
+    fn plan_session(&self, request: ClassRequest) -> Result<SessionGrant, PolicyRefusal>;
+    /// Checks one command of a class session against its class before it reaches the
+    /// cell; a refusal is recorded (a `policy_denied` run of the session's tenant).
+    fn check_session_command(
+        &self,
+        session: &ClassSession,
+        requester: &Identity,
+        argv: &[String],
+    ) -> Result<(), PolicyRefusal>;
+    /// Decides a change of a class session's destinations within its class. A denial
+    /// or a pending approval is recorded by the policy layer; a grant is recorded in the
+    /// session's record when the caller reports it applied ([`NetworkGrant::applied`]).
+    fn change_network(
+        &self,
+        session: &ClassSession,
+        request: NetworkRequest,
+    ) -> Result<NetworkGrant, PolicyRefusal>;
 }
+
+/// A granted session request: its contract, its lifetime, and what the policy layer
+/// records once the session's record exists (the `policy.decision` event).
+pub struct SessionGrant {
+    pub contract: Contract,
+    pub base_dir: PathBuf,
+    pub lifetime_seconds: u64,
+    pub opened: Box<dyn FnOnce(&str) + Send>,
+}
+
+/// A session opened from a class, as the policy layer is told of it.
+#[derive(Debug, Clone)]
+pub struct ClassSession {
+    pub class: String,
+    /// The session's own run id: its record carries the network decisions.
+    pub session_id: String,
+    pub tenant: String,
+    /// The destinations its proxy allows now.
+    pub domains: Vec<String>,
+}
+
+/// A change of a session's destinations, as asked.
+pub struct NetworkRequest {
+    pub requester: Identity,
+    pub change: airlock_policy::NetworkChange,
+    /// The approval (its id) of exactly this change, once decided.
+    pub approval: Option<String>,
+}
+
+/// A granted change: the session's whole list and its proxy rules once applied.
+pub struct NetworkGrant {
+    pub domains: Vec<String>,
+    pub rules: Vec<airlock_contract::DestinationRule>,
+    pub applied: Applied,
+}
+
+/// Records a granted change's outcome in the session's record: applied (`None`) or why
+/// not.
+pub type Applied = Box<dyn FnOnce(Option<&str>) + Send>;
 
 /// One run request naming a class.
 pub struct ClassRequest {
@@ -260,6 +329,58 @@ pub async fn decide_approval(
     Ok(Json(record))
 }
 
+/// The answer to a refusal of the policy layer: 202 with the pending approval's id, or
+/// the refusal with its code (counted in the metrics under `class`).
+pub fn refusal_response(
+    state: &Shared,
+    tenant: &Tenant,
+    class: &str,
+    refusal: PolicyRefusal,
+) -> Response {
+    // Waiting for an approver is no denial.
+    if let Some(code) = denial_code(&refusal) {
+        state.metrics.deny(class, &tenant.name, code);
+    }
+    match refusal {
+        PolicyRefusal::Pending { approval_id, needs } => {
+            let body = PendingApproval {
+                status: "pending_approval".into(),
+                approval_id,
+                needs,
+            };
+            (StatusCode::ACCEPTED, Json(body)).into_response()
+        }
+        refusal => refusal.into_api_error().into_response(),
+    }
+}
+
+/// The policy step of `POST /v1/sessions` with a `class`.
+pub async fn plan_class_session(
+    state: &Shared,
+    tenant: &Tenant,
+    class: &str,
+    asked: Asked,
+    approval: Option<String>,
+) -> Result<SessionGrant, Response> {
+    let policy = policy_of(state).map_err(IntoResponse::into_response)?;
+    let request = ClassRequest {
+        class: class.to_string(),
+        requester: identity_of(tenant),
+        tenant: tenant.name.clone(),
+        argv: Vec::new(),
+        asked,
+        approval,
+    };
+    blocking(move || policy.plan_session(request))
+        .await
+        .map_err(|refusal| refusal_response(state, tenant, class, refusal))
+}
+
+/// The policy layer, or 404 `policy.not_configured`.
+pub fn configured_policy(state: &Shared) -> Result<Arc<dyn ClassPolicy>, ApiError> {
+    policy_of(state)
+}
+
 /// The policy step of `POST /v1/runs` with a `class`: the contract, or the answer (202
 /// with the pending approval's id, or the refusal).
 pub async fn plan_class_run(
@@ -279,24 +400,9 @@ pub async fn plan_class_run(
         asked,
         approval,
     };
-    let granted = blocking(move || policy.plan_run(request)).await;
-    granted.map_err(|refusal| {
-        // Waiting for an approver is no denial.
-        if let Some(code) = denial_code(&refusal) {
-            state.metrics.deny(class, &tenant.name, code);
-        }
-        match refusal {
-            PolicyRefusal::Pending { approval_id, needs } => {
-                let body = PendingApproval {
-                    status: "pending_approval".into(),
-                    approval_id,
-                    needs,
-                };
-                (StatusCode::ACCEPTED, Json(body)).into_response()
-            }
-            refusal => refusal.into_api_error().into_response(),
-        }
-    })
+    blocking(move || policy.plan_run(request))
+        .await
+        .map_err(|refusal| refusal_response(state, tenant, class, refusal))
 }
 
 /// The reason code a refusal counts under in the metrics; none for a pending request.

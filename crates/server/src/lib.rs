@@ -161,6 +161,7 @@ pub fn router(state: Shared) -> Router {
             post(sessions::signal),
         )
         .route("/v1/sessions/{id}/timeout", post(sessions::set_timeout))
+        .route("/v1/sessions/{id}/network", post(sessions::change_network))
         .route("/v1/sessions/{id}/files", get(sessions::list_files))
         .route(
             "/v1/sessions/{id}/files/{*path}",

@@ -138,16 +138,19 @@ async fn start_run(
     let task_state = Arc::clone(&state);
     let task_log = Arc::clone(&log);
     let tenant_name = tenant.name.clone();
+    let requester = crate::approvals::identity_of(&tenant);
     tokio::task::spawn_blocking(move || {
         // The image stays leased until the cell is gone and its record complete.
         // A streamed stdin's relay ends with the run (the sender's drop).
         let _held = (permit, guard, image_lease, stdin_relay);
         let (report, secrets, latency, evidence) = run_to_end(&task_state.engine, request);
-        match after_run {
-            Some(after_run) => after_run(&report, evidence.as_deref()),
-            // Only a class run's evidence is quarantined through the service so far
-            // (docs/policy.md): no copy is left behind unclaimed.
-            None => discard_evidence(evidence.as_deref()),
+        match (after_run, &task_state.policy) {
+            (Some(after_run), _) => after_run(&report, evidence.as_deref()),
+            (None, Some(policy)) => {
+                policy.after_contract_run(&report, &class, &requester, evidence.as_deref())
+            }
+            // No policy layer to keep it: no copy is left behind unclaimed.
+            (None, None) => discard_evidence(evidence.as_deref()),
         }
         task_state
             .metrics

@@ -7,9 +7,10 @@
 //! is enforced here, by [`reap`].
 
 use crate::api::{
-    CommandView, DirList, DirQuery, ExecBody, FollowQuery, SessionBody, SessionList, SessionView,
-    SignalBody, TimeoutBody, Written,
+    CommandView, DirList, DirQuery, ExecBody, FollowQuery, NetworkBody, NetworkView, SessionBody,
+    SessionList, SessionView, SignalBody, TimeoutBody, Written,
 };
+use crate::approvals::{self, ClassPolicy, ClassSession, NetworkRequest, PolicyRefusal};
 use crate::error::{ApiError, ErrorBody};
 use crate::files;
 use crate::output::{self, Frame, OutputLog};
@@ -19,6 +20,7 @@ use crate::runs::{ended_of, ndjson, output_pipes, record_refusal, stdin_of};
 use crate::state::{ApiBytes, ApiJson, Caller, Shared};
 use crate::tenants::Tenant;
 use airlock_cell::control::CommandSignal;
+use airlock_cell::report::ResultClass;
 use airlock_engine::{record, CommandRequest, Session, SessionRequest};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -46,12 +48,40 @@ pub struct SessionEntry {
     /// (last activity, idle timeout).
     idle: Mutex<(Instant, Duration)>,
     max_lifetime: Duration,
+    /// A session opened from a workload class: its commands and network changes are
+    /// decided by the class.
+    class: Option<ClassState>,
     _permit: Permit,
     /// An inline contract's image, leased while the session's cell may use it.
     _image_lease: Option<crate::plans::ImageLease>,
 }
 
+/// What a class session's policy decisions need: the class, and the destinations its
+/// proxy allows now (the lock also orders concurrent changes).
+struct ClassState {
+    name: String,
+    domains: Mutex<Vec<String>>,
+}
+
+impl ClassState {
+    fn domains(&self) -> Vec<String> {
+        self.domains
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
 impl SessionEntry {
+    fn class_session(&self, class: &ClassState, domains: Vec<String>) -> ClassSession {
+        ClassSession {
+            class: class.name.clone(),
+            session_id: self.session.id().to_string(),
+            tenant: self.tenant.clone(),
+            domains,
+        }
+    }
+
     fn touch(&self) {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).0 = Instant::now();
     }
@@ -88,6 +118,7 @@ impl SessionEntry {
                 .map(|p| p.display().to_string())
                 .collect(),
             commands,
+            allowed_domains: self.class.as_ref().map(ClassState::domains),
         }
     }
 
@@ -168,7 +199,28 @@ pub async fn create_session(
         env: &body.env,
         deadline_ms: None,
     };
-    let planned = match state.contracts.plan(&wanted, state.inline_allowed(&tenant)) {
+    let planned = match body.class.as_deref() {
+        None => state
+            .contracts
+            .plan(&wanted, state.inline_allowed(&tenant))
+            .map(|planned| (planned, lifetime, None)),
+        Some(name) => {
+            let grant = match class_session_grant(&state, &tenant, name, &body).await? {
+                Ok(grant) => grant,
+                Err(answer) => return Ok(answer),
+            };
+            let lifetime = lifetime.min(Duration::from_secs(grant.lifetime_seconds));
+            let class = ClassState {
+                name: name.to_string(),
+                domains: Mutex::new(allowed_domains(&grant.contract)),
+            };
+            state
+                .contracts
+                .plan_granted(&grant.contract, &grant.base_dir, name, &wanted)
+                .map(|planned| (planned, lifetime, Some((class, grant.opened))))
+        }
+    };
+    let (planned, lifetime, policy) = match planned {
         Ok(planned) => planned,
         Err(refusal) => return Err(record_refusal(&state, &tenant, &[], refusal).await),
     };
@@ -177,6 +229,10 @@ pub async fn create_session(
         class,
         lease: image_lease,
     } = planned;
+    let (class_state, record_grant) = match policy {
+        Some((class_state, record_grant)) => (Some(class_state), Some(record_grant)),
+        None => (None, None),
+    };
     let writable = files::writable_paths(&plan);
     let secrets = record::secrets_of(&plan, &[]);
     let request = SessionRequest {
@@ -188,6 +244,7 @@ pub async fn create_session(
         idle_timeout: Duration::from_secs(config.max_session_idle_timeout_s),
         max_lifetime: lifetime,
         tenant: Some(tenant.name.clone()),
+        after_close: quarantine_after_close(&state, &tenant, &class),
     };
     let engine = Arc::clone(&state.engine);
     let opened = tokio::task::spawn_blocking(move || engine.open_session(request))
@@ -206,9 +263,15 @@ pub async fn create_session(
         commands: Mutex::default(),
         idle: Mutex::new((Instant::now(), idle)),
         max_lifetime: lifetime,
+        class: class_state,
         _permit: permit,
         _image_lease: image_lease,
     });
+    if let Some(record_grant) = record_grant {
+        let session_id = entry.session.id().to_string();
+        // The grant joins the session's record (a store write: off the runtime).
+        let _ = tokio::task::spawn_blocking(move || record_grant(&session_id)).await;
+    }
     let view = entry.view();
     state
         .sessions
@@ -216,6 +279,49 @@ pub async fn create_session(
         .unwrap_or_else(|p| p.into_inner())
         .insert(view.session_id.clone(), entry);
     Ok((axum::http::StatusCode::CREATED, Json(view)).into_response())
+}
+
+/// Keeps a session's evidence once its record is complete, if it was a suspected
+/// escape (the policy layer's quarantine, its tenant flagged); without a policy layer
+/// the engine removes the copy.
+fn quarantine_after_close(
+    state: &Shared,
+    tenant: &Tenant,
+    class: &str,
+) -> Option<airlock_engine::AfterClose> {
+    let policy = state.policy.clone()?;
+    let requester = approvals::identity_of(tenant);
+    let class = class.to_string();
+    Some(Box::new(move |report, copy| {
+        policy.after_contract_run(report, &class, &requester, copy)
+    }))
+}
+
+/// The policy step of a class session: the grant, or the answer (202 pending, 403).
+async fn class_session_grant(
+    state: &Shared,
+    tenant: &Tenant,
+    class: &str,
+    body: &SessionBody,
+) -> Result<Result<approvals::SessionGrant, Response>, ApiError> {
+    if body.contract.is_some() || body.contract_inline.is_some() || !body.env.is_empty() {
+        return Err(ApiError::bad_request(
+            "class.exclusive",
+            "a class session gets its contract and environment from the class: no \
+             `contract`, `contract_inline` or `env`"
+                .into(),
+        ));
+    }
+    let asked = body.request.clone().unwrap_or_default();
+    Ok(approvals::plan_class_session(state, tenant, class, asked, body.approval.clone()).await)
+}
+
+/// The destinations a class's contract starts a session with.
+fn allowed_domains(contract: &airlock_contract::Contract) -> Vec<String> {
+    match contract.network.mode {
+        airlock_contract::NetworkMode::Allowlist => contract.network.allowed_domains.clone(),
+        airlock_contract::NetworkMode::Deny => Vec::new(),
+    }
 }
 
 #[utoipa::path(get, path = "/v1/sessions",
@@ -256,6 +362,9 @@ pub async fn exec(
     ApiJson(body): ApiJson<ExecBody>,
 ) -> Result<Response, ApiError> {
     let entry = session_of(&state, &tenant, &id)?;
+    if let Err(answer) = check_class_command(&state, &tenant, &entry, &body.argv).await? {
+        return Ok(answer);
+    }
     let permit = state.admit(&tenant, Work::Command)?;
     if body
         .env
@@ -316,6 +425,125 @@ pub async fn exec(
         command_id: Some(command_id),
     };
     Ok(ndjson(output::ndjson_body(log, Some(start), true)))
+}
+
+/// A class session's command against its class's command policy, before it reaches
+/// the cell: the refusal (recorded by the policy layer) as the answer.
+async fn check_class_command(
+    state: &Shared,
+    tenant: &Tenant,
+    entry: &SessionEntry,
+    argv: &[String],
+) -> Result<Result<(), Response>, ApiError> {
+    let Some(class) = &entry.class else {
+        return Ok(Ok(()));
+    };
+    let policy = approvals::configured_policy(state)?;
+    let session = entry.class_session(class, class.domains());
+    let requester = approvals::identity_of(tenant);
+    let argv = argv.to_vec();
+    let checked =
+        approvals::blocking(move || policy.check_session_command(&session, &requester, &argv))
+            .await;
+    Ok(checked.map_err(|refusal| approvals::refusal_response(state, tenant, &class.name, refusal)))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/network", params(("id" = String, Path)), request_body = NetworkBody,
+    responses((status = 200, description = "Applied: new connections are decided against the list", body = NetworkView),
+        (status = 202, description = "A destination needs an approval: stored pending; the same change with `approval` applies once it is approved", body = crate::approvals::PendingApproval),
+        (status = 400, body = ErrorBody),
+        (status = 403, description = "Denied by the session's class (its `policy.*` reason code)", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Not a class session (`session.not_from_class`), or its cell has no network (`session.network_unavailable`)", body = ErrorBody)))]
+pub async fn change_network(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<NetworkBody>,
+) -> Result<Response, ApiError> {
+    let entry = session_of(&state, &tenant, &id)?;
+    let Some(class) = entry.class.as_ref().map(|c| c.name.clone()) else {
+        return Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            ResultClass::PolicyDenied,
+            "session.not_from_class",
+            "only a session opened from a workload class may change its destinations: \
+             nothing else bounds the change"
+                .into(),
+        ));
+    };
+    let policy = approvals::configured_policy(&state)?;
+    let request = NetworkRequest {
+        requester: approvals::identity_of(&tenant),
+        change: airlock_policy::NetworkChange {
+            add: body.add,
+            remove: body.remove,
+        },
+        approval: body.approval,
+    };
+    entry.touch();
+    let task_entry = Arc::clone(&entry);
+    let changed = tokio::task::spawn_blocking(move || {
+        apply_network_change(&task_entry, policy.as_ref(), request)
+    })
+    .await
+    .map_err(|e| ApiError::internal("server.task", e.to_string()))?;
+    match changed {
+        Ok(allowed_domains) => Ok(Json(NetworkView {
+            session_id: id,
+            allowed_domains,
+        })
+        .into_response()),
+        Err(NetworkStop::Policy(refusal)) => Ok(approvals::refusal_response(
+            &state, &tenant, &class, refusal,
+        )),
+        Err(NetworkStop::Engine(airlock_engine::EngineError::SessionClosed)) => {
+            Err(ApiError::not_found("session"))
+        }
+        Err(NetworkStop::Engine(err @ airlock_engine::EngineError::DestinationsNotSet(_))) => {
+            Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                ResultClass::PolicyDenied,
+                "session.network_unavailable",
+                err.to_string(),
+            ))
+        }
+        Err(NetworkStop::Engine(err)) => Err(ApiError::engine(&err)),
+    }
+}
+
+/// Why a network change was not applied.
+enum NetworkStop {
+    Policy(PolicyRefusal),
+    Engine(airlock_engine::EngineError),
+}
+
+/// Decides the change against the session's current list and applies it to its proxy;
+/// the list is held locked throughout, so two changes never interleave.
+fn apply_network_change(
+    entry: &SessionEntry,
+    policy: &dyn ClassPolicy,
+    request: NetworkRequest,
+) -> Result<Vec<String>, NetworkStop> {
+    let Some(class) = &entry.class else {
+        return Ok(Vec::new());
+    };
+    let mut domains = class.domains.lock().unwrap_or_else(|p| p.into_inner());
+    let session = entry.class_session(class, domains.clone());
+    let grant = policy
+        .change_network(&session, request)
+        .map_err(NetworkStop::Policy)?;
+    match entry.session.set_destinations(grant.rules) {
+        Ok(()) => {
+            (grant.applied)(None);
+            *domains = grant.domains.clone();
+            Ok(grant.domains)
+        }
+        Err(err) => {
+            (grant.applied)(Some(&err.to_string()));
+            Err(NetworkStop::Engine(err))
+        }
+    }
 }
 
 /// Waits for command `id` on a blocking thread and completes its log with its end.

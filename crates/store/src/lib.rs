@@ -77,6 +77,10 @@ pub mod kinds {
     /// One request to a run's broker: the action, the request's hash, the decision
     /// (`reason_code` when denied) and the handler's outcome (docs/credentials.md).
     pub const BROKER_ACTION: &str = "broker.action";
+    /// A decision on a change of a class session's destinations, in the session's
+    /// record: who asked, what, the decision (its `reason_code` when denied), the
+    /// destinations before and after (docs/policy.md).
+    pub const SESSION_NETWORK: &str = "session.network";
 
     pub(crate) const RESERVED: &[&str] = &[RUN_BEGIN, RUN_FINISH, RUN_ABORTED, STORE_PRUNE];
 }

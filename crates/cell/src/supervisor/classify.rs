@@ -28,6 +28,9 @@ pub struct Observed {
     /// Every writable path, held from the payload's start when a suspected escape's
     /// evidence is wanted (see [`crate::evidence`]).
     pub writable_mounts: crate::evidence::WritableMounts,
+    /// A command of this session was a suspected escape (its own report says which):
+    /// the session's verdict is one too, so its writable paths are kept.
+    pub command_escaped: bool,
     pub run_id: String,
     pub released_ms: f64,
     pub ended_at: Option<Instant>,
@@ -214,6 +217,10 @@ pub fn verdict(
     if let Some(err) = &observed.egress_error {
         let error = format!("egress proxy could not start: {err}");
         return Verdict::new(ResultClass::RuntimeFault, None, 125).because(error);
+    }
+    if observed.command_escaped {
+        let error = "a command of the session was a suspected escape".to_string();
+        return Verdict::new(ResultClass::SuspectedEscape, None, code).because(error);
     }
     if egress.metadata_probes > 0 {
         let error = format!(

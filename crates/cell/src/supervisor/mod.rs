@@ -42,6 +42,13 @@ pub trait EgressSession {
     /// Takes the sockets bound inside the cell's netns (HTTP proxy, SOCKS5, the
     /// resolver, the transparent listeners), already checked against the plan.
     fn start(&mut self, listeners: EgressListeners) -> Result<(), String>;
+    /// Replaces the destinations of a running proxy: connections opened from now on are
+    /// decided against them (a session's network change, docs/policy.md). An error when
+    /// the proxy is not running.
+    fn replace_destinations(
+        &mut self,
+        destinations: &[airlock_contract::DestinationRule],
+    ) -> Result<(), String>;
     /// Stops the proxy and summarises what it saw.
     fn finish(&mut self) -> EgressSummary;
 }

@@ -167,7 +167,7 @@ fn serve(
         };
         let ran = cell.supervise_with(
             |_| {},
-            |supervision| serve_session(supervision, control, credentials, limits),
+            |supervision| serve_session(supervision, control, credentials, limits, egress),
         );
         let report = cell.finish(ran, egress, started);
         control.send(&ToEngine::Closed {
@@ -294,6 +294,11 @@ fn wait_for_run(cell: &Cell<'_>, control: &SupervisorControl) -> Result<Waited, 
             // No command runs in a parked cell: a signal for one breaks the protocol.
             Ok(Some((ToSupervisor::Signal { .. }, _))) => {
                 Waited::End("the engine signalled a command of a parked cell")
+            }
+            // Only a session's destinations change: asked of a one-shot cell, the
+            // protocol is broken and the cell goes (fail closed).
+            Ok(Some((ToSupervisor::SetDestinations { .. }, _))) => {
+                Waited::End("the engine changed the destinations of a one-shot cell")
             }
             Ok(Some((
                 ToSupervisor::Run {

@@ -7,7 +7,7 @@ use super::classify::{classify, Observed};
 use super::deadline::{poll_timeout, Deadline, Step};
 use super::serve::{command_io, command_limits};
 use super::supervise::{poll_in, poll_out, pump_stream, readable, Supervision};
-use super::{command_environment, ms_since};
+use super::{command_environment, ms_since, EgressSession};
 use crate::cgroup::CgroupUsage;
 use crate::control::{CommandSpec, SupervisorControl, ToEngine, ToSupervisor};
 use crate::error::CellError;
@@ -71,6 +71,7 @@ pub fn serve_session(
     control: &SupervisorControl,
     credentials: &[(String, String)],
     limits: SessionLimits,
+    egress: &mut Option<&mut dyn EgressSession>,
 ) -> Result<(), CellError> {
     let mut session = Session {
         control: Some(control),
@@ -105,7 +106,7 @@ pub fn serve_session(
             session.on_cell_message(supervision);
         }
         if readable(&fds[2]) {
-            session.on_control(supervision);
+            session.on_control(supervision, egress);
         }
         if readable(&fds[1]) {
             // pid 1 is gone: what it said before is still queued.
@@ -117,6 +118,19 @@ pub fn serve_session(
             return Ok(());
         }
         session.enforce(supervision);
+    }
+}
+
+/// Hands a session's new destinations to its proxy. A cell built without one (its plan
+/// denies the network) has no listener to reach anything through: refused, never a
+/// silent no-op.
+fn replace_destinations(
+    egress: &mut Option<&mut dyn EgressSession>,
+    destinations: &[airlock_contract::DestinationRule],
+) -> Result<(), String> {
+    match egress {
+        Some(proxy) => proxy.replace_destinations(destinations),
+        None => Err("the session's cell was built without network access".to_string()),
     }
 }
 
@@ -288,6 +302,8 @@ impl Session<'_> {
                     let mut command = self.running.remove(at);
                     command.drain(&mut Vec::new());
                     let report = command.report(supervision, Some(wait_status), None);
+                    supervision.observed.command_escaped |=
+                        report.status == crate::report::ResultClass::SuspectedEscape;
                     self.send(ToEngine::CommandEnded {
                         id,
                         report: Box::new(report),
@@ -309,7 +325,11 @@ impl Session<'_> {
         }
     }
 
-    fn on_control(&mut self, supervision: &mut Supervision<'_>) {
+    fn on_control(
+        &mut self,
+        supervision: &mut Supervision<'_>,
+        egress: &mut Option<&mut dyn EgressSession>,
+    ) {
         let Some(control) = self.control else { return };
         match control.recv() {
             Ok(Some((
@@ -338,6 +358,16 @@ impl Session<'_> {
                 if let Some(sync) = &supervision.sync {
                     let _ = sync.kill_command(id, signal.number());
                 }
+            }
+            Ok(Some((
+                ToSupervisor::SetDestinations {
+                    change,
+                    destinations,
+                },
+                _,
+            ))) => {
+                let error = replace_destinations(egress, &destinations).err();
+                self.send(ToEngine::DestinationsSet { change, error });
             }
             Ok(Some((ToSupervisor::Close, _))) => self.close(supervision, "closed by the engine"),
             Ok(None) | Err(_) => {
@@ -390,6 +420,12 @@ impl Session<'_> {
             // The cell's mounts are final: held for a collection after a memory kill.
             supervision.observed.output_mounts =
                 crate::artifacts::OutputMounts::open(supervision.pid, plan);
+        }
+        if self.started == 0 && supervision.on_suspected_escape.is_some() {
+            // Held until the session's end: a suspected escape's evidence is copied
+            // from them before the cell is destroyed.
+            supervision.observed.writable_mounts =
+                crate::evidence::WritableMounts::open(supervision.pid, plan);
         }
         self.started += 1;
         let now = Instant::now();

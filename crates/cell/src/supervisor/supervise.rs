@@ -597,5 +597,7 @@ fn control_ends_cell(control: &SupervisorControl) -> Option<&'static str> {
         Ok(Some((ToSupervisor::Kill { .. }, _))) => Some("killed by the engine"),
         Ok(Some((ToSupervisor::Run { .. }, _))) => None,
         Ok(Some((ToSupervisor::Signal { .. }, _))) => None,
+        // Only a session's destinations change; the engine never asks a one-shot cell.
+        Ok(Some((ToSupervisor::SetDestinations { .. }, _))) => None,
     }
 }

@@ -330,13 +330,17 @@ impl Loop<'_> {
             .plan(contract, &["true".to_string()])
             .map_err(|err| AgentError::Agent(format!("generic contract: {}", err.detail)))?;
         let bytes = planned.plan.limits.output_bytes;
+        let cell = exec::Cell {
+            workload_class: "agent-shell",
+            credentials: Vec::new(),
+            tenant: None,
+            after_close: self.toolbox.planner.after_close("agent-shell", None),
+        };
         let session = exec::open_session(
             &self.toolbox.engine,
             planned.plan,
-            "agent-shell",
-            Vec::new(),
+            cell,
             self.options.deadline,
-            None,
         )?;
         self.shell = Some((Arc::clone(&session), bytes));
         Ok((session, bytes))

@@ -9,7 +9,7 @@ use crate::registry::{Registry, Tool};
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_contract::CellPlan;
 use airlock_engine::caller::Work;
-use airlock_engine::{Caller, Engine, Refusal};
+use airlock_engine::{AfterClose, Caller, Engine, Refusal};
 use serde::Serialize;
 use serde_json::Value;
 use std::path::Path;
@@ -35,6 +35,12 @@ pub struct PlanError {
 /// host's root.
 pub trait Planner: Send + Sync {
     fn plan(&self, contract: Option<&Path>, argv: &[String]) -> Result<PlannedCell, PlanError>;
+    /// What becomes of a suspected escape's evidence (its writable paths, copied before
+    /// the cell was destroyed) for a cell of `workload_class` run for `tenant`: the CLI's
+    /// planner quarantines it; `None` removes the copy.
+    fn after_close(&self, _workload_class: &str, _tenant: Option<&str>) -> Option<AfterClose> {
+        None
+    }
 }
 
 /// Contracts with `image: host` only.
@@ -308,15 +314,13 @@ impl ToolBox {
             wall_time_ms,
         };
         let class = format!("tool:{}", tool.name);
-        exec::run_once(
-            &self.engine,
-            plan,
-            &class,
+        let cell = exec::Cell {
+            workload_class: &class,
             credentials,
             tenant,
-            command,
-            cancel,
-        )
+            after_close: self.planner.after_close(&class, tenant),
+        };
+        exec::run_once(&self.engine, plan, cell, command, cancel)
     }
 
     fn judge(&self, tool: &Tool, execution: &Execution, cancel: &Cancel) -> CallResult {

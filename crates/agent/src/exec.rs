@@ -8,7 +8,7 @@ use crate::AgentError;
 use airlock_cell::report::RunReport;
 use airlock_cell::PayloadStdin;
 use airlock_contract::CellPlan;
-use airlock_engine::{CommandRequest, Engine, Session, SessionRequest};
+use airlock_engine::{AfterClose, CommandRequest, Engine, Session, SessionRequest};
 use std::io::{Read, Seek, Write};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, Weak};
@@ -81,26 +81,33 @@ pub struct CommandRun<'a> {
     pub wall_time_ms: Option<u64>,
 }
 
-/// Opens a session for `plan` (one cell) under `workload_class`, recorded for `tenant`
-/// (a service's caller; `None` from the CLI).
+/// Who a cell is for and what it carries: its workload class, the credential values
+/// its plan names, the service tenant it is recorded for (`None` from the CLI), and what
+/// becomes of a suspected escape's evidence (`Planner::after_close`).
+pub struct Cell<'a> {
+    pub workload_class: &'a str,
+    pub credentials: Vec<(String, String)>,
+    pub tenant: Option<&'a str>,
+    pub after_close: Option<AfterClose>,
+}
+
+/// Opens a session for `plan` (one cell) that lives at least `lifetime`.
 pub fn open_session(
     engine: &Engine,
     plan: CellPlan,
-    workload_class: &str,
-    credentials: Vec<(String, String)>,
+    cell: Cell<'_>,
     lifetime: Duration,
-    tenant: Option<&str>,
 ) -> Result<Arc<Session>, AgentError> {
     let wall = Duration::from_millis(plan.limits.wall_time_ms);
     let session = engine.open_session(SessionRequest {
         plan,
-        workload_class: workload_class.to_string(),
-        credentials,
+        workload_class: cell.workload_class.to_string(),
+        credentials: cell.credentials,
         artifacts: None,
         idle_timeout: wall.max(lifetime) + SESSION_SLACK,
         max_lifetime: wall.max(lifetime) + SESSION_SLACK,
-        tenant: tenant.map(String::from),
-        after_close: None,
+        tenant: cell.tenant.map(String::from),
+        after_close: cell.after_close,
     })?;
     Ok(Arc::new(session))
 }
@@ -109,15 +116,12 @@ pub fn open_session(
 pub fn run_once(
     engine: &Engine,
     plan: CellPlan,
-    workload_class: &str,
-    credentials: Vec<(String, String)>,
-    tenant: Option<&str>,
+    cell: Cell<'_>,
     command: CommandRun<'_>,
     cancel: &Cancel,
 ) -> Result<Execution, AgentError> {
     let output_bytes = plan.limits.output_bytes;
-    let lifetime = Duration::ZERO;
-    let session = open_session(engine, plan, workload_class, credentials, lifetime, tenant)?;
+    let session = open_session(engine, plan, cell, Duration::ZERO)?;
     let executed = run_in(&session, output_bytes, command, cancel);
     // The last reference: the session's cell is destroyed here (Session's Drop).
     drop(session);

@@ -103,16 +103,21 @@ impl Generic {
             keep_stderr: false,
             wall_time_ms: None,
         };
-        let executed = exec::run_once(
-            &self.toolbox.engine,
-            plan,
-            "generic",
-            Vec::new(),
-            caller.map(Caller::tenant),
-            run,
-            cancel,
-        )?;
+        let cell = self.cell("generic", caller);
+        let executed = exec::run_once(&self.toolbox.engine, plan, cell, run, cancel)?;
         Ok(CommandResult::of(&executed, self.cap()))
+    }
+
+    /// A generic tool's cell of `workload_class` for `caller`: no credentials, a
+    /// suspected escape's evidence as the planner keeps it.
+    fn cell<'a>(&self, workload_class: &'a str, caller: Option<&'a Caller>) -> exec::Cell<'a> {
+        let tenant = caller.map(Caller::tenant);
+        exec::Cell {
+            workload_class,
+            credentials: Vec::new(),
+            tenant,
+            after_close: self.toolbox.planner.after_close(workload_class, tenant),
+        }
     }
 
     /// Runs a Python snippet (`python3 -c CODE`) in a cell of its own.
@@ -136,14 +141,8 @@ impl Generic {
         let admitted = admit(caller, Work::Session)?;
         let plan = self.plan(&["true".to_string()])?;
         let output_bytes = plan.limits.output_bytes;
-        let session = exec::open_session(
-            &self.toolbox.engine,
-            plan,
-            "generic-session",
-            Vec::new(),
-            SESSION_LIFETIME,
-            caller.map(Caller::tenant),
-        )?;
+        let cell = self.cell("generic-session", caller);
+        let session = exec::open_session(&self.toolbox.engine, plan, cell, SESSION_LIFETIME)?;
         let id = session.id().to_string();
         self.lock().insert(
             id.clone(),

@@ -217,4 +217,34 @@ impl Planner for CliPlanner {
             keep_alive: resolved.map(|(_, lease)| Box::new(lease) as Box<dyn std::any::Any + Send>),
         })
     }
+
+    /// A suspected escape of a tool, MCP or agent cell is quarantined like any run's:
+    /// its record and writable paths kept, its requester (the tenant, or this process's
+    /// uid) flagged.
+    fn after_close(
+        &self,
+        workload_class: &str,
+        tenant: Option<&str>,
+    ) -> Option<airlock_engine::AfterClose> {
+        let state_dir = self.state_dir.clone();
+        let class = workload_class.to_string();
+        let requester = match tenant {
+            Some(tenant) => {
+                airlock_policy::approval::Identity::Tenant(tenant.to_string()).to_string()
+            }
+            None => airlock_policy::approval::Identity::Uid(
+                airlock_store::caller_uid().unwrap_or(u32::MAX),
+            )
+            .to_string(),
+        };
+        Some(Box::new(move |report, copy| {
+            let suspect = crate::quarantine::Suspect {
+                class: &class,
+                requester,
+                credentials: Vec::new(),
+                writable_copy: copy.map(std::path::PathBuf::from),
+            };
+            crate::quarantine::preserve_if_suspected(&state_dir, report, &suspect);
+        }))
+    }
 }

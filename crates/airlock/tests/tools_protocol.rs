@@ -317,3 +317,63 @@ fn list_and_describe_show_the_registry() {
     assert_eq!(described["input_schema"]["required"], json!(["query"]));
     assert_eq!(described["max_output_bytes"], 1048576);
 }
+
+#[test]
+fn a_tool_cell_that_is_a_suspected_escape_is_quarantined_with_its_writable_paths() {
+    require_cells!();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/contracts/default.yaml"),
+        dir.path().join("default.yaml"),
+    )
+    .unwrap();
+    // It leaves a file in /tmp, then makes a syscall of the x32 ABI, which the filter
+    // kills (SIGSYS): aimed at the boundary.
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(
+        &config,
+        "[tools.escape]\ndescription = \"leaves a file, then an x32 syscall\"\n\
+         contract = \"default.yaml\"\n\
+         command = [\"python3\", \"-c\", \"open('/tmp/left.txt', 'w').write('left behind')\\n\
+         import ctypes\\nctypes.CDLL(None).syscall(0x40000000 | 39)\"]\n\
+         input_schema = { type = \"object\" }\noutput_schema = { type = \"object\" }\n",
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    let (envelope, out) = call_in(&config, &state, "escape", &json!({}));
+    assert_eq!(
+        envelope["ok"],
+        false,
+        "{envelope} {}",
+        common::output_text(&out)
+    );
+    let quarantine = |args: &[&str]| {
+        let out = Command::new(common::airlock_bin())
+            .arg("quarantine")
+            .args(args)
+            .arg("--state-dir")
+            .arg(&state)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let listed = quarantine(&["list"]);
+    assert!(
+        listed.contains("tool:escape"),
+        "nothing quarantined: {listed:?}"
+    );
+    let run_id = listed.split_whitespace().next().unwrap().to_string();
+    let shown: Value = serde_json::from_str(&quarantine(&["show", &run_id])).unwrap();
+    assert_eq!(
+        shown["record"]["run"]["status"], "suspected_escape",
+        "{shown}"
+    );
+    let manifest = &shown["manifest"];
+    assert_eq!(manifest["writable_paths_copied"], true, "{shown}");
+    assert_eq!(
+        manifest["writable"]["copied"],
+        json!([["/tmp/left.txt", 11]]),
+        "{shown}"
+    );
+    assert_eq!(manifest["tenant_flagged"], "uid:0", "{shown}");
+}

@@ -471,14 +471,14 @@ impl Runner<'_> {
         let derived = derive::with_credential(&self.target.contract);
         let env = [(derive::CREDENTIAL_ENV.to_string(), value.clone())];
         let argv = probe_argv(&["credential", derive::CREDENTIAL_ENV]);
-        // The value comes from this process's environment, which a hand-off does not
-        // carry (the service would read its own): this run stays in this process.
+        // The value comes from this process's environment: a hand-off carries it to the
+        // service, whose store (this one) is then searched like a local run's.
         let run = self.invoke(
             ContractArg::Derived(Box::new(derived)),
             &[],
             &argv,
             &env,
-            true,
+            false,
         )?;
         let mut seen = run.observation();
         seen.secret_found_in = (run.holding(&value).into_iter())

@@ -232,6 +232,8 @@ pub struct ClassGrant {
     pub decision: Value,
     /// The class's retry rules and the request's idempotency key, when it has one.
     pub retry: Option<(airlock_policy::retry::RetryRules, String)>,
+    /// What the class allows where no cgroup is delegated to the caller.
+    pub without_cgroup: airlock_policy::WithoutCgroup,
 }
 
 /// Why a class request goes no further.
@@ -349,6 +351,7 @@ pub fn decide_request(
             base_dir: loaded.base_dir.clone(),
             decision: request.grant_event(&asked, &granted, &command, &[]),
             retry: retry_of(loaded, &asked),
+            without_cgroup: loaded.class.ceilings_without_cgroup,
         }),
         Evaluation::Denied { reason, asked } => Err(request.deny(&asked, &reason)),
         Evaluation::NeedsApproval {
@@ -370,6 +373,7 @@ pub fn decide_request(
                 base_dir: loaded.base_dir.clone(),
                 decision: request.grant_event(&asked, &granted, &command, &approvals),
                 retry: retry_of(loaded, &asked),
+                without_cgroup: loaded.class.ceilings_without_cgroup,
             })
         }
     }

@@ -20,7 +20,8 @@ pub mod retry;
 pub mod shell;
 
 pub use class::{
-    ApprovalRules, ClassBounds, ClassProblem, Execution, InputRoot, SessionBounds, WorkloadClass,
+    ApprovalRules, ClassBounds, ClassProblem, Execution, InputRoot, SessionBounds, WithoutCgroup,
+    WorkloadClass,
 };
 pub use command::{CommandPolicy, CommandRule, CommandVerdict, Decision, Fallback, PatternToken};
 pub use evaluate::{domain_within, evaluate, normal_absolute, ApprovalItem, Evaluation, Granted};

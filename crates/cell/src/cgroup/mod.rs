@@ -280,12 +280,13 @@ fn v2_delegated(
             v2_delegation_fix(uid, Path::new("/run/systemd/system").is_dir())
         ),
     };
-    let Some(delegated) = delegated.filter(|d| !d.as_os_str().is_empty()) else {
+    let Some(delegated) = delegated else {
         return Err(refused(format!(
-            "no cgroup v2 subtree is delegated to uid {uid}: this process is in the root cgroup of {}",
-            v2.root.display()
+            "no cgroup v2 subtree is delegated to uid {uid}: /proc/self/cgroup names no v2 cgroup"
         )));
     };
+    // An empty path is the root of this process's cgroup namespace: the host's root
+    // (root's alone), or a container's own cgroup, which may be delegated to its user.
     let dir = v2.root.join(&delegated);
     let unwritable: Vec<String> = [
         dir.clone(),
@@ -297,9 +298,15 @@ fn v2_delegated(
     .map(|p| p.display().to_string())
     .collect();
     if !unwritable.is_empty() {
+        let whose = match delegated.as_os_str().is_empty() {
+            true => format!(
+                "this process is in the root cgroup of {}",
+                v2.root.display()
+            ),
+            false => format!("this process's cgroup {}", dir.display()),
+        };
         return Err(refused(format!(
-            "no cgroup v2 subtree is delegated to uid {uid}: this process's cgroup {} is not its to manage (not writable: {})",
-            dir.display(),
+            "no cgroup v2 subtree is delegated to uid {uid}: {whose}, which it may not manage (not writable: {})",
             unwritable.join(", ")
         )));
     }
@@ -917,7 +924,7 @@ mod tests {
         let (root, layout) = v2_fixture();
         let error = layout
             .clone()
-            .for_caller(1001, "0::/\n", &everything_writable)
+            .for_caller(1001, "0::/\n", &|_| false)
             .unwrap_err();
         let CellError::Unavailable { control, reason } = &error else {
             panic!("{error:?}")
@@ -944,6 +951,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(reason.contains("lacks the cpu controller"), "{reason}");
+    }
+
+    #[test]
+    fn the_root_of_a_containers_cgroup_namespace_is_delegated_when_its_user_may_write_it() {
+        let (root, layout) = v2_fixture();
+        v2_cgroup(root.path(), "", "cpu memory pids\n");
+        let layout = layout
+            .for_caller(1001, "0::/\n", &everything_writable)
+            .unwrap();
+        assert_eq!(layout.parents(), [root.path().to_path_buf()]);
+        assert_eq!(
+            v2_of(&layout).supervisor_leaf,
+            Some(PathBuf::from(SUPERVISOR_LEAF))
+        );
     }
 
     #[test]

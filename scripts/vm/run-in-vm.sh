@@ -22,7 +22,9 @@
 # 20 s for the checks). AIRLOCK_VM_ACCEL=kvm|tcg forces one, AIRLOCK_VM_CPU_MODEL the -cpu.
 # Environment: AIRLOCK_VM_CACHE (/var/cache/airlock-vm), AIRLOCK_BIN, AIRLOCK_VM_TIMEOUT
 # (seconds, 300), AIRLOCK_VM_MEM (MiB, 1024), AIRLOCK_VM_CPUS (2), AIRLOCK_VM_DEBUG=1
-# (kernel messages on the console). Variables named AIRLOCK_* (except AIRLOCK_VM_* and
+# (kernel messages on the console), AIRLOCK_VM_LSM (the kernel's lsm= list, default
+# landlock,lockdown,yama,integrity,apparmor; scripts/vm/no-landlock-checks.sh boots
+# without landlock). Variables named AIRLOCK_* (except AIRLOCK_VM_* and
 # AIRLOCK_BIN), RUST_BACKTRACE and RUST_LOG are passed to the command.
 set -euo pipefail
 
@@ -142,6 +144,7 @@ cat >"$root/vm/init2" <<'INIT2'
 export PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin HOME=/root
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
+mount -t securityfs securityfs /sys/kernel/security 2>/dev/null
 mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
@@ -193,7 +196,8 @@ accel_opt=$accel
 [[ $accel == tcg ]] && accel_opt=tcg,thread=multi,tb-size=256
 log "accelerator: $accel_opt"
 
-append="console=ttyS0 panic=-1 cgroup_no_v1=all lsm=landlock,lockdown,yama,integrity,apparmor rdinit=/init"
+lsm=${AIRLOCK_VM_LSM:-landlock,lockdown,yama,integrity,apparmor}
+append="console=ttyS0 panic=-1 cgroup_no_v1=all lsm=$lsm rdinit=/init"
 if [[ "${AIRLOCK_VM_DEBUG:-}" == 1 ]]; then append+=" loglevel=7"; else append+=" quiet loglevel=3"; fi
 
 set +e

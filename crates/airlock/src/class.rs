@@ -245,6 +245,8 @@ pub struct ClassGrant {
     pub retry: Option<(airlock_policy::retry::RetryRules, String)>,
     /// A session's granted lifetime (a session request only).
     pub session_lifetime_seconds: Option<u64>,
+    /// What the class allows where no cgroup is delegated to the caller.
+    pub without_cgroup: airlock_policy::WithoutCgroup,
 }
 
 /// Why a class request goes no further.
@@ -395,6 +397,7 @@ fn conclude(
         decision: request.grant_event(asked, granted, command, approvals),
         retry: retry_of(loaded, asked),
         session_lifetime_seconds: granted.session_lifetime_seconds,
+        without_cgroup: loaded.class.ceilings_without_cgroup,
     };
     match evaluation {
         Evaluation::Granted {

@@ -188,15 +188,20 @@ fn config_command(command: ConfigCommand) -> ExitCode {
 }
 
 fn doctor(json: bool, config: Option<&std::path::Path>) -> ExitCode {
-    let range = config::OperatorConfig::load(config).and_then(|c| c.host_id_range());
-    let range = match range {
-        Ok(range) => range,
+    let loaded = config::OperatorConfig::load(config).and_then(|c| {
+        let range = c.host_id_range()?;
+        let classes = class::load_classes(&c, config)?;
+        Ok((range, classes))
+    });
+    let (range, classes) = match loaded {
+        Ok(loaded) => loaded,
         Err(err) => {
             eprintln!("airlock: {}", user_message(&err));
             return ExitCode::from(1);
         }
     };
     let mut checks = airlock_cell::doctor::run_checks_with(range);
+    checks.extend(rlimits_only_classes(&classes));
     // Not a check: what lives now, parked warm cells included.
     let cells = airlock_cell::census::live_cells();
     checks.push(airlock_cell::doctor::Check {
@@ -224,6 +229,26 @@ fn doctor(json: bool, config: Option<&std::path::Path>) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+/// The operator's classes that may run without a delegated cgroup, with rlimits only
+/// (docs/policy.md): not a check of the host, what the `cgroups` check means for them.
+fn rlimits_only_classes(
+    classes: &std::collections::BTreeMap<String, class::LoadedClass>,
+) -> Option<airlock_cell::doctor::Check> {
+    let names: Vec<&str> = classes
+        .iter()
+        .filter(|(_, c)| c.class.ceilings_without_cgroup == airlock_policy::WithoutCgroup::Rlimits)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    (!names.is_empty()).then(|| airlock_cell::doctor::Check {
+        control: "cgroups.rlimits_only",
+        ok: true,
+        detail: format!(
+            "class(es) {} may run where no cgroup is delegated, with rlimits only (RLIMIT_AS per process, RLIMIT_NPROC per cell, RLIMIT_CPU per process, RLIMIT_FSIZE; not the CPU rate, the cell's memory as a whole or usage counters), and their records say so; every other run needs the cgroups above",
+            names.join(", ")
+        ),
+    })
 }
 
 /// An error and its causes as one line for people. Our errors already say their source

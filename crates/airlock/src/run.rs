@@ -8,7 +8,7 @@ use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::PayloadStdin;
 use airlock_contract::{
     compile, default_contract, load_contract_file, read_seccomp_profile, CellPlan, CompileInput,
-    ContractError, NetworkPlan, HOST_IMAGE,
+    ContractError, NetworkPlan, RlimitsOnly, HOST_IMAGE,
 };
 use airlock_engine::handoff::{
     self, classify_stdin, stdin_record, HandoffContract, HandoffDelivery, HandoffReply,
@@ -139,6 +139,12 @@ fn load_plan(
     if let (Some(broker), Some(class)) = (plan.broker.as_mut(), &args.class.class) {
         // The class's grant made this contract: its broker requests are the class's.
         broker.class = Some(class.clone());
+    }
+    if let (Some(granted), Some(class)) = (grant.as_ref(), &args.class.class) {
+        if granted.without_cgroup == airlock_policy::WithoutCgroup::Rlimits {
+            // The operator's class, not the contract, allows a run without a cgroup.
+            plan.without_cgroup = Some(RlimitsOnly::for_limits(class, &plan.limits));
+        }
     }
     Ok((plan, resolved.map(|(_, lease)| lease)))
 }
@@ -356,6 +362,27 @@ fn print_problems(report: &RunReport) {
     }
     for note in &report.notes {
         eprintln!("airlock: note: {note}");
+    }
+    if let Some(only) = &report.rlimits_only {
+        let enforced: Vec<String> = only
+            .granted
+            .enforced
+            .iter()
+            .map(|c| {
+                let rlimit = c.rlimit;
+                format!(
+                    "{} by {}={}",
+                    c.ceiling,
+                    rlimit.resource.kernel_name(),
+                    rlimit.value
+                )
+            })
+            .collect();
+        eprintln!(
+            "airlock: note: no cgroup: class {} allows rlimits only ({}); not enforced: the CPU rate, the cell's memory as a whole, usage counters (the record's rlimits_only says more)",
+            only.granted.class,
+            enforced.join(", ")
+        );
     }
     if let Some(error) = &report.error {
         eprintln!("airlock: {}: {error}", report.status.as_str());

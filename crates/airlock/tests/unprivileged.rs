@@ -363,3 +363,241 @@ fn as_an_ordinary_user_the_cell_boundaries_hold() {
         "the host's loopback listener saw a connection"
     );
 }
+
+/// An operator configuration in `dir` with two classes that differ only in what they
+/// allow without a delegated cgroup: `strict` (the rule: refuse) and `laptop`
+/// (`ceilings_without_cgroup = "rlimits"`), both with `resources` as their template's.
+fn classes_config(user: &TestUser, dir: &Path, resources: &str) -> PathBuf {
+    let mut text = String::new();
+    for (name, without) in [("strict", "refuse"), ("laptop", "rlimits")] {
+        text.push_str(&format!(
+            "[policy.classes.{name}]\ndescription = \"{name}\"\nceilings_without_cgroup = \"{without}\"\n\
+             [policy.classes.{name}.template.resources]\n{resources}\n\
+             [policy.classes.{name}.commands]\ndefault = \"prompt\"\nunmatched = \"allow\"\n"
+        ));
+    }
+    let path = dir.join(format!("airlock-{}.toml", unique()));
+    std::fs::write(&path, text).unwrap();
+    std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid)).unwrap();
+    path
+}
+
+/// `airlock run --class CLASS` as `user` (no delegated subtree), the result read back.
+fn run_class_as(
+    user: &TestUser,
+    dir: &Path,
+    config: &Path,
+    class: &str,
+    argv: &[&str],
+) -> common::CellRun {
+    let result = dir.join(format!("result-{}.json", unique()));
+    let (state, config, result_arg) = (
+        dir.join("state").display().to_string(),
+        config.display().to_string(),
+        result.display().to_string(),
+    );
+    let mut args = vec![
+        "run",
+        "--state-dir",
+        &state,
+        "--config",
+        &config,
+        "--class",
+        class,
+        "--result",
+        &result_arg,
+        "--",
+    ];
+    args.extend_from_slice(argv);
+    common::CellRun::collect(airlock_as(user, None, dir, &args), &result)
+}
+
+#[test]
+fn without_a_delegated_subtree_only_a_class_allowing_rlimits_runs_and_its_record_says_so() {
+    require_cells!();
+    let user = test_user("airlock-t-rlim");
+    let dir = user_dir(&user);
+    let config = classes_config(&user, dir.path(), "memory_mb = 64\nprocess_limit = 8");
+
+    let doctor = airlock_as(
+        &user,
+        None,
+        dir.path(),
+        &["doctor", "--config", &config.display().to_string()],
+    );
+    let said = text(&doctor);
+    assert_eq!(doctor.status.code(), Some(1), "{said}");
+    assert!(said.contains("FAIL cgroups "), "{said}");
+    let rlimits_line = said
+        .lines()
+        .find(|l| l.starts_with("ok   cgroups.rlimits_only"))
+        .unwrap_or_else(|| panic!("doctor does not report the exception:\n{said}"));
+    assert!(
+        rlimits_line.contains("laptop") && !rlimits_line.contains("strict"),
+        "{rlimits_line}"
+    );
+
+    let strict = run_class_as(&user, dir.path(), &config, "strict", &["/bin/true"]);
+    assert_eq!(strict.code(), 125, "{}", strict.describe());
+    assert_eq!(
+        strict.status(),
+        "sandbox_unavailable",
+        "{}",
+        strict.describe()
+    );
+    assert!(
+        strict.stderr().contains("cgroups.delegation"),
+        "{}",
+        strict.describe()
+    );
+
+    let laptop = run_class_as(&user, dir.path(), &config, "laptop", &["/bin/echo", "hi"]);
+    assert_eq!(
+        (laptop.code(), laptop.stdout().as_str()),
+        (0, "hi\n"),
+        "{}",
+        laptop.describe()
+    );
+    let record = &laptop.result["rlimits_only"];
+    assert_eq!(record["class"], "laptop", "{}", laptop.describe());
+    assert!(
+        laptop.result["cgroup_version"].is_null(),
+        "{}",
+        laptop.describe()
+    );
+    assert!(
+        record["why"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("cgroups.delegation")),
+        "{}",
+        laptop.describe()
+    );
+    assert_eq!(record["requested"]["memory_bytes"], 64 << 20);
+    assert_eq!(record["requested"]["process_limit"], 8);
+    let enforced: Vec<(String, String, u64)> = record["enforced"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["ceiling"].as_str().unwrap().to_owned(),
+                c["rlimit"]["resource"].as_str().unwrap().to_owned(),
+                c["rlimit"]["value"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(
+        enforced.contains(&("memory".into(), "as".into(), 64 << 20))
+            && enforced.contains(&("pids".into(), "nproc".into(), 9)),
+        "{enforced:?}"
+    );
+    assert!(
+        record["not_enforced"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|t| t.as_str().unwrap().contains("cpu_millis"))),
+        "{}",
+        laptop.describe()
+    );
+    assert!(
+        laptop
+            .stderr()
+            .contains("no cgroup: class laptop allows rlimits only"),
+        "{}",
+        laptop.describe()
+    );
+}
+
+#[test]
+fn with_rlimits_only_the_process_memory_cpu_and_wall_time_ceilings_hold() {
+    require_cells!();
+    let user = test_user("airlock-t-rlhold");
+    let dir = user_dir(&user);
+    let config = classes_config(
+        &user,
+        dir.path(),
+        "memory_mb = 64\nprocess_limit = 8\ncpu_millis = 100\nwall_time_seconds = 10",
+    );
+    // Twenty host processes of the same user: RLIMIT_NPROC is counted in the cell's own
+    // user namespace, so they take nothing from the cell's eight.
+    let mut others: Vec<std::process::Child> = (0..20)
+        .map(|_| {
+            Command::new("setpriv")
+                .arg(format!("--reuid={}", user.uid))
+                .arg(format!("--regid={}", user.gid))
+                .args(["--clear-groups", "/bin/sleep", "120"])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let bomb = run_class_as(
+        &user,
+        dir.path(),
+        &config,
+        "laptop",
+        &[
+            "python3",
+            "-c",
+            "import os, time\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('forks', n, e.errno)",
+        ],
+    );
+    for other in &mut others {
+        let _ = other.kill();
+        let _ = other.wait();
+    }
+    // python3 and 7 children: process_limit 8.
+    assert_eq!(bomb.stdout().trim(), "forks 7 11", "{}", bomb.describe());
+    assert_eq!(bomb.code(), 0, "{}", bomb.describe());
+    // The sleeping children died with the cell, at once.
+    assert!(bomb.result["cleanup"]["ok"] == true, "{}", bomb.describe());
+    assert!(
+        bomb.result["timings"]["wall_ms"].as_f64().unwrap() < 10_000.0,
+        "{}",
+        bomb.describe()
+    );
+
+    let memory = run_class_as(
+        &user,
+        dir.path(),
+        &config,
+        "laptop",
+        &[
+            "python3",
+            "-c",
+            "try:\n    b = bytearray(300 * 2**20)\n    print('allocated')\nexcept MemoryError:\n    print('refused')",
+        ],
+    );
+    assert_eq!(memory.stdout().trim(), "refused", "{}", memory.describe());
+
+    // 0.1 CPU over a 10 s deadline: one second of CPU time, then SIGXCPU.
+    let cpu = run_class_as(
+        &user,
+        dir.path(),
+        &config,
+        "laptop",
+        &["python3", "-c", "while True: pass"],
+    );
+    assert_eq!(cpu.limit_fired(), Some("cpu"), "{}", cpu.describe());
+    assert_eq!(cpu.status(), "capacity_exceeded", "{}", cpu.describe());
+    assert_eq!(cpu.code(), 128 + libc::SIGXCPU, "{}", cpu.describe());
+
+    // A process that sleeps (no CPU time) meets the deadline, and its daemon goes too.
+    let wall = run_class_as(
+        &user,
+        dir.path(),
+        &config,
+        "laptop",
+        &["/bin/sh", "-c", "(sleep 300 &) ; sleep 300"],
+    );
+    assert_eq!(wall.limit_fired(), Some("wall_time"), "{}", wall.describe());
+    assert_eq!(wall.code(), 124, "{}", wall.describe());
+    assert!(wall.result["cleanup"]["ok"] == true, "{}", wall.describe());
+    let survivors = Command::new("pgrep")
+        .args(["-u", &user.uid.to_string(), "sleep"])
+        .output()
+        .unwrap();
+    assert!(
+        survivors.stdout.is_empty(),
+        "processes of the cell outlived it: {}",
+        text(&survivors)
+    );
+}

@@ -3,7 +3,7 @@
 
 use crate::cgroup::{cgroup_name, find_leftovers, CellCgroup, CgroupLayout};
 use crate::host_identity::{HostIdRange, HostIdentityPool};
-use crate::{landlock_policy, sys};
+use crate::sys;
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -47,7 +47,7 @@ pub fn run_checks_with(host_ids: HostIdRange) -> Vec<Check> {
     for ns in ["user", "mnt", "pid", "net", "ipc", "uts", "cgroup"] {
         checks.push(check(
             match ns {
-                "user" => "namespace.user",
+                "user" => "namespace.user.kernel",
                 "mnt" => "namespace.mount",
                 "pid" => "namespace.pid",
                 "net" => "namespace.net",
@@ -58,39 +58,22 @@ pub fn run_checks_with(host_ids: HostIdRange) -> Vec<Check> {
             namespace_file(ns),
         ));
     }
+    // What a run's preflight refuses, checked by the same function (crate::preflight).
     checks.push(check(
-        "namespace.user.unprivileged_map",
-        std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
-            .map_err(|e| e.to_string())
-            .and_then(|v| match v.trim().parse::<u64>() {
-                Ok(0) => Err("user.max_user_namespaces is 0".into()),
-                Ok(n) => Ok(format!("max_user_namespaces={n}")),
-                Err(e) => Err(e.to_string()),
-            }),
+        "namespace.user",
+        crate::preflight::user_namespaces(sys::geteuid()).map_err(|e| e.to_string()),
     ));
     let sysctl = |name: &str| std::fs::read_to_string(format!("/proc/sys/kernel/{name}")).ok();
     checks.push(check(
         "namespace.user.restrictions",
         userns_restrictions(
             sys::geteuid(),
-            sysctl("unprivileged_userns_clone").as_deref(),
             sysctl("apparmor_restrict_unprivileged_userns").as_deref(),
         ),
     ));
-    let abi = landlock_policy::kernel_abi();
     checks.push(check(
         "landlock",
-        if abi >= landlock_policy::REQUIRED_ABI as i64 {
-            Ok(format!(
-                "ABI {abi} (needs {})",
-                landlock_policy::REQUIRED_ABI as i64
-            ))
-        } else {
-            Err(format!(
-                "ABI {abi}; the cell needs ABI {} (Linux 6.12+, lsm=landlock)",
-                landlock_policy::REQUIRED_ABI as i64
-            ))
-        },
+        crate::preflight::landlock().map_err(|e| e.to_string()),
     ));
     checks.push(check(
         "seccomp",
@@ -197,26 +180,19 @@ fn migration_hint() -> String {
     }
 }
 
-/// The host switches that stop a user who is not root from creating user namespaces,
-/// each named with its fix: Debian's `kernel.unprivileged_userns_clone` (0 forbids) and
 /// Ubuntu's `kernel.apparmor_restrict_unprivileged_userns` (1 lets only binaries with an
-/// AppArmor profile that allows `userns` create them: packaging/apparmor/airlock).
-/// `None`: the kernel has no such switch. Root is never restricted by either.
-fn userns_restrictions(
-    euid: u32,
-    unprivileged_userns_clone: Option<&str>,
-    apparmor_restrict: Option<&str>,
-) -> Result<String, String> {
+/// AppArmor profile that allows `userns` create user namespaces: packaging/apparmor/airlock).
+/// Not a refusal of its own: whether this binary may is what `mount_api` below finds out,
+/// as a cell would. Debian's `kernel.unprivileged_userns_clone` is the run's preflight's
+/// (`namespace.user`). `None`: the kernel has no such switch. Root is never restricted.
+fn userns_restrictions(euid: u32, apparmor_restrict: Option<&str>) -> Result<String, String> {
     if euid == 0 {
-        return Ok("running as root: neither userns restriction applies".into());
-    }
-    if unprivileged_userns_clone.map(str::trim) == Some("0") {
-        return Err("kernel.unprivileged_userns_clone=0 forbids user namespaces to users who are not root; as root: sysctl -w kernel.unprivileged_userns_clone=1 (and in /etc/sysctl.d/ to keep it)".into());
+        return Ok("running as root: no userns restriction applies".into());
     }
     if apparmor_restrict.map(str::trim) == Some("1") {
         return Ok("kernel.apparmor_restrict_unprivileged_userns=1: user namespaces need an AppArmor profile allowing them; install packaging/apparmor/airlock into /etc/apparmor.d/ and load it (apparmor_parser -r /etc/apparmor.d/airlock); mount_api below shows whether this binary may".into());
     }
-    Ok("no sysctl restricts user namespaces for this user".into())
+    Ok("no AppArmor restriction of user namespaces for this user".into())
 }
 
 /// Whose ids cells run as: as root, the range and how many of its slots live cells hold
@@ -323,23 +299,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn debians_userns_switch_off_fails_naming_the_sysctl() {
-        let error = userns_restrictions(1000, Some("0\n"), None).unwrap_err();
-        assert!(
-            error.contains("sysctl -w kernel.unprivileged_userns_clone=1"),
-            "{error}"
-        );
-        assert!(userns_restrictions(1000, Some("1\n"), None).is_ok());
-    }
-
-    #[test]
     fn ubuntus_apparmor_restriction_names_the_shipped_profile() {
-        let said = userns_restrictions(1000, None, Some("1\n")).unwrap();
+        let said = userns_restrictions(1000, Some("1\n")).unwrap();
         assert!(said.contains("packaging/apparmor/airlock"), "{said}");
     }
 
     #[test]
-    fn root_is_restricted_by_neither_switch() {
-        assert!(userns_restrictions(0, Some("0"), Some("1")).is_ok());
+    fn root_is_not_restricted_by_apparmor() {
+        assert!(userns_restrictions(0, Some("1")).is_ok());
     }
 }

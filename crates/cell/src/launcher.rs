@@ -48,6 +48,12 @@ pub struct ChildSetup<'a> {
     /// The cell clones its mount sources itself: the supervisor is not root and cannot
     /// (see [`rootfs::deferred_cgroup_view`]).
     pub clones_in_cell: bool,
+    /// pid 1's rlimits, and so every process's of the cell: the plan's, or those of its
+    /// `without_cgroup` when it runs without a cgroup.
+    pub rlimits: Vec<Rlimit>,
+    /// Set in each payload process just before its exec (rlimits only: the address
+    /// space and CPU time that are not pid 1's to share).
+    pub payload_rlimits: Vec<Rlimit>,
 }
 
 /// Entry point of the cloned child. Never returns.
@@ -241,7 +247,7 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
     for target in 0..3 {
         sys::dup2(setup.null.as_raw_fd(), target).map_err(|e| Stage::errno("stdio", e))?;
     }
-    set_rlimits(&plan.layout.rlimits)?;
+    set_rlimits(&setup.rlimits)?;
     drop_privileges(&plan.layout.securebits)?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| Stage::errno("no_new_privs", e))?;
     landlock_policy::restrict(&mut kernel, &plan.layout.landlock)?;
@@ -348,16 +354,38 @@ fn pass_egress_listeners(sync: &Pid1Channel, plan: &CellPlan) -> Result<(), Stag
 
 fn set_rlimits(rlimits: &[Rlimit]) -> Result<(), Stage> {
     for rlimit in rlimits {
-        let (resource, name) = match rlimit.resource {
-            RlimitResource::Core => (libc::RLIMIT_CORE, "core"),
-            RlimitResource::Nofile => (libc::RLIMIT_NOFILE, "nofile"),
-            RlimitResource::Fsize => (libc::RLIMIT_FSIZE, "fsize"),
-            RlimitResource::Nproc => (libc::RLIMIT_NPROC, "nproc"),
-        };
-        sys::set_rlimit(resource, rlimit.value)
-            .map_err(|e| Stage::new("rlimits", format!("{name}: {e}")))?;
+        sys::set_rlimit(resource_limit(rlimit)).map_err(|e| {
+            Stage::new("rlimits", format!("{}: {e}", rlimit.resource.kernel_name()))
+        })?;
     }
     Ok(())
+}
+
+/// The kernel's form of a planned rlimit: soft and hard alike, but for CPU time, whose
+/// hard limit is a second later (SIGXCPU at the soft one ends a process that does not
+/// handle it; one that does gets SIGKILL at the hard one).
+fn resource_limit(rlimit: &Rlimit) -> sys::ResourceLimit {
+    let resource = match rlimit.resource {
+        RlimitResource::Core => libc::RLIMIT_CORE,
+        RlimitResource::Nofile => libc::RLIMIT_NOFILE,
+        RlimitResource::Fsize => libc::RLIMIT_FSIZE,
+        RlimitResource::Nproc => libc::RLIMIT_NPROC,
+        RlimitResource::As => libc::RLIMIT_AS,
+        RlimitResource::Cpu => libc::RLIMIT_CPU,
+    };
+    let hard = match rlimit.resource {
+        RlimitResource::Cpu => rlimit.value.saturating_add(1),
+        RlimitResource::Core
+        | RlimitResource::Nofile
+        | RlimitResource::Fsize
+        | RlimitResource::Nproc
+        | RlimitResource::As => rlimit.value,
+    };
+    sys::ResourceLimit {
+        resource,
+        soft: rlimit.value,
+        hard,
+    }
 }
 
 /// Empties every capability set and locks the plan's securebits so that no later execve
@@ -444,7 +472,9 @@ fn spawn_command(
             ))
         }
     };
-    let spawned = sys::spawn_exec(path.as_deref(), &argv, &env, io)?;
+    let rlimits: Vec<sys::ResourceLimit> =
+        setup.payload_rlimits.iter().map(resource_limit).collect();
+    let spawned = sys::spawn_exec(path.as_deref(), &argv, &env, io, &rlimits)?;
     let failure = match (&path, spawned.exec_error) {
         (None, _) => Some(ExecFailure {
             status: 127,

@@ -32,6 +32,7 @@ mod landlock_policy;
 mod launcher;
 pub mod output;
 pub mod peer;
+mod preflight;
 mod privilege;
 pub mod process;
 mod protocol;

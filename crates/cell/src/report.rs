@@ -309,6 +309,43 @@ pub struct RunReport {
     /// The host uid and gid the cell ran as (its own while it lived, as root; see
     /// host_identity.rs); `None` when no cell was started.
     pub host_identity: Option<crate::host_identity::HostIdentity>,
+    /// Set when the ceilings were enforced by rlimits only, without a cgroup (the
+    /// operator's class allowed it; `cgroup_version` is then `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rlimits_only: Option<RlimitsOnlyRecord>,
+}
+
+/// A run without a cgroup, against the threat statement (docs/threat-model.md): what the
+/// contract requested, which class allowed less, what enforced each ceiling and what was
+/// not enforced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RlimitsOnlyRecord {
+    /// The refusal a run without the class's permission gets (`cgroups.delegation: ...`).
+    pub why: String,
+    pub requested: RequestedCeilings,
+    /// The class, the rlimits that enforced the ceilings and what they leave out.
+    #[serde(flatten)]
+    pub granted: airlock_contract::RlimitsOnly,
+}
+
+/// The contract's ceilings that a cgroup enforces, as requested.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct RequestedCeilings {
+    pub memory_bytes: u64,
+    pub process_limit: u32,
+    pub cpu_millis: u32,
+    pub wall_time_ms: u64,
+}
+
+impl RequestedCeilings {
+    pub fn of(limits: &airlock_contract::Limits) -> RequestedCeilings {
+        RequestedCeilings {
+            memory_bytes: limits.memory_bytes,
+            process_limit: limits.process_limit,
+            cpu_millis: limits.cpu_millis,
+            wall_time_ms: limits.wall_time_ms,
+        }
+    }
 }
 
 impl RunReport {
@@ -337,6 +374,7 @@ impl RunReport {
             stale_cgroups_left: Vec::new(),
             notes: Vec::new(),
             host_identity: None,
+            rlimits_only: None,
         }
     }
 

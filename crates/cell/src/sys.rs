@@ -144,6 +144,10 @@ struct ExecRequest {
     stdio: [RawFd; 3],
     argv: *const *const libc::c_char,
     env: *const *const libc::c_char,
+    /// Set in the child before its exec (the payload's own rlimits), `rlimit_count` of
+    /// them.
+    rlimits: *const ResourceLimit,
+    rlimit_count: usize,
     errno: std::sync::atomic::AtomicI32,
 }
 
@@ -155,11 +159,16 @@ extern "C" fn exec_child(request: *mut libc::c_void) -> libc::c_int {
         // SAFETY: _exit only ends this child; it runs no handlers in the shared memory.
         unsafe { libc::_exit(127) }
     }
-    let placed = if request.terminal >= 0 {
-        take_terminal(request.terminal)
-    } else {
-        take_stdio(&request.stdio)
-    };
+    // SAFETY: `rlimits` points at `rlimit_count` ResourceLimits owned by the suspended
+    // parent (an empty slice's dangling pointer with a count of 0 is read as empty).
+    let rlimits = unsafe { std::slice::from_raw_parts(request.rlimits, request.rlimit_count) };
+    let placed = set_own_rlimits(rlimits).and_then(|()| {
+        if request.terminal >= 0 {
+            take_terminal(request.terminal)
+        } else {
+            take_stdio(&request.stdio)
+        }
+    });
     if let Err(errno) = placed {
         request
             .errno
@@ -178,6 +187,30 @@ extern "C" fn exec_child(request: *mut libc::c_void) -> libc::c_int {
         .store(errno, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: as above.
     unsafe { libc::_exit(exec_failure_status(errno)) }
+}
+
+/// In the payload's child, before its exec: its own rlimits. Raw system calls only (the
+/// child runs in its suspended parent's memory). Returns the errno of a refused one.
+fn set_own_rlimits(rlimits: &[ResourceLimit]) -> Result<(), i32> {
+    for limit in rlimits {
+        let value = libc::rlimit {
+            rlim_cur: limit.soft,
+            rlim_max: limit.hard,
+        };
+        // SAFETY: setrlimit reads the rlimit struct on this child's stack, which lives
+        // through the call.
+        let ret = unsafe {
+            raw_syscall2(
+                libc::SYS_setrlimit,
+                limit.resource as usize,
+                &value as *const libc::rlimit as usize,
+            )
+        };
+        if ret < 0 {
+            return Err(-ret as i32);
+        }
+    }
+    Ok(())
 }
 
 /// In the payload's child, before its exec: a session of its own with `terminal` as the
@@ -266,6 +299,7 @@ pub fn spawn_exec(
     argv: &[CString],
     env: &[CString],
     stdio: ExecStdio<'_>,
+    rlimits: &[ResourceLimit],
 ) -> io::Result<SpawnedExec> {
     let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     argv_ptrs.push(std::ptr::null());
@@ -283,6 +317,8 @@ pub fn spawn_exec(
         },
         argv: argv_ptrs.as_ptr(),
         env: env_ptrs.as_ptr(),
+        rlimits: rlimits.as_ptr(),
+        rlimit_count: rlimits.len(),
         errno: std::sync::atomic::AtomicI32::new(0),
     };
     // SAFETY: with CLONE_VFORK this thread is suspended until the child execs or exits,
@@ -773,13 +809,21 @@ pub fn setsid() -> io::Result<()> {
     check(unsafe { libc::setsid() }).map(drop)
 }
 
-pub fn set_rlimit(resource: libc::__rlimit_resource_t, value: u64) -> io::Result<()> {
-    let limit = libc::rlimit {
-        rlim_cur: value,
-        rlim_max: value,
+/// One resource limit, soft and hard.
+#[derive(Debug, Clone, Copy)]
+pub struct ResourceLimit {
+    pub resource: libc::__rlimit_resource_t,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+pub fn set_rlimit(limit: ResourceLimit) -> io::Result<()> {
+    let value = libc::rlimit {
+        rlim_cur: limit.soft,
+        rlim_max: limit.hard,
     };
-    // SAFETY: `limit` is a valid rlimit struct.
-    check(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
+    // SAFETY: `value` is a valid rlimit struct.
+    check(unsafe { libc::setrlimit(limit.resource, &value) }).map(drop)
 }
 
 pub fn set_ids(uid: u32, gid: u32) -> io::Result<()> {

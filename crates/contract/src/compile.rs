@@ -138,6 +138,7 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
             class: None,
         }),
         layout: CellLayout::default(),
+        without_cgroup: None,
     };
     plan.layout = crate::layout::cell_layout(&plan);
     Ok(plan)

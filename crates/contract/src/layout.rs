@@ -136,6 +136,26 @@ pub enum RlimitResource {
     Nofile,
     Fsize,
     Nproc,
+    /// Only in [`crate::RlimitsOnly`]: the address space of each payload process.
+    As,
+    /// Only in [`crate::RlimitsOnly`]: seconds of CPU time of each payload process. The
+    /// soft limit is `value` (SIGXCPU, which ends a process that does not handle it), the
+    /// hard one a second later (SIGKILL).
+    Cpu,
+}
+
+impl RlimitResource {
+    /// As the kernel's headers name it (`RLIMIT_AS`).
+    pub fn kernel_name(self) -> &'static str {
+        match self {
+            RlimitResource::Core => "RLIMIT_CORE",
+            RlimitResource::Nofile => "RLIMIT_NOFILE",
+            RlimitResource::Fsize => "RLIMIT_FSIZE",
+            RlimitResource::Nproc => "RLIMIT_NPROC",
+            RlimitResource::As => "RLIMIT_AS",
+            RlimitResource::Cpu => "RLIMIT_CPU",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,6 +9,7 @@ mod etc;
 pub mod layout;
 mod parse;
 pub mod plan;
+mod rlimits_only;
 pub mod seccomp;
 pub mod transparent;
 mod validate;
@@ -19,6 +20,7 @@ pub use error::{ContractError, ContractFormat, FieldError, FieldErrors};
 pub use etc::{ETC_DENIED, ETC_GENERATED, HOST_ETC_ENTRIES, HOST_ETC_EXCLUDED};
 pub use layout::*;
 pub use plan::*;
+pub use rlimits_only::{RlimitCeiling, RlimitTarget, RlimitsOnly};
 pub use transparent::{
     transparent_endpoints, TransparentEndpoint, MAX_TRANSPARENT_LISTENERS, TRANSPARENT_DNS,
 };

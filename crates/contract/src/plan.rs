@@ -65,6 +65,12 @@ pub struct CellPlan {
     pub broker: Option<BrokerPlan>,
     /// How the cell builds its root and confines itself, step by step.
     pub layout: CellLayout,
+    /// What stands in for the cell's cgroup where none is delegated to the caller, when
+    /// the operator's workload class allows a run without one (docs/policy.md); `None`,
+    /// the rule, refuses such a run. Set by the trusted side after compile (`airlock run
+    /// --class`): a contract cannot set it, it is not a contract field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub without_cgroup: Option<crate::RlimitsOnly>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -34,6 +34,24 @@ pub struct WorkloadClass {
     /// succeed when requested of this class (docs/verify.md). Not serialised when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smoke: Option<Vec<String>>,
+    /// What a run of the class gets where no cgroup is delegated to its caller (an
+    /// ordinary user without a delegated subtree).
+    #[serde(default)]
+    pub ceilings_without_cgroup: WithoutCgroup,
+}
+
+/// The operator's choice for a run that no cgroup can hold (docs/policy.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WithoutCgroup {
+    /// The run is refused (`sandbox_unavailable`, `cgroups.delegation`): the rule.
+    #[default]
+    Refuse,
+    /// The ceilings are enforced by rlimits only (RLIMIT_AS per process, RLIMIT_NPROC per
+    /// cell, RLIMIT_CPU per process, RLIMIT_FSIZE); the CPU rate, the memory of the cell
+    /// as a whole and the usage counters are not, and the run's record says so
+    /// (docs/threat-model.md).
+    Rlimits,
 }
 
 /// Whether the class runs arbitrary code (a shell, an interpreter) or only its tools.

@@ -21,7 +21,8 @@ pub mod retry;
 pub mod shell;
 
 pub use class::{
-    ApprovalRules, ClassBounds, ClassProblem, Execution, InputRoot, SessionBounds, WorkloadClass,
+    ApprovalRules, ClassBounds, ClassProblem, Execution, InputRoot, SessionBounds, WithoutCgroup,
+    WorkloadClass,
 };
 pub use command::{CommandPolicy, CommandRule, CommandVerdict, Decision, Fallback, PatternToken};
 pub use evaluate::{

@@ -3,8 +3,12 @@
  *   vmprobe alloc MB    allocate MB MiB and touch every page, then exit 0
  *   vmprobe forks N     fork N children that sleep, exit 3 when a fork fails
  *   vmprobe spin        burn CPU forever
+ *   vmprobe asuser UID GID CMD [ARG...]
+ *                       exec CMD as UID:GID without supplementary groups (the guest has
+ *                       no user database for busybox's su)
  */
 #include <errno.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +53,17 @@ int main(int argc, char **argv) {
         for (;;)
             x++;
     }
-    fprintf(stderr, "usage: vmprobe alloc MB | forks N | spin\n");
+    if (argc >= 5 && strcmp(argv[1], "asuser") == 0) {
+        uid_t uid = (uid_t)atol(argv[2]);
+        gid_t gid = (gid_t)atol(argv[3]);
+        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
+            fprintf(stderr, "vmprobe: cannot become %u:%u: %s\n", uid, gid, strerror(errno));
+            return 125;
+        }
+        execvp(argv[4], &argv[4]);
+        fprintf(stderr, "vmprobe: exec %s: %s\n", argv[4], strerror(errno));
+        return 127;
+    }
+    fprintf(stderr, "usage: vmprobe alloc MB | forks N | spin | asuser UID GID CMD...\n");
     return 64;
 }

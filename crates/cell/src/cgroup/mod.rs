@@ -75,8 +75,9 @@ impl CgroupLayout {
     }
 
     /// Detects the layout and where this process may create cells in it (see
-    /// [`CgroupLayout::for_caller`]); `AIRLOCK_CGROUP_ROOT` overrides the mount point
-    /// (tests use it).
+    /// [`CgroupLayout::for_caller`]), and readies a user's delegated v2 cgroup for cells
+    /// ([`V2::settle_delegation`]: this process moves into its leaf). `AIRLOCK_CGROUP_ROOT`
+    /// overrides the mount point (tests use it).
     pub fn detect() -> Result<CgroupLayout, CellError> {
         let root = std::env::var_os("AIRLOCK_CGROUP_ROOT")
             .map_or_else(|| PathBuf::from(CGROUP_ROOT), PathBuf::from);
@@ -86,19 +87,24 @@ impl CgroupLayout {
             0 => String::new(),
             _ => fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
         };
-        CgroupLayout::detect_at(&root, swap_enabled())?.for_caller(
+        let layout = CgroupLayout::detect_at(&root, swap_enabled())?.for_caller(
             uid,
             &own,
             &crate::sys::writable_by_caller,
-        )
+        )?;
+        if let CgroupLayout::V2(v2) = &layout {
+            v2.settle_delegation()?;
+        }
+        Ok(layout)
     }
 
     /// Where `uid`'s cells go. Root creates them under `airlock` in each hierarchy.
     /// Anyone else needs a subtree delegated to them (its directory and `cgroup.procs`
-    /// writable: `writable`), in every hierarchy: `airlock/user-<uid>` (an operator's
-    /// `mkdir` + `chown`, or libcgroup's `cgcreate -a -t`), else the process's own cgroup
-    /// from `own_cgroups` (the text of `/proc/self/cgroup`) when it was delegated. Without
-    /// one the cell cannot hold its ceilings: refused, naming the fix.
+    /// writable: `writable`). On v1, in every hierarchy: `airlock/user-<uid>` (an
+    /// operator's `mkdir` + `chown`, or libcgroup's `cgcreate -a -t`), else the process's
+    /// own cgroup from `own_cgroups` (the text of `/proc/self/cgroup`) when it was
+    /// delegated. On v2 only the process's own cgroup can be (see [`v2_delegated`]).
+    /// Without one the cell cannot hold its ceilings: refused, naming the fix.
     pub fn for_caller(
         self,
         uid: u32,
@@ -109,14 +115,12 @@ impl CgroupLayout {
             return Ok(self);
         }
         match self {
-            CgroupLayout::V1(v1) => v1_delegated(v1, uid, own_cgroups, writable).map(CgroupLayout::V1),
-            CgroupLayout::V2(v2) => Err(CellError::Unavailable {
-                control: "cgroups.delegation",
-                reason: format!(
-                    "uid {uid} cannot create cell cgroups on cgroup v2 at {}: delegated v2 subtrees are not supported yet; run airlock as root",
-                    v2.root.display()
-                ),
-            }),
+            CgroupLayout::V1(v1) => {
+                v1_delegated(v1, uid, own_cgroups, writable).map(CgroupLayout::V1)
+            }
+            CgroupLayout::V2(v2) => {
+                v2_delegated(v2, uid, own_cgroups, writable).map(CgroupLayout::V2)
+            }
         }
     }
 
@@ -132,6 +136,7 @@ impl CgroupLayout {
                 return Ok(CgroupLayout::V2(V2 {
                     root: root.to_path_buf(),
                     cells_under: PathBuf::from(PARENT_NAME),
+                    supervisor_leaf: None,
                 }));
             }
             return Err(CellError::Unavailable {
@@ -237,6 +242,124 @@ fn v1_delegated(
     Ok(V1 {
         cells_under: cells_under.try_into().expect("four hierarchies"),
         ..v1
+    })
+}
+
+/// Where a user's processes go inside their delegated v2 cgroup: the kernel lets a
+/// cgroup hand controllers to its children only while it holds no process itself (the
+/// "no internal processes" rule), so the supervisor and whatever else lived in the
+/// delegated cgroup move into this leaf, and the cells become its siblings.
+pub const SUPERVISOR_LEAF: &str = "airlock-supervisor";
+
+/// The controllers a cell's limits need.
+const CELL_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+
+/// A user's delegated v2 cgroup: the process's own (or, once it was moved into
+/// [`SUPERVISOR_LEAF`], that leaf's parent), when its directory, `cgroup.procs` and
+/// `cgroup.subtree_control` are writable and it offers every controller a cell needs.
+/// Only the process's own cgroup can be: moving a process between two cgroups needs
+/// write access to the `cgroup.procs` of their common ancestor, so a subtree elsewhere
+/// (one the operator chowned, but that this process was not started in) cannot be
+/// entered by the user. That is what `systemd-run --user --scope -p Delegate=yes` and an
+/// operator's `echo PID > DIR/cgroup.procs` provide.
+fn v2_delegated(
+    v2: V2,
+    uid: u32,
+    own_cgroups: &str,
+    writable: &dyn Fn(&Path) -> bool,
+) -> Result<V2, CellError> {
+    let own = own_v2_cgroup(own_cgroups);
+    let delegated = own.as_ref().map(|own| match own.file_name() {
+        Some(name) if name == SUPERVISOR_LEAF => own.parent().unwrap_or(own).to_path_buf(),
+        _ => own.clone(),
+    });
+    let refused = |why: String| CellError::Unavailable {
+        control: "cgroups.delegation",
+        reason: format!(
+            "{why}; {}",
+            v2_delegation_fix(uid, Path::new("/run/systemd/system").is_dir())
+        ),
+    };
+    let Some(delegated) = delegated else {
+        return Err(refused(format!(
+            "no cgroup v2 subtree is delegated to uid {uid}: /proc/self/cgroup names no v2 cgroup"
+        )));
+    };
+    // An empty path is the root of this process's cgroup namespace: the host's root
+    // (root's alone), or a container's own cgroup, which may be delegated to its user.
+    let dir = v2.root.join(&delegated);
+    let unwritable: Vec<String> = [
+        dir.clone(),
+        dir.join("cgroup.procs"),
+        dir.join("cgroup.subtree_control"),
+    ]
+    .into_iter()
+    .filter(|p| !(p.exists() && writable(p)))
+    .map(|p| p.display().to_string())
+    .collect();
+    if !unwritable.is_empty() {
+        let whose = match delegated.as_os_str().is_empty() {
+            true => format!(
+                "this process is in the root cgroup of {}",
+                v2.root.display()
+            ),
+            false => format!("this process's cgroup {}", dir.display()),
+        };
+        return Err(refused(format!(
+            "no cgroup v2 subtree is delegated to uid {uid}: {whose}, which it may not manage (not writable: {})",
+            unwritable.join(", ")
+        )));
+    }
+    let offered = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+    let missing: Vec<&str> = CELL_CONTROLLERS
+        .into_iter()
+        .filter(|c| !offered.split_whitespace().any(|o| o == *c))
+        .collect();
+    if !missing.is_empty() {
+        return Err(CellError::Unavailable {
+            control: "cgroups.delegation",
+            reason: format!(
+                "the cgroup delegated to uid {uid}, {}, lacks the {} controller(s) (it offers: {}); {}",
+                dir.display(),
+                missing.join(", "),
+                offered.trim(),
+                v2_controllers_fix(Path::new("/run/systemd/system").is_dir())
+            ),
+        });
+    }
+    Ok(V2 {
+        cells_under: delegated,
+        supervisor_leaf: Some(PathBuf::from(SUPERVISOR_LEAF)),
+        ..v2
+    })
+}
+
+/// The one command that gives a user a delegated v2 cgroup to start airlock in.
+pub fn v2_delegation_fix(uid: u32, systemd: bool) -> String {
+    let operator = format!(
+        "as root: D=/sys/fs/cgroup/airlock-user-{uid}; mkdir -p $D && chown {uid} $D $D/cgroup.procs $D/cgroup.subtree_control $D/cgroup.threads && echo PID > $D/cgroup.procs (PID: the user's shell, whose children then start inside it)"
+    );
+    if systemd {
+        format!("start airlock in a delegated scope: systemd-run --user --scope -p Delegate=yes airlock ...; or, {operator}")
+    } else {
+        operator
+    }
+}
+
+/// The one command that delegates the controllers a cell needs.
+fn v2_controllers_fix(systemd: bool) -> String {
+    if systemd {
+        "as root: mkdir -p /etc/systemd/system/user@.service.d && printf '[Service]\\nDelegate=cpu cpuset io memory pids\\n' > /etc/systemd/system/user@.service.d/delegate.conf && systemctl daemon-reload, then log in again".into()
+    } else {
+        "as root, enable them in the cgroup.subtree_control of every ancestor (echo \"+memory +pids +cpu\" > PARENT/cgroup.subtree_control)".into()
+    }
+}
+
+/// The process's cgroup in the unified hierarchy (`0::/path`), relative to its root.
+fn own_v2_cgroup(own_cgroups: &str) -> Option<PathBuf> {
+    own_cgroups.lines().find_map(|line| {
+        let path = line.strip_prefix("0::")?;
+        Some(PathBuf::from(path.trim_start_matches('/')))
     })
 }
 
@@ -759,13 +882,117 @@ mod tests {
         }
     }
 
+    /// A cgroup `under` [`v2_fixture`]'s root offering `controllers`.
+    fn v2_cgroup(root: &Path, under: &str, controllers: &str) -> PathBuf {
+        let dir = root.join(under);
+        for file in ["cgroup.procs", "cgroup.subtree_control"] {
+            touch(&dir.join(file), "");
+        }
+        touch(&dir.join("cgroup.controllers"), controllers);
+        dir
+    }
+
+    fn v2_of(layout: &CgroupLayout) -> &V2 {
+        let CgroupLayout::V2(v2) = layout else {
+            panic!("v2 expected: {layout:?}")
+        };
+        v2
+    }
+
     #[test]
-    fn a_user_on_cgroup_v2_is_refused_until_v2_delegation_exists() {
-        let (_root, layout) = v2_fixture();
+    fn a_user_on_cgroup_v2_takes_its_own_delegated_cgroup_with_a_leaf_for_itself() {
+        let (root, layout) = v2_fixture();
+        let scope = "user.slice/user-1001.slice/run-7.scope";
+        v2_cgroup(root.path(), scope, "cpu memory pids\n");
+        let own = format!("0::/{scope}\n");
+        let layout = layout.for_caller(1001, &own, &everything_writable).unwrap();
+        let v2 = v2_of(&layout);
+        assert_eq!(v2.cells_under, PathBuf::from(scope));
+        assert_eq!(v2.supervisor_leaf, Some(PathBuf::from(SUPERVISOR_LEAF)));
+        assert_eq!(layout.parents(), [root.path().join(scope)]);
+        // Started again from the leaf a run moved it into: the same delegation.
+        let from_leaf = format!("0::/{scope}/{SUPERVISOR_LEAF}\n");
+        let again = CgroupLayout::detect_at(root.path(), false)
+            .unwrap()
+            .for_caller(1001, &from_leaf, &everything_writable)
+            .unwrap();
+        assert_eq!(v2_of(&again).cells_under, PathBuf::from(scope));
+    }
+
+    #[test]
+    fn a_user_on_cgroup_v2_without_a_delegated_cgroup_is_refused_naming_the_fix() {
+        let (root, layout) = v2_fixture();
         let error = layout
-            .for_caller(1001, "0::/user.slice\n", &everything_writable)
+            .clone()
+            .for_caller(1001, "0::/\n", &|_| false)
             .unwrap_err();
-        assert!(error.to_string().contains("cgroup v2"), "{error}");
+        let CellError::Unavailable { control, reason } = &error else {
+            panic!("{error:?}")
+        };
+        assert_eq!(*control, "cgroups.delegation");
+        assert!(reason.contains("root cgroup"), "{reason}");
+        assert!(reason.contains("chown 1001 $D $D/cgroup.procs"), "{reason}");
+
+        // Writable directory, but cgroup.subtree_control still root's.
+        let dir = v2_cgroup(root.path(), "jobs/ci", "cpu memory pids\n");
+        let control_file = dir.join("cgroup.subtree_control");
+        let writable = |p: &Path| p != control_file;
+        let reason = layout
+            .clone()
+            .for_caller(1001, "0::/jobs/ci\n", &writable)
+            .unwrap_err()
+            .to_string();
+        assert!(reason.contains("cgroup.subtree_control"), "{reason}");
+
+        // systemd's default delegation to user@.service lacks cpu.
+        fs::write(dir.join("cgroup.controllers"), "memory pids\n").unwrap();
+        let reason = layout
+            .for_caller(1001, "0::/jobs/ci\n", &everything_writable)
+            .unwrap_err()
+            .to_string();
+        assert!(reason.contains("lacks the cpu controller"), "{reason}");
+    }
+
+    #[test]
+    fn the_root_of_a_containers_cgroup_namespace_is_delegated_when_its_user_may_write_it() {
+        let (root, layout) = v2_fixture();
+        v2_cgroup(root.path(), "", "cpu memory pids\n");
+        let layout = layout
+            .for_caller(1001, "0::/\n", &everything_writable)
+            .unwrap();
+        assert_eq!(layout.parents(), [root.path().to_path_buf()]);
+        assert_eq!(
+            v2_of(&layout).supervisor_leaf,
+            Some(PathBuf::from(SUPERVISOR_LEAF))
+        );
+    }
+
+    #[test]
+    fn settling_a_v2_delegation_moves_its_processes_into_the_leaf_then_enables_controllers() {
+        let (root, layout) = v2_fixture();
+        let dir = v2_cgroup(root.path(), "jobs/ci", "cpu memory pids\n");
+        fs::write(dir.join("cgroup.procs"), "41\n42\n").unwrap();
+        let layout = layout
+            .for_caller(1001, "0::/jobs/ci\n", &everything_writable)
+            .unwrap();
+        let v2 = v2_of(&layout);
+        v2.settle_delegation().unwrap();
+        // A plain file keeps the last write: each member was written in turn.
+        assert_eq!(read(&dir.join(SUPERVISOR_LEAF).join("cgroup.procs")), "42");
+        assert_eq!(
+            read(&dir.join("cgroup.subtree_control")),
+            "+memory +pids +cpu"
+        );
+        // Settled: nothing is moved again.
+        fs::write(dir.join("cgroup.subtree_control"), "cpu memory pids").unwrap();
+        fs::remove_dir_all(dir.join(SUPERVISOR_LEAF)).unwrap();
+        v2.settle_delegation().unwrap();
+        assert!(!dir.join(SUPERVISOR_LEAF).exists());
+        assert!(
+            layout.describe().contains("delegated"),
+            "{}",
+            layout.describe()
+        );
     }
 
     #[test]

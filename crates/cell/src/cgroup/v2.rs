@@ -11,9 +11,72 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct V2 {
     pub root: PathBuf,
-    /// Where the cells go below the root: `airlock` (root only: see
-    /// [`super::CgroupLayout::for_caller`]).
+    /// Where the cells go below the root: `airlock` for root, the cgroup delegated to
+    /// the user otherwise (see [`super::CgroupLayout::for_caller`]).
     pub cells_under: PathBuf,
+    /// In a cgroup delegated to a user: the leaf below `cells_under` that the processes
+    /// living in it move into ([`super::SUPERVISOR_LEAF`]); `None` for root.
+    pub supervisor_leaf: Option<PathBuf>,
+}
+
+impl V2 {
+    /// Readies a user's delegated cgroup for cells: every process in it (this one among
+    /// them) moves into the supervisor leaf, then memory, pids and cpu are enabled for
+    /// its children. Nothing to do for root, or when an earlier run did it (the
+    /// controllers are enabled, so the cgroup holds no process). A process forked into
+    /// the cgroup meanwhile makes the kernel refuse the controllers (EBUSY): moved too, a
+    /// few times, then refused.
+    pub fn settle_delegation(&self) -> Result<(), CellError> {
+        let Some(leaf) = &self.supervisor_leaf else {
+            return Ok(());
+        };
+        let dir = self.root.join(&self.cells_under);
+        let control = dir.join("cgroup.subtree_control");
+        if has_cell_controllers(&fs::read_to_string(&control).unwrap_or_default()) {
+            return Ok(());
+        }
+        let leaf = dir.join(leaf);
+        match fs::create_dir(&leaf) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(CellError::Cgroup {
+                    path: leaf,
+                    source: e,
+                })
+            }
+            _ => {}
+        }
+        let mut last = None;
+        for _ in 0..8 {
+            for pid in fs::read_to_string(dir.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+            {
+                // A process that exited meanwhile (ESRCH) needs no move.
+                let _ = fs::write(leaf.join("cgroup.procs"), pid);
+            }
+            match fs::write(&control, "+memory +pids +cpu") {
+                Ok(()) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => last = Some(e),
+                Err(e) => {
+                    return Err(CellError::Cgroup {
+                        path: control,
+                        source: e,
+                    })
+                }
+            }
+        }
+        Err(CellError::Cgroup {
+            path: control,
+            source: last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EBUSY)),
+        })
+    }
+}
+
+/// Whether a `cgroup.subtree_control` text enables every controller a cell needs.
+fn has_cell_controllers(subtree_control: &str) -> bool {
+    super::CELL_CONTROLLERS
+        .iter()
+        .all(|c| subtree_control.split_whitespace().any(|on| on == *c))
 }
 
 impl CgroupBackend for V2 {
@@ -83,6 +146,17 @@ impl CgroupBackend for V2 {
     }
 
     fn describe(&self) -> String {
-        format!("v2 at {}", self.root.display())
+        match &self.supervisor_leaf {
+            None => format!("v2 at {}", self.root.display()),
+            Some(leaf) => {
+                let dir = self.root.join(&self.cells_under);
+                format!(
+                    "v2 at {}, delegated: cells under {} (this process in its leaf {})",
+                    self.root.display(),
+                    dir.display(),
+                    dir.join(leaf).display()
+                )
+            }
+        }
     }
 }

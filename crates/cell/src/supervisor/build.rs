@@ -1,6 +1,7 @@
 //! Driving a cell: the checks before it, the clone, the id maps and the cgroup, the
 //! release, its command's start and, whatever happened, its destruction and report.
 
+use super::ceilings::{CellCeilings, PidNamespace};
 use super::classify::{classify, Observed};
 use super::cpu::{other_cpu, place_payload};
 use super::deadline::Deadline;
@@ -14,11 +15,11 @@ use crate::host_identity::{HostIdRange, HostIdentity, HostLease, IdentitySource}
 use crate::launcher::{self, ChildSetup};
 use crate::output::OutputCapture;
 use crate::protocol::{CellChannel, CellCommand, Pid1Channel};
-use crate::report::{CleanupReport, RunReport};
+use crate::report::{CleanupReport, RequestedCeilings, RlimitsOnlyRecord, RunReport};
 use crate::stage::Stage;
 use crate::terminal::{CallerTerminal, DEFAULT_WINDOW};
 use crate::{rootfs, seccomp, sys};
-use airlock_contract::CellPlan;
+use airlock_contract::{CellPlan, Rlimit};
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
@@ -37,33 +38,47 @@ const CELL_NAMESPACES: libc::c_ulong = (libc::CLONE_NEWUSER
 pub struct Preflight {
     supervisor: sys::ProcessStat,
     single: sys::SingleThreaded,
-    layout: CgroupLayout,
+    ceilings: Ceilings,
+}
+
+/// What enforces a cell's ceilings.
+#[derive(Debug, Clone)]
+pub enum Ceilings {
+    /// A cgroup of its own: the rule.
+    Cgroup(CgroupLayout),
+    /// The plan's rlimits only ([`airlock_contract::RlimitsOnly`]): no cgroup is delegated
+    /// to the caller, and the operator's class allows that. `why` is the refusal a run
+    /// without that permission gets.
+    Rlimits { why: String },
 }
 
 impl Preflight {
     /// The process is single-threaded (one read of /proc/self/stat serves the check and
-    /// the cgroup's name), the cgroups are usable and Landlock is new enough.
-    pub fn check() -> Result<Preflight, CellError> {
+    /// the cgroup's name), user namespaces may be created, the cgroups are usable (or the
+    /// plan may go without: [`Ceilings::Rlimits`]) and Landlock is new enough. The user
+    /// namespace and Landlock checks are doctor's own (crate::preflight).
+    pub fn check(plan: &CellPlan) -> Result<Preflight, CellError> {
         let supervisor = sys::process_stat(std::process::id())
             .map_err(|e| CellError::io("/proc/self/stat", e))?;
         let Some(single) = sys::SingleThreaded::from_stat(&supervisor) else {
             return Err(CellError::NotSingleThreaded(supervisor.threads));
         };
-        let layout = CgroupLayout::detect()?;
-        let abi = crate::landlock_policy::kernel_abi();
-        let required = crate::landlock_policy::REQUIRED_ABI as i64;
-        if abi < required {
-            return Err(CellError::Unavailable {
-                control: "landlock",
-                reason: format!(
-                    "kernel offers Landlock ABI {abi}, the cell needs ABI {required} (Linux 6.12)"
-                ),
-            });
-        }
+        crate::preflight::user_namespaces(sys::geteuid())?;
+        let ceilings = match CgroupLayout::detect() {
+            Ok(layout) => Ceilings::Cgroup(layout),
+            Err(CellError::Unavailable {
+                control: control @ "cgroups.delegation",
+                reason,
+            }) if plan.without_cgroup.is_some() => Ceilings::Rlimits {
+                why: format!("{control}: {reason}"),
+            },
+            Err(err) => return Err(err),
+        };
+        crate::preflight::landlock()?;
         Ok(Preflight {
             supervisor,
             single,
-            layout,
+            ceilings,
         })
     }
 }
@@ -81,7 +96,7 @@ pub struct Cell<'a> {
     pub supervision: Supervision<'a>,
     /// The cell's own host identity, held until the cell is gone.
     lease: HostLease,
-    layout: CgroupLayout,
+    ceilings: Ceilings,
     /// A reference to the cell's mount namespace (see CellMounts).
     cell_mounts: Option<File>,
     /// The CPUs the payload may use: the supervisor's own.
@@ -105,7 +120,7 @@ pub fn build<'a>(
     let Preflight {
         supervisor,
         single,
-        layout,
+        ceilings,
     } = preflight;
     // Held until the cell is gone (Cell::finish); opened before the clone, so the cell's
     // pid 1 holds the slot too (see host_identity.rs).
@@ -120,7 +135,7 @@ pub fn build<'a>(
     let spawned = spawn_cell(
         (single, &supervisor.command_line),
         (host, lease.slot_fd()),
-        (plan, clones_in_cell),
+        (plan, clones_in_cell, &ceilings),
         artifacts.is_some(),
         session,
         payload_cpus.as_ref(),
@@ -128,19 +143,18 @@ pub fn build<'a>(
     )?;
     // The cgroup is created while the cell builds its network namespace; the cell only
     // runs airlock's setup until it has joined it.
-    let cgroup =
-        match CellCgroup::create(&layout, &cgroup_name(supervisor.start_time), &plan.limits) {
-            Ok(cgroup) => cgroup,
-            Err(err) => {
-                kill_and_reap(&spawned.pidfd, spawned.pid);
-                return Err(err);
-            }
-        };
+    let cgroup = match cell_ceilings(&ceilings, plan, &supervisor, spawned.pid) {
+        Ok(cgroup) => cgroup,
+        Err(err) => {
+            kill_and_reap(&spawned.pidfd, spawned.pid);
+            return Err(err);
+        }
+    };
     // A reference to the cell's mount namespace: pid 1's exit then does not unmount the
     // cell's ~30 mounts (an RCU grace period among them) before the supervisor learns of
     // it; see CellMounts.
     let cell_mounts = File::open(format!("/proc/{}/ns/mnt", spawned.pid)).ok();
-    let abandon = |spawned: &SpawnedCell, cgroup: CellCgroup, err: CellError| {
+    let abandon = |spawned: &SpawnedCell, cgroup: CellCeilings, err: CellError| {
         kill_and_reap(&spawned.pidfd, spawned.pid);
         cgroup.destroy();
         err
@@ -194,7 +208,7 @@ pub fn build<'a>(
         pid: spawned.pid,
         pidfd: spawned.pidfd,
         sync: Some(spawned.sync),
-        cgroup,
+        ceilings: cgroup,
         stdout: None,
         stderr: None,
         sinks: Sinks::default(),
@@ -217,7 +231,7 @@ pub fn build<'a>(
     Ok(Cell {
         supervision,
         lease,
-        layout,
+        ceilings,
         cell_mounts,
         payload_cpus,
         milestones: Milestones {
@@ -233,8 +247,8 @@ impl Cell<'_> {
     /// Kills a cell whose command must not start and removes its cgroup; `err` says why.
     pub fn abandon(self, err: CellError) -> CellError {
         kill_and_reap(&self.supervision.pidfd, self.supervision.pid);
-        let _ = self.supervision.cgroup.wait_empty(Duration::from_secs(5));
-        self.supervision.cgroup.destroy();
+        let _ = self.supervision.ceilings.wait_empty(Duration::from_secs(5));
+        self.supervision.ceilings.destroy();
         err
     }
 
@@ -269,7 +283,10 @@ impl Cell<'_> {
             return;
         }
         let cell_mounts = self.cell_mounts.take().and_then(CellMounts::hold);
-        let stale = crate::cgroup::reap_leftovers(&self.layout);
+        let stale = match &self.ceilings {
+            Ceilings::Cgroup(layout) => crate::cgroup::reap_leftovers(layout),
+            Ceilings::Rlimits { .. } => Vec::new(),
+        };
         self.prepared = Some((cell_mounts, stale));
     }
 
@@ -313,20 +330,20 @@ impl Cell<'_> {
         let Cell {
             mut supervision,
             lease,
-            layout,
+            ceilings,
             milestones,
             ..
         } = self;
         let teardown_started = Instant::now();
         // Usually pid 1's exit already emptied the cgroup; `wait_empty` only kills (and on
         // v1 freezes, which is costly) when something is left.
-        let emptied = supervision.cgroup.wait_empty(Duration::from_secs(5));
-        let usage_counters = supervision.cgroup.usage();
+        let emptied = supervision.ceilings.wait_empty(Duration::from_secs(5));
+        let usage_counters = supervision.ceilings.usage();
         let mut leftovers: Vec<String> = Vec::new();
         if !emptied {
             leftovers.extend(
                 supervision
-                    .cgroup
+                    .ceilings
                     .pids()
                     .iter()
                     .map(|p| format!("process {p}")),
@@ -337,7 +354,8 @@ impl Cell<'_> {
         let on_suspected_escape = supervision.on_suspected_escape.take();
         let egress = egress.as_mut().map(|session| session.finish());
         let Supervision {
-            cgroup,
+            plan,
+            ceilings: cgroup,
             observed,
             output,
             ..
@@ -355,7 +373,7 @@ impl Cell<'_> {
                 // scope): the evidence of a suspected escape.
                 let suspected = report.status == crate::report::ResultClass::SuspectedEscape;
                 crate::evidence::on_verdict(suspected, writable, on_suspected_escape.as_ref());
-                report.cgroup_version = Some(layout.version());
+                record_ceilings(&mut report, &ceilings, plan);
                 report.stale_cgroups_left = stale.iter().map(|d| d.display().to_string()).collect();
                 report
             }
@@ -417,6 +435,52 @@ impl CellMounts {
             let _ = sys::set_affinity(tid, &sys::CpuSet::only(cpu));
         }
         let _ = self.release.send(());
+    }
+}
+
+/// The cell's cgroup, created with its limits, or (rlimits only) its pid namespace.
+fn cell_ceilings(
+    ceilings: &Ceilings,
+    plan: &CellPlan,
+    supervisor: &sys::ProcessStat,
+    pid: libc::pid_t,
+) -> Result<CellCeilings, CellError> {
+    match ceilings {
+        Ceilings::Cgroup(layout) => {
+            CellCgroup::create(layout, &cgroup_name(supervisor.start_time), &plan.limits)
+                .map(CellCeilings::Cgroup)
+        }
+        Ceilings::Rlimits { .. } => PidNamespace::of(pid).map(CellCeilings::Rlimits),
+    }
+}
+
+/// What enforced the ceilings, in the report: the cgroup version, or what the contract
+/// requested, what rlimits enforced instead and what they do not.
+fn record_ceilings(report: &mut RunReport, ceilings: &Ceilings, plan: &CellPlan) {
+    match (ceilings, &plan.without_cgroup) {
+        (Ceilings::Cgroup(layout), _) => report.cgroup_version = Some(layout.version()),
+        (Ceilings::Rlimits { why }, Some(granted)) => {
+            report.rlimits_only = Some(RlimitsOnlyRecord {
+                why: why.clone(),
+                requested: RequestedCeilings::of(&plan.limits),
+                granted: granted.clone(),
+            });
+        }
+        // Preflight chooses rlimits only for a plan that allows them.
+        (Ceilings::Rlimits { .. }, None) => {}
+    }
+}
+
+/// The rlimits of the cell's pid 1 and of each payload process.
+fn cell_rlimits(plan: &CellPlan, ceilings: &Ceilings) -> (Vec<Rlimit>, Vec<Rlimit>) {
+    match (ceilings, &plan.without_cgroup) {
+        (Ceilings::Rlimits { .. }, Some(granted)) => (
+            granted.cell_rlimits(&plan.layout.rlimits),
+            granted.payload_rlimits(),
+        ),
+        (Ceilings::Cgroup(_), _) | (Ceilings::Rlimits { .. }, None) => {
+            (plan.layout.rlimits.clone(), Vec::new())
+        }
     }
 }
 
@@ -490,7 +554,7 @@ fn cell_clones_its_sources() -> bool {
 fn spawn_cell(
     (single, supervisor_command_line): (sys::SingleThreaded, &sys::CommandLineArea),
     (host, slot): (HostIdentity, Option<RawFd>),
-    (plan, clones_in_cell): (&CellPlan, bool),
+    (plan, clones_in_cell, ceilings): (&CellPlan, bool, &Ceilings),
     has_artifacts: bool,
     session: bool,
     payload_cpus: Option<&sys::CpuSet>,
@@ -509,6 +573,7 @@ fn spawn_cell(
         sys::clear_supplementary_groups().map_err(|e| CellError::io("setgroups", e))?;
     }
     let setup_cpu = payload_cpus.and_then(other_cpu);
+    let (rlimits, payload_rlimits) = cell_rlimits(plan, ceilings);
     // pid 1 is a clone of this process, not an exec: without a name of its own its
     // /proc/1/cmdline would show the payload this process's command line, host paths of
     // the contract, the operator config and the state dir among it.
@@ -541,6 +606,8 @@ fn spawn_cell(
                 setup_cpu,
                 window,
                 clones_in_cell,
+                rlimits,
+                payload_rlimits,
             })
         }
         Ok(sys::CloneOutcome::Parent { pid, pidfd }) => {

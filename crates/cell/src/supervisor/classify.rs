@@ -99,6 +99,7 @@ pub fn classify(
         stdin: observed.stdin,
         notes,
         host_identity: None,
+        rlimits_only: None,
     }
 }
 
@@ -160,6 +161,7 @@ pub fn limits_hit(
             Ceiling::FileSize,
             exit.signal == Some(libc::SIGXFSZ) || artifact_cut,
         ),
+        (Ceiling::Cpu, exit.signal == Some(libc::SIGXCPU)),
         (Ceiling::OutputBytes, output.truncated),
     ]
     .into_iter()
@@ -267,6 +269,10 @@ pub fn payload_verdict(egress: &EgressSummary, exit: ExitInfo, hits: &[Ceiling])
     let code = payload_code(exit);
     if exit.signal == Some(libc::SIGXFSZ) {
         return Verdict::new(ResultClass::CapacityExceeded, Some(Ceiling::FileSize), code);
+    }
+    if exit.signal == Some(libc::SIGXCPU) {
+        // RLIMIT_CPU, set only for a run with rlimits only (RlimitsOnly in the plan).
+        return Verdict::new(ResultClass::CapacityExceeded, Some(Ceiling::Cpu), code);
     }
     let failed_at = [
         Ceiling::Pids,
@@ -427,6 +433,11 @@ mod tests {
                 (R::CapacityExceeded, Some(C::FileSize), 128 + 25),
             )
             .ended(killed_by(libc::SIGXFSZ)),
+            case(
+                "SIGXCPU (RLIMIT_CPU, rlimits only)",
+                (R::CapacityExceeded, Some(C::Cpu), 128 + 24),
+            )
+            .ended(killed_by(libc::SIGXCPU)),
             case(
                 "SIGBUS, shm seen full",
                 (R::CapacityExceeded, Some(C::Shm), 128 + 7),

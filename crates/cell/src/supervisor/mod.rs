@@ -10,6 +10,7 @@
 //! placement), `serve` (a cell driven by the engine's control socket).
 
 mod build;
+mod ceilings;
 mod classify;
 mod cpu;
 mod deadline;
@@ -283,7 +284,7 @@ fn wanted_artifacts(plan: &CellPlan, request: Option<&ArtifactRequest>) -> Optio
 }
 
 fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, CellError> {
-    let preflight = Preflight::check()?;
+    let preflight = Preflight::check(plan)?;
     let env = command_environment(plan, options.credentials, &[])?;
     // Before the clone and any thread: the signals it takes must be blocked everywhere.
     let caller_terminal = enter_caller_terminal(plan, &options.stdin)?;

@@ -111,7 +111,7 @@ fn serve(
     started: Instant,
 ) -> Result<(), CellError> {
     check_servable(plan)?;
-    let preflight = Preflight::check()?;
+    let preflight = Preflight::check(plan)?;
     // A credential without a value refuses the cell before it is built.
     command_environment(plan, credentials, &[])?;
     let artifacts = wanted_artifacts(plan, artifacts.as_ref());
@@ -133,7 +133,7 @@ fn serve(
         pid: cell.supervision.pid,
         cgroups: cell
             .supervision
-            .cgroup
+            .ceilings
             .view()
             .into_iter()
             .map(|(_, host)| host)

@@ -217,7 +217,7 @@ impl Running {
         wait_status: Option<i32>,
         destroyed: Option<&str>,
     ) -> RunReport {
-        let now = supervision.cgroup.usage();
+        let now = supervision.ceilings.usage();
         let counters = CgroupUsage {
             oom_kills: now.oom_kills.saturating_sub(self.counters.oom_kills),
             pids_limit_hits: now
@@ -442,7 +442,7 @@ impl Session<'_> {
             exec_done_at: None,
             exec_failure: None,
             deadline_fired: false,
-            counters: supervision.cgroup.usage(),
+            counters: supervision.ceilings.usage(),
         });
         Ok(())
     }

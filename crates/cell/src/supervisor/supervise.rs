@@ -2,11 +2,11 @@
 //! terminal, pid 1's pidfd, the deadline and, for a serving cell, the engine's control
 //! socket.
 
+use super::ceilings::CellCeilings;
 use super::classify::{self, Observed};
 use super::deadline::{poll_timeout, Deadline, Step};
 use super::{CommandIo, EgressSession};
 use crate::artifacts::{self, ArtifactRequest};
-use crate::cgroup::CellCgroup;
 use crate::control::{SupervisorControl, ToEngine, ToSupervisor};
 use crate::error::CellError;
 use crate::output::{OutputCapture, Stream};
@@ -122,7 +122,7 @@ pub struct Supervision<'a> {
     /// `None` once the cell closed its end (pid 1 is exiting), like the pipes below: a
     /// closed socket would make every poll return at once.
     pub sync: Option<CellChannel>,
-    pub cgroup: CellCgroup,
+    pub ceilings: CellCeilings,
     pub stdout: Option<OwnedFd>,
     pub stderr: Option<OwnedFd>,
     pub sinks: Sinks,
@@ -366,18 +366,18 @@ impl Supervision<'_> {
                 self.observed.deadline_fired = true;
                 // pid 1 ignores SIGTERM from outside its namespace; the payload and its
                 // children get the chance to finish cleanly.
-                self.cgroup.signal_all(libc::SIGTERM);
+                self.ceilings.signal_all(libc::SIGTERM);
             }
             Some(Step::KillAllButPid1) => {
                 // pid 1 reaps the payload (so its status and CPU time are accounted) and
                 // reports before it goes too.
-                let _ = self.cgroup.kill_all_except(self.pid);
+                let _ = self.ceilings.kill_all_except(self.pid);
             }
             Some(Step::KillPid1) => {
                 // Killing pid 1 kills the whole pid namespace; the cgroup kill catches
                 // anything in between.
                 let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
-                let _ = self.cgroup.kill_all();
+                let _ = self.ceilings.kill_all();
             }
         }
     }

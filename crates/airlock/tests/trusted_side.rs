@@ -196,10 +196,14 @@ fn doctor_does_not_say_ok_for_cgroups_a_user_cannot_create() {
     assert!(cgroups.starts_with("FAIL"), "{text}");
     assert!(cgroups.contains("cgroups.delegation"), "{text}");
     assert_eq!(doctor.status.code(), Some(1), "{text}");
-    // And run agrees: the same user's run fails for the same reason.
+    // And run agrees: the same user's run, with a state directory of its own (so that
+    // its store and quarantine area are not what stops it), fails for the same reason.
+    let state = dir.path().join("nobody-state");
+    std::fs::create_dir(&state).unwrap();
+    std::os::unix::fs::chown(&state, Some(65534), Some(65534)).unwrap();
     let run = as_nobody(&copy)
         .args(["run", "--state-dir"])
-        .arg(dir.path().join("nobody-state"))
+        .arg(&state)
         .args(["--", "true"])
         .output()
         .unwrap();

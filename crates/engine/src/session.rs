@@ -135,6 +135,9 @@ impl Engine {
             max_lifetime,
             tenant,
         } = request;
+        if let Some(why) = crate::backend::Backend::of(&plan).refuses_serving() {
+            return Err(EngineError::SessionFailed(why.to_string()));
+        }
         if plan.broker.is_some() {
             // A session's socket would outlive each command's authorization: not built.
             return Err(EngineError::SessionFailed(

@@ -64,10 +64,12 @@ pub enum DenyReason {
     /// An install the class allows only from a lockfile of hashes (`npm ci`) comes
     /// without one, or with one that leaves a package unpinned.
     LockfileMissing,
+    /// The request asks for a weaker isolation tier than the class requires.
+    IsolationBelowClass,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 20] = [
+    pub const ALL: [DenyReason; 21] = [
         DenyReason::CodeExecutionNotAllowed,
         DenyReason::CommandMissing,
         DenyReason::CommandForbidden,
@@ -88,6 +90,7 @@ impl DenyReason {
         DenyReason::ApprovalDenied,
         DenyReason::ApprovalExpired,
         DenyReason::LockfileMissing,
+        DenyReason::IsolationBelowClass,
     ];
 
     pub const fn code(self) -> &'static str {
@@ -112,6 +115,7 @@ impl DenyReason {
             DenyReason::ApprovalDenied => "policy.approval_denied",
             DenyReason::ApprovalExpired => "policy.approval_expired",
             DenyReason::LockfileMissing => "policy.lockfile_missing",
+            DenyReason::IsolationBelowClass => "policy.isolation_below_class",
         }
     }
 }

@@ -10,7 +10,7 @@
 //! placement), `serve` (a cell driven by the engine's control socket).
 
 mod build;
-mod classify;
+pub(crate) mod classify;
 mod cpu;
 mod deadline;
 mod serve;
@@ -115,7 +115,7 @@ pub fn credential_env(plan: &CellPlan) -> Result<Vec<(String, String)>, CellErro
 /// A command's environment: the plan's variables, the credential values the caller
 /// resolved, then the command's own additions (a later name replaces an earlier one); a
 /// credential of the plan without a value refuses the run.
-fn command_environment(
+pub(crate) fn command_environment(
     plan: &CellPlan,
     credentials: &[(String, String)],
     additions: &[(String, String)],

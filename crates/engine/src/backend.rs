@@ -51,8 +51,118 @@ impl Backend {
         match self {
             Backend::NativeCell => None,
             Backend::Gvisor => Some(
-                "sandbox_unavailable: gvisor.serving: sessions and warm cells of the gVisor tier are not built; it runs one-shot runs only",
+                "gvisor.serving cannot be enforced: sessions and warm cells of the gVisor tier are not built; it runs one-shot runs only",
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Engine, EngineConfig, EngineError, SessionRequest};
+    use airlock_cell::report::ResultClass;
+    use std::time::Duration;
+
+    fn gvisor_plan() -> CellPlan {
+        let mut contract = airlock_contract::default_contract();
+        contract.isolation = Isolation::Gvisor;
+        let argv = ["/bin/true".to_string()];
+        airlock_contract::compile(
+            &contract,
+            &airlock_contract::CompileInput::new(std::path::Path::new("/"), &argv),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_plans_tier_picks_the_backend() {
+        assert_eq!(Backend::of(&gvisor_plan()), Backend::Gvisor);
+        let mut native = gvisor_plan();
+        native.isolation = Isolation::Native;
+        assert_eq!(Backend::of(&native), Backend::NativeCell);
+        assert!(Backend::NativeCell.clones_in_caller());
+        assert!(!Backend::Gvisor.clones_in_caller());
+    }
+
+    /// Refused before the cell factory is asked for anything: no native cell is built
+    /// for a gVisor plan, and the refusal is `sandbox_unavailable`.
+    #[test]
+    fn sessions_and_warm_pools_of_the_gvisor_tier_are_refused_not_served_natively() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::new(EngineConfig::new(
+            dir.path().to_path_buf(),
+            Default::default(),
+        ));
+        let session = engine.open_session(SessionRequest {
+            plan: gvisor_plan(),
+            workload_class: "test".into(),
+            credentials: Vec::new(),
+            artifacts: None,
+            idle_timeout: Duration::from_secs(60),
+            max_lifetime: Duration::from_secs(60),
+            tenant: None,
+        });
+        let err = session.err().expect("a gVisor session is refused");
+        assert!(matches!(err, EngineError::TierCannotServe(_)), "{err}");
+        assert_eq!(err.class(), ResultClass::SandboxUnavailable);
+        assert!(err.to_string().contains("gvisor.serving"));
+        let pool = engine.keep_warm(gvisor_plan(), 2);
+        assert!(matches!(pool, Err(EngineError::TierCannotServe(_))));
+        assert_eq!(engine.factory_pid(), None, "no cell factory was started");
+    }
+
+    /// A gVisor run through `Engine::run` from a threaded caller (this test harness's
+    /// thread): supervised by the calling thread, recorded, with its status. Needs root
+    /// and runsc (CI has both; elsewhere it says why it did not run).
+    #[test]
+    fn a_threaded_caller_runs_a_gvisor_plan_through_engine_run() {
+        let root = std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+        if !root {
+            assert!(
+                std::env::var_os("AIRLOCK_REQUIRE_ROOT_TESTS").is_none(),
+                "this test needs root"
+            );
+            eprintln!("SKIPPED: not root (a gVisor run needs root)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::new(EngineConfig::new(
+            dir.path().to_path_buf(),
+            Default::default(),
+        ));
+        let recorded = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let seen = recorded.clone();
+        let finished = engine
+            .run(crate::RunRequest {
+                plan: gvisor_plan(),
+                workload_class: "test".into(),
+                credentials: Vec::new(),
+                stdin: airlock_cell::PayloadStdin::Null,
+                artifacts: None,
+                stdout: None,
+                stderr: None,
+                started: std::time::Instant::now(),
+                tenant: None,
+                on_recorded: Some(Box::new(move |id| {
+                    *seen.lock().unwrap() = Some(id.to_string())
+                })),
+            })
+            .unwrap_or_else(|refused| panic!("refused: {:?}", refused.report.error));
+        let report = engine.complete(finished).unwrap();
+        assert_eq!(report.status, ResultClass::Ok, "{:?}", report.error);
+        assert!(report.cleanup.ok, "{:?}", report.cleanup.leftovers);
+        assert_eq!(
+            recorded.lock().unwrap().as_deref(),
+            Some(report.run_id.as_str())
+        );
+        assert_eq!(
+            engine.factory_pid(),
+            None,
+            "the factory clones native cells only"
+        );
     }
 }

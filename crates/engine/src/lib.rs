@@ -108,7 +108,7 @@ impl Engine {
         size: usize,
     ) -> Result<(), EngineError> {
         if let Some(why) = backend::Backend::of(&template).refuses_serving() {
-            return Err(EngineError::SessionFailed(why.to_string()));
+            return Err(EngineError::TierCannotServe(why));
         }
         let factory = self.factory()?;
         self.pools.keep(factory, template, size);

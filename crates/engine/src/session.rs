@@ -136,7 +136,7 @@ impl Engine {
             tenant,
         } = request;
         if let Some(why) = crate::backend::Backend::of(&plan).refuses_serving() {
-            return Err(EngineError::SessionFailed(why.to_string()));
+            return Err(EngineError::TierCannotServe(why));
         }
         if plan.broker.is_some() {
             // A session's socket would outlive each command's authorization: not built.

@@ -492,3 +492,75 @@ fn doctor_reports_runsc_and_runs_the_tier_end_to_end() {
     );
     assert_eq!(check("gvisor.leftovers")["ok"], true);
 }
+
+/// A supervisor killed with SIGKILL cannot clean up, and runsc's processes are not tied
+/// to it: its sandbox keeps running until `airlock doctor` (or the next gVisor run) reaps
+/// it. Afterwards nothing of it is left.
+#[test]
+fn doctor_reaps_the_sandbox_of_a_supervisor_killed_mid_run() {
+    require_cells!();
+    let _serial = serial();
+    let dir = tempdir();
+    let contract = dir.path().join("c.yaml");
+    std::fs::write(&contract, GVISOR).unwrap();
+    let marker = format!("300.{}", std::process::id());
+    let mut child = Command::new(airlock_bin())
+        .arg("run")
+        .arg("--state-dir")
+        .arg(state_dir())
+        .arg("--contract")
+        .arg(&contract)
+        .args(["--", "sleep", &marker])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let supervisor = host::Supervisor::of(&child);
+    let prefix = format!("{}-{}-", supervisor.pid, supervisor.start_time);
+    let cell_dir = || {
+        std::fs::read_dir("/run/airlock-gvisor").ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .find(|p| p.to_string_lossy().contains(&prefix))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while host::processes_with(&format!("/run/airlock-gvisor/{prefix}")).len() < 2 {
+        assert!(Instant::now() < deadline, "the sandbox never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let dir_of_cell = cell_dir().expect("the dead supervisor's cell directory");
+    // Its sandbox outlives it: that is what doctor is for.
+    assert!(!host::processes_with(&format!("/run/airlock-gvisor/{prefix}")).is_empty());
+    let out = Command::new(airlock_bin())
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let checks: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reaped = checks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["control"] == "gvisor.leftovers")
+        .unwrap()
+        .clone();
+    assert_eq!(reaped["ok"], true, "{reaped}");
+    assert!(
+        reaped["detail"].as_str().unwrap().contains("reaped"),
+        "{reaped}"
+    );
+    assert!(!dir_of_cell.exists(), "{} left", dir_of_cell.display());
+    let procs = host::processes_with(&format!("/run/airlock-gvisor/{prefix}"));
+    assert!(procs.is_empty(), "{procs:?}");
+    let cgroups: Vec<_> = host::cell_cgroup_dirs()
+        .into_iter()
+        .filter(|d| d.to_string_lossy().contains(&prefix))
+        .collect();
+    assert!(cgroups.is_empty(), "{cgroups:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&format!("/run/airlock-gvisor/{prefix}")));
+}

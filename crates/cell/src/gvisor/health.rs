@@ -32,8 +32,9 @@ pub fn checks(host_ids: HostIdRange) -> Vec<(&'static str, Result<String, String
                 binary.version
             )),
         ),
-        ("gvisor.end_to_end", end_to_end(host_ids)),
+        // Before the end-to-end run, which would reap them itself.
         ("gvisor.leftovers", reap_leftovers()),
+        ("gvisor.end_to_end", end_to_end(host_ids)),
     ]
 }
 

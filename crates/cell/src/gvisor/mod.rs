@@ -125,6 +125,9 @@ fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport
     let started = options.started;
     let binary = preflight(plan)?;
     let env = command_environment(plan, options.credentials, &[])?;
+    // A sandbox outlives a supervisor killed with SIGKILL (runsc's processes are not
+    // tied to it by a parent-death signal): the next run reaps it, as `doctor` does.
+    let _ = health::reap_leftovers();
     let mut sandbox = Sandbox::prepare(plan, &binary, options, env)?;
     let prepared_ms = ms_since(started);
     let ran = sandbox.run(plan, options);

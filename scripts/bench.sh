@@ -115,10 +115,12 @@ echo "== gVisor tier: /bin/true on each tier and bare runsc run of the same bund
 if command -v runsc >/dev/null; then
   GV=$(mktemp -d)
   trap 'umount "$GV/w0" 2>/dev/null; rm -rf "$STATE" "$BIN" "$INPUTS" "$GV"; for h in /sys/fs/cgroup/*/airlock-bench-gvisor; do rmdir "$h" 2>/dev/null; done' EXIT
+  # runsc's gofer runs as the sandbox root's host id: it must traverse the bundle's parents.
+  chmod 0711 "$GV"
   printf 'isolation: gvisor\n' > "$GV/gvisor.yaml"
   "$AIRLOCK" run --state-dir "$STATE" -c "$GV/gvisor.yaml" -- /bin/sleep 4 &
   LIVE=
-  for _ in $(seq 100); do LIVE=$(ls -d /run/airlock-gvisor/*/bundle/config.json 2>/dev/null | head -1); [ -n "$LIVE" ] && break; sleep 0.05; done
+  for _ in $(seq 100); do LIVE=$(ls -d /run/airlock-gvisor/*/bundle/config.json 2>/dev/null | head -1 || true); [ -n "$LIVE" ] && break; sleep 0.05; done
   cp -a "$(dirname "$LIVE")" "$GV/bundle"
   wait
   mkdir -p "$GV/w0" "$GV/state"

@@ -12,7 +12,7 @@ use std::path::Path;
 /// (the tier is optional, and a gVisor run there is refused, never run natively); a runsc
 /// that is present must work.
 pub fn checks(host_ids: HostIdRange) -> Vec<(&'static str, Result<String, String>)> {
-    let binary = match RunscBinary::locate() {
+    let binary = match RunscBinary::locate_and_ask() {
         Ok(binary) => binary,
         Err(err) => {
             return vec![(
@@ -123,12 +123,8 @@ fn reap(dir: &Path) -> Vec<String> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     if let Ok(binary) = RunscBinary::locate() {
-        let runsc = super::runsc::Runsc::new(
-            &binary.path,
-            &dir.join("state"),
-            &dir.join("runsc.log"),
-            &name,
-        );
+        let runsc =
+            super::runsc::Runsc::new(&binary, &dir.join("state"), &dir.join("runsc.log"), &name);
         let _ = runsc.delete();
     }
     kill_cgroup_members(&name);

@@ -62,8 +62,8 @@ pub fn run_gvisor(plan: &CellPlan, mut options: RunOptions<'_>) -> RunReport {
     }
 }
 
-/// Whether this host can run `plan` on the gVisor tier, and with which runsc.
-pub fn preflight(plan: &CellPlan) -> Result<RunscBinary, CellError> {
+/// Whether this host can run `plan` on the gVisor tier, and with which runsc binary.
+pub fn preflight(plan: &CellPlan) -> Result<PathBuf, CellError> {
     let unavailable = |control, reason: &str| {
         Err(CellError::Unavailable {
             control,
@@ -173,7 +173,7 @@ struct Ran {
 impl Sandbox {
     fn prepare(
         plan: &CellPlan,
-        binary: &RunscBinary,
+        binary: &Path,
         options: &RunOptions<'_>,
         env: Vec<String>,
     ) -> Result<Sandbox, CellError> {
@@ -194,7 +194,7 @@ impl Sandbox {
                 return Err(err);
             }
         };
-        let runsc = Runsc::new(&binary.path, &dir.state(), &dir.log(), &name);
+        let runsc = Runsc::new(binary, &dir.state(), &dir.log(), &name);
         let mut sandbox = Sandbox {
             dir,
             cgroup,

@@ -30,9 +30,13 @@ pub struct RunscBinary {
 pub const PLATFORM: &str = "ptrace";
 
 impl RunscBinary {
-    /// `AIRLOCK_RUNSC`, else `runsc` in the usual directories; its version must answer.
-    /// Missing or broken: the tier cannot be enforced (`sandbox_unavailable`).
-    pub fn locate() -> Result<RunscBinary, CellError> {
+    /// `AIRLOCK_RUNSC`, else `runsc` in the usual directories: an executable file.
+    /// Missing: the tier cannot be enforced (`sandbox_unavailable`). Whether it works is
+    /// seen at `create` (a runsc that logs nothing is not one, see [`Runsc::create`]) and
+    /// by `doctor` ([`RunscBinary::locate_and_ask`]); a run does not pay for another
+    /// runsc process to ask its version.
+    pub fn locate() -> Result<PathBuf, CellError> {
+        use std::os::unix::fs::PermissionsExt;
         let path = match std::env::var_os("AIRLOCK_RUNSC") {
             Some(path) => PathBuf::from(path),
             None => SEARCH_PATH
@@ -41,6 +45,19 @@ impl RunscBinary {
                 .find(|p| p.is_file())
                 .ok_or_else(|| unavailable("no runsc binary in /usr/bin, /usr/local/bin, /usr/sbin or /usr/local/sbin (install Debian's runsc package)".into()))?,
         };
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => Ok(path),
+            Ok(_) => Err(unavailable(format!(
+                "{} is not an executable file",
+                path.display()
+            ))),
+            Err(e) => Err(unavailable(format!("{}: {e}", path.display()))),
+        }
+    }
+
+    /// [`RunscBinary::locate`], and its version must answer (`doctor`).
+    pub fn locate_and_ask() -> Result<RunscBinary, CellError> {
+        let path = RunscBinary::locate()?;
         let output = Command::new(&path)
             .arg("--version")
             .stdin(Stdio::null())
@@ -157,11 +174,19 @@ impl Runsc {
     }
 
     fn run(&self, mut command: Command, step: &str) -> Result<(), CellError> {
-        let status = command
-            .status()
-            .map_err(|e| CellError::io(format!("starting runsc {step}"), e))?;
+        let status = command.status().map_err(|e| {
+            // The binary cannot even be started (ENOEXEC, EACCES, ...): no tier.
+            unavailable(format!("starting {} {step}: {e}", self.binary.display()))
+        })?;
         if status.success() {
             return Ok(());
+        }
+        if std::fs::metadata(&self.log).map_or(true, |m| m.len() == 0) {
+            // A runsc logs why it failed; a binary that failed silently is not one.
+            return Err(unavailable(format!(
+                "{} {step} exited {status} without logging anything: not a working runsc",
+                self.binary.display()
+            )));
         }
         Err(CellError::Launch {
             stage: format!("runsc {step}"),

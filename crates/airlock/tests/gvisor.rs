@@ -564,3 +564,63 @@ fn doctor_reaps_the_sandbox_of_a_supervisor_killed_mid_run() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&format!("/run/airlock-gvisor/{prefix}")));
 }
+
+/// A class that requires gVisor runs every request on gVisor, whatever its template says,
+/// and a request asking for the native tier is denied before anything runs.
+#[test]
+fn a_class_requiring_gvisor_runs_on_gvisor_and_a_request_cannot_lower_it() {
+    require_cells!();
+    let _serial = serial();
+    let dir = tempdir();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(
+        &config,
+        "[policy.classes.hostile]\ndescription = \"hostile code\"\n\
+         [policy.classes.hostile.bounds]\nisolation = \"gvisor\"\n\
+         [policy.classes.hostile.commands]\ndefault = \"forbidden\"\nunmatched = \"allow\"\n",
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    let class_run = |extra: &[&str]| {
+        let result = dir.path().join(format!("r{}.json", extra.len()));
+        let out = Command::new(airlock_bin())
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--result")
+            .arg(&result)
+            .args(["--class", "hostile"])
+            .args(extra)
+            .args(["--", "uname", "-r"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        CellRun::collect(out, &result)
+    };
+    let run = class_run(&[]);
+    assert_eq!(run.status(), "ok", "{}", run.describe());
+    let host_release = host_text("/proc/sys/kernel/osrelease");
+    assert!(!run.stdout().contains(&host_release), "{}", run.describe());
+    let request = dir.path().join("native.json");
+    std::fs::write(&request, r#"{"isolation":"native"}"#).unwrap();
+    let lowered = class_run(&["--request", request.to_str().unwrap()]);
+    // Refused before any plan: the refusal is recorded, no result file is written.
+    assert_eq!(lowered.code(), 125, "{}", lowered.describe());
+    assert!(
+        lowered.stderr().contains("policy_denied"),
+        "{}",
+        lowered.describe()
+    );
+    assert!(
+        lowered.stderr().contains("policy.isolation_below_class"),
+        "{}",
+        lowered.describe()
+    );
+    assert!(
+        lowered.stdout().is_empty(),
+        "it ran:\n{}",
+        lowered.describe()
+    );
+}

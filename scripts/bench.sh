@@ -105,6 +105,64 @@ echo "== supervisor memory"
 /usr/bin/time -f "airlock run -- /bin/true: max RSS %M KiB" "$AIRLOCK" run --state-dir "$STATE" -- /bin/true
 /usr/bin/time -f "airlock run -- 1 GiB of stdout: max RSS %M KiB" "$AIRLOCK" run --state-dir "$STATE" -- head -c 1073741824 /dev/zero >/dev/null || true
 
+echo "== gVisor tier: /bin/true on each tier and bare runsc run of the same bundle (one hyperfine run)"
+# The baseline is airlock's own bundle: copied from a live gVisor cell (its config.json,
+# root skeleton and /etc), with its writable /tmp on a tmpfs of the same kind and a cgroup
+# made once, then `runsc run` (create + start + wait + delete in one process) on it. What
+# airlock adds on top of runsc: the contract and plan, the store's records, the per-run
+# cell directory, tmpfs, cgroup and host ids, create/start as two calls, the kill and
+# reap of every sandbox process and the cleanup checks.
+if command -v runsc >/dev/null; then
+  GV=$(mktemp -d)
+  trap 'umount "$GV/w0" 2>/dev/null; rm -rf "$STATE" "$BIN" "$INPUTS" "$GV"; for h in /sys/fs/cgroup/*/airlock-bench-gvisor; do rmdir "$h" 2>/dev/null; done' EXIT
+  # runsc's gofer runs as the sandbox root's host id: it must traverse the bundle's parents.
+  chmod 0711 "$GV"
+  printf 'isolation: gvisor\n' > "$GV/gvisor.yaml"
+  "$AIRLOCK" run --state-dir "$STATE" -c "$GV/gvisor.yaml" -- /bin/sleep 4 &
+  LIVE=
+  for _ in $(seq 100); do LIVE=$(ls -d /run/airlock-gvisor/*/bundle/config.json 2>/dev/null | head -1 || true); [ -n "$LIVE" ] && break; sleep 0.05; done
+  cp -a "$(dirname "$LIVE")" "$GV/bundle"
+  wait
+  mkdir -p "$GV/w0" "$GV/state"
+  for h in memory pids cpu freezer; do mkdir -p /sys/fs/cgroup/$h/airlock-bench-gvisor; done
+  python3 - "$GV" <<'PY'
+import json, subprocess, sys
+gv = sys.argv[1]
+path = f"{gv}/bundle/config.json"
+c = json.load(open(path))
+c["root"]["path"] = f"{gv}/bundle/rootfs"
+c["process"]["args"] = ["/bin/true"]
+c["linux"]["cgroupsPath"] = "/airlock-bench-gvisor"
+for m in c["mounts"]:
+    if m["destination"] == "/tmp":
+        m["source"] = f"{gv}/w0"
+owner = c["linux"]["uidMappings"][1]["hostID"]
+subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=16m,nosuid,nodev,mode=0755,uid={owner},gid={owner}", "tmpfs", f"{gv}/w0"], check=True)
+json.dump(c, open(path, "w"))
+PY
+  GRUNS=${GVISOR_RUNS:-60}
+  hyperfine -N -w 5 -r "$GRUNS" --export-json "$OUT/gvisor.json" \
+    "$AIRLOCK run --state-dir $STATE -c $GV/gvisor.yaml -- /bin/true" \
+    "runsc --root=$GV/state --network=none --platform=ptrace run --bundle=$GV/bundle bench" \
+    "$AIRLOCK run --state-dir $STATE -- /bin/true" >/dev/null
+  python3 - "$OUT/gvisor.json" <<'PY'
+import json, sys
+gv, bare, native = json.load(open(sys.argv[1]))["results"]
+for name, r in [("airlock run, isolation gvisor", gv), ("bare runsc run, same bundle", bare), ("airlock run, native cell", native)]:
+    print(f"{r['median']*1000:8.2f} ms median  {r['mean']*1000:7.2f} mean  {name}")
+print(f"airlock's overhead on runsc: x{gv['median']/bare['median']:.3f} ({(gv['median']-bare['median'])*1000:+.1f} ms); gvisor/native x{gv['median']/native['median']:.1f}")
+PY
+  echo "-- peak memory of one gVisor cell (the sandbox's cgroup: Sentry, gofer, stubs; /bin/true and python3 -c pass)"
+  for cmd in /bin/true "python3 -c pass"; do
+    rm -f "$OUT/gv.json"
+    "$AIRLOCK" run --state-dir "$STATE" -c "$GV/gvisor.yaml" --result "$OUT/gv.json" -- $cmd
+    python3 -c "import json; r=json.load(open('$OUT/gv.json')); print(f\"$cmd: {r['usage']['memory_peak_bytes']/2**20:.1f} MiB peak, {r['usage']['pids_peak']} host tasks at most\")"
+  done
+  /usr/bin/time -f "airlock run (gvisor) supervisor: max RSS %M KiB" "$AIRLOCK" run --state-dir "$STATE" -c "$GV/gvisor.yaml" -- /bin/true
+else
+  echo "runsc not installed: skipped (apt-get install runsc)"
+fi
+
 echo "== egress proxy (loopback)"
 cargo run -q --release -p airlock-egress --example egress_bench
 

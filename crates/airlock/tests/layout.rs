@@ -1,7 +1,7 @@
 //! House rules that are cheap to check mechanically: all `unsafe` code lives in
 //! `crates/cell/src/sys.rs`, and crates depend on each other only in the documented
-//! direction (contract <- cell, egress; cell, egress, store <- engine <- agent <-
-//! airlock; store and images stand alone).
+//! direction (contract <- oci <- cell; contract <- egress; cell, egress, store <- engine
+//! <- agent <- airlock; store and images stand alone).
 
 use std::path::{Path, PathBuf};
 
@@ -121,9 +121,17 @@ fn crates_depend_in_the_documented_direction() {
         "the broker depends only on the offline schemas: the engine turns its records into \
          the result's"
     );
+    let mut cell = airlock_dependencies("cell");
+    cell.sort();
     assert_eq!(
-        airlock_dependencies("cell"),
-        vec!["airlock-contract".to_string()]
+        cell,
+        ["airlock-contract", "airlock-oci"],
+        "the cell runtime applies plans; the gVisor tier's bundle comes from crates/oci"
+    );
+    assert_eq!(
+        airlock_dependencies("oci"),
+        vec!["airlock-contract".to_string()],
+        "oci is pure: plan -> runtime spec"
     );
     assert_eq!(
         airlock_dependencies("images"),
@@ -170,7 +178,7 @@ fn crates_depend_in_the_documented_direction() {
          knows of it"
     );
     for below in [
-        "contract", "cell", "egress", "store", "engine", "images", "broker", "schema",
+        "contract", "oci", "cell", "egress", "store", "engine", "images", "broker", "schema",
     ] {
         assert!(
             !airlock_dependencies(below).contains(&"airlock-agent".to_string()),

@@ -19,6 +19,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Walk limits: a payload cannot make collection take unbounded time.
@@ -341,6 +342,42 @@ impl OutputMounts {
 
     pub fn is_empty(&self) -> bool {
         self.dirs.is_empty() && self.unreadable.is_none()
+    }
+
+    /// The gVisor tier's: the host tmpfs of each writable path of `plan` (`dirs`, in plan
+    /// order) that holds declared outputs. The payload cannot replace them (they are
+    /// mounts of the host, outside its sandbox), so they are opened by their host path.
+    pub fn open_host_dirs(plan: &CellPlan, dirs: &[PathBuf]) -> OutputMounts {
+        let writable = plan
+            .mounts
+            .iter()
+            .filter(|m| matches!(m, MountPlan::WritableTmpfs { .. }));
+        let wanted: Vec<&Path> = output_mount_targets(plan).collect();
+        let dirs = writable
+            .zip(dirs)
+            .filter_map(|(mount, dir)| {
+                let MountPlan::WritableTmpfs { target, .. } = mount else {
+                    return None;
+                };
+                if !wanted.contains(&target.as_path()) {
+                    return None;
+                }
+                let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+                let opened = File::options()
+                    .read(true)
+                    .custom_flags(flags)
+                    .open(dir)
+                    .ok()?;
+                Some((
+                    target.as_os_str().as_bytes().to_vec(),
+                    OwnedFd::from(opened),
+                ))
+            })
+            .collect();
+        OutputMounts {
+            dirs,
+            unreadable: None,
+        }
     }
 }
 

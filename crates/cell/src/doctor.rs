@@ -120,6 +120,9 @@ pub fn run_checks_with(host_ids: HostIdRange) -> Vec<Check> {
     checks.push(check("cgroups.migration_speed", Ok(migration_hint())));
     checks.push(check("identity", host_identity(host_ids)));
     checks.push(check("cell.end_to_end", end_to_end(host_ids)));
+    for (control, result) in crate::gvisor::health::checks(host_ids) {
+        checks.push(check(control, result));
+    }
     checks
 }
 

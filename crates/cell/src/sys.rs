@@ -617,6 +617,14 @@ pub fn mount(
     .map(drop)
 }
 
+/// `umount2(target, MNT_DETACH)`: the gVisor tier's host tmpfs of a writable path, once
+/// its sandbox is gone.
+pub fn umount_detach(target: &Path) -> io::Result<()> {
+    let target = cstring(target)?;
+    // SAFETY: `target` is a NUL-terminated string that outlives the call.
+    check(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
+}
+
 pub const OPEN_TREE_CLONE: libc::c_uint = 1;
 pub const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
 pub const AT_RECURSIVE: libc::c_uint = 0x8000;
@@ -974,6 +982,18 @@ pub fn wait_child(pid: libc::pid_t, nohang: bool) -> io::Result<Option<Reaped>> 
 pub fn kill(pid: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
     // SAFETY: integer arguments only.
     check(unsafe { libc::kill(pid, signal) }).map(drop)
+}
+
+/// `pidfd_open(pid, 0)`: a descriptor that polls readable once `pid` exited (the gVisor
+/// tier's sandbox process, a child of this process by the subreaper attribute).
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: libc::c_int) -> io::Result<()> {

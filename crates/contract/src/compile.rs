@@ -137,6 +137,7 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
             actions: contract.broker_actions.clone(),
             class: None,
         }),
+        isolation: contract.isolation,
         layout: CellLayout::default(),
         without_cgroup: None,
     };
@@ -779,6 +780,40 @@ resources:
         assert_eq!(broker.class, None, "only the trusted side sets the class");
         let var = brokered.env.iter().find(|v| v.name == BROKER_ENV).unwrap();
         assert_eq!(var.value, BROKER_SOCKET, "the contract cannot redirect it");
+    }
+
+    #[test]
+    fn the_isolation_tier_is_native_by_default_carried_into_the_plan_and_out_of_older_hashes() {
+        let native = compile_yaml("{}\n").unwrap();
+        assert_eq!(native.isolation, crate::Isolation::Native);
+        assert_eq!(
+            native.contract_sha256,
+            compile_yaml("isolation: native\n").unwrap().contract_sha256
+        );
+        let gvisor = compile_yaml("isolation: gvisor\n").unwrap();
+        assert_eq!(gvisor.isolation, crate::Isolation::Gvisor);
+        assert_ne!(gvisor.contract_sha256, native.contract_sha256);
+    }
+
+    #[test]
+    fn what_the_gvisor_tier_cannot_enforce_is_a_field_error_not_a_weaker_run() {
+        for (yaml, field) in [
+            ("terminal: true\n", "terminal"),
+            (
+                "network: { mode: allowlist, allowed_domains: [a.test] }\n",
+                "network.mode",
+            ),
+            ("broker_actions: [x]\n", "broker_actions"),
+            ("seccomp_profile: strict.json\n", "seccomp_profile"),
+        ] {
+            let err = compile_yaml(&format!("isolation: gvisor\n{yaml}")).unwrap_err();
+            assert!(
+                err.to_string().contains(field) && err.to_string().contains("gvisor"),
+                "{yaml}: {err}"
+            );
+            // The same contract on the native tier is valid.
+            compile_yaml(yaml).unwrap();
+        }
     }
 
     #[test]

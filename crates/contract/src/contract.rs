@@ -106,6 +106,53 @@ pub struct Contract {
     /// their `contract_sha256`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub broker_actions: Vec<String>,
+    /// The isolation tier: `native` (the Linux cell: namespaces, seccomp, Landlock on the
+    /// host kernel) or `gvisor` (the payload runs on gVisor's user-space kernel, `runsc`,
+    /// under the same limits, records and result classes; docs/threat-model.md, "Tiers").
+    /// A host that cannot run the tier refuses the run (`sandbox_unavailable`); it is never
+    /// run on a weaker one. Absent `native` is not serialised, so older contracts keep
+    /// their `contract_sha256`.
+    #[serde(default, skip_serializing_if = "Isolation::is_native")]
+    pub isolation: Isolation,
+}
+
+/// The isolation tier of a cell (see [`Contract::isolation`]). Ordered weakest first, so
+/// a class's required tier is a lower bound a request may raise but not lower.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// The Linux cell on the host kernel.
+    #[default]
+    Native,
+    /// gVisor's user-space kernel (`runsc`): the payload's system calls are served by
+    /// gVisor's Sentry, not by the host kernel.
+    Gvisor,
+}
+
+impl Isolation {
+    pub fn is_native(&self) -> bool {
+        *self == Isolation::Native
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Native => "native",
+            Isolation::Gvisor => "gvisor",
+        }
+    }
 }
 
 /// Absent `terminal: false` is not serialised, so contracts written before the field
@@ -562,5 +609,6 @@ pub fn default_contract() -> Contract {
         seccomp_profile: default_seccomp_profile(),
         terminal: false,
         broker_actions: Vec::new(),
+        isolation: Isolation::Native,
     }
 }

@@ -440,6 +440,18 @@ fn proc_masks() -> Vec<RootStep> {
 
 /// The generated `/etc`: just enough for name lookups of the cell user and `localhost`.
 fn generated_etc(plan: &CellPlan) -> Vec<RootStep> {
+    generated_etc_files(plan)
+        .into_iter()
+        .map(|(name, text)| RootStep::WriteFile {
+            path: Path::new("/etc").join(name),
+            text,
+        })
+        .collect()
+}
+
+/// The files of the generated `/etc` (name under `/etc`, content), for every tier: the
+/// native cell writes them on its root, the gVisor bundle (crates/oci) into its `/etc`.
+pub fn generated_etc_files(plan: &CellPlan) -> Vec<(&'static str, String)> {
     let (uid, gid) = (plan.identity.uid, plan.identity.gid);
     let home = plan.workdir.display();
     let hostname = &plan.hostname;
@@ -468,12 +480,6 @@ fn generated_etc(plan: &CellPlan) -> Vec<RootStep> {
         ));
     }
     files
-        .into_iter()
-        .map(|(name, text)| RootStep::WriteFile {
-            path: Path::new("/etc").join(name),
-            text,
-        })
-        .collect()
 }
 
 fn rlimits(limits: &Limits) -> Vec<Rlimit> {

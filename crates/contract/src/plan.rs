@@ -63,6 +63,10 @@ pub struct CellPlan {
     /// socket is mounted by a [`MountPlan::BrokerSocket`] the engine adds for the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub broker: Option<BrokerPlan>,
+    /// The isolation tier the plan runs on: the engine picks the backend from it, and the
+    /// plan in the run's record says which one ran.
+    #[serde(default)]
+    pub isolation: crate::Isolation,
     /// How the cell builds its root and confines itself, step by step.
     pub layout: CellLayout,
     /// What stands in for the cell's cgroup where none is delegated to the caller, when

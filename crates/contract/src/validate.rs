@@ -97,6 +97,7 @@ pub(crate) fn check(contract: &Contract) -> Result<CheckedContract, Vec<FieldErr
     check_credentials(&contract.credentials, &contract.env, &mut errors);
     check_secrets(contract, &mut errors);
     check_broker_actions(&contract.broker_actions, &mut errors);
+    check_isolation(contract, &mut errors);
     check_cleanup(&contract.cleanup, &mut errors);
     check_hostname(&contract.hostname, &mut errors);
     let workdir = check_workdir(contract.workdir.as_deref(), &inputs, &writable, &mut errors);
@@ -633,6 +634,40 @@ fn check_secrets(contract: &Contract, errors: &mut Errors) {
             "secrets",
             "needs network.mode allowlist: only the egress proxy can use a secret",
         );
+    }
+}
+
+/// What the gVisor tier cannot enforce as asked (yet) is an error, never a silently
+/// weaker run: its payload has no pty of a devpts airlock owns, gVisor applies its own
+/// system call filter rather than a Docker profile, and its egress, broker socket and
+/// image root are not built (docs/threat-model.md, "Tiers").
+fn check_isolation(contract: &Contract, errors: &mut Errors) {
+    if contract.isolation != Isolation::Gvisor {
+        return;
+    }
+    let unsupported = [
+        (contract.terminal, "terminal", "a terminal"),
+        (
+            contract.seccomp_profile != DEFAULT_SECCOMP_PROFILE,
+            "seccomp_profile",
+            "a custom seccomp profile (gVisor's Sentry filters the system calls)",
+        ),
+        (
+            contract.network.mode == NetworkMode::Allowlist,
+            "network.mode",
+            "network.mode allowlist",
+        ),
+        (
+            !contract.broker_actions.is_empty(),
+            "broker_actions",
+            "broker actions",
+        ),
+        (contract.image != HOST_IMAGE, "image", "an OCI image root"),
+    ];
+    for (used, field, what) in unsupported {
+        if used {
+            errors.push(field, format!("isolation gvisor does not support {what}"));
+        }
     }
 }
 

@@ -27,6 +27,10 @@ impl Engine {
     /// any process. A warm cell of the plan's shape is claimed when a pool keeps one
     /// (see [`Engine::keep_warm`]); otherwise a cell is built for the request.
     pub fn run(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
+        if !crate::backend::Backend::of(&request.plan).clones_in_caller() {
+            // Nothing to clone: supervised by this thread (backend.rs).
+            return self.run_here(request);
+        }
         let (request, mut broker) = self.with_broker(request)?;
         // This process is threaded already (the factory clones the cell): the broker's
         // thread starts now.

@@ -8,6 +8,7 @@
 //! factory ([`factory`]), a small single-threaded process of the same binary that forks
 //! one supervisor process per cell for a threaded caller.
 
+mod backend;
 mod broker_session;
 pub mod caller;
 mod cells;
@@ -106,6 +107,9 @@ impl Engine {
         template: airlock_contract::CellPlan,
         size: usize,
     ) -> Result<(), EngineError> {
+        if let Some(why) = backend::Backend::of(&template).refuses_serving() {
+            return Err(EngineError::TierCannotServe(why));
+        }
         let factory = self.factory()?;
         self.pools
             .keep(factory, self.evidence_area(), template, size);

@@ -170,7 +170,8 @@ impl Engine {
     /// (checked: a threaded caller gets a `runtime_fault` report and nothing runs; see
     /// [`Engine::run`] for threaded callers). The audit record is begun by the cell
     /// runtime's hook once the cell is released, overlapping the write with the cell's
-    /// own setup: the cold start of `airlock run`.
+    /// own setup: the cold start of `airlock run`. The plan's tier picks the backend
+    /// (backend.rs); a gVisor run clones nothing and may come from any thread.
     pub fn run_here(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
         let (request, mut broker) = self.with_broker(request)?;
         let (prepared, request) = self.prepare(request)?;
@@ -182,8 +183,10 @@ impl Engine {
             stdout,
             stderr,
             started,
+            on_recorded,
             ..
         } = request;
+        let mut on_recorded = on_recorded;
         // The run's CA lives in this process (the proxy's) and dies with the run.
         let tls = crate::egress_session::install_run_ca(&mut plan);
         let mut recorder = Recorder {
@@ -200,7 +203,8 @@ impl Engine {
             .map(|p| p.with_tls(&tls));
         let on_suspected_escape = self.on_suspected_escape();
         let evidence_dir = on_suspected_escape.as_ref().map(|e| e.dir.clone());
-        let report = airlock_cell::run_cell(
+        let backend = crate::backend::Backend::of(&plan);
+        let report = backend.run_one_shot(
             &plan,
             RunOptions {
                 before_start: Some(&mut || {
@@ -208,6 +212,9 @@ impl Engine {
                     // The cell is cloned: the broker's thread may start now.
                     if let (Ok(_), Some(broker)) = (&begun, broker.as_mut()) {
                         broker.serve();
+                    }
+                    if let (Ok(run_id), Some(hook)) = (&begun, on_recorded.take()) {
+                        hook(run_id);
                     }
                     begun
                 }),

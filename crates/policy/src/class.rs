@@ -3,7 +3,7 @@
 //! and its command policy. Written by the operator (trusted), never by the model.
 
 use crate::command::CommandPolicy;
-use airlock_contract::{Contract, Credential};
+use airlock_contract::{Contract, Credential, Isolation};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -106,6 +106,12 @@ pub struct ClassBounds {
     /// Whether a request may ask for a terminal.
     #[serde(default)]
     pub tty: bool,
+    /// The weakest isolation tier a run of the class may have: `gvisor` makes every run
+    /// of the class a gVisor run whatever its template or request says (a request asking
+    /// for `native` is denied, `policy.isolation_below_class`). A request may always ask
+    /// for a stronger tier than the template's.
+    #[serde(default, skip_serializing_if = "Isolation::is_native")]
+    pub isolation: Isolation,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -10,7 +10,7 @@ use crate::command::{CommandVerdict, Decision};
 use crate::reason::{Denial, DenyReason};
 use crate::request::{Asked, AskedInput};
 use airlock_contract::{
-    Contract, Credential, MappedInput, NetworkMode, ReadonlyInput, WritablePath,
+    Contract, Credential, Isolation, MappedInput, NetworkMode, ReadonlyInput, WritablePath,
 };
 use serde::Serialize;
 
@@ -239,6 +239,7 @@ fn grant_capabilities(class: &WorkloadClass, asked: &Asked) -> Result<Grant, Den
         ));
     }
     contract.terminal |= asked.tty;
+    contract.isolation = granted_isolation(class, asked)?;
     let session = grant_session(class, asked)?;
     let r = &contract.resources;
     let granted = Granted {
@@ -255,6 +256,28 @@ fn grant_capabilities(class: &WorkloadClass, asked: &Asked) -> Result<Grant, Den
         session_lifetime_seconds: session,
     };
     Ok((contract, granted, what))
+}
+
+/// The strongest of the template's tier, the class's required tier and the asked one; a
+/// request asking for less than the class requires is denied rather than raised, so the
+/// caller learns that its ask was not what ran.
+fn granted_isolation(class: &WorkloadClass, asked: &Asked) -> Result<Isolation, Denial> {
+    let required = class.bounds.isolation;
+    match asked.isolation {
+        Some(tier) if tier < required => Err(Denial::new(
+            DenyReason::IsolationBelowClass,
+            format!(
+                "isolation {} < the class's {}",
+                tier.as_str(),
+                required.as_str()
+            ),
+        )),
+        tier => Ok(class
+            .template
+            .isolation
+            .max(required)
+            .max(tier.unwrap_or_default())),
+    }
 }
 
 /// A figure asked for within its bound replaces the template's.

@@ -67,10 +67,12 @@ pub enum DenyReason {
     /// A command of a class session that the command policy routes to an approver:
     /// approvals cover requests, not commands of an open session, so it is refused.
     CommandNeedsApproval,
+    /// The request asks for a weaker isolation tier than the class requires.
+    IsolationBelowClass,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 21] = [
+    pub const ALL: [DenyReason; 22] = [
         DenyReason::CodeExecutionNotAllowed,
         DenyReason::CommandMissing,
         DenyReason::CommandForbidden,
@@ -92,6 +94,7 @@ impl DenyReason {
         DenyReason::ApprovalExpired,
         DenyReason::LockfileMissing,
         DenyReason::CommandNeedsApproval,
+        DenyReason::IsolationBelowClass,
     ];
 
     pub const fn code(self) -> &'static str {
@@ -117,6 +120,7 @@ impl DenyReason {
             DenyReason::ApprovalExpired => "policy.approval_expired",
             DenyReason::LockfileMissing => "policy.lockfile_missing",
             DenyReason::CommandNeedsApproval => "policy.command_needs_approval",
+            DenyReason::IsolationBelowClass => "policy.isolation_below_class",
         }
     }
 }

@@ -30,6 +30,9 @@ pub struct Asked {
     pub inputs: Vec<AskedInput>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tty: bool,
+    /// The isolation tier asked for; it may raise the class's, never lower it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<airlock_contract::Isolation>,
     /// Ask that files written in writable paths may be executed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec_in_writable_paths: Option<bool>,

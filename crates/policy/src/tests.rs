@@ -427,3 +427,48 @@ fn a_session_command_is_refused_when_forbidden_or_when_it_would_need_an_approver
         "policy.command_missing"
     );
 }
+
+#[test]
+fn a_class_that_requires_gvisor_makes_every_run_gvisor_and_denies_asking_for_native() {
+    use airlock_contract::Isolation;
+    let strict = deny_network_class().replace("tty = false", "tty = false\nisolation = \"gvisor\"");
+    let class = parse_class("hostile", &strict).unwrap();
+    // The template says nothing about the tier: the class's requirement applies.
+    assert_eq!(class.template.isolation, Isolation::Native);
+    let (contract, _) = granted(evaluate(&class, &argv("make test"), &Asked::default()));
+    assert_eq!(contract.isolation, Isolation::Gvisor);
+    let lowered = evaluate(
+        &class,
+        &argv("make test"),
+        &asked(r#"{"isolation":"native"}"#),
+    );
+    assert_eq!(code(&lowered), Some("policy.isolation_below_class"));
+    let same = evaluate(
+        &class,
+        &argv("make test"),
+        &asked(r#"{"isolation":"gvisor"}"#),
+    );
+    assert_eq!(granted(same).0.isolation, Isolation::Gvisor);
+}
+
+#[test]
+fn a_request_may_raise_the_tier_of_a_class_that_requires_none() {
+    use airlock_contract::Isolation;
+    let class = parse_class("tests", &deny_network_class()).unwrap();
+    let (contract, _) = granted(evaluate(
+        &class,
+        &argv("make test"),
+        &asked(r#"{"isolation":"gvisor"}"#),
+    ));
+    assert_eq!(contract.isolation, Isolation::Gvisor);
+    let (plain, _) = granted(evaluate(&class, &argv("make test"), &Asked::default()));
+    assert_eq!(plain.isolation, Isolation::Native);
+}
+
+/// [`CLASS`] without its allowlist: the gVisor tier does not run allowlisted egress yet.
+fn deny_network_class() -> String {
+    CLASS.replace(
+        "mode = \"allowlist\"\nallowed_domains = [\"pypi.test:443\"]",
+        "mode = \"deny\"",
+    )
+}

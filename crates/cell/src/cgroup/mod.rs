@@ -617,7 +617,7 @@ pub fn cgroup_name(started: u64) -> String {
 }
 
 /// Whether `name` is a cell's (see [`cgroup_name`]): three numbers joined by dashes.
-fn is_cell_name(name: &str) -> bool {
+pub(crate) fn is_cell_name(name: &str) -> bool {
     let parts: Vec<&str> = name.split('-').collect();
     parts.len() == 3
         && parts
@@ -625,7 +625,7 @@ fn is_cell_name(name: &str) -> bool {
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
-fn supervisor_alive(name: &str) -> bool {
+pub(crate) fn supervisor_alive(name: &str) -> bool {
     let mut parts = name.split('-');
     let (Some(pid), Some(started)) = (parts.next(), parts.next()) else {
         return false;

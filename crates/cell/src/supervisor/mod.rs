@@ -11,7 +11,7 @@
 
 mod build;
 mod ceilings;
-mod classify;
+pub(crate) mod classify;
 mod cpu;
 mod deadline;
 mod serve;
@@ -132,7 +132,7 @@ pub fn credential_env_from(
 /// A command's environment: the plan's variables, the credential values the caller
 /// resolved, then the command's own additions (a later name replaces an earlier one); a
 /// credential of the plan without a value refuses the run.
-fn command_environment(
+pub(crate) fn command_environment(
     plan: &CellPlan,
     credentials: &[(String, String)],
     additions: &[(String, String)],

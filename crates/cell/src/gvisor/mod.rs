@@ -1,0 +1,732 @@
+//! The gVisor tier: the same plan, run on gVisor's user-space kernel (`runsc`) instead of
+//! the native cell. The payload's system calls are served by gVisor's Sentry; the host
+//! kernel sees only the Sentry's and the gofer's own (filtered) calls.
+//!
+//! One run, like [`crate::run_cell`]'s (docs/architecture.md, "Tiers"):
+//! preflight (root, runsc answers) -> the cell's host directory, its cgroup (airlock's,
+//! created with the ceilings; runsc joins it), two host ids (the sandbox's root and the
+//! payload's), the writable paths' host tmpfs, the root skeleton, `config.json`
+//! (crates/oci) -> `runsc create` with the payload's stdio -> the audit hook (no record, no
+//! start) -> `runsc start` -> supervise: output through [`OutputCapture`], stdin relayed,
+//! the deadline from outside (`runsc kill --all TERM`, a grace, then SIGKILL of every
+//! process of the cgroup: the Sentry, the gofer, the platform's stubs), the status from
+//! the sandbox process itself (this process is its subreaper, see runsc.rs) -> every
+//! process of the cgroup killed and reaped, `runsc delete --force` -> artifacts from the
+//! host tmpfs -> counters -> everything removed and checked -> one class, by the native
+//! cell's classification.
+
+mod bundle;
+pub mod health;
+mod runsc;
+
+pub use bundle::{leftover_cells, STATE_ROOT};
+pub use runsc::{RunscBinary, PLATFORM};
+
+use crate::artifacts::{self, ArtifactReport, OutputMounts};
+use crate::cgroup::{CellCgroup, CgroupLayout, CgroupUsage};
+use crate::error::CellError;
+use crate::host_identity::{self, HostLease};
+use crate::output::{OutputCapture, Stream};
+use crate::protocol::PayloadEnded;
+use crate::report::{CleanupReport, RunReport};
+use crate::stdin_relay::StdinRelay;
+use crate::supervisor::classify::{self, Observed};
+use crate::supervisor::{command_environment, PayloadStdin, RunOptions, TERM_GRACE};
+use crate::sys;
+use airlock_contract::{CellPlan, Isolation, Limits, NetworkPlan};
+use bundle::CellDir;
+use runsc::{Runsc, WaitOutcome};
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Host tasks of a sandbox before its payload forks: the Sentry's and the gofer's
+/// threads (37 measured for `sleep` with runsc 20221219 on the ptrace platform).
+const SANDBOX_BASE_TASKS: u64 = 64;
+/// Host tasks per payload task on the ptrace platform (its stub threads: about 13 per
+/// process measured, see docs/threat-model.md, "Tiers").
+const HOST_TASKS_PER_TASK: u64 = 16;
+
+/// Runs `plan.argv` on the gVisor tier; never panics on sandbox failures: every outcome,
+/// airlock's own errors included, becomes a [`RunReport`]. A host that cannot run the
+/// tier refuses the run (`sandbox_unavailable`): it never runs on the native cell instead.
+pub fn run_gvisor(plan: &CellPlan, mut options: RunOptions<'_>) -> RunReport {
+    match gvisor_run(plan, &mut options) {
+        Ok(report) => report,
+        Err(err) => {
+            let mut report = RunReport::refused("", err.class(), err.to_string());
+            report.timings.wall_ms = ms_since(options.started);
+            report
+        }
+    }
+}
+
+/// Whether this host can run `plan` on the gVisor tier, and with which runsc binary.
+pub fn preflight(plan: &CellPlan) -> Result<PathBuf, CellError> {
+    let unavailable = |control, reason: &str| {
+        Err(CellError::Unavailable {
+            control,
+            reason: reason.to_string(),
+        })
+    };
+    if plan.isolation != Isolation::Gvisor {
+        return unavailable("gvisor.plan", "the plan is not a gVisor plan");
+    }
+    if sys::geteuid() != 0 {
+        return unavailable(
+            "gvisor.root",
+            "the gVisor tier needs root here (runsc's cgroup, id maps and the writable paths' host tmpfs)",
+        );
+    }
+    // Validation refuses these for the tier; a plan that comes another way is refused too.
+    if !matches!(plan.network, NetworkPlan::Deny) {
+        return unavailable(
+            "gvisor.network",
+            "only network.mode deny is built for gVisor",
+        );
+    }
+    if plan.terminal || plan.broker.is_some() {
+        return unavailable("gvisor.plan", "no terminal or broker socket on gVisor");
+    }
+    RunscBinary::locate()
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// The cgroup ceilings of a sandbox: the plan's memory and CPU for the whole sandbox
+/// (its kernel included), and a pids backstop for the host tasks. The payload's own
+/// `process_limit` is `RLIMIT_NPROC` inside gVisor (crates/oci).
+fn sandbox_limits(limits: &Limits) -> Limits {
+    let tasks = SANDBOX_BASE_TASKS + HOST_TASKS_PER_TASK * u64::from(limits.process_limit);
+    Limits {
+        // `cell_pids_max` adds one for the native cell's pid 1.
+        process_limit: u32::try_from(tasks - 1).unwrap_or(u32::MAX),
+        ..*limits
+    }
+}
+
+/// Everything of one sandbox on the host, removed by [`Sandbox::teardown`].
+struct Sandbox {
+    dir: CellDir,
+    cgroup: CellCgroup,
+    runsc: Runsc,
+    leases: [HostLease; 2],
+    name: String,
+    layout_version: &'static str,
+    /// Every host process seen in the sandbox's cgroup, to reap (this process is their
+    /// subreaper once their parent is gone).
+    seen: std::collections::BTreeSet<libc::pid_t>,
+}
+
+fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, CellError> {
+    let started = options.started;
+    let binary = preflight(plan)?;
+    let env = command_environment(plan, options.credentials, &[])?;
+    // A sandbox outlives a supervisor killed with SIGKILL (runsc's processes are not
+    // tied to it by a parent-death signal): the next run reaps it, as `doctor` does.
+    let _ = health::reap_leftovers();
+    let mut sandbox = Sandbox::prepare(plan, &binary, options, env)?;
+    let prepared_ms = ms_since(started);
+    let ran = sandbox.run(plan, options);
+    let teardown_started = Instant::now();
+    let (counters, mut cleanup, artifacts) = sandbox.teardown(plan, &ran, options);
+    let mut report = match ran {
+        Ok(run) => {
+            let mut observed = run.observed;
+            observed.artifacts = artifacts;
+            let observed =
+                observed_ending(observed, run.outcome, counters, run.full_mounts.clone());
+            let mut report = classify::classify(started, observed, run.output, counters, None);
+            report.timings.prepared_ms = prepared_ms;
+            report.timings.recorded_ms = run.recorded_ms;
+            report
+        }
+        Err(err) => RunReport::refused("", err.class(), err.to_string()),
+    };
+    report.cgroup_version = Some(cleanup.cgroup_version);
+    report.host_identity = Some(cleanup.payload_identity);
+    report.timings.teardown_ms = ms_since(teardown_started);
+    report.timings.wall_ms = ms_since(started);
+    report.cleanup = std::mem::take(&mut cleanup.report);
+    if !report.cleanup.ok && report.status == crate::report::ResultClass::Ok {
+        report.status = crate::report::ResultClass::RuntimeFault;
+        report.error = Some("the sandbox left something behind".into());
+        report.exit_code = 125;
+    }
+    Ok(report)
+}
+
+/// What the run of the payload left for the classification.
+struct Ran {
+    observed: Observed,
+    output: OutputCapture,
+    outcome: WaitOutcome,
+    recorded_ms: f64,
+    output_mounts: OutputMounts,
+    /// Writable paths without free space or inodes when the payload ended.
+    full_mounts: Vec<String>,
+}
+
+impl Sandbox {
+    fn prepare(
+        plan: &CellPlan,
+        binary: &Path,
+        options: &RunOptions<'_>,
+        env: Vec<String>,
+    ) -> Result<Sandbox, CellError> {
+        let layout = CgroupLayout::detect()?;
+        let start_time = sys::process_stat(std::process::id())
+            .map_err(|e| CellError::io("/proc/self/stat", e))?
+            .start_time;
+        let name = crate::cgroup::cgroup_name(start_time);
+        let leases = [
+            host_identity::lease_for_cell(options.host_ids)?,
+            host_identity::lease_for_cell(options.host_ids)?,
+        ];
+        let cgroup = CellCgroup::create(&layout, &name, &sandbox_limits(&plan.limits))?;
+        let dir = match CellDir::create(&name) {
+            Ok(dir) => dir,
+            Err(err) => {
+                cgroup.destroy();
+                return Err(err);
+            }
+        };
+        let runsc = Runsc::new(binary, &dir.state(), &dir.log(), &name);
+        let mut sandbox = Sandbox {
+            dir,
+            cgroup,
+            runsc,
+            leases,
+            name,
+            layout_version: layout.version(),
+            seen: Default::default(),
+        };
+        if let Err(err) = sandbox.write_bundle(plan, env) {
+            sandbox.abandon();
+            return Err(err);
+        }
+        Ok(sandbox)
+    }
+
+    fn write_bundle(&mut self, plan: &CellPlan, env: Vec<String>) -> Result<(), CellError> {
+        let payload_id = self.leases[1].identity().uid;
+        self.dir.mount_writable(plan, payload_id)?;
+        let (system, etc_entries) = self.dir.build_root(plan)?;
+        let host = airlock_oci::BundleHost {
+            rootfs: self.dir.rootfs(),
+            system,
+            etc_entries,
+            writable: self.dir.writable.clone(),
+            // Root's cells are under `airlock/` in every hierarchy (crates/cell/src/cgroup).
+            cgroups_path: Path::new("/airlock").join(&self.name),
+            root_host_id: self.leases[0].identity().uid,
+            payload_host_id: payload_id,
+        };
+        let spec = airlock_oci::runtime_spec(plan, &host, env).map_err(|e| CellError::Launch {
+            stage: "runtime spec".into(),
+            message: e.to_string(),
+        })?;
+        let json = serde_json::to_vec_pretty(&spec)
+            .map_err(|e| CellError::io("runtime spec", std::io::Error::other(e)))?;
+        self.dir.write_spec(&json)
+    }
+
+    /// Removes what `prepare` made when nothing was started.
+    fn abandon(self) {
+        let Sandbox {
+            dir,
+            cgroup,
+            leases,
+            ..
+        } = self;
+        dir.remove();
+        cgroup.destroy();
+        for lease in leases {
+            lease.release(true);
+        }
+    }
+
+    /// From `runsc create` to the sandbox process's end.
+    fn run(&mut self, plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<Ran, CellError> {
+        // The sandbox process is orphaned when `runsc create` exits: it becomes this
+        // process's child, whose status this process reads (runsc.rs says why).
+        sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
+            .map_err(|e| CellError::io("becoming the sandbox's subreaper", e))?;
+        let stdin = std::mem::replace(&mut options.stdin, PayloadStdin::Null);
+        let (stdin_end, relay) = match stdin {
+            PayloadStdin::Null => (
+                OwnedFd::from(File::open("/dev/null").map_err(|e| CellError::io("/dev/null", e))?),
+                None,
+            ),
+            PayloadStdin::Relayed(source) => {
+                let (relay, cell_end) =
+                    StdinRelay::new(source).map_err(|e| CellError::io("stdin pipe", e))?;
+                (cell_end, Some(relay))
+            }
+        };
+        let pipe = || sys::pipe_cloexec().map_err(|e| CellError::io("pipe", e));
+        let (stdout_read, stdout_write) = pipe()?;
+        let (stderr_read, stderr_write) = pipe()?;
+        let sandbox_pid = self
+            .runsc
+            .create(&self.dir.bundle(), [stdin_end, stdout_write, stderr_write])?;
+        self.seen.extend(self.cgroup.pids());
+        let sandbox_exit = sys::pidfd_open(sandbox_pid)
+            .map_err(|e| CellError::io("pidfd of the sandbox process", e))?;
+        let recorded = match options.before_start.take() {
+            None => Ok(String::new()),
+            Some(hook) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook))
+                .unwrap_or_else(|_| Err("the audit hook panicked".to_string())),
+        };
+        let recorded_ms = ms_since(options.started);
+        // No record, no payload: the sandbox is destroyed without a start.
+        let run_id = recorded.map_err(CellError::Refused)?;
+        let output_mounts = OutputMounts::open_host_dirs(plan, &self.dir.writable);
+        let released_ms = ms_since(options.started);
+        self.runsc.start()?;
+        let mut observed = Observed {
+            run_id,
+            released_ms,
+            exec_done_at: Some(Instant::now()),
+            ..Observed::default()
+        };
+        let mut supervision = Supervision {
+            capture: OutputCapture::new(plan.limits.output_bytes),
+            stdout: Some(stdout_read),
+            stderr: Some(stderr_read),
+            stdout_sink: options.stdout_sink.take(),
+            stderr_sink: options.stderr_sink.take(),
+            relay,
+        };
+        let deadline = Instant::now() + Duration::from_millis(plan.limits.wall_time_ms);
+        supervision.until_exit(
+            &self.runsc,
+            &self.cgroup,
+            deadline,
+            sandbox_exit,
+            &mut observed,
+        )?;
+        self.seen.extend(self.cgroup.pids());
+        let status = sys::wait_child(sandbox_pid, false)
+            .map_err(|e| CellError::io("reaping the sandbox process", e))?
+            .map(|reaped| {
+                observed.rusage = Some(reaped.usage);
+                reaped.status
+            });
+        let outcome = runsc::sandbox_outcome(status.unwrap_or(libc::SIGKILL));
+        observed.ended_at = Some(Instant::now());
+        supervision.drain();
+        observed.stdin = supervision.relay.take().map(StdinRelay::finish);
+        let full_mounts = full_writable_paths(plan, &self.dir.writable);
+        Ok(Ran {
+            observed,
+            output: supervision.capture,
+            outcome,
+            recorded_ms,
+            output_mounts,
+            full_mounts,
+        })
+    }
+
+    /// The completion sequence: the sandbox killed and deleted, its cgroup emptied, the
+    /// artifacts collected from the host tmpfs, the counters read, then every trace
+    /// removed and checked.
+    fn teardown(
+        self,
+        plan: &CellPlan,
+        ran: &Result<Ran, CellError>,
+        options: &RunOptions<'_>,
+    ) -> (CgroupUsage, Teardown, Option<ArtifactReport>) {
+        let mut left = Vec::new();
+        // Killed and reaped first: runsc's delete waits for its gofer to be gone, and an
+        // unreaped zombie of it would hold the delete for runsc's 5 s timeout.
+        let mut seen = self.seen.clone();
+        seen.extend(self.cgroup.pids());
+        let _ = self.cgroup.kill_all();
+        if !self.cgroup.wait_empty(Duration::from_secs(5)) {
+            left.push(format!("processes left in cgroup {}", self.name));
+        }
+        reap(&seen);
+        if let Err(err) = self.runsc.delete() {
+            // A sandbox that was never created has nothing to delete.
+            if !matches!(ran, Err(CellError::Launch { .. })) {
+                left.push(format!("runsc delete: {err}"));
+            }
+        }
+        let artifacts = match (ran, &options.artifacts) {
+            (Ok(run), Some(request)) if !plan.output_allowlist.is_empty() => {
+                Some(artifacts::collect(&run.output_mounts, plan, request))
+            }
+            _ => None,
+        };
+        let counters = self.cgroup.usage();
+        left.extend(
+            self.cgroup
+                .destroy()
+                .iter()
+                .map(|p| p.display().to_string()),
+        );
+        left.extend(remove_runsc_cgroups(&self.name));
+        let dir = self.dir.dir.clone();
+        left.extend(self.dir.remove());
+        left.extend(mounts_under(&dir));
+        if dir.exists() {
+            left.push(dir.display().to_string());
+        }
+        let payload_identity = self.leases[1].identity();
+        let cgroup_version = self.layout_version;
+        let clean = left.is_empty();
+        for lease in self.leases {
+            lease.release(clean);
+        }
+        let teardown = Teardown {
+            report: CleanupReport {
+                ok: clean,
+                leftovers: left,
+            },
+            payload_identity,
+            cgroup_version,
+        };
+        (counters, teardown, artifacts)
+    }
+}
+
+struct Teardown {
+    report: CleanupReport,
+    payload_identity: host_identity::HostIdentity,
+    cgroup_version: &'static str,
+}
+
+/// Reaps the sandbox's processes that became this process's children (all dead: their
+/// cgroup is empty). A pid that is not a child of this process is left alone.
+fn reap(pids: &std::collections::BTreeSet<libc::pid_t>) {
+    for pid in pids {
+        let _ = sys::wait_child(*pid, true);
+    }
+}
+
+/// The payload's end as the classification reads it. A sandbox that died without a
+/// status was killed from outside: by the deadline (known), the memory ceiling (the
+/// cgroup's oom kills) or the pids backstop (its refusals); each is a kill of the
+/// payload. With none of them it stays unexplained: `runtime_fault`.
+fn observed_ending(
+    mut observed: Observed,
+    outcome: WaitOutcome,
+    counters: CgroupUsage,
+    full_mounts: Vec<String>,
+) -> Observed {
+    let killed_by_ceiling =
+        observed.deadline_fired || counters.oom_kills > 0 || counters.pids_limit_hits > 0;
+    observed.ended = match outcome {
+        WaitOutcome::Exited(status) => Some(PayloadEnded {
+            wait_status: runsc::wait_status(status),
+            full_mounts,
+            shm_full: false,
+        }),
+        WaitOutcome::SandboxGone if killed_by_ceiling => Some(PayloadEnded {
+            wait_status: libc::SIGKILL,
+            full_mounts: Vec::new(),
+            shm_full: false,
+        }),
+        WaitOutcome::SandboxGone => None,
+    };
+    if matches!(outcome, WaitOutcome::Exited(129..=192)) {
+        observed.notes.push(
+            "gvisor: runsc reports a signal death as 128 + the signal; read as that signal".into(),
+        );
+    }
+    observed
+}
+
+/// The cell paths of the writable paths whose host tmpfs has no space or inodes left
+/// (the `disk` ceiling, as the native cell's pid 1 reports it).
+fn full_writable_paths(plan: &CellPlan, dirs: &[PathBuf]) -> Vec<String> {
+    let targets = plan.mounts.iter().filter_map(|m| match m {
+        airlock_contract::MountPlan::WritableTmpfs { target, .. } => Some(target),
+        _ => None,
+    });
+    targets
+        .zip(dirs)
+        .filter(|(_, dir)| {
+            sys::statfs_free(dir).is_ok_and(|(blocks, inodes)| blocks == 0 || inodes == 0)
+        })
+        .map(|(target, _)| target.display().to_string())
+        .collect()
+}
+
+/// Directories runsc made for the sandbox in hierarchies airlock does not use (cpuset,
+/// blkio, devices, ...): runsc creates the cgroup path in every hierarchy it knows and
+/// does not remove the ones of a cgroup it joined.
+fn remove_runsc_cgroups(name: &str) -> Vec<String> {
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return Vec::new();
+    };
+    let mut left = Vec::new();
+    for hierarchy in hierarchies.flatten() {
+        let dir = hierarchy.path().join("airlock").join(name);
+        match std::fs::remove_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => left.push(format!("{}: {e}", dir.display())),
+        }
+    }
+    left
+}
+
+/// Mounts of this process's mount namespace at or below `dir`.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let prefix = dir.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| *point == prefix || point.starts_with(&format!("{prefix}/")))
+        .map(|point| format!("mount {point}"))
+        .collect()
+}
+
+/// The supervisor's side of the payload's stdio while the sandbox runs.
+struct Supervision {
+    capture: OutputCapture,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+    stdout_sink: Option<OwnedFd>,
+    stderr_sink: Option<OwnedFd>,
+    relay: Option<StdinRelay>,
+}
+
+/// Where the deadline is: the payload runs, was sent SIGTERM at a moment, or the whole
+/// sandbox was killed.
+#[derive(Clone, Copy)]
+enum Deadline {
+    Running(Instant),
+    Terminating(Instant),
+    Killed,
+}
+
+impl Supervision {
+    /// Output, stdin and the deadline, until the sandbox process ended.
+    fn until_exit(
+        &mut self,
+        runsc: &Runsc,
+        cgroup: &CellCgroup,
+        deadline: Instant,
+        sandbox_exit: OwnedFd,
+        observed: &mut Observed,
+    ) -> Result<(), CellError> {
+        for fd in [&self.stdout, &self.stderr].into_iter().flatten() {
+            sys::set_nonblocking(fd.as_fd()).map_err(|e| CellError::io("output pipe", e))?;
+        }
+        let mut state = Deadline::Running(deadline);
+        loop {
+            if self.poll_once(&sandbox_exit, state_timeout(state))? {
+                return Ok(());
+            }
+            state = advance(state, runsc, cgroup, observed);
+        }
+    }
+
+    /// One poll round; true once the sandbox process ended.
+    fn poll_once(&mut self, sandbox_exit: &OwnedFd, timeout_ms: i32) -> Result<bool, CellError> {
+        let relay = self.relay.as_ref().map(StdinRelay::interest);
+        let raw = |fd: &Option<OwnedFd>| fd.as_ref().map_or(-1, |f| f.as_raw_fd());
+        let mut fds = [
+            pollfd(sandbox_exit.as_raw_fd(), libc::POLLIN),
+            pollfd(raw(&self.stdout), libc::POLLIN),
+            pollfd(raw(&self.stderr), libc::POLLIN),
+            pollfd(relay.as_ref().map_or(-1, |r| r.source), libc::POLLIN),
+            pollfd(relay.as_ref().map_or(-1, |r| r.sink), libc::POLLOUT),
+        ];
+        match sys::poll(&mut fds, timeout_ms) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(false),
+            Err(e) => return Err(CellError::io("poll", e)),
+        }
+        let ready = |i: usize| fds[i].revents != 0;
+        if ready(1) {
+            self.forward(Pipe::Stdout);
+        }
+        if ready(2) {
+            self.forward(Pipe::Stderr);
+        }
+        if let Some(relay) = self.relay.as_mut() {
+            if ready(3) {
+                relay.on_source_ready();
+            }
+            if ready(4) {
+                relay.on_sink_ready();
+            }
+        }
+        Ok(ready(0))
+    }
+
+    /// Reads what one pipe has and forwards what the output cap allows.
+    fn forward(&mut self, pipe: Pipe) {
+        let (fd, sink) = match pipe {
+            Pipe::Stdout => (&mut self.stdout, &self.stdout_sink),
+            Pipe::Stderr => (&mut self.stderr, &self.stderr_sink),
+        };
+        let Some(source) = fd.as_ref() else { return };
+        let mut chunk = [0u8; 65536];
+        match sys::read(source.as_fd(), &mut chunk) {
+            Ok(0) => *fd = None,
+            Ok(n) => {
+                let allowed = self.capture.accept(pipe.stream(), &chunk[..n]);
+                if let Some(sink) = sink {
+                    write_all(sink, allowed);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => *fd = None,
+        }
+    }
+
+    /// What is left in the pipes once the sandbox ended: up to EOF, or to "nothing more
+    /// now" should a process of the sandbox still hold a write end.
+    fn drain(&mut self) {
+        for pipe in [Pipe::Stdout, Pipe::Stderr] {
+            for _ in 0..4096 {
+                let seen = |c: &OutputCapture| c.stdout.bytes_seen + c.stderr.bytes_seen;
+                let before = seen(&self.capture);
+                let open = match pipe {
+                    Pipe::Stdout => self.stdout.is_some(),
+                    Pipe::Stderr => self.stderr.is_some(),
+                };
+                if !open {
+                    break;
+                }
+                self.forward(pipe);
+                if seen(&self.capture) == before {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// One of the payload's output pipes.
+#[derive(Clone, Copy)]
+enum Pipe {
+    Stdout,
+    Stderr,
+}
+
+impl Pipe {
+    fn stream(self) -> Stream {
+        match self {
+            Pipe::Stdout => Stream::Stdout,
+            Pipe::Stderr => Stream::Stderr,
+        }
+    }
+}
+
+fn write_all(sink: &OwnedFd, mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        match sys::write(sink.as_fd(), bytes) {
+            Ok(0) => return,
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // A sink that went away loses the forwarded copy; the capture keeps its own.
+            Err(_) => return,
+        }
+    }
+}
+
+fn pollfd(fd: i32, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+/// How long the poll may sleep in `state`.
+fn state_timeout(state: Deadline) -> i32 {
+    let until = match state {
+        Deadline::Running(at) => at,
+        Deadline::Terminating(sent) => sent + TERM_GRACE,
+        Deadline::Killed => return 100,
+    };
+    let left = until.saturating_duration_since(Instant::now());
+    i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1)
+}
+
+/// The deadline's next step, from outside the sandbox: SIGTERM to every process of the
+/// container at the deadline; after the grace, SIGKILL to every host process of the
+/// sandbox (the Sentry and the gofer: the payload's processes exist only inside them).
+fn advance(
+    state: Deadline,
+    runsc: &Runsc,
+    cgroup: &CellCgroup,
+    observed: &mut Observed,
+) -> Deadline {
+    let now = Instant::now();
+    match state {
+        Deadline::Running(at) if now >= at => {
+            observed.deadline_fired = true;
+            // A sandbox already gone has nothing to signal; the kill follows anyway.
+            let _ = runsc.kill_all("SIGTERM");
+            Deadline::Terminating(now)
+        }
+        Deadline::Terminating(sent) if now >= sent + TERM_GRACE => {
+            let _ = cgroup.kill_all();
+            Deadline::Killed
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pids_backstop_leaves_room_for_the_sandbox_and_its_stubs() {
+        let limits = Limits {
+            cpu_millis: 1000,
+            memory_bytes: 256 << 20,
+            process_limit: 32,
+            wall_time_ms: 1000,
+            output_bytes: 1 << 20,
+            open_files: 1024,
+            file_size_bytes: 1 << 20,
+            shm_bytes: 64 << 20,
+        };
+        let sandbox = sandbox_limits(&limits);
+        assert_eq!(sandbox.cell_pids_max(), 64 + 16 * 32);
+        assert_eq!(sandbox.memory_bytes, limits.memory_bytes);
+        assert_eq!(sandbox.cpu_millis, limits.cpu_millis);
+    }
+
+    #[test]
+    fn a_sandbox_gone_without_a_ceiling_is_unexplained_and_with_one_is_a_kill() {
+        let gone = observed_ending(
+            Observed::default(),
+            WaitOutcome::SandboxGone,
+            CgroupUsage::default(),
+            Vec::new(),
+        );
+        assert!(gone.ended.is_none());
+        let oom = observed_ending(
+            Observed::default(),
+            WaitOutcome::SandboxGone,
+            CgroupUsage {
+                oom_kills: 1,
+                ..CgroupUsage::default()
+            },
+            Vec::new(),
+        );
+        assert_eq!(oom.ended.map(|e| e.wait_status), Some(libc::SIGKILL));
+        let exited = observed_ending(
+            Observed::default(),
+            WaitOutcome::Exited(3),
+            CgroupUsage::default(),
+            Vec::new(),
+        );
+        assert_eq!(exited.ended.map(|e| e.wait_status), Some(3 << 8));
+    }
+}

@@ -102,6 +102,7 @@ mod tests {
             idle_timeout: Duration::from_secs(60),
             max_lifetime: Duration::from_secs(60),
             tenant: None,
+            after_close: None,
         });
         let err = session.err().expect("a gVisor session is refused");
         assert!(matches!(err, EngineError::TierCannotServe(_)), "{err}");

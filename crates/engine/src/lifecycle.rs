@@ -12,7 +12,7 @@ use airlock_cell::{EgressSession, PayloadStdin, RunOptions};
 use airlock_contract::{CellPlan, NetworkPlan};
 use airlock_store::{RunHandle, RunStart, Store};
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// A command to run in a fresh cell, with everything decided: the compiled plan (its
@@ -514,6 +514,12 @@ impl EvidenceArea {
             .recursive(true)
             .mode(0o700)
             .create(area);
+        // A state directory that is not one (a file, below a file, not creatable) is the
+        // store's failure, not the area's: the begin record fails with its own error
+        // (`runtime_fault`) before any payload starts, so nothing could need the area.
+        if !area.parent().is_some_and(Path::is_dir) {
+            return Ok(None);
+        }
         let refused = |why: String| {
             Err(format!(
                 "the quarantine area {} {why}: a suspected escape's evidence could not be \

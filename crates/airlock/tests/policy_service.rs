@@ -7,10 +7,8 @@
 
 mod common;
 
+use common::served::Served;
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 const AGENT: &str = "agent-key";
 const REVIEWER: &str = "reviewer-key";
@@ -61,107 +59,21 @@ writable_paths = ["/tmp"]
 unmatched = "allow"
 "#;
 
-struct Service {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    port: u16,
-}
-
-impl Service {
-    fn start() -> Service {
-        let dir = tempfile::tempdir().unwrap();
-        let port = common::free_port();
-        let config = CONFIG
-            .replace(
-                "SOCK",
-                &dir.path().join("airlock.sock").display().to_string(),
-            )
-            .replace("PORT", &port.to_string())
-            .replace("AGENT", &common::sha256_hex(AGENT))
-            .replace("REVIEWER", &common::sha256_hex(REVIEWER))
-            .replace("NOSY", &common::sha256_hex(NOSY));
-        std::fs::write(dir.path().join("airlock.toml"), config).unwrap();
+/// The service of these tests: its tenants' key hashes in the configuration, and the
+/// contract its `probe` class names beside it.
+fn start() -> Served {
+    let config = CONFIG
+        .replace("AGENT", &common::sha256_hex(AGENT))
+        .replace("REVIEWER", &common::sha256_hex(REVIEWER))
+        .replace("NOSY", &common::sha256_hex(NOSY));
+    Served::start(&config, |dir| {
         std::fs::write(
-            dir.path().join("probe.yaml"),
+            dir.join("probe.yaml"),
             "network:\n  mode: allowlist\n  allowed_domains: [api.test]\n\
              filesystem:\n  writable_paths: [/tmp]\n",
         )
         .unwrap();
-        let child = Command::new(common::airlock_bin())
-            .arg("serve")
-            .arg("--config")
-            .arg(dir.path().join("airlock.toml"))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let service = Service {
-            child: Some(child),
-            dir,
-            port,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if service.call(AGENT, "GET", "/healthz", None).0 == 200 {
-                return service;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("the service did not answer: {}", service.log());
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
-    }
-
-    /// `curl` over TCP as the tenant of `key`: (HTTP status, body as JSON or a string).
-    fn call(&self, key: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let mut cmd = Command::new("curl");
-        cmd.args(["-sS", "--max-time", "120", "-w", "\n%{http_code}", "-X"])
-            .arg(method)
-            .args(["-H", &format!("Authorization: Bearer {key}")]);
-        if let Some(body) = body {
-            cmd.args(["-H", "content-type: application/json", "--data-binary"])
-                .arg(body.to_string());
-        }
-        cmd.arg(format!("http://127.0.0.1:{}{path}", self.port));
-        split(&cmd.output().unwrap())
-    }
-
-    /// `airlock ARGS --config .. --state-dir ..` against the service's state.
-    fn cli(&self, args: &[&str]) -> Output {
-        Command::new(common::airlock_bin())
-            .args(args)
-            .arg("--config")
-            .arg(self.dir.path().join("airlock.toml"))
-            .arg("--state-dir")
-            .arg(self.state_dir())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    }
-
-    fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn split(output: &Output) -> (u16, Value) {
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    let value = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()));
-    (status.trim().parse().unwrap_or(0), value)
+    })
 }
 
 fn class_run(argv: &[&str], asked: Value, approval: Option<&str>) -> Value {
@@ -175,7 +87,7 @@ fn class_run(argv: &[&str], asked: Value, approval: Option<&str>) -> Value {
 #[test]
 fn a_class_run_waits_for_an_approver_other_than_its_tenant_then_runs_once() {
     require_cells!();
-    let service = Service::start();
+    let service = start();
     let asked = json!({"domains": ["files.test:443"]});
     let request = class_run(&["true"], asked.clone(), None);
     let (status, pending) = service.call(AGENT, "POST", "/v1/runs?wait=true", Some(&request));
@@ -253,7 +165,7 @@ fn a_class_run_waits_for_an_approver_other_than_its_tenant_then_runs_once() {
 #[test]
 fn a_class_run_outside_its_bounds_is_denied_with_its_code_and_no_cell() {
     require_cells!();
-    let service = Service::start();
+    let service = start();
     let request = class_run(&["true"], json!({"domains": ["other.test:443"]}), None);
     let (status, denied) = service.call(AGENT, "POST", "/v1/runs?wait=true", Some(&request));
     assert_eq!(status, 403, "{denied}");
@@ -278,7 +190,7 @@ fn a_class_run_outside_its_bounds_is_denied_with_its_code_and_no_cell() {
 #[test]
 fn a_suspected_escape_through_the_service_keeps_its_writable_paths_and_flags_its_tenant() {
     require_cells!();
-    let service = Service::start();
+    let service = start();
     // Asking the proxy for the cloud metadata endpoint is a suspected escape.
     let probe = "import socket\nopen('/tmp/notes.txt', 'w').write('left in tmp')\n\
                  s = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n\
@@ -315,7 +227,7 @@ fn a_suspected_escape_through_the_service_keeps_its_writable_paths_and_flags_its
 #[test]
 fn a_suspected_escape_of_a_named_contract_run_through_the_service_is_quarantined_too() {
     require_cells!();
-    let service = Service::start();
+    let service = start();
     let probe = "import socket\nopen('/tmp/notes.txt', 'w').write('named contract')\n\
                  s = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n\
                  s.sendall(b'CONNECT 169.254.169.254:80 HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n\

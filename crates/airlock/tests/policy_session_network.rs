@@ -14,9 +14,9 @@
 
 mod common;
 
+use common::served::Served;
 use common::upstream::Upstream;
 use serde_json::{json, Value};
-use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const AGENT: &str = "agent-key";
@@ -64,84 +64,47 @@ not_match = ["ls /tmp"]
 "#;
 
 struct Service {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    port: u16,
+    served: Served,
     upstream: Upstream,
+    _www: tempfile::TempDir,
 }
 
 impl Service {
     fn start() -> Service {
-        let dir = tempfile::tempdir().unwrap();
-        let www = dir.path().join("www");
-        std::fs::create_dir_all(&www).unwrap();
+        let www = tempfile::tempdir().unwrap();
+        let root = www.path().join("www");
+        std::fs::create_dir_all(&root).unwrap();
         for name in ["api.txt", "files.txt", "evil.txt"] {
-            std::fs::write(www.join(name), format!("served {name}\n")).unwrap();
+            std::fs::write(root.join(name), format!("served {name}\n")).unwrap();
         }
-        let upstream = Upstream::start(dir.path(), &www, "127.0.0.2", None);
-        let port = common::free_port();
+        let upstream = Upstream::start(www.path(), &root, "127.0.0.2", None);
         let config = CONFIG
-            .replace(
-                "SOCK",
-                &dir.path().join("airlock.sock").display().to_string(),
-            )
             .replace("UPSTREAM", &upstream.port.to_string())
-            .replace("PORT", &port.to_string())
             .replace("AGENT", &common::sha256_hex(AGENT))
             .replace("REVIEWER", &common::sha256_hex(REVIEWER))
             .replace("NOSY", &common::sha256_hex(NOSY));
-        std::fs::write(dir.path().join("airlock.toml"), config).unwrap();
-        std::fs::write(
-            dir.path().join("plain.yaml"),
-            format!(
-                "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:{}\"]\n",
-                upstream.port
-            ),
-        )
-        .unwrap();
-        let child = Command::new(common::airlock_bin())
-            .arg("serve")
-            .arg("--config")
-            .arg(dir.path().join("airlock.toml"))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let service = Service {
-            child: Some(child),
-            dir,
-            port,
+        let plain = format!(
+            "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:{}\"]\n",
+            upstream.port
+        );
+        let served = Served::start(&config, |dir| {
+            std::fs::write(dir.join("plain.yaml"), plain).unwrap();
+        });
+        Service {
+            served,
             upstream,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if service.call(AGENT, "GET", "/healthz", None).0 == 200 {
-                return service;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+            _www: www,
         }
-        panic!("the service did not answer: {}", service.log());
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
+        self.served.log()
     }
 
     /// `curl` over TCP as the tenant of `key`: (HTTP status, body as JSON, or NDJSON
     /// frames as an array, or a string).
     fn call(&self, key: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let mut cmd = Command::new("curl");
-        cmd.args(["-sS", "--max-time", "120", "-w", "\n%{http_code}", "-X"])
-            .arg(method)
-            .args(["-H", &format!("Authorization: Bearer {key}")]);
-        if let Some(body) = body {
-            cmd.args(["-H", "content-type: application/json", "--data-binary"])
-                .arg(body.to_string());
-        }
-        cmd.arg(format!("http://127.0.0.1:{}{path}", self.port));
-        split(&cmd.output().unwrap())
+        self.served.call(key, method, path, body)
     }
 
     /// Opens a session of class `net` as the agent: its id.
@@ -199,29 +162,6 @@ impl Service {
             .map(|e| e["body"].clone())
             .collect()
     }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn split(output: &Output) -> (u16, Value) {
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    let value = serde_json::from_str(body).unwrap_or_else(|_| {
-        let frames: Option<Vec<Value>> = body
-            .lines()
-            .filter(|l| !l.is_empty())
-            .map(|l| serde_json::from_str(l).ok())
-            .collect();
-        frames.map_or_else(|| Value::String(body.to_string()), Value::from)
-    });
-    (status.trim().parse().unwrap_or(0), value)
 }
 
 fn reached(response: &str) -> bool {
@@ -460,22 +400,16 @@ fn a_session_is_closed_when_one_of_its_commands_is_a_suspected_escape() {
 
     // The session's writable paths were copied before its cell was destroyed, and kept
     // in the quarantine under the session's record, its tenant flagged.
-    let shown = Command::new(common::airlock_bin())
-        .args(["quarantine", "show", &session, "--config"])
-        .arg(service.dir.path().join("airlock.toml"))
-        .arg("--state-dir")
-        .arg(service.dir.path().join("state"))
-        .output()
-        .unwrap();
+    let shown = service.served.cli(&["quarantine", "show", &session]);
     let shown: Value = serde_json::from_slice(&shown.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&shown.stderr)));
     let manifest = &shown["manifest"];
     assert_eq!(manifest["writable_paths_copied"], true, "{shown}");
     assert_eq!(manifest["tenant_flagged"], "tenant:agent", "{manifest}");
     let copy = service
-        .dir
-        .path()
-        .join("state/quarantine")
+        .served
+        .state_dir()
+        .join("quarantine")
         .join(&session)
         .join("writable/tmp/notes.txt");
     assert_eq!(std::fs::read_to_string(copy).unwrap(), "left behind\n");

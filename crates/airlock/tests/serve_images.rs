@@ -7,114 +7,35 @@
 mod common;
 
 use common::images::python_image;
+use common::served::Served;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 
 const KEY: &str = "alice-image-key";
 
-struct Service {
-    child: Child,
-    dir: PathBuf,
-    port: u16,
+/// `[server]` with a unix socket, TCP, alice (allowed inline contracts), and `contracts`
+/// as `[server.contracts]` lines.
+fn config(contracts: &str) -> String {
+    format!(
+        "[server]\nlisten = [\"unix:SOCK\", \"tcp:127.0.0.1:PORT\"]\n[server.contracts]\n\
+         {contracts}\n[server.tenants.alice]\napi_key_sha256 = [\"{}\"]\n\
+         inline_contracts = true\n",
+        common::sha256_hex(KEY)
+    )
 }
 
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// curl over TCP as alice: (HTTP status, body).
+fn call(service: &Served, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+    let body = body.map(Value::to_string);
+    service.call_text(KEY, method, path, body.as_deref())
 }
 
-/// The operator configuration in `dir`, with `contracts` as `[server.contracts]` lines.
-fn configure(dir: &Path, contracts: &str) -> u16 {
-    let port = common::free_port();
-    let config = format!(
-        r#"[server]
-listen = ["unix:{sock}", "tcp:127.0.0.1:{port}"]
-[server.contracts]
-{contracts}
-[server.tenants.alice]
-api_key_sha256 = ["{key}"]
-inline_contracts = true
-"#,
-        sock = dir.join("airlock.sock").display(),
-        key = common::sha256_hex(KEY),
-    );
-    std::fs::write(dir.join("airlock.toml"), config).unwrap();
-    port
-}
-
-fn serve(dir: &Path, state: &Path) -> Command {
-    let mut serve = Command::new(common::airlock_bin());
-    serve
-        .arg("serve")
-        .arg("--config")
-        .arg(dir.join("airlock.toml"))
-        .arg("--state-dir")
-        .arg(state);
-    serve
-}
-
-fn start(dir: &Path, state: &Path, port: u16) -> Service {
-    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
-    let child = serve(dir, state)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut service = Service {
-        child,
-        dir: dir.to_path_buf(),
-        port,
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while service.call("GET", "/healthz", None).0 != 200 {
-        if let Ok(Some(status)) = service.child.try_wait() {
-            panic!("airlock serve exited ({status}): {}", service.log());
-        }
-        assert!(Instant::now() < deadline, "no answer: {}", service.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    service
-}
-
-impl Service {
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
-    }
-
-    /// curl over TCP as alice: (HTTP status, body).
-    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
-        let mut curl = Command::new("curl");
-        curl.args([
-            "-sS",
-            "--max-time",
-            "120",
-            "-w",
-            "\n%{http_code}",
-            "-X",
-            method,
-        ])
-        .args(["-H", &format!("Authorization: Bearer {KEY}")]);
-        if let Some(body) = body {
-            curl.args(["-H", "content-type: application/json", "--data-binary"])
-                .arg(body.to_string());
-        }
-        curl.arg(format!("http://127.0.0.1:{}{path}", self.port));
-        let out = curl.output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-        (code.trim().parse().unwrap_or(0), body.to_string())
-    }
-
-    fn run(&self, body: Value) -> (u16, Value) {
-        let (status, text) = self.call("POST", "/v1/runs?wait=true", Some(&body));
-        let value =
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text} {}", self.log()));
-        (status, value)
-    }
+/// A run as alice with `?wait=true`: (HTTP status, the record or the error).
+fn run(service: &Served, body: Value) -> (u16, Value) {
+    let (status, answer) = service.call(KEY, "POST", "/v1/runs?wait=true", Some(&body));
+    assert!(answer.is_object(), "{answer} {}", service.log());
+    (status, answer)
 }
 
 fn image_rm(state: &Path, reference: &str) -> Output {
@@ -137,19 +58,19 @@ fn tool_reply(record: &Value) -> Value {
 #[test]
 fn a_named_image_contract_runs_its_entrypoint_through_the_service_and_stays_leased() {
     require_cells!();
-    let (dir, state, layouts) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    let reference = python_image(state.path(), layouts.path());
-    std::fs::write(dir.path().join("py.yaml"), format!("image: {reference}\n")).unwrap();
-    let port = configure(dir.path(), "py = \"py.yaml\"");
-    let service = start(dir.path(), state.path(), port);
+    let layouts = tempfile::tempdir().unwrap();
+    let mut reference = String::new();
+    let mut service = Served::start(&config("py = \"py.yaml\""), |dir| {
+        reference = python_image(&dir.join("state"), layouts.path());
+        std::fs::write(dir.join("py.yaml"), format!("image: {reference}\n")).unwrap();
+    });
+    let state = service.state_dir();
 
     // No argv: the image's Entrypoint, as its User and WorkingDir, JSON on stdin.
-    let (status, record) =
-        service.run(json!({"contract": "py", "argv": [], "stdin": "{\"n\": 7}"}));
+    let (status, record) = run(
+        &service,
+        json!({"contract": "py", "argv": [], "stdin": "{\"n\": 7}"}),
+    );
     assert_eq!(status, 200, "{record}");
     assert_eq!(record["status"], "ok", "{record}");
     let reply = tool_reply(&record);
@@ -165,7 +86,7 @@ fn a_named_image_contract_runs_its_entrypoint_through_the_service_and_stays_leas
     );
     // The stored record's plan names the image by its digest.
     let run_id = record["run_id"].as_str().unwrap();
-    let (_, stored) = service.call("GET", &format!("/v1/runs/{run_id}"), None);
+    let (_, stored) = call(&service, "GET", &format!("/v1/runs/{run_id}"), None);
     let digest = reference.split('@').nth(1).unwrap();
     assert!(
         stored.contains(digest),
@@ -173,10 +94,13 @@ fn a_named_image_contract_runs_its_entrypoint_through_the_service_and_stays_leas
     );
 
     // The image's root: a host-only file is not there.
-    let marker = dir.path().join("host-marker");
+    let marker = service.path("host-marker");
     std::fs::write(&marker, "host only").unwrap();
-    let (_, record) = service.run(json!({"contract": "py", "argv": ["python3", "-c",
-        format!("import os; print(os.path.exists({:?}), os.path.exists('/app/tool.py'))", marker)]}));
+    let (_, record) = run(
+        &service,
+        json!({"contract": "py", "argv": ["python3", "-c",
+        format!("import os; print(os.path.exists({:?}), os.path.exists('/app/tool.py'))", marker)]}),
+    );
     assert_eq!(
         record["output"]["stdout"]["head"], "False True\n",
         "{record}"
@@ -185,9 +109,9 @@ fn a_named_image_contract_runs_its_entrypoint_through_the_service_and_stays_leas
     // `airlock run` with the same image contract is handed to the service, which runs
     // it on the image from its own store (pinned by digest: the same content).
     let handed = Command::new(common::airlock_bin())
-        .env("AIRLOCK_SOCKET", dir.path().join("airlock.sock"))
+        .env("AIRLOCK_SOCKET", service.sock())
         .args(["run", "-v", "--contract"])
-        .arg(dir.path().join("py.yaml"))
+        .arg(service.path("py.yaml"))
         .args([
             "--",
             "python3",
@@ -207,18 +131,18 @@ fn a_named_image_contract_runs_its_entrypoint_through_the_service_and_stays_leas
     );
 
     // The service holds the named contract's image for as long as it runs.
-    let rm = image_rm(state.path(), &reference);
+    let rm = image_rm(&state, &reference);
     assert!(
         !rm.status.success(),
         "rm of a leased image: {}",
         common::output_text(&rm)
     );
-    drop(service);
-    let rm = image_rm(state.path(), &reference);
+    service.kill();
+    let rm = image_rm(&state, &reference);
     assert!(rm.status.success(), "{}", common::output_text(&rm));
 
     // Without its image the service does not start, and says how to fetch it.
-    let out = serve(dir.path(), state.path()).output().unwrap();
+    let out = service.serve().output().unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(
@@ -230,22 +154,21 @@ fn a_named_image_contract_runs_its_entrypoint_through_the_service_and_stays_leas
 #[test]
 fn an_inline_image_contract_is_leased_by_its_session_and_bad_references_start_nothing() {
     require_cells!();
-    let (dir, state, layouts) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    let reference = python_image(state.path(), layouts.path());
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/contracts/default.yaml"),
-        dir.path().join("small.yaml"),
-    )
-    .unwrap();
-    let port = configure(dir.path(), "small = \"small.yaml\"");
-    let service = start(dir.path(), state.path(), port);
+    let layouts = tempfile::tempdir().unwrap();
+    let mut reference = String::new();
+    let service = Served::start(&config("small = \"small.yaml\""), |dir| {
+        reference = python_image(&dir.join("state"), layouts.path());
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/contracts/default.yaml"),
+            dir.join("small.yaml"),
+        )
+        .unwrap();
+    });
+    let state = service.state_dir();
 
     let inline = json!({"image": reference, "filesystem": {"writable_paths": ["/tmp"]}});
-    let (status, text) = service.call(
+    let (status, text) = call(
+        &service,
         "POST",
         "/v1/sessions",
         Some(&json!({"contract_inline": inline})),
@@ -256,7 +179,8 @@ fn an_inline_image_contract_is_leased_by_its_session_and_bad_references_start_no
         .unwrap()
         .to_string();
     let exec = |argv: Value| {
-        let (status, text) = service.call(
+        let (status, text) = call(
+            &service,
             "POST",
             &format!("/v1/sessions/{session}/exec"),
             Some(&json!({"argv": argv})),
@@ -281,23 +205,25 @@ fn an_inline_image_contract_is_leased_by_its_session_and_bad_references_start_no
     );
 
     // The session's image cannot be removed while its cell lives...
-    let rm = image_rm(state.path(), &reference);
+    let rm = image_rm(&state, &reference);
     assert!(
         !rm.status.success(),
         "rm while a session uses it: {}",
         common::output_text(&rm)
     );
-    let (status, text) = service.call("DELETE", &format!("/v1/sessions/{session}"), None);
+    let (status, text) = call(&service, "DELETE", &format!("/v1/sessions/{session}"), None);
     assert_eq!(status, 200, "{text}");
     // ... and can once it is closed.
-    let rm = image_rm(state.path(), &reference);
+    let rm = image_rm(&state, &reference);
     assert!(rm.status.success(), "{}", common::output_text(&rm));
 
     // A removed image, a tag and a malformed reference: refused before any cell, each
     // with its class; no run starts.
     let refused = |image: &str| {
-        let (status, answer) =
-            service.run(json!({"contract_inline": {"image": image}, "argv": ["true"]}));
+        let (status, answer) = run(
+            &service,
+            json!({"contract_inline": {"image": image}, "argv": ["true"]}),
+        );
         (
             status,
             answer["class"].clone(),
@@ -317,7 +243,7 @@ fn an_inline_image_contract_is_leased_by_its_session_and_bad_references_start_no
         (422, json!("policy_denied")),
         "a tag is not a pin"
     );
-    let (_, list) = service.call("GET", "/v1/runs?status=ok", None);
+    let (_, list) = call(&service, "GET", "/v1/runs?status=ok", None);
     let ok_runs: Value = serde_json::from_str(&list).unwrap();
     assert_eq!(
         ok_runs["runs"]

@@ -7,96 +7,45 @@
 
 mod common;
 
+use common::served::Served;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
-struct Service {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Service {
-    fn start() -> Service {
-        let dir = tempfile::tempdir().unwrap();
+/// The service of these tests: the unix socket only, a 1 s body bound and a 4 KiB body.
+fn start() -> Served {
+    let config = "[server]\nlisten = [\"unix:SOCK\"]\nbody_timeout_ms = 1000\n\
+                  max_body_bytes = 4096\n[server.contracts]\nsmall = \"small.yaml\"\n";
+    Served::start(config, |dir| {
         std::fs::copy(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/contracts/default.yaml"),
-            dir.path().join("small.yaml"),
+            dir.join("small.yaml"),
         )
         .unwrap();
-        let config = format!(
-            "[server]\nlisten = [\"unix:{}\"]\nbody_timeout_ms = 1000\nmax_body_bytes = 4096\n\
-             [server.contracts]\nsmall = \"small.yaml\"\n",
-            dir.path().join("airlock.sock").display()
-        );
-        std::fs::write(dir.path().join("airlock.toml"), config).unwrap();
-        let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
-        let child = Command::new(common::airlock_bin())
-            .arg("serve")
-            .arg("--config")
-            .arg(dir.path().join("airlock.toml"))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let service = Service { child, dir };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !service.curl(&["http://airlock/healthz"]).status.success() {
-            assert!(Instant::now() < deadline, "no answer: {}", service.log());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        service
-    }
+    })
+}
 
-    fn sock(&self) -> PathBuf {
-        self.dir.path().join("airlock.sock")
-    }
+fn run_count(service: &Served) -> usize {
+    let out = service.curl_unix(&["http://airlock/v1/runs"]);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    list["runs"].as_array().unwrap().len()
+}
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
-    }
-
-    fn curl(&self, args: &[&str]) -> std::process::Output {
-        Command::new("curl")
-            .args(["-sS", "--max-time", "120", "--unix-socket"])
-            .arg(self.sock())
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn run_count(&self) -> usize {
-        let out = self.curl(&["http://airlock/v1/runs"]);
-        let list: Value = serde_json::from_slice(&out.stdout).unwrap();
-        list["runs"].as_array().unwrap().len()
-    }
-
-    /// The Python client below, over the unix socket: its JSON answer.
-    fn python(&self, scenario: &str, line: &str) -> Value {
-        let out = Command::new("python3")
-            .args(["-c", CLIENT, scenario, line])
-            .arg(self.sock())
-            .output()
-            .unwrap();
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "{e}: {} {} {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr),
-                self.log()
-            )
-        })
-    }
+/// The Python client below, over the unix socket: its JSON answer.
+fn python(service: &Served, scenario: &str, line: &str) -> Value {
+    let out = Command::new("python3")
+        .args(["-c", CLIENT, scenario, line])
+        .arg(service.sock())
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {} {} {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            service.log()
+        )
+    })
 }
 
 /// A raw HTTP/1.1 client with a chunked body: `slow` sends the line, then three pieces
@@ -156,7 +105,7 @@ fn sha256_of(bytes: &[u8]) -> String {
 #[test]
 fn the_body_after_the_json_line_is_the_payloads_stdin_as_it_arrives() {
     require_cells!();
-    let service = Service::start();
+    let service = start();
 
     // curl streams 3 MB after the line; the payload hashes what it read, and so does
     // the record.
@@ -202,7 +151,11 @@ fn the_body_after_the_json_line_is_the_payloads_stdin_as_it_arrives() {
 
     // A writer slower in all than body_timeout_ms (1 s) is served: the bound is on the
     // line, and the stdin after it is under the run's deadline.
-    let slow = service.python("slow", r#"{"contract": "small", "argv": ["cat"]}"#);
+    let slow = python(
+        &service,
+        "slow",
+        r#"{"contract": "small", "argv": ["cat"]}"#,
+    );
     assert_eq!(slow["status"], 200, "{slow}");
     let record: Value = serde_json::from_str(slow["body"].as_str().unwrap()).unwrap();
     assert_eq!(record["status"], "ok", "{record}");
@@ -216,11 +169,12 @@ fn the_body_after_the_json_line_is_the_payloads_stdin_as_it_arrives() {
 #[test]
 fn a_body_that_never_ends_is_cut_off_at_the_runs_deadline_and_bad_lines_start_nothing() {
     require_cells!();
-    let service = Service::start();
+    let service = start();
 
     // The body never ends: the run's deadline (1.5 s) kills the payload, and the client
     // gets the record while its body is still open.
-    let open = service.python(
+    let open = python(
+        &service,
         "open",
         r#"{"contract": "small", "argv": ["cat"], "deadline_ms": 1500}"#,
     );
@@ -230,11 +184,15 @@ fn a_body_that_never_ends_is_cut_off_at_the_runs_deadline_and_bad_lines_start_no
     assert_eq!(record["output"]["stdout"]["head"], "partial", "{record}");
     assert_eq!(record["stdin"]["eof"], false, "{record}");
     assert!(open["seconds"].as_f64().unwrap() < 30.0, "{open}");
-    let runs = service.run_count();
+    let runs = run_count(&service);
     assert_eq!(runs, 1);
 
     // Half a line, then nothing: 408 at body_timeout_ms, and no cell.
-    let stall = service.python("stall", r#"{"contract": "small", "argv": ["cat"]}"#);
+    let stall = python(
+        &service,
+        "stall",
+        r#"{"contract": "small", "argv": ["cat"]}"#,
+    );
     assert_eq!(stall["status"], 408, "{stall}");
     assert!(
         stall["body"]
@@ -247,7 +205,7 @@ fn a_body_that_never_ends_is_cut_off_at_the_runs_deadline_and_bad_lines_start_no
 
     // Its own `stdin` field, or a line beyond max_body_bytes (4096): refused, no cell.
     let refused = |line: &str| {
-        let answer = service.python("slow", line);
+        let answer = python(&service, "slow", line);
         let body: Value = serde_json::from_str(answer["body"].as_str().unwrap()).unwrap();
         (answer["status"].clone(), body["reason"].clone())
     };
@@ -260,5 +218,5 @@ fn a_body_that_never_ends_is_cut_off_at_the_runs_deadline_and_bad_lines_start_no
         "x".repeat(5000)
     );
     assert_eq!(refused(&long), (413.into(), "request.too_large".into()));
-    assert_eq!(service.run_count(), runs, "a refused line started a run");
+    assert_eq!(run_count(&service), runs, "a refused line started a run");
 }

@@ -5,6 +5,7 @@
 pub mod host;
 pub mod images;
 pub mod logging_upstream;
+pub mod served;
 pub mod test_ca;
 pub mod upstream;
 

@@ -8,21 +8,29 @@ use crate::host_identity::HostIdRange;
 use crate::report::ResultClass;
 use std::path::Path;
 
-/// `(control, ok detail or failure)` of each gVisor check. A host without runsc passes
-/// (the tier is optional, and a gVisor run there is refused, never run natively); a runsc
-/// that is present must work.
+/// `(control, ok detail or failure)` of each gVisor check. A host without runsc passes,
+/// and so does a caller the tier needs root from (the tier is optional, and a gVisor run
+/// there is refused, never run natively: doctor's exit says whether a default run
+/// works); a runsc that this caller could use must work.
 pub fn checks(host_ids: HostIdRange) -> Vec<(&'static str, Result<String, String>)> {
+    let refused = |why: String| {
+        vec![(
+            "gvisor.runsc",
+            Ok(format!(
+                "not usable ({why}); contracts with isolation gvisor are refused (sandbox_unavailable)"
+            )),
+        )]
+    };
     let binary = match RunscBinary::locate_and_ask() {
         Ok(binary) => binary,
-        Err(err) => {
-            return vec![(
-                "gvisor.runsc",
-                Ok(format!(
-                    "not usable ({err}); contracts with isolation gvisor are refused (sandbox_unavailable)"
-                )),
-            )]
-        }
+        Err(err) => return refused(err.to_string()),
     };
+    if crate::sys::geteuid() != 0 {
+        return refused(format!(
+            "{} found, but the gVisor tier needs root here",
+            binary.path.display()
+        ));
+    }
     vec![
         (
             "gvisor.runsc",

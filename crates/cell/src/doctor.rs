@@ -267,21 +267,7 @@ fn end_to_end(host_ids: HostIdRange) -> Result<String, String> {
         &airlock_contract::CompileInput::new(std::path::Path::new("/"), &argv),
     )
     .map_err(|e| e.to_string())?;
-    let report = crate::run_cell(
-        &plan,
-        crate::RunOptions {
-            before_start: None,
-            started: std::time::Instant::now(),
-            egress: None,
-            artifacts: None,
-            stdout_sink: None,
-            stderr_sink: None,
-            stdin: crate::PayloadStdin::Null,
-            credentials: &[],
-            host_ids,
-            on_suspected_escape: None,
-        },
-    );
+    let report = crate::run_cell(&plan, crate::RunOptions::bare(host_ids));
     match report.status {
         crate::report::ResultClass::Ok if report.cleanup.ok => Ok(format!(
             "/bin/true ran in a full cell (started in {:.2} ms, gone after {:.2} ms, cgroup {})",

@@ -57,21 +57,7 @@ fn end_to_end(host_ids: HostIdRange) -> Result<String, String> {
         &airlock_contract::CompileInput::new(Path::new("/"), &argv),
     )
     .map_err(|e| e.to_string())?;
-    let report = super::run_gvisor(
-        &plan,
-        crate::RunOptions {
-            before_start: None,
-            started: std::time::Instant::now(),
-            egress: None,
-            artifacts: None,
-            stdout_sink: None,
-            stderr_sink: None,
-            stdin: crate::PayloadStdin::Null,
-            credentials: &[],
-            host_ids,
-            on_suspected_escape: None,
-        },
-    );
+    let report = super::run_gvisor(&plan, crate::RunOptions::bare(host_ids));
     let kernel = report
         .output
         .as_ref()

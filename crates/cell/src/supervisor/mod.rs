@@ -93,6 +93,25 @@ pub struct RunOptions<'a> {
     pub on_suspected_escape: Option<crate::evidence::OnSuspectedEscape>,
 }
 
+impl RunOptions<'_> {
+    /// A run with nothing attached: no hooks, egress, artifacts, sinks, stdin or
+    /// credentials (doctor's end-to-end probes).
+    pub fn bare(host_ids: crate::host_identity::HostIdRange) -> Self {
+        RunOptions {
+            before_start: None,
+            started: Instant::now(),
+            egress: None,
+            artifacts: None,
+            stdout_sink: None,
+            stderr_sink: None,
+            stdin: PayloadStdin::Null,
+            credentials: &[],
+            host_ids,
+            on_suspected_escape: None,
+        }
+    }
+}
+
 /// What the payload reads on stdin. For a plan with a terminal, a relayed stdin (a
 /// terminal included) goes into the terminal's master instead of a pipe.
 pub enum PayloadStdin {

@@ -315,6 +315,9 @@ print(f"baseline: {threads} bwrap loops x {seconds:.0f} s: {count[0] / (time.mon
 PY
 rm -rf "$SERVICE_DIR"
 
+echo "== containers through containerd: runc and airlock-runc (one hyperfine run)"
+AIRLOCK=$AIRLOCK RUNS=$((RUNS / 5)) scripts/bench-containerd.sh
+
 echo "== images"
 AIRLOCK=$AIRLOCK scripts/bench-images.sh
 AIRLOCK=$AIRLOCK RUNS=$RUNS scripts/bench-image-root.sh

@@ -18,7 +18,7 @@ use airlock_store::approvals::{
     ApprovalDecision, ApprovalRecord, NewApproval, STATUS_APPROVED, STATUS_DENIED, STATUS_EXPIRED,
     STATUS_PENDING,
 };
-use airlock_store::{Store, StoreError};
+use airlock_store::{Store, StoreError, StoreLocation};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -147,7 +147,7 @@ pub fn approvals_for(
     asked: &Asked,
 ) -> Result<Vec<String>, ClassStop> {
     let fault = |err: StoreError| ClassStop::Usage(format!("audit store: {err}"));
-    let store = Store::open(request.state_dir).map_err(fault)?;
+    let store = Store::open(&request.store.state_dir).map_err(fault)?;
     let now = now_ms();
     store.expire_approvals(now).map_err(fault)?;
     let print = fingerprint(request, asked);
@@ -402,12 +402,13 @@ fn print_approvals(records: &[ApprovalRecord], json_output: bool) -> anyhow::Res
 pub struct ServicePolicy {
     pub classes: BTreeMap<String, LoadedClass>,
     pub approvers: Vec<String>,
-    pub state_dir: PathBuf,
+    /// Approvals live in its state directory's file; runs where `[store] url` says.
+    pub store: StoreLocation,
 }
 
 impl ServicePolicy {
     fn store(&self) -> Result<Store, PolicyRefusal> {
-        Store::open(&self.state_dir).map_err(store_fault)
+        Store::open(&self.store.state_dir).map_err(store_fault)
     }
 
     fn loaded(&self, class: &str) -> Result<&LoadedClass, PolicyRefusal> {
@@ -565,13 +566,13 @@ impl ClassPolicy for ServicePolicy {
             class: &request.class,
             requester: &requester,
             argv: &request.argv,
-            state_dir: &self.state_dir,
+            store: &self.store,
             tenant: Some(&request.tenant),
         };
         let approval = request.approval.as_deref();
         let grant = crate::class::decide_request(&decided, loaded, &request.asked, approval, 0)
             .map_err(stop_refusal)?;
-        let (state_dir, class) = (self.state_dir.clone(), request.class.clone());
+        let (store, class) = (self.store.clone(), request.class.clone());
         Ok(ServiceGrant {
             contract: grant.contract.clone(),
             base_dir: grant.base_dir.clone(),
@@ -582,7 +583,7 @@ impl ClassPolicy for ServicePolicy {
                     credentials: Vec::new(),
                     writable_copy: writable_copy.map(PathBuf::from),
                 };
-                crate::class::after_run(&state_dir, report, Some(&grant), suspect);
+                crate::class::after_run(&store, report, Some(&grant), suspect);
             }),
         })
     }
@@ -600,7 +601,7 @@ impl ClassPolicy for ServicePolicy {
             credentials: Vec::new(),
             writable_copy: writable_copy.map(PathBuf::from),
         };
-        crate::quarantine::preserve_if_suspected(&self.state_dir, report, &suspect);
+        crate::quarantine::preserve_if_suspected(&self.store, report, &suspect);
     }
 
     fn plan_session(&self, request: ClassRequest) -> Result<SessionGrant, PolicyRefusal> {
@@ -611,20 +612,20 @@ impl ClassPolicy for ServicePolicy {
             class: &request.class,
             requester: &requester,
             argv: &argv,
-            state_dir: &self.state_dir,
+            store: &self.store,
             tenant: Some(&request.tenant),
         };
         let approval = request.approval.as_deref();
         let grant = crate::class::decide_session(&decided, loaded, &request.asked, approval)
             .map_err(stop_refusal)?;
-        let state_dir = self.state_dir.clone();
+        let location = self.store.clone();
         let decision = grant.decision.clone();
         Ok(SessionGrant {
             lifetime_seconds: grant.session_lifetime_seconds.unwrap_or(0),
             contract: grant.contract,
             base_dir: grant.base_dir,
             opened: Box::new(move |session_id| {
-                let recorded = Store::open(&state_dir).and_then(|store| {
+                let recorded = Store::open_at(&location).and_then(|store| {
                     store.append_run_event(
                         session_id,
                         airlock_store::kinds::POLICY_DECISION,
@@ -652,7 +653,7 @@ impl ClassPolicy for ServicePolicy {
             class: &session.class,
             requester: &requester,
             argv,
-            state_dir: &self.state_dir,
+            store: &self.store,
             tenant: Some(&session.tenant),
         };
         crate::class::check_session_command(&decided, loaded).map_err(stop_refusal)
@@ -675,7 +676,7 @@ impl ClassPolicy for ServicePolicy {
             class: &session.class,
             requester: &requester,
             argv: &argv,
-            state_dir: &self.state_dir,
+            store: &self.store,
             tenant: Some(&session.tenant),
         };
         let asked = Asked {
@@ -715,7 +716,7 @@ impl ClassPolicy for ServicePolicy {
             airlock_store::kinds::SESSION_NETWORK,
             granted.clone(),
         )?;
-        let state_dir = self.state_dir.clone();
+        let location = self.store.clone();
         let session_id = session.session_id.clone();
         Ok(NetworkGrant {
             domains,
@@ -724,7 +725,7 @@ impl ClassPolicy for ServicePolicy {
                 let Some(error) = error else { return };
                 granted["applied"] = json!(false);
                 granted["error"] = json!(error);
-                let recorded = Store::open(&state_dir).and_then(|store| {
+                let recorded = Store::open_at(&location).and_then(|store| {
                     store.append_run_event(
                         &session_id,
                         airlock_store::kinds::SESSION_NETWORK,

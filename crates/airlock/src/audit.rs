@@ -22,9 +22,14 @@ pub struct StoreArgs {
 impl StoreArgs {
     fn open(&self) -> anyhow::Result<Store> {
         let config = OperatorConfig::load(self.config.as_deref())?;
-        let dir = config.state_dir(self.state_dir.as_deref());
-        let store = Store::open(&dir)
-            .with_context(|| format!("opening the audit store in {}", dir.display()))?;
+        let location = config.store_location(self.state_dir.as_deref())?;
+        let store = Store::open_at(&location).with_context(|| match &location.postgres {
+            Some(url) => format!("opening the audit store {}", url.shown()),
+            None => format!(
+                "opening the audit store in {}",
+                location.state_dir.display()
+            ),
+        })?;
         store.reap_aborted()?;
         Ok(store)
     }

@@ -10,7 +10,7 @@ use crate::config::OperatorConfig;
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_contract::Contract;
 use airlock_policy::{Asked, Denial, DenyReason, Evaluation, WorkloadClass};
-use airlock_store::{RunStart, Store};
+use airlock_store::{RunStart, Store, StoreLocation};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
@@ -302,7 +302,7 @@ pub fn contract_for_run(
     config: &OperatorConfig,
     config_path: Option<&Path>,
     argv: &[String],
-    state_dir: &Path,
+    store: &StoreLocation,
 ) -> Result<ClassGrant, ClassStop> {
     let name = args.class.as_deref().unwrap_or_default();
     let usage = |err: anyhow::Error| ClassStop::Usage(crate::user_message(&err));
@@ -313,7 +313,7 @@ pub fn contract_for_run(
         class: name,
         requester: &requester,
         argv,
-        state_dir,
+        store,
         tenant: None,
     };
     let asked = match read_request(args.request.as_deref()) {
@@ -539,6 +539,7 @@ fn request_again(request: &airlock_engine::RunRequest) -> Option<airlock_engine:
         started: std::time::Instant::now(),
         tenant: request.tenant.clone(),
         on_recorded: None,
+        caller: None,
     })
 }
 
@@ -559,7 +560,9 @@ pub struct Request<'a> {
     pub class: &'a str,
     pub requester: &'a str,
     pub argv: &'a [String],
-    pub state_dir: &'a Path,
+    /// Runs (a denial's record) go to the fleet's store with `[store] url`; approvals and
+    /// reviews stay in the state directory's file (docs/architecture.md, "Fleets").
+    pub store: &'a StoreLocation,
     /// The service's tenant the run is recorded for (none on the command line).
     pub tenant: Option<&'a str>,
 }
@@ -608,7 +611,7 @@ impl Request<'_> {
         denial: &Denial,
         message: &str,
     ) -> anyhow::Result<String> {
-        let store = Store::open(self.state_dir)?;
+        let store = Store::open_at(self.store)?;
         let start = RunStart {
             argv: self.argv.to_vec(),
             input_sha256: airlock_engine::record::InputHasher::new(self.argv).finish(),
@@ -651,22 +654,22 @@ impl Request<'_> {
 /// After the run's record is complete: the `policy.decision` event of a class run
 /// (asked vs granted), and the quarantine of a suspected escape's evidence.
 pub fn after_run(
-    state_dir: &Path,
+    store: &StoreLocation,
     report: &RunReport,
     grant: Option<&ClassGrant>,
     mut suspect: crate::quarantine::Suspect<'_>,
 ) {
     if let Some(grant) = grant {
-        record_grant(state_dir, &report.run_id, grant);
+        record_grant(store, &report.run_id, grant);
     }
     let uid = format!("uid:{}", airlock_store::caller_uid().unwrap_or(u32::MAX));
     let requester = grant.and_then(|g| g.decision["requester"].as_str());
     suspect.requester = requester.unwrap_or(&uid).to_string();
-    crate::quarantine::preserve_if_suspected(state_dir, report, &suspect);
+    crate::quarantine::preserve_if_suspected(store, report, &suspect);
 }
 
-fn record_grant(state_dir: &Path, run_id: &str, grant: &ClassGrant) {
-    let recorded = Store::open(state_dir).and_then(|store| {
+fn record_grant(location: &StoreLocation, run_id: &str, grant: &ClassGrant) {
+    let recorded = Store::open_at(location).and_then(|store| {
         store.append_run_event(
             run_id,
             airlock_store::kinds::POLICY_DECISION,

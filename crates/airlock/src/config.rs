@@ -143,6 +143,12 @@ impl Default for HostIdsConfig {
 pub struct StoreConfig {
     /// Where the audit store lives (overridden by `--state-dir`).
     pub state_dir: Option<PathBuf>,
+    /// A fleet's shared store: runs and the audit chain in this Postgres database instead
+    /// of the state directory's SQLite file, e.g.
+    /// `postgres://airlock@/airlock?host=/run/postgresql` (a unix socket) or
+    /// `postgres://airlock@127.0.0.1:5432/airlock`. Only unix sockets and loopback
+    /// addresses: this airlock has no TLS. A database that cannot be reached refuses runs.
+    pub url: Option<String>,
 }
 
 /// One bounded numeric key: its name, value and inclusive range.
@@ -265,6 +271,7 @@ impl OperatorConfig {
             secret.check(name)?;
         }
         airlock_broker::Broker::new(&self.broker)?;
+        self.store_postgres()?;
         if let Some(dir) = &self.store.state_dir {
             if !dir.is_absolute() {
                 bail!(
@@ -294,7 +301,30 @@ impl OperatorConfig {
         engine.host_ids = self.host_id_range()?;
         engine.broker = self.engine_broker()?;
         engine.quarantine_max_bytes = self.policy.quarantine_max_bytes;
+        engine.store_postgres = self.store_postgres()?;
         Ok(engine)
+    }
+
+    /// `[store] url`, checked (a Postgres URL naming a unix socket or a loopback address).
+    pub fn store_postgres(&self) -> anyhow::Result<Option<airlock_store::PostgresUrl>> {
+        self.store
+            .url
+            .as_deref()
+            .map(airlock_store::PostgresUrl::parse)
+            .transpose()
+            .map_err(Into::into)
+    }
+
+    /// Where runs and the audit chain are: the state directory (`--state-dir`, else the
+    /// config's, else the default) and `[store] url`.
+    pub fn store_location(
+        &self,
+        flag: Option<&Path>,
+    ) -> anyhow::Result<airlock_store::StoreLocation> {
+        Ok(airlock_store::StoreLocation {
+            state_dir: self.state_dir(flag),
+            postgres: self.store_postgres()?,
+        })
     }
 
     pub fn engine_egress(&self) -> airlock_egress::EgressConfig {

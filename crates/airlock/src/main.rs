@@ -8,6 +8,7 @@ mod class;
 mod config;
 mod image;
 mod mcp;
+mod oci;
 mod quarantine;
 mod run;
 mod run_image;
@@ -108,6 +109,14 @@ enum Command {
     Completions { shell: clap_complete::Shell },
     /// Write the man pages (airlock.1 and one per subcommand) into a directory.
     Man { out: PathBuf },
+    /// The OCI runtime command line containerd's runc shim drives (create, start, state,
+    /// kill, delete, ps, features); also this binary invoked as `airlock-runc`
+    /// (docs/kubernetes.md). `airlock oci --help` lists its commands.
+    #[command(disable_help_flag = true)]
+    Oci {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -122,6 +131,13 @@ fn main() -> ExitCode {
     let started = Instant::now();
     // Started as the engine's cell factory: that is all this process does.
     airlock_engine::factory::run_factory_if_requested();
+    // The OCI runtime's command line is runc's, not this one's (global options first).
+    if oci::invoked_as_runtime() {
+        return oci::main(std::env::args_os());
+    }
+    if std::env::args_os().nth(1).is_some_and(|a| a == "oci") {
+        return oci::main(std::env::args_os().skip(1));
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run::run(args, started),
@@ -145,6 +161,7 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut command, "airlock", &mut std::io::stdout());
             ExitCode::SUCCESS
         }
+        Command::Oci { args } => oci::main(std::iter::once("oci".into()).chain(args)),
         Command::Man { out } => match write_man_pages(&out) {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {

@@ -12,7 +12,7 @@
 //! served by the factory (the service's runs), or close a session.
 
 use airlock_cell::report::{ResultClass, RunReport};
-use airlock_store::Store;
+use airlock_store::{Store, StoreLocation};
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use serde_json::json;
@@ -39,7 +39,7 @@ pub struct Suspect<'a> {
 
 /// Keeps the evidence of `report`'s run if it is a suspected escape; the directory.
 pub fn preserve_if_suspected(
-    state_dir: &Path,
+    store: &StoreLocation,
     report: &RunReport,
     suspect: &Suspect<'_>,
 ) -> Option<PathBuf> {
@@ -49,7 +49,7 @@ pub fn preserve_if_suspected(
         }
         return None;
     }
-    match preserve(state_dir, report, suspect) {
+    match preserve(store, report, suspect) {
         Ok(dir) => {
             eprintln!(
                 "airlock: suspected_escape: evidence quarantined in {}",
@@ -67,14 +67,16 @@ pub fn preserve_if_suspected(
     }
 }
 
+/// The evidence stays on this node (`<state dir>/quarantine`); the run's record comes from
+/// wherever runs are (the fleet's store with `[store] url`).
 fn preserve(
-    state_dir: &Path,
+    location: &StoreLocation,
     report: &RunReport,
     suspect: &Suspect<'_>,
 ) -> anyhow::Result<PathBuf> {
-    let area = private_dir(&state_dir.join(QUARANTINE_DIR), true)?;
+    let area = private_dir(&location.state_dir.join(QUARANTINE_DIR), true)?;
     let dir = private_dir(&area.join(&report.run_id), false)?;
-    let store = Store::open(state_dir)?;
+    let store = Store::open_at(location)?;
     let record = store.show_run(&report.run_id)?;
     write_new(
         &dir.join("record.json"),

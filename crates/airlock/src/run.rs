@@ -87,13 +87,15 @@ fn load_plan(
 ) -> Result<(CellPlan, Option<airlock_images::Lease>), PlanRefusal> {
     let (contract, base_dir) = match &args.contract {
         _ if args.class.class.is_some() => {
-            let state_dir = config.state_dir(args.state_dir.as_deref());
+            let store = config
+                .store_location(args.state_dir.as_deref())
+                .map_err(|err| PlanRefusal::Usage(crate::user_message(&err)))?;
             let granted = crate::class::contract_for_run(
                 &args.class,
                 config,
                 args.config.as_deref(),
                 &args.command,
-                &state_dir,
+                &store,
             )
             .map_err(PlanRefusal::Policy)?;
             let both = (granted.contract.clone(), granted.base_dir.clone());
@@ -261,6 +263,8 @@ fn prepare(
         started,
         tenant: None,
         on_recorded: None,
+        // This process is the caller: the cell dies with it.
+        caller: None,
     };
     Ok((request, stdin_kind, lease))
 }
@@ -281,9 +285,11 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
     let loaded = OperatorConfig::load(args.config.as_deref()).and_then(|c| {
         let range = c.host_id_range()?;
         let broker = c.engine_broker()?;
-        Ok((c, (range, broker)))
+        // A fleet store that is misconfigured refuses the run: never the local file instead.
+        let postgres = c.store_postgres()?;
+        Ok((c, (range, broker, postgres)))
     });
-    let (config, (host_ids, broker)) = match loaded {
+    let (config, (host_ids, broker, store_postgres)) = match loaded {
         Ok(both) => both,
         Err(err) => {
             let error = crate::user_message(&err);
@@ -298,6 +304,7 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
     engine_config.host_ids = host_ids;
     engine_config.broker = broker;
     engine_config.quarantine_max_bytes = config.policy.quarantine_max_bytes;
+    engine_config.store_postgres = store_postgres;
     let engine = Engine::new(engine_config);
     // `_lease` lives until this function returns: the image cannot be removed while the
     // cell runs.
@@ -334,7 +341,7 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
     let evidence_dir = finished.evidence_dir.clone();
     match engine.complete(finished) {
         Ok(report) => {
-            let state_dir = config.state_dir(args.state_dir.as_deref());
+            let store = engine.config().store_location();
             let class = &args.workload_class;
             let suspect = crate::quarantine::Suspect {
                 class,
@@ -342,7 +349,7 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
                 credentials,
                 writable_copy: evidence_dir,
             };
-            crate::class::after_run(&state_dir, &report, grant.as_ref(), suspect);
+            crate::class::after_run(&store, &report, grant.as_ref(), suspect);
             ExitCode::from(report.exit_code.clamp(0, 255) as u8)
         }
         Err(err) => {
@@ -544,19 +551,23 @@ fn handoff_contract(args: &RunArgs) -> Option<(HandoffContract, PathBuf)> {
     Some((HandoffContract::Text { text, format }, base))
 }
 
-/// The variables of this process's environment that the contract's credentials read,
-/// for the service to resolve as this process would (a contract that does not parse has
-/// none: the service refuses it, saying why).
-fn credential_values(contract: &HandoffContract) -> Vec<(String, String)> {
+/// The contract the service will parse, as this process reads it (`None`: the default
+/// contract, or one that does not parse: the service refuses it, saying why).
+fn parsed_contract(contract: &HandoffContract) -> Option<airlock_contract::Contract> {
     let HandoffContract::Text { text, format } = contract else {
+        return None;
+    };
+    airlock_contract::ContractFormat::from_extension(format)
+        .and_then(|format| airlock_contract::parse_contract(text, format).ok())
+}
+
+/// The variables of this process's environment that the contract's credentials read,
+/// for the service to resolve as this process would.
+fn credential_values(contract: Option<&airlock_contract::Contract>) -> Vec<(String, String)> {
+    let Some(contract) = contract else {
         return Vec::new();
     };
-    let parsed = airlock_contract::ContractFormat::from_extension(format)
-        .and_then(|format| airlock_contract::parse_contract(text, format).ok());
-    let Some(parsed) = parsed else {
-        return Vec::new();
-    };
-    parsed
+    contract
         .credentials
         .iter()
         .filter_map(|c| {
@@ -565,6 +576,21 @@ fn credential_values(contract: &HandoffContract) -> Vec<(String, String)> {
                 .map(|v| (c.from_env.clone(), v))
         })
         .collect()
+}
+
+/// For a contract with a terminal and a terminal on this process's stdin: that terminal,
+/// raw while the service's cell runs the payload on a terminal of its own, exactly as in
+/// a run in this process (the cell relays it and follows its window size; this process
+/// restores it, also before it dies of a signal: crates/cell/src/terminal.rs).
+fn raw_terminal_for(
+    contract: Option<&airlock_contract::Contract>,
+) -> std::io::Result<Option<airlock_cell::CallerTerminal>> {
+    let stdin = std::io::stdin();
+    let stdin = stdin.as_fd();
+    if !contract.is_some_and(|c| c.terminal) || !airlock_cell::peer::is_terminal(stdin) {
+        return Ok(None);
+    }
+    airlock_cell::CallerTerminal::enter(stdin).map(Some)
 }
 
 /// Hands the run to the service when one listens: `None` when it runs in this process
@@ -590,7 +616,8 @@ fn hand_off(args: &RunArgs) -> Option<ExitCode> {
         }
     };
     let (contract, base_dir) = handoff_contract(args)?;
-    let credential_values = credential_values(&contract);
+    let parsed = parsed_contract(&contract);
+    let credential_values = credential_values(parsed.as_ref());
     let request = HandoffRequest {
         contract,
         base_dir,
@@ -599,6 +626,17 @@ fn hand_off(args: &RunArgs) -> Option<ExitCode> {
         workload_class: args.workload_class.clone(),
         wall_time_ms: None,
         credential_values,
+    };
+    // Raw before the payload may start; restored (dropped) before anything is printed.
+    let mut terminal = match raw_terminal_for(parsed.as_ref()) {
+        Ok(terminal) => terminal,
+        Err(err) => {
+            say(
+                args,
+                format_args!("the terminal could not be made raw ({err}): running in this process"),
+            );
+            return None;
+        }
     };
     let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
     let stdio = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
@@ -612,7 +650,14 @@ fn hand_off(args: &RunArgs) -> Option<ExitCode> {
         );
         return None;
     }
+    if let Some(terminal) = terminal.as_mut() {
+        // Taken signals are acted on while the payload runs (a fatal one restores the
+        // terminal and ends this process; the service then destroys the cell).
+        let _ = terminal.wait_readable(stream.as_fd());
+    }
     let reply = handoff::recv_reply(&stream);
+    // The payload is over, or never started.
+    drop(terminal);
     match reply {
         Ok(Some(HandoffReply::Declined { why })) => {
             say(

@@ -45,7 +45,7 @@ fn start(args: ServeArgs) -> anyhow::Result<()> {
     let policy = crate::approvals::ServicePolicy {
         classes: crate::class::load_classes(&config, args.config.as_deref())?,
         approvers: config.policy.approvers.clone(),
-        state_dir: state_dir.clone(),
+        store: engine.store_location(),
     };
     if !server.verify.classes.is_empty() {
         let schedule = crate::verify::Schedule {

@@ -153,7 +153,12 @@ pub fn toolbox_on(
     engine: Arc<Engine>,
 ) -> anyhow::Result<ToolBox> {
     let registry = Registry::load(&config.tools, base_dir)?;
-    let planner = Arc::new(CliPlanner { config, state_dir });
+    let store = engine.config().store_location();
+    let planner = Arc::new(CliPlanner {
+        config,
+        state_dir,
+        store,
+    });
     Ok(ToolBox::new(registry, engine, planner))
 }
 
@@ -162,6 +167,8 @@ pub fn toolbox_on(
 struct CliPlanner {
     config: OperatorConfig,
     state_dir: PathBuf,
+    /// Where a suspected escape's record is read from for its quarantine.
+    store: airlock_store::StoreLocation,
 }
 
 impl Planner for CliPlanner {
@@ -226,7 +233,7 @@ impl Planner for CliPlanner {
         workload_class: &str,
         tenant: Option<&str>,
     ) -> Option<airlock_engine::AfterClose> {
-        let state_dir = self.state_dir.clone();
+        let store = self.store.clone();
         let class = workload_class.to_string();
         let requester = match tenant {
             Some(tenant) => {
@@ -244,7 +251,7 @@ impl Planner for CliPlanner {
                 credentials: Vec::new(),
                 writable_copy: copy.map(std::path::PathBuf::from),
             };
-            crate::quarantine::preserve_if_suspected(&state_dir, report, &suspect);
+            crate::quarantine::preserve_if_suspected(&store, report, &suspect);
         }))
     }
 }

@@ -2,7 +2,11 @@
 //! writers, supervisors that die, stores that cannot be written, tampering, secret
 //! redaction, the run records and the figures derived from them.
 //!
-//! Every test uses its own fresh `--state-dir`.
+//! Every test uses its own fresh `--state-dir`. The cases whose records come from a cell
+//! run on both tiers (common/tier.rs); the store's own cases (tampering, a store that
+//! cannot be written, concurrency) do not depend on the tier. The killed-supervisor case
+//! is the native cell's: a gVisor sandbox outlives a supervisor killed with SIGKILL until
+//! `doctor` or the next run reaps it (gvisor.rs, `doctor_reaps_the_sandbox_...`).
 
 mod common;
 
@@ -610,15 +614,14 @@ fn assert_secret_absent(store: &Store, run: &Out, secret: &str) {
     assert_eq!(verify.code(), 0, "{}", verify.describe());
 }
 
-#[test]
-fn secret_env_values_never_reach_the_store() {
+both_tiers! {
+fn secret_env_values_never_reach_the_store(tier) {
     require_cells!();
     let _cells = shared();
     let store = Store::new();
     let secret = unique("s3cr3t-XYZ-");
-    let contract = store.write_contract(&format!(
-        "env:\n  API_TOKEN: {{ value: \"{secret}\", secret: true }}\n"
-    ));
+    let yaml = format!("env:\n  API_TOKEN: {{ value: \"{secret}\", secret: true }}\n");
+    let contract = store.write_contract(&tier.contract(Some(&yaml)).unwrap());
     let run = store.run(
         &["--contract", contract.to_str().unwrap()],
         &[
@@ -632,15 +635,16 @@ fn secret_env_values_never_reach_the_store() {
     assert!(run.stdout().contains(&secret), "{}", run.describe());
     assert_secret_absent(&store, &run, &secret);
 }
+}
 
-#[test]
-fn credential_values_never_reach_the_store() {
+both_tiers! {
+fn credential_values_never_reach_the_store(tier) {
     require_cells!();
     let _cells = shared();
     let store = Store::new();
     let secret = unique("cred-XYZ-");
-    let contract =
-        store.write_contract("credentials:\n  - { name: tok, env: TOKEN, from_env: HOST_TOKEN }\n");
+    let yaml = "credentials:\n  - { name: tok, env: TOKEN, from_env: HOST_TOKEN }\n";
+    let contract = store.write_contract(&tier.contract(Some(yaml)).unwrap());
     let run = store.cmd(
         &[
             "run",
@@ -658,28 +662,33 @@ fn credential_values_never_reach_the_store() {
     assert!(run.stdout().contains(&secret), "{}", run.describe());
     assert_secret_absent(&store, &run, &secret);
 }
+}
 
 fn is_hex64(v: &Value) -> bool {
     v.as_str()
         .is_some_and(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-#[test]
-fn run_records_carry_hashes_class_and_timings() {
+both_tiers! {
+fn run_records_carry_hashes_class_and_timings(tier) {
     require_cells!();
     let _cells = shared();
     let store = Store::new();
+    let contract = tier
+        .contract(None)
+        .map(|yaml| store.write_contract(&yaml).display().to_string());
     let run_with = |stdin: &[u8]| -> Value {
         let before: BTreeSet<String> = store
             .list()
             .iter()
             .map(|r| r["run_id"].as_str().unwrap().to_string())
             .collect();
-        let out = store.cmd(
-            &["run", "--workload-class", "hashing", "--", "cat"],
-            Some(stdin),
-            &[],
-        );
+        let mut args = vec!["run", "--workload-class", "hashing"];
+        if let Some(contract) = &contract {
+            args.extend(["--contract", contract.as_str()]);
+        }
+        args.extend(["--", "cat"]);
+        let out = store.cmd(&args, Some(stdin), &[]);
         assert_eq!(out.code(), 0, "{}", out.describe());
         assert_eq!(out.output.stdout, stdin, "{}", out.describe());
         let new: Vec<Value> = store
@@ -698,6 +707,7 @@ fn run_records_carry_hashes_class_and_timings() {
         assert!(is_hex64(&r["input_sha256"]), "{d}");
         assert!(is_hex64(&r["contract_sha256"]), "{d}");
         assert_eq!(r["workload_class"], "hashing", "{d}");
+        assert_eq!(r["plan"]["isolation"], tier.name(), "{d}");
         assert_eq!(r["status"], "ok", "{d}");
         assert_eq!(r["exit_code"], 0, "{d}");
         let startup = r["startup_ms"].as_f64().unwrap_or(-1.0);
@@ -732,6 +742,7 @@ fn run_records_carry_hashes_class_and_timings() {
     assert_eq!(a["run"]["contract_sha256"], b["run"]["contract_sha256"]);
     let verify = store.verify();
     assert_eq!(verify.code(), 0, "{}", verify.describe());
+}
 }
 
 #[test]

@@ -1,12 +1,16 @@
 //! Resource ceilings, end to end: every limit of the contract fires, is classified from
 //! real signals, and nothing of the cell survives the run (docs/architecture.md: "Launch sequence", "Result classes").
 //!
+//! Each case runs on both tiers (`native` and `gvisor` tests of one module, see
+//! common/tier.rs) unless its comment says why it cannot apply to one.
+//!
 //! The tests run one at a time (a process-wide lock): several of them measure wall time
 //! or peak memory, which a fork bomb or a busy loop next door would distort on a small
 //! host.
 
 mod common;
 
+use common::tier::Tier;
 use common::{host, CellRun};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -71,9 +75,9 @@ fn assert_nothing_left(run: &CellRun, marker: &str) {
     );
 }
 
-fn timed(contract: &str, argv: &[&str]) -> (CellRun, Duration) {
+fn timed(tier: Tier, contract: &str, argv: &[&str]) -> (CellRun, Duration) {
     let started = Instant::now();
-    let run = common::run(Some(contract), argv);
+    let run = tier.run(Some(contract), argv);
     (run, started.elapsed())
 }
 
@@ -86,43 +90,49 @@ fn usage_f64(run: &CellRun, field: &str) -> f64 {
 // ---------------------------------------------------------------------------------------
 // 1. memory
 
-#[test]
-fn memory_ceiling_kills_a_500_mb_allocation() {
-    require_cells!();
-    let _serial = serial();
-    let run = common::run(
-        Some("resources:\n  memory_mb: 128\n"),
-        &[
-            "python3",
-            "-c",
-            "b = bytearray(500 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('allocated', len(b))",
-        ],
-    );
-    assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
-    assert_eq!(run.limit_fired(), Some("memory"), "{}", run.describe());
-    assert_eq!(run.code(), 137, "{}", run.describe());
-    assert_eq!(run.result["exit_code"], 137, "{}", run.describe());
-    assert!(
-        usage_f64(&run, "oom_kills") >= 1.0,
-        "no oom kill counted\n{}",
-        run.describe()
-    );
-    assert!(
-        !run.stdout().contains("allocated"),
-        "the allocation succeeded\n{}",
-        run.describe()
-    );
-    let peak = usage_f64(&run, "memory_peak_bytes");
-    assert!(
-        peak <= 129.0 * 1024.0 * 1024.0,
-        "memory peak {peak} above the 128 MiB ceiling\n{}",
-        run.describe()
-    );
+both_tiers! {
+    fn memory_ceiling_kills_a_500_mb_allocation(tier) {
+        require_cells!();
+        let _serial = serial();
+        let run = tier.run(
+            Some("resources:\n  memory_mb: 128\n"),
+            &[
+                "python3",
+                "-c",
+                "b = bytearray(500 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('allocated', len(b))",
+            ],
+        );
+        assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
+        assert_eq!(run.limit_fired(), Some("memory"), "{}", run.describe());
+        assert_eq!(run.code(), 137, "{}", run.describe());
+        assert_eq!(run.result["exit_code"], 137, "{}", run.describe());
+        assert!(
+            usage_f64(&run, "oom_kills") >= 1.0,
+            "no oom kill counted\n{}",
+            run.describe()
+        );
+        assert!(
+            !run.stdout().contains("allocated"),
+            "the allocation succeeded\n{}",
+            run.describe()
+        );
+        let peak = usage_f64(&run, "memory_peak_bytes");
+        assert!(
+            peak <= 129.0 * 1024.0 * 1024.0,
+            "memory peak {peak} above the 128 MiB ceiling\n{}",
+            run.describe()
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------
 // 2. pids
 
+/// Native only: on gVisor the payload's processes are gVisor's tasks, `process_limit` is
+/// `RLIMIT_NPROC` inside its kernel and the host cgroup's pids counter sees the Sentry's
+/// threads, not the bomb's forks, so `pids_limit_hits` and `pids_peak` cannot say what
+/// this test asserts. The gVisor tier's own case is gvisor.rs's
+/// `forks_beyond_the_process_limit_are_refused_inside_the_sandbox`.
 #[test]
 fn fork_bomb_is_contained_by_the_process_limit() {
     require_cells!();
@@ -131,6 +141,7 @@ fn fork_bomb_is_contained_by_the_process_limit() {
     // dash forks without exec, so every bomb process carries the marker in its cmdline.
     let script = format!("bomb(){{ bomb|bomb& }}; bomb; sleep 1; : {marker}");
     let (run, elapsed) = timed(
+        Tier::Native,
         "resources:\n  process_limit: 64\n  wall_time_seconds: 5\n",
         &["/bin/sh", "-c", &script],
     );
@@ -210,81 +221,87 @@ fn assert_killed_at_deadline(run: &CellRun, elapsed: Duration, marker: &str) {
     assert_nothing_left(run, marker);
 }
 
-#[test]
-fn busy_loop_dies_at_the_deadline() {
-    require_cells!();
-    let _serial = serial();
-    let marker = format!("busy{}", marker_digits());
-    let script = format!("while :; do :; done; : {marker}");
-    let (run, elapsed) = timed(TWO_SECONDS, &["/bin/sh", "-c", &script]);
-    assert_killed_at_deadline(&run, elapsed, &marker);
+both_tiers! {
+    fn busy_loop_dies_at_the_deadline(tier) {
+        require_cells!();
+        let _serial = serial();
+        let marker = format!("busy{}", marker_digits());
+        let script = format!("while :; do :; done; : {marker}");
+        let (run, elapsed) = timed(tier, TWO_SECONDS, &["/bin/sh", "-c", &script]);
+        assert_killed_at_deadline(&run, elapsed, &marker);
+    }
 }
 
-#[test]
-fn sigterm_ignoring_process_dies_at_the_deadline() {
-    require_cells!();
-    let _serial = serial();
-    let marker = format!("noterm{}", marker_digits());
-    let script = format!("trap '' TERM; while :; do :; done; : {marker}");
-    let (run, elapsed) = timed(TWO_SECONDS, &["/bin/sh", "-c", &script]);
-    assert_killed_at_deadline(&run, elapsed, &marker);
+both_tiers! {
+    fn sigterm_ignoring_process_dies_at_the_deadline(tier) {
+        require_cells!();
+        let _serial = serial();
+        let marker = format!("noterm{}", marker_digits());
+        let script = format!("trap '' TERM; while :; do :; done; : {marker}");
+        let (run, elapsed) = timed(tier, TWO_SECONDS, &["/bin/sh", "-c", &script]);
+        assert_killed_at_deadline(&run, elapsed, &marker);
+    }
 }
 
-#[test]
-fn double_forked_setsid_daemon_dies_with_the_cell() {
-    require_cells!();
-    let _serial = serial();
-    let digits = marker_digits();
-    let marker = format!("sleep 300.{digits}");
-    // setsid + background + exiting parent: the daemon is reparented and in its own
-    // session; only its marker (the sleep argument) identifies it.
-    let script = format!("setsid sh -c '{marker} &'; sleep 60");
-    let (run, elapsed) = timed(TWO_SECONDS, &["/bin/sh", "-c", &script]);
-    assert_killed_at_deadline(&run, elapsed, &format!("300.{digits}"));
+both_tiers! {
+    fn double_forked_setsid_daemon_dies_with_the_cell(tier) {
+        require_cells!();
+        let _serial = serial();
+        let digits = marker_digits();
+        let marker = format!("sleep 300.{digits}");
+        // setsid + background + exiting parent: the daemon is reparented and in its own
+        // session; only its marker (the sleep argument) identifies it.
+        let script = format!("setsid sh -c '{marker} &'; sleep 60");
+        let (run, elapsed) = timed(tier, TWO_SECONDS, &["/bin/sh", "-c", &script]);
+        assert_killed_at_deadline(&run, elapsed, &format!("300.{digits}"));
+    }
 }
 
-#[test]
-fn sigterm_ignoring_daemon_dies_at_the_deadline() {
-    require_cells!();
-    let _serial = serial();
-    let digits = marker_digits();
-    let script = format!(
-        "setsid sh -c 'trap \"\" TERM; while :; do sleep 0.1; done; : 300.{digits}' & sleep 60"
-    );
-    let (run, elapsed) = timed(TWO_SECONDS, &["/bin/sh", "-c", &script]);
-    assert_killed_at_deadline(&run, elapsed, &format!("300.{digits}"));
+both_tiers! {
+    fn sigterm_ignoring_daemon_dies_at_the_deadline(tier) {
+        require_cells!();
+        let _serial = serial();
+        let digits = marker_digits();
+        let script = format!(
+            "setsid sh -c 'trap \"\" TERM; while :; do sleep 0.1; done; : 300.{digits}' & sleep 60"
+        );
+        let (run, elapsed) = timed(tier, TWO_SECONDS, &["/bin/sh", "-c", &script]);
+        assert_killed_at_deadline(&run, elapsed, &format!("300.{digits}"));
+    }
 }
 
 // ---------------------------------------------------------------------------------------
 // 4. stopped processes
 
-#[test]
-fn stopped_process_does_not_survive_a_normal_exit() {
-    require_cells!();
-    let _serial = serial();
-    let digits = marker_digits();
-    // The child stops itself; the payload exits 0 right after, leaving it behind.
-    let script = format!("sh -c 'kill -STOP $$; sleep 300.{digits}' & sleep 0.3; exit 0");
-    let (run, elapsed) = timed("{}\n", &["/bin/sh", "-c", &script]);
-    println!("stopped child, normal exit: {elapsed:?}");
-    assert_eq!(run.code(), 0, "{}", run.describe());
-    assert_eq!(run.status(), "ok", "{}", run.describe());
-    assert!(
-        elapsed < Duration::from_secs(5),
-        "the run waited for the stopped child ({elapsed:?})\n{}",
-        run.describe()
-    );
-    assert_nothing_left(&run, &format!("300.{digits}"));
+both_tiers! {
+    fn stopped_process_does_not_survive_a_normal_exit(tier) {
+        require_cells!();
+        let _serial = serial();
+        let digits = marker_digits();
+        // The child stops itself; the payload exits 0 right after, leaving it behind.
+        let script = format!("sh -c 'kill -STOP $$; sleep 300.{digits}' & sleep 0.3; exit 0");
+        let (run, elapsed) = timed(tier, "{}\n", &["/bin/sh", "-c", &script]);
+        println!("stopped child, normal exit: {elapsed:?}");
+        assert_eq!(run.code(), 0, "{}", run.describe());
+        assert_eq!(run.status(), "ok", "{}", run.describe());
+        assert!(
+            elapsed < Duration::from_secs(5),
+            "the run waited for the stopped child ({elapsed:?})\n{}",
+            run.describe()
+        );
+        assert_nothing_left(&run, &format!("300.{digits}"));
+    }
 }
 
-#[test]
-fn stopped_process_does_not_survive_the_deadline() {
-    require_cells!();
-    let _serial = serial();
-    let digits = marker_digits();
-    let script = format!("sh -c 'kill -STOP $$; sleep 300.{digits}' & sleep 60");
-    let (run, elapsed) = timed(TWO_SECONDS, &["/bin/sh", "-c", &script]);
-    assert_killed_at_deadline(&run, elapsed, &format!("300.{digits}"));
+both_tiers! {
+    fn stopped_process_does_not_survive_the_deadline(tier) {
+        require_cells!();
+        let _serial = serial();
+        let digits = marker_digits();
+        let script = format!("sh -c 'kill -STOP $$; sleep 300.{digits}' & sleep 60");
+        let (run, elapsed) = timed(tier, TWO_SECONDS, &["/bin/sh", "-c", &script]);
+        assert_killed_at_deadline(&run, elapsed, &format!("300.{digits}"));
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -292,9 +309,14 @@ fn stopped_process_does_not_survive_the_deadline() {
 
 /// Runs airlock under `/usr/bin/time -v` (or polls its VmHWM) and returns the run and the
 /// supervisor's peak RSS in KiB.
-fn run_measuring_rss(dir: &Path, contract: &str, argv: &[&str]) -> (CellRun, u64, &'static str) {
+fn run_measuring_rss(
+    tier: Tier,
+    dir: &Path,
+    contract: &str,
+    argv: &[&str],
+) -> (CellRun, u64, &'static str) {
     let contract_path = dir.join("contract.yaml");
-    std::fs::write(&contract_path, contract).unwrap();
+    std::fs::write(&contract_path, tier.contract(Some(contract)).unwrap()).unwrap();
     let result_path = dir.join("result.json");
     let time_log = dir.join("time.txt");
     let gnu_time = Path::new("/usr/bin/time").exists();
@@ -363,8 +385,8 @@ fn run_measuring_rss(dir: &Path, contract: &str, argv: &[&str]) -> (CellRun, u64
     }
 }
 
-#[test]
-fn one_gib_output_flood_is_truncated_with_bounded_supervisor_memory() {
+both_tiers! {
+fn one_gib_output_flood_is_truncated_with_bounded_supervisor_memory(tier) {
     require_cells!();
     let _serial = serial();
     const GIB: u64 = 1 << 30;
@@ -372,11 +394,13 @@ fn one_gib_output_flood_is_truncated_with_bounded_supervisor_memory() {
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let (run, rss_kib, how) = run_measuring_rss(
+        tier,
         dir.path(),
         &format!("resources:\n  output_bytes: {LIMIT}\n"),
         &["head", "-c", &GIB.to_string(), "/dev/zero"],
     );
     let elapsed = started.elapsed();
+    assert_eq!(run.result["plan"]["isolation"], tier.name(), "{}", run.describe());
     println!(
         "1 GiB flood: supervisor peak RSS {rss_kib} KiB ({:.1} MiB, {how}), {elapsed:?}",
         rss_kib as f64 / 1024.0
@@ -406,195 +430,210 @@ fn one_gib_output_flood_is_truncated_with_bounded_supervisor_memory() {
         run.describe()
     );
 }
+}
 
 // ---------------------------------------------------------------------------------------
 // 6. disk
 
-#[test]
-fn full_writable_path_is_a_disk_ceiling() {
-    require_cells!();
-    let _serial = serial();
-    let run = common::run(
-        Some("filesystem:\n  writable_paths:\n    - { path: /tmp, size_mb: 1 }\n"),
-        &["dd", "if=/dev/zero", "of=/tmp/fill", "bs=64k", "count=100"],
-    );
-    assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
-    assert_eq!(run.limit_fired(), Some("disk"), "{}", run.describe());
-    assert_ne!(run.code(), 0, "{}", run.describe());
-    assert!(
-        run.stderr().contains("No space left on device"),
-        "dd did not hit ENOSPC\n{}",
-        run.describe()
-    );
+both_tiers! {
+    fn full_writable_path_is_a_disk_ceiling(tier) {
+        require_cells!();
+        let _serial = serial();
+        let run = tier.run(
+            Some("filesystem:\n  writable_paths:\n    - { path: /tmp, size_mb: 1 }\n"),
+            &["dd", "if=/dev/zero", "of=/tmp/fill", "bs=64k", "count=100"],
+        );
+        assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
+        assert_eq!(run.limit_fired(), Some("disk"), "{}", run.describe());
+        assert_ne!(run.code(), 0, "{}", run.describe());
+        assert!(
+            run.stderr().contains("No space left on device"),
+            "dd did not hit ENOSPC\n{}",
+            run.describe()
+        );
+    }
 }
 
-#[test]
-fn a_write_that_fits_is_not_a_disk_ceiling() {
-    require_cells!();
-    let _serial = serial();
-    let run = common::run(
-        Some("filesystem:\n  writable_paths:\n    - { path: /tmp, size_mb: 1 }\n"),
-        &["dd", "if=/dev/zero", "of=/tmp/fill", "bs=64k", "count=4"],
-    );
-    assert_eq!(run.status(), "ok", "{}", run.describe());
-    assert_eq!(run.limit_fired(), None, "{}", run.describe());
+both_tiers! {
+    fn a_write_that_fits_is_not_a_disk_ceiling(tier) {
+        require_cells!();
+        let _serial = serial();
+        let run = tier.run(
+            Some("filesystem:\n  writable_paths:\n    - { path: /tmp, size_mb: 1 }\n"),
+            &["dd", "if=/dev/zero", "of=/tmp/fill", "bs=64k", "count=4"],
+        );
+        assert_eq!(run.status(), "ok", "{}", run.describe());
+        assert_eq!(run.limit_fired(), None, "{}", run.describe());
+    }
 }
 
 // ---------------------------------------------------------------------------------------
 // 7. cpu quota
 
-#[test]
-fn cpu_quota_holds_a_busy_loop_to_its_share() {
-    require_cells!();
-    let _serial = serial();
-    let (run, elapsed) = timed(
-        "resources:\n  cpu_millis: 100\n",
-        &["timeout", "2", "sh", "-c", "while :; do :; done"],
-    );
-    let cpu_ms = usage_f64(&run, "cpu_user_ms") + usage_f64(&run, "cpu_system_ms");
-    println!(
-        "cpu quota 10%: {cpu_ms:.0} ms of cpu in a {elapsed:?} run ({:.1}% of 2000 ms)",
-        cpu_ms / 20.0
-    );
-    assert!(
-        matches!(run.status(), "ok" | "task_error"),
-        "{}",
-        run.describe()
-    );
-    // timeout(1) ran its 2 s and killed the loop.
-    assert_eq!(run.code(), 124, "{}", run.describe());
-    assert!(
-        elapsed >= Duration::from_millis(1900),
-        "the loop did not run for 2 s ({elapsed:?})\n{}",
-        run.describe()
-    );
-    assert!(
-        cpu_ms > 20.0,
-        "no cpu time counted at all ({cpu_ms} ms): usage is not measured\n{}",
-        run.describe()
-    );
-    assert!(
-        cpu_ms <= 500.0,
-        "the loop used {cpu_ms} ms of cpu in 2 s under a 10% quota (expected <= 25% = 500 ms)\n{}",
-        run.describe()
-    );
-}
-
-// ---------------------------------------------------------------------------------------
-// 8. usage and timings
-
-#[test]
-fn usage_and_timings_are_present_and_plausible() {
-    require_cells!();
-    let _serial = serial();
-    let run = common::sh("i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo done");
-    assert_eq!(run.status(), "ok", "{}", run.describe());
-    let t = &run.result["timings"];
-    let startup = t["startup_ms"].as_f64().expect("startup_ms");
-    let wall = t["wall_ms"].as_f64().expect("wall_ms");
-    println!("timings: startup {startup:.1} ms, wall {wall:.1} ms");
-    assert!(startup > 0.0, "startup_ms {startup}\n{}", run.describe());
-    assert!(wall >= startup, "wall_ms < startup_ms\n{}", run.describe());
-    assert!(wall < 60_000.0, "wall_ms {wall}\n{}", run.describe());
-    assert!(
-        usage_f64(&run, "memory_peak_bytes") > 0.0,
-        "{}",
-        run.describe()
-    );
-    assert!(usage_f64(&run, "pids_peak") >= 1.0, "{}", run.describe());
-    assert_eq!(usage_f64(&run, "oom_kills"), 0.0, "{}", run.describe());
-    assert_eq!(
-        usage_f64(&run, "pids_limit_hits"),
-        0.0,
-        "{}",
-        run.describe()
-    );
-    let cpu = usage_f64(&run, "cpu_user_ms") + usage_f64(&run, "cpu_system_ms");
-    assert!(
-        cpu > 0.0 && cpu <= wall * 2.0 + 10.0,
-        "cpu {cpu} ms implausible for a {wall} ms run\n{}",
-        run.describe()
-    );
-}
-
-/// A payload killed at the deadline burned about two seconds of cpu; the record must
-/// say so (accounting that only sees processes reaped before the kill reports ~0).
-#[test]
-fn usage_counts_the_cpu_of_a_payload_killed_at_the_deadline() {
-    require_cells!();
-    let _serial = serial();
-    for attempt in 0..5 {
-        let (run, elapsed) = timed(
-            TWO_SECONDS,
-            &["/bin/sh", "-c", "trap '' TERM; while :; do :; done"],
+both_tiers! {
+    fn cpu_quota_holds_a_busy_loop_to_its_share(tier) {
+        require_cells!();
+        let _serial = serial();
+        let (run, elapsed) = timed(tier,
+            "resources:\n  cpu_millis: 100\n",
+            &["timeout", "2", "sh", "-c", "while :; do :; done"],
         );
-        let cpu = usage_f64(&run, "cpu_user_ms") + usage_f64(&run, "cpu_system_ms");
-        println!("attempt {attempt}: {cpu:.0} ms cpu in {elapsed:?}");
-        assert_eq!(run.limit_fired(), Some("wall_time"), "{}", run.describe());
+        let cpu_ms = usage_f64(&run, "cpu_user_ms") + usage_f64(&run, "cpu_system_ms");
+        // The quota is a share of wall time. On gVisor the whole sandbox is under it, the
+        // Sentry's start included: the run lasts longer than the loop's 2 s (9.5-13.5 s
+        // measured here), and its share is what the quota bounds.
+        let wall_ms = elapsed.as_secs_f64() * 1000.0;
+        println!(
+            "cpu quota 10%: {cpu_ms:.0} ms of cpu in a {elapsed:?} run ({:.1}% of its wall time)",
+            100.0 * cpu_ms / wall_ms
+        );
         assert!(
-            cpu >= 1000.0,
-            "a busy loop ran ~2 s but usage reports {cpu} ms of cpu\n{}",
+            matches!(run.status(), "ok" | "task_error"),
+            "{}",
+            run.describe()
+        );
+        // timeout(1) ran its 2 s and killed the loop.
+        assert_eq!(run.code(), 124, "{}", run.describe());
+        assert!(
+            elapsed >= Duration::from_millis(1900),
+            "the loop did not run for 2 s ({elapsed:?})\n{}",
+            run.describe()
+        );
+        assert!(
+            cpu_ms > 20.0,
+            "no cpu time counted at all ({cpu_ms} ms): usage is not measured\n{}",
+            run.describe()
+        );
+        assert!(
+            cpu_ms <= 0.25 * wall_ms,
+            "the loop used {cpu_ms} ms of cpu in a {wall_ms:.0} ms run under a 10% quota \
+             (expected <= 25% of it)\n{}",
             run.describe()
         );
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// 9. exit codes
+// 8. usage and timings
 
-#[test]
-fn payload_exit_code_is_passed_through() {
-    require_cells!();
-    let _serial = serial();
-    let run = common::sh("exit 3");
-    assert_eq!(run.code(), 3, "{}", run.describe());
-    assert_eq!(run.status(), "task_error", "{}", run.describe());
-    assert_eq!(run.result["exit"]["code"], 3, "{}", run.describe());
-    assert_eq!(run.result["exit_code"], 3, "{}", run.describe());
-    assert_eq!(run.limit_fired(), None, "{}", run.describe());
-}
-
-#[test]
-fn command_not_found_is_127() {
-    require_cells!();
-    let _serial = serial();
-    for argv in [
-        &["airlock-no-such-command-xyz"][..],
-        &["/no/such/dir/command"][..],
-    ] {
-        let run = common::run(None, argv);
-        assert_eq!(run.code(), 127, "{argv:?}\n{}", run.describe());
-        assert_eq!(run.result["exit_code"], 127, "{}", run.describe());
-        assert_eq!(run.status(), "task_error", "{}", run.describe());
+both_tiers! {
+    fn usage_and_timings_are_present_and_plausible(tier) {
+        require_cells!();
+        let _serial = serial();
+        let run = tier.sh("i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo done");
+        assert_eq!(run.status(), "ok", "{}", run.describe());
+        let t = &run.result["timings"];
+        let startup = t["startup_ms"].as_f64().expect("startup_ms");
+        let wall = t["wall_ms"].as_f64().expect("wall_ms");
+        println!("timings: startup {startup:.1} ms, wall {wall:.1} ms");
+        assert!(startup > 0.0, "startup_ms {startup}\n{}", run.describe());
+        assert!(wall >= startup, "wall_ms < startup_ms\n{}", run.describe());
+        assert!(wall < 60_000.0, "wall_ms {wall}\n{}", run.describe());
+        assert!(
+            usage_f64(&run, "memory_peak_bytes") > 0.0,
+            "{}",
+            run.describe()
+        );
+        assert!(usage_f64(&run, "pids_peak") >= 1.0, "{}", run.describe());
+        assert_eq!(usage_f64(&run, "oom_kills"), 0.0, "{}", run.describe());
+        assert_eq!(
+            usage_f64(&run, "pids_limit_hits"),
+            0.0,
+            "{}",
+            run.describe()
+        );
+        let cpu = usage_f64(&run, "cpu_user_ms") + usage_f64(&run, "cpu_system_ms");
+        assert!(
+            cpu > 0.0 && cpu <= wall * 2.0 + 10.0,
+            "cpu {cpu} ms implausible for a {wall} ms run\n{}",
+            run.describe()
+        );
     }
 }
 
-#[test]
-fn non_executable_file_is_126() {
-    require_cells!();
-    let _serial = serial();
-    // A regular, non-executable file visible in the cell (host /usr is mounted).
-    let candidates = [
-        "/usr/lib/os-release",
-        "/usr/share/common-licenses/GPL-3",
-        "/usr/share/dict/words",
-    ];
-    let file = candidates
-        .iter()
-        .find(|p| {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 == 0)
-        })
-        .expect("no non-executable regular file under /usr");
-    let run = common::run(None, &[file]);
-    assert_eq!(run.code(), 126, "{}", run.describe());
-    assert_eq!(run.result["exit_code"], 126, "{}", run.describe());
-    assert_eq!(run.status(), "task_error", "{}", run.describe());
-    // A directory cannot be executed either.
-    let run = common::run(None, &["/usr/share"]);
-    assert_eq!(run.code(), 126, "{}", run.describe());
+both_tiers! {
+    /// A payload killed at the deadline burned about two seconds of cpu; the record must
+    /// say so (accounting that only sees processes reaped before the kill reports ~0).
+    fn usage_counts_the_cpu_of_a_payload_killed_at_the_deadline(tier) {
+        require_cells!();
+        let _serial = serial();
+        for attempt in 0..5 {
+            let (run, elapsed) = timed(tier,
+                TWO_SECONDS,
+                &["/bin/sh", "-c", "trap '' TERM; while :; do :; done"],
+            );
+            let cpu = usage_f64(&run, "cpu_user_ms") + usage_f64(&run, "cpu_system_ms");
+            println!("attempt {attempt}: {cpu:.0} ms cpu in {elapsed:?}");
+            assert_eq!(run.limit_fired(), Some("wall_time"), "{}", run.describe());
+            assert!(
+                cpu >= 1000.0,
+                "a busy loop ran ~2 s but usage reports {cpu} ms of cpu\n{}",
+                run.describe()
+            );
+        }
+    }
 }
 
+// ---------------------------------------------------------------------------------------
+// 9. exit codes
+
+both_tiers! {
+    fn payload_exit_code_is_passed_through(tier) {
+        require_cells!();
+        let _serial = serial();
+        let run = tier.sh("exit 3");
+        assert_eq!(run.code(), 3, "{}", run.describe());
+        assert_eq!(run.status(), "task_error", "{}", run.describe());
+        assert_eq!(run.result["exit"]["code"], 3, "{}", run.describe());
+        assert_eq!(run.result["exit_code"], 3, "{}", run.describe());
+        assert_eq!(run.limit_fired(), None, "{}", run.describe());
+    }
+}
+
+both_tiers! {
+    fn command_not_found_is_127(tier) {
+        require_cells!();
+        let _serial = serial();
+        for argv in [
+            &["airlock-no-such-command-xyz"][..],
+            &["/no/such/dir/command"][..],
+        ] {
+            let run = tier.run(None, argv);
+            assert_eq!(run.code(), 127, "{argv:?}\n{}", run.describe());
+            assert_eq!(run.result["exit_code"], 127, "{}", run.describe());
+            assert_eq!(run.status(), "task_error", "{}", run.describe());
+        }
+    }
+}
+
+both_tiers! {
+    fn non_executable_file_is_126(tier) {
+        require_cells!();
+        let _serial = serial();
+        // A regular, non-executable file visible in the cell (host /usr is mounted).
+        let candidates = [
+            "/usr/lib/os-release",
+            "/usr/share/common-licenses/GPL-3",
+            "/usr/share/dict/words",
+        ];
+        let file = candidates
+            .iter()
+            .find(|p| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 == 0)
+            })
+            .expect("no non-executable regular file under /usr");
+        let run = tier.run(None, &[file]);
+        assert_eq!(run.code(), 126, "{}", run.describe());
+        assert_eq!(run.result["exit_code"], 126, "{}", run.describe());
+        assert_eq!(run.status(), "task_error", "{}", run.describe());
+        // A directory cannot be executed either.
+        let run = tier.run(None, &["/usr/share"]);
+        assert_eq!(run.code(), 126, "{}", run.describe());
+    }
+}
+
+/// Both tiers at once: it runs no cell itself, and checks what every case above left.
 #[test]
 fn no_orphaned_cell_process_outlives_these_tests() {
     require_cells!();

@@ -6,6 +6,9 @@
 //! private-address rule by the operator config written by the test) on ephemeral ports,
 //! and maps fake names (`api.test`, `evil.test`, ...) with the config's static host map.
 //! Nothing here touches a real network.
+//!
+//! Native cell only: every case needs `network.mode: allowlist`, which the gVisor tier
+//! refuses on this runsc (docs/threat-model.md, "Tiers"; gvisor.rs shows the refusal).
 
 mod common;
 

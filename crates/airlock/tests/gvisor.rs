@@ -38,36 +38,9 @@ fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
 
-/// Nothing of the run's sandbox is left on the host: its cgroups (every hierarchy, runsc
-/// makes some airlock does not use), its directory under /run/airlock-gvisor, a mount
-/// there, a process naming it (runsc's sandbox and gofer carry `--root=<its dir>`).
+/// Nothing of the run's sandbox is left on the host (common/tier.rs says what that is).
 fn assert_nothing_left(run: &CellRun) {
-    let supervisor = run.supervisor.expect("started by run_supervisor");
-    let prefix = format!("{}-{}-", supervisor.pid, supervisor.start_time);
-    let cgroups = host::cgroups_of(&supervisor);
-    assert!(
-        cgroups.is_empty(),
-        "cgroups left: {cgroups:?}\n{}",
-        run.describe()
-    );
-    let dirs: Vec<_> = std::fs::read_dir("/run/airlock-gvisor")
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&prefix))
-                .collect()
-        })
-        .unwrap_or_default();
-    assert!(dirs.is_empty(), "cell directories left: {dirs:?}");
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let left: Vec<&str> = mounts
-        .lines()
-        .filter(|l| l.contains(&format!("/run/airlock-gvisor/{prefix}")))
-        .collect();
-    assert!(left.is_empty(), "mounts left: {left:?}");
-    let procs = host::processes_with(&format!("/run/airlock-gvisor/{prefix}"));
-    assert!(procs.is_empty(), "runsc processes left: {procs:?}");
-    assert_eq!(run.result["cleanup"]["ok"], true, "{}", run.describe());
+    common::tier::assert_sandbox_left_nothing(run);
 }
 
 fn host_text(path: &str) -> String {
@@ -243,45 +216,8 @@ fn no_network_under_deny_not_even_the_hosts_loopback() {
     }
 }
 
-#[test]
-fn the_memory_ceiling_kills_the_sandbox_and_is_classified_memory() {
-    require_cells!();
-    let _serial = serial();
-    let dir = tempdir();
-    let run = gvisor_sh(
-        dir.path(),
-        "resources: { memory_mb: 96 }\n",
-        "python3 -c 'b = bytearray(400 << 20); print(len(b))'",
-    );
-    assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
-    assert_eq!(run.limit_fired(), Some("memory"), "{}", run.describe());
-    assert_eq!(run.code(), 137, "{}", run.describe());
-    assert!(run.result["usage"]["oom_kills"].as_u64().unwrap() > 0);
-}
-
-/// The deadline from outside: SIGTERM to the container's processes, a grace, then every
-/// host process of the sandbox killed; a payload that ignores SIGTERM and has a child in
-/// the background goes too.
-#[test]
-fn the_deadline_ends_a_term_ignoring_payload_and_everything_of_its_sandbox() {
-    require_cells!();
-    let _serial = serial();
-    let dir = tempdir();
-    let started = Instant::now();
-    let run = gvisor_sh(
-        dir.path(),
-        "resources: { wall_time_seconds: 2 }\n",
-        "trap '' TERM; (trap '' TERM; sleep 300) & sleep 300; wait",
-    );
-    assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
-    assert_eq!(run.limit_fired(), Some("wall_time"));
-    assert_eq!(run.code(), 124);
-    assert!(
-        started.elapsed() < Duration::from_secs(15),
-        "took {:?}",
-        started.elapsed()
-    );
-}
+// The memory ceiling, the deadline (a SIGTERM-ignoring payload and daemon) and the output
+// cap on this tier are ceilings.rs's `::gvisor` cases (both_tiers!, common/tier.rs).
 
 /// `process_limit` is RLIMIT_NPROC inside gVisor: a fork past it is refused there (the
 /// host's pids cgroup is only a backstop for the sandbox's own host tasks).
@@ -311,22 +247,6 @@ fn forks_beyond_the_process_limit_are_refused_inside_the_sandbox() {
         run.describe()
     );
     assert_eq!(run.status(), "task_error", "{}", run.describe());
-}
-
-#[test]
-fn output_beyond_the_cap_is_counted_and_classified() {
-    require_cells!();
-    let _serial = serial();
-    let dir = tempdir();
-    let run = gvisor_sh(
-        dir.path(),
-        "resources: { output_bytes: 1000 }\n",
-        "head -c 50000 /dev/zero | tr '\\0' x",
-    );
-    assert_eq!(run.status(), "capacity_exceeded", "{}", run.describe());
-    assert_eq!(run.limit_fired(), Some("output_bytes"));
-    assert_eq!(run.stdout().len(), 1000);
-    assert_eq!(run.result["output"]["stdout"]["bytes_seen"], 50000);
 }
 
 #[test]

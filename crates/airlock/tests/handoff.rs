@@ -613,3 +613,57 @@ fn a_service_that_dies_mid_run_is_a_runtime_fault() {
     let record: Value = serde_json::from_str(&std::fs::read_to_string(&result).unwrap()).unwrap();
     assert_eq!(record["status"], "runtime_fault");
 }
+
+#[test]
+fn a_client_that_dies_mid_run_takes_its_run_in_the_service_with_it() {
+    require_cells!();
+    // Ctrl-C at the client's terminal ends a run in the client's process (the cell dies
+    // with its supervisor); handed over, the service destroys the cell when the client's
+    // connection hangs up, instead of letting it run to its deadline.
+    let service = Service::start();
+    let marker = format!("handoff-orphan-{}", std::process::id());
+    let script = format!("echo started; sleep 30; : {marker}");
+    let mut client = Command::new(common::airlock_bin())
+        .env("AIRLOCK_SOCKET", &service.socket)
+        .args(["run", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut started = [0u8; 8];
+    std::io::Read::read_exact(client.stdout.as_mut().unwrap(), &mut started).unwrap();
+    assert_eq!(&started, b"started\n");
+    assert_eq!(service.peers().len(), 1, "not handed over");
+    let killed_at = std::time::Instant::now();
+    let sent = Command::new("kill")
+        .args(["-INT", &client.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = client.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGINT)
+    );
+
+    let ended = common::finished_runs(service.state_dir(), &marker, 1);
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    let record = &ended[0];
+    assert_eq!(record["status"], "runtime_fault", "{record}");
+    let error = record["result"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("the caller went away"), "{record}");
+    assert!(
+        killed_at.elapsed() < std::time::Duration::from_secs(15),
+        "the cell ran on after its client died"
+    );
+    let left = Command::new("pgrep")
+        .args(["-f", &marker])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "the payload outlived its client: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::served::Served;
 use common::{airlock_bin, CellRun};
 use serde_json::Value;
 use std::io::Write;
@@ -41,18 +42,32 @@ impl Driven {
 }
 
 /// Runs `airlock run --contract <yaml> -- argv` on a pty of `rows` x `cols`, driven by
-/// `steps` (see tests/fixtures/pty_driver.py).
+/// `steps` (see tests/fixtures/pty_driver.py), in the driver's process with a store of
+/// its own.
 fn drive(yaml: Option<&str>, rows: u16, cols: u16, steps: Value, argv: &[&str]) -> Driven {
+    drive_through(None, yaml, rows, cols, steps, argv)
+}
+
+/// [`drive`], handed to `service` (`airlock run -v`, whose stderr says so) when given.
+fn drive_through(
+    service: Option<&Served>,
+    yaml: Option<&str>,
+    rows: u16,
+    cols: u16,
+    steps: Value,
+    argv: &[&str],
+) -> Driven {
     let dir = tempfile::tempdir().unwrap();
     let result = dir.path().join("result.json");
-    let mut command = vec![
-        airlock_bin().display().to_string(),
-        "run".into(),
-        "--state-dir".into(),
-        dir.path().join("state").display().to_string(),
-        "--result".into(),
-        result.display().to_string(),
-    ];
+    let mut command = vec![airlock_bin().display().to_string(), "run".into()];
+    match service {
+        Some(_) => command.push("-v".into()),
+        None => command.extend([
+            "--state-dir".into(),
+            dir.path().join("state").display().to_string(),
+        ]),
+    }
+    command.extend(["--result".into(), result.display().to_string()]);
     if let Some(yaml) = yaml {
         let contract = dir.path().join("contract.yaml");
         std::fs::write(&contract, yaml).unwrap();
@@ -60,7 +75,12 @@ fn drive(yaml: Option<&str>, rows: u16, cols: u16, steps: Value, argv: &[&str]) 
     }
     command.push("--".into());
     command.extend(argv.iter().map(|a| a.to_string()));
-    let output = Command::new("python3")
+    let mut driver_command = Command::new("python3");
+    match service {
+        Some(service) => driver_command.env("AIRLOCK_SOCKET", service.sock()),
+        None => driver_command.env_remove("AIRLOCK_SOCKET"),
+    };
+    let output = driver_command
         .arg(driver())
         .arg(steps.to_string())
         .arg(rows.to_string())
@@ -138,10 +158,13 @@ fn with_a_terminal_the_payload_runs_on_a_cell_pts_with_the_callers_window_size()
     );
 }
 
-#[test]
-fn an_interactive_shell_answers_a_typed_line_and_ctrl_c_reaches_the_payload() {
-    require_cells!();
-    let run = drive(
+/// An interactive bash on the cell's terminal (handed to `service` when given): it
+/// answers a typed line, Ctrl-C ends its foreground job and not airlock (raw at the
+/// caller, Ctrl-C is a byte the cell's line discipline makes that job's SIGINT), and its
+/// exit status is the run's.
+fn interactive_shell(service: Option<&Served>) -> Driven {
+    let run = drive_through(
+        service,
         Some(TTY_CONTRACT),
         24,
         80,
@@ -150,7 +173,6 @@ fn an_interactive_shell_answers_a_typed_line_and_ctrl_c_reaches_the_payload() {
             ["send", "echo $((6 * 7))\n"],
             // The next line only once the prompt is back (see the python test below).
             ["expect", "[\r\n]42\r\n[\\s\\S]*cell\\$ "],
-            // Ctrl-C ends the shell's foreground job, not airlock.
             ["send", "sleep 30\n"],
             ["sleep", 0.5],
             ["send", "\u{3}"],
@@ -163,6 +185,13 @@ fn an_interactive_shell_answers_a_typed_line_and_ctrl_c_reaches_the_payload() {
     assert!(run.transcript().contains("alive"), "{}", run.describe());
     assert_eq!(run.status(), 5, "{}", run.describe());
     assert_eq!(run.result["status"], "task_error", "{}", run.describe());
+    run
+}
+
+#[test]
+fn an_interactive_shell_answers_a_typed_line_and_ctrl_c_reaches_the_payload() {
+    require_cells!();
+    interactive_shell(None);
 }
 
 #[test]
@@ -381,4 +410,170 @@ fn without_the_option_a_caller_terminal_is_not_given_to_the_payload() {
     assert!(text.contains("tty_nr=0"), "{}", run.describe());
     assert_eq!(run.result["stdin"]["mode"], "none", "{}", run.describe());
     assert_eq!(run.report["modes_restored"], true, "{}", run.describe());
+}
+
+// ---- handed to a running service (crates/engine/src/handoff.rs) ----
+
+/// `airlock serve` on its unix socket only.
+fn service() -> Served {
+    Served::start("[server]\nlisten = [\"unix:SOCK\"]\n", |_| {})
+}
+
+fn handed_over(run: &Driven) -> bool {
+    run.report["stderr"]
+        .as_str()
+        .is_some_and(|e| e.contains("handed to the service"))
+}
+
+#[test]
+fn handed_to_a_service_the_payload_gets_a_cell_pts_that_follows_the_callers_window() {
+    require_cells!();
+    // The service's cell is in no session of the caller's: it gets no SIGWINCH, and
+    // follows the window size by looking at the caller's terminal.
+    let service = service();
+    let script = "tty; stty size; read line; stty size";
+    let run = drive_through(
+        Some(&service),
+        Some(TTY_CONTRACT),
+        33,
+        101,
+        serde_json::json!([
+            ["expect", "33 101"],
+            ["await_raw"],
+            ["resize", 40, 120],
+            ["sleep", 0.6],
+            ["send", "\n"],
+            ["expect", "40 120"],
+        ]),
+        &["sh", "-c", script],
+    );
+    assert!(handed_over(&run), "{}", run.describe());
+    assert!(run.report["failed"].is_null(), "{}", run.describe());
+    assert!(
+        run.transcript().contains("/dev/pts/0"),
+        "{}",
+        run.describe()
+    );
+    assert_eq!(run.status(), 0, "{}", run.describe());
+    assert_eq!(run.report["raw_during_run"], true, "{}", run.describe());
+    assert_eq!(run.report["modes_restored"], true, "{}", run.describe());
+    assert_eq!(
+        run.result["stdin"]["mode"],
+        "terminal",
+        "{}",
+        run.describe()
+    );
+}
+
+#[test]
+fn handed_to_a_service_an_interactive_shell_answers_and_ctrl_c_reaches_the_payload() {
+    require_cells!();
+    let service = service();
+    let run = interactive_shell(Some(&service));
+    assert!(handed_over(&run), "{}", run.describe());
+}
+
+#[test]
+fn handed_to_a_service_the_payload_cannot_reach_the_callers_terminal_or_type_into_its_own() {
+    require_cells!();
+    // The service holds the caller's terminal to relay it; the payload still sees only
+    // its cell's devpts, and TIOCSTI/TIOCLINUX stay denied on it.
+    let probe = r#"
+import fcntl, os, sys, termios
+print('stdio', sorted({os.readlink('/proc/self/fd/%d' % fd) for fd in (0, 1, 2)}))
+print('pts', sorted(os.listdir('/dev/pts')))
+caller = sys.argv[1]
+try:
+    os.close(os.open(caller, os.O_RDWR | os.O_NOCTTY))
+    print('caller', caller, 'OPENED')
+except OSError as err:
+    print('caller', caller, 'refused', err.errno)
+for name, request in (('TIOCSTI', termios.TIOCSTI), ('TIOCLINUX', 0x541C)):
+    try:
+        fcntl.ioctl(0, request, b'x')
+        print(name, 'ALLOWED')
+    except OSError as err:
+        print(name, 'denied', err.errno)
+"#;
+    let service = service();
+    let first = drive_through(
+        Some(&service),
+        Some(TTY_CONTRACT),
+        24,
+        80,
+        serde_json::json!([]),
+        &["true"],
+    );
+    let caller = first.report["caller_tty"].as_str().unwrap().to_string();
+    let run = drive_through(
+        Some(&service),
+        Some(TTY_CONTRACT),
+        24,
+        80,
+        serde_json::json!([]),
+        &["python3", "-c", probe, &caller],
+    );
+    let text = run.transcript();
+    assert!(handed_over(&run), "{}", run.describe());
+    assert!(text.contains("stdio ['/dev/pts/0']"), "{}", run.describe());
+    assert!(text.contains("pts ['0', 'ptmx']"), "{}", run.describe());
+    assert!(text.contains("refused"), "{}", run.describe());
+    assert!(
+        text.contains(&format!("TIOCSTI denied {}", libc::EPERM)),
+        "{}",
+        run.describe()
+    );
+    assert!(
+        text.contains(&format!("TIOCLINUX denied {}", libc::EPERM)),
+        "{}",
+        run.describe()
+    );
+    assert!(
+        !text.contains("ALLOWED") && !text.contains("OPENED"),
+        "{}",
+        run.describe()
+    );
+}
+
+#[test]
+fn handed_to_a_service_a_client_killed_by_a_signal_restores_its_terminal_and_ends_the_cell() {
+    require_cells!();
+    let service = service();
+    let marker = format!("tty-orphan-{}", std::process::id());
+    let script = format!("sleep 30; : {marker}");
+    for signal in ["TERM", "HUP"] {
+        let run = drive_through(
+            Some(&service),
+            Some(TTY_CONTRACT),
+            24,
+            80,
+            serde_json::json!([["await_raw"], ["sleep", 0.3], ["signal", signal]]),
+            &["sh", "-c", &script],
+        );
+        assert_eq!(run.report["raw_during_run"], true, "{}", run.describe());
+        assert!(run.status() < 0, "{signal}: {}", run.describe());
+        assert_eq!(
+            run.report["modes_restored"],
+            true,
+            "{signal}: {}",
+            run.describe()
+        );
+    }
+    // Both runs were destroyed in the service when their clients went away.
+    let ended = common::finished_runs(&service.state_dir(), &marker, 2);
+    assert_eq!(ended.len(), 2, "{ended:?}");
+    for run in ended {
+        assert_eq!(run["status"], "runtime_fault", "{run}");
+        let error = run["result"]["error"].as_str().unwrap_or_default();
+        assert!(error.contains("the caller went away"), "{run}");
+    }
+    let left = Command::new("pgrep")
+        .args(["-f", &marker])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&left.stdout)
+    );
 }

@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
-/// Most descriptors a control message carries (stdin, stdout sink, stderr sink).
-pub const MAX_CONTROL_FDS: usize = 3;
+/// Most descriptors a control message carries (stdin, stdout sink, stderr sink, the
+/// caller's liveness).
+pub const MAX_CONTROL_FDS: usize = 4;
 /// The supervisor's send buffer: one packet carries a whole report (its output's head
 /// and tail, every egress record), and a SOCK_SEQPACKET message must fit the buffer.
 const REPORT_SEND_BUFFER: usize = 16 << 20;
@@ -40,6 +41,21 @@ pub struct CommandSpec {
     /// A stdin descriptor travels with the message (otherwise the command reads the null
     /// device).
     pub stdin: bool,
+    /// A descriptor of the caller's travels last: when its far end hangs up (the caller
+    /// died or went away), a one-shot cell is destroyed, as a cell dies with a caller in
+    /// whose process it runs (a handed-off `airlock run` whose client got Ctrl-C).
+    #[serde(default)]
+    pub watch_caller: bool,
+}
+
+/// The descriptors that travel with a command, in this order: `stdin` (when
+/// [`CommandSpec::stdin`]), the output sinks, `caller` (when [`CommandSpec::watch_caller`]).
+#[derive(Clone, Copy)]
+pub struct CommandFds<'a> {
+    pub stdin: Option<BorrowedFd<'a>>,
+    pub stdout: BorrowedFd<'a>,
+    pub stderr: BorrowedFd<'a>,
+    pub caller: Option<BorrowedFd<'a>>,
 }
 
 /// Engine -> supervisor.
@@ -192,7 +208,9 @@ trait Message: Serialize + DeserializeOwned {
 impl Message for ToSupervisor {
     fn descriptors(&self) -> usize {
         match self {
-            ToSupervisor::Run { command, .. } => 2 + usize::from(command.stdin),
+            ToSupervisor::Run { command, .. } => {
+                2 + usize::from(command.stdin) + usize::from(command.watch_caller)
+            }
             ToSupervisor::Kill { .. }
             | ToSupervisor::Signal { .. }
             | ToSupervisor::SetDestinations { .. }
@@ -300,23 +318,15 @@ impl EngineControl {
         self.sock.as_fd()
     }
 
-    /// Runs `command` with `stdin` (when `command.stdin`) and the output sinks.
+    /// Runs `command` with its descriptors ([`CommandFds`]).
     pub fn run(
         &self,
         id: u64,
         run_id: &str,
         command: CommandSpec,
-        stdin: Option<BorrowedFd<'_>>,
-        stdout: BorrowedFd<'_>,
-        stderr: BorrowedFd<'_>,
+        fds: CommandFds<'_>,
     ) -> Result<(), CellError> {
-        self.send_run(
-            id,
-            run_id,
-            command,
-            [stdin, Some(stdout), Some(stderr)],
-            false,
-        )
+        self.send_run(id, run_id, command, fds, false)
     }
 
     /// [`EngineControl::run`], held: the command starts at [`EngineControl::release`]
@@ -325,16 +335,14 @@ impl EngineControl {
         &self,
         id: u64,
         command: CommandSpec,
-        stdin: Option<BorrowedFd<'_>>,
-        stdout: BorrowedFd<'_>,
-        stderr: BorrowedFd<'_>,
+        fds: CommandFds<'_>,
     ) -> Result<(), CellError> {
         if !self.can_hold() {
             return Err(CellError::Protocol {
                 message: "a held command for a cell without a release pipe".into(),
             });
         }
-        self.send_run(id, "", command, [stdin, Some(stdout), Some(stderr)], true)
+        self.send_run(id, "", command, fds, true)
     }
 
     fn send_run(
@@ -342,15 +350,15 @@ impl EngineControl {
         id: u64,
         run_id: &str,
         command: CommandSpec,
-        [stdin, stdout, stderr]: [Option<BorrowedFd<'_>>; 3],
+        fds: CommandFds<'_>,
         held: bool,
     ) -> Result<(), CellError> {
-        if command.stdin != stdin.is_some() {
+        if command.stdin != fds.stdin.is_some() || command.watch_caller != fds.caller.is_some() {
             return Err(CellError::Protocol {
-                message: "a command's stdin flag and descriptor disagree".into(),
+                message: "a command's descriptor flags and its descriptors disagree".into(),
             });
         }
-        let fds: Vec<RawFd> = [stdin, stdout, stderr]
+        let fds: Vec<RawFd> = [fds.stdin, Some(fds.stdout), Some(fds.stderr), fds.caller]
             .into_iter()
             .flatten()
             .map(|f| f.as_raw_fd())
@@ -492,6 +500,17 @@ mod tests {
             wall_time_ms: Some(500),
             output_bytes: None,
             stdin,
+            watch_caller: false,
+        }
+    }
+
+    /// `stdin`, the two sinks and `caller`, borrowed from `held` (four descriptors).
+    fn fds<'a>(held: &'a [OwnedFd], stdin: bool, caller: bool) -> CommandFds<'a> {
+        CommandFds {
+            stdin: stdin.then(|| held[0].as_fd()),
+            stdout: held[1].as_fd(),
+            stderr: held[2].as_fd(),
+            caller: caller.then(|| held[3].as_fd()),
         }
     }
 
@@ -532,6 +551,18 @@ mod tests {
                     held: true,
                 },
                 2,
+            ),
+            (
+                ToSupervisor::Run {
+                    id: 3,
+                    run_id: "r3".into(),
+                    command: CommandSpec {
+                        watch_caller: true,
+                        ..spec(true)
+                    },
+                    held: false,
+                },
+                4,
             ),
             (ToSupervisor::Kill { id: 4 }, 0),
             (
@@ -617,19 +648,35 @@ mod tests {
     fn the_engine_and_the_supervisor_talk_through_a_socket_pair() {
         let (a, b) = sys::seqpacket_pair().unwrap();
         let (engine, supervisor) = (EngineControl::new(a), SupervisorControl::new(b));
-        let (out, err) = (null(), null());
+        let held: Vec<OwnedFd> = (0..4).map(|_| null()).collect();
         engine
-            .run(7, "run", spec(false), None, out.as_fd(), err.as_fd())
+            .run(7, "run", spec(false), fds(&held, false, false))
             .unwrap();
-        let (message, fds) = supervisor.recv().unwrap().unwrap();
+        let (message, received) = supervisor.recv().unwrap().unwrap();
         assert!(matches!(message, ToSupervisor::Run { id: 7, .. }));
-        assert_eq!(fds.len(), 2);
+        assert_eq!(received.len(), 2);
         assert!(
             engine
-                .run(8, "run", spec(true), None, out.as_fd(), err.as_fd())
+                .run(8, "run", spec(true), fds(&held, false, false))
                 .is_err(),
             "a stdin flag without a descriptor is not sent"
         );
+        assert!(
+            engine
+                .run(9, "run", spec(false), fds(&held, false, true))
+                .is_err(),
+            "a caller's descriptor without its flag is not sent"
+        );
+        let watched = CommandSpec {
+            watch_caller: true,
+            ..spec(true)
+        };
+        engine
+            .run(10, "run", watched, fds(&held, true, true))
+            .unwrap();
+        let (message, received) = supervisor.recv().unwrap().unwrap();
+        assert!(matches!(message, ToSupervisor::Run { id: 10, .. }));
+        assert_eq!(received.len(), 4);
         supervisor.send(&ToEngine::CommandStarted { id: 7 });
         assert!(matches!(
             engine.recv().unwrap(),
@@ -643,10 +690,10 @@ mod tests {
     fn a_held_command_is_released_through_the_pipe_that_came_with_parked() {
         let (a, b) = sys::seqpacket_pair().unwrap();
         let (engine, supervisor) = (EngineControl::new(a), SupervisorControl::new(b));
-        let (out, err) = (null(), null());
+        let held: Vec<OwnedFd> = (0..4).map(|_| null()).collect();
         assert!(
             engine
-                .run_held(1, spec(false), None, out.as_fd(), err.as_fd())
+                .run_held(1, spec(false), fds(&held, false, false))
                 .is_err(),
             "no release pipe yet: nothing may be held"
         );
@@ -663,7 +710,7 @@ mod tests {
         ));
         assert!(engine.can_hold());
         engine
-            .run_held(1, spec(false), None, out.as_fd(), err.as_fd())
+            .run_held(1, spec(false), fds(&held, false, false))
             .unwrap();
         let (message, _) = supervisor.recv().unwrap().unwrap();
         assert!(matches!(message, ToSupervisor::Run { held: true, .. }));

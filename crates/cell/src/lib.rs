@@ -52,3 +52,4 @@ pub use supervisor::{
     credential_env, credential_env_from, run_cell, serve_cell, BeforeStart, EgressSession,
     EgressSummary, PayloadStdin, RunOptions, ServeMode, ServeOptions, PID1_NAME, TERM_GRACE,
 };
+pub use terminal::CallerTerminal;

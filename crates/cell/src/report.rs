@@ -306,6 +306,11 @@ pub struct RunReport {
     /// read-only input on a filesystem without idmapped mounts keeps its host owners).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The container this run was, when the OCI runtime interface (`airlock-runc`) ran
+    /// it: its id and, under Kubernetes, the pod's namespace, name and container name.
+    /// Set by the caller (it knows the bundle); `None` for every other run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<airlock_oci::bundle::ContainerIdentity>,
     /// The host uid and gid the cell ran as (its own while it lived, as root; see
     /// host_identity.rs); `None` when no cell was started.
     pub host_identity: Option<crate::host_identity::HostIdentity>,
@@ -373,6 +378,7 @@ impl RunReport {
             stdin: None,
             stale_cgroups_left: Vec::new(),
             notes: Vec::new(),
+            container: None,
             host_identity: None,
             rlimits_only: None,
         }

@@ -952,11 +952,16 @@ pub struct Reaped {
     pub usage: libc::rusage,
 }
 
+/// A `rusage` with every field zero.
+pub fn zero_rusage() -> libc::rusage {
+    // SAFETY: rusage is plain old data: all zeroes is a valid value of it.
+    unsafe { zeroed() }
+}
+
 /// `wait4(pid, ..)`, retrying on EINTR. `pid = -1` waits for any child.
 pub fn wait_child(pid: libc::pid_t, nohang: bool) -> io::Result<Option<Reaped>> {
     let mut status = 0;
-    // SAFETY: rusage is plain old data.
-    let mut usage: libc::rusage = unsafe { zeroed() };
+    let mut usage = zero_rusage();
     let options = if nohang { libc::WNOHANG } else { 0 } | libc::__WALL;
     loop {
         // SAFETY: `status` and `usage` are valid out-pointers.

@@ -66,6 +66,47 @@ pub const DEFAULT_WINDOW: libc::winsize = libc::winsize {
     ws_ypixel: 0,
 };
 
+/// How often a cell whose caller is in another process looks at the caller's window
+/// size (see [`WindowFollower`]).
+pub const WINDOW_FOLLOW_INTERVAL_MS: i32 = 200;
+
+/// The caller's terminal seen from a process that does not get its SIGWINCH: a serving
+/// cell's supervisor, whose caller is a handed-off `airlock run` in another session. It
+/// looks at the caller's window size now and then and copies a change to the payload's
+/// terminal. Neither the modes nor the signals are touched: the caller's process owns
+/// those (crates/airlock/src/run.rs puts its terminal in raw mode itself).
+pub struct WindowFollower {
+    /// A duplicate of the caller's terminal.
+    caller: OwnedFd,
+    /// The size last copied to the payload's terminal (`None`: nothing copied yet).
+    copied: Option<(u16, u16, u16, u16)>,
+}
+
+impl WindowFollower {
+    /// Follows `caller` if it is a terminal.
+    pub fn of(caller: BorrowedFd<'_>) -> Option<WindowFollower> {
+        if !sys::is_terminal(caller) {
+            return None;
+        }
+        Some(WindowFollower {
+            caller: caller.try_clone_to_owned().ok()?,
+            copied: None,
+        })
+    }
+
+    /// Copies the caller's window size to `payload_terminal` if it changed since the last
+    /// copy.
+    pub fn follow(&mut self, payload_terminal: BorrowedFd<'_>) {
+        let Ok(size) = sys::window_size(self.caller.as_fd()) else {
+            return;
+        };
+        let key = (size.ws_row, size.ws_col, size.ws_xpixel, size.ws_ypixel);
+        if self.copied != Some(key) && sys::set_window_size(payload_terminal, &size).is_ok() {
+            self.copied = Some(key);
+        }
+    }
+}
+
 /// What a signal taken from the signalfd asks of the supervisor.
 #[derive(Debug, PartialEq, Eq)]
 pub enum TakenSignal {
@@ -149,6 +190,41 @@ impl CallerTerminal {
                     self.restore();
                     sys::die_of(signal)
                 }
+            }
+        }
+    }
+
+    /// Blocks until `fd` is readable or hung up, acting on the signals taken meanwhile
+    /// (a fatal one restores the terminal and ends this process). For a caller whose
+    /// payload runs elsewhere: a handed-off `airlock run` waiting for the service's
+    /// reply while its terminal is the payload's (crates/airlock/src/run.rs).
+    pub fn wait_readable(&mut self, fd: BorrowedFd<'_>) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        loop {
+            let signals = self.signals().map_or(-1, |s| s.as_raw_fd());
+            let mut fds = [
+                libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: signals,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            match sys::poll(&mut fds, -1) {
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(err) => return Err(err),
+                Ok(_) => {}
+            }
+            if fds[1].revents != 0 {
+                // No payload terminal here: a resize is the serving cell's to follow.
+                self.on_signals(None);
+            }
+            if fds[0].revents != 0 {
+                return Ok(());
             }
         }
     }

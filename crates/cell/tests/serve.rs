@@ -5,11 +5,11 @@
 //! before `Run`, a command's output reaches the sink it passed, `Close` and the engine's
 //! death destroy the cell, a command's deadline runs from its start.
 
-use airlock_cell::control::{socket_pair, CommandSpec, EngineControl, ToEngine};
+use airlock_cell::control::{socket_pair, CommandFds, CommandSpec, EngineControl, ToEngine};
 use airlock_cell::report::{Ceiling, ResultClass, RunReport};
 use airlock_cell::{serve_cell, ServeMode, ServeOptions};
 use airlock_contract::CellPlan;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -172,6 +172,16 @@ fn procs(cgroup: &Path) -> Vec<String> {
         .collect()
 }
 
+/// A command's descriptors: no stdin, these sinks, no watched caller.
+fn sinks<'a>(stdout: BorrowedFd<'a>, stderr: BorrowedFd<'a>) -> CommandFds<'a> {
+    CommandFds {
+        stdin: None,
+        stdout,
+        stderr,
+        caller: None,
+    }
+}
+
 fn spec(argv: &[&str]) -> CommandSpec {
     CommandSpec {
         argv: argv.iter().map(|a| a.to_string()).collect(),
@@ -179,6 +189,7 @@ fn spec(argv: &[&str]) -> CommandSpec {
         wall_time_ms: None,
         output_bytes: None,
         stdin: false,
+        watch_caller: false,
     }
 }
 
@@ -224,7 +235,7 @@ fn runs_a_command() {
     let command = spec(&["echo", "hi"]);
     served
         .engine
-        .run(1, "run-1", command, None, out.as_fd(), null().as_fd())
+        .run(1, "run-1", command, sinks(out.as_fd(), null().as_fd()))
         .unwrap();
     let (ended, closed) = until_closed(&served.engine);
     let ended = ended.expect("CommandEnded");
@@ -245,7 +256,7 @@ fn announces_in_order() {
     let command = spec(&["sh", "-c", "exit 3"]);
     served
         .engine
-        .run(1, "run-1", command, None, null().as_fd(), null().as_fd())
+        .run(1, "run-1", command, sinks(null().as_fd(), null().as_fd()))
         .unwrap();
     let mut seen = Vec::new();
     loop {
@@ -333,7 +344,7 @@ fn deadline_from_start() {
     let started = Instant::now();
     served
         .engine
-        .run(2, "run-2", command, None, null().as_fd(), null().as_fd())
+        .run(2, "run-2", command, sinks(null().as_fd(), null().as_fd()))
         .unwrap();
     let (ended, _) = until_closed(&served.engine);
     let ended = ended.expect("CommandEnded");
@@ -351,7 +362,7 @@ fn above_plan_refused() {
     command.wall_time_ms = Some(plan.limits.wall_time_ms + 1);
     served
         .engine
-        .run(3, "run-3", command, None, null().as_fd(), null().as_fd())
+        .run(3, "run-3", command, sinks(null().as_fd(), null().as_fd()))
         .unwrap();
     let (ended, closed) = until_closed(&served.engine);
     let ended = ended.expect("CommandEnded");
@@ -380,9 +391,7 @@ fn run_into_file(served: &Served, id: u64, command: CommandSpec) -> tempfile::Na
             id,
             &format!("run-{id}"),
             command,
-            None,
-            out.as_fd(),
-            null().as_fd(),
+            sinks(out.as_fd(), null().as_fd()),
         )
         .unwrap();
     sink

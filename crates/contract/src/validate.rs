@@ -638,9 +638,10 @@ fn check_secrets(contract: &Contract, errors: &mut Errors) {
 }
 
 /// What the gVisor tier cannot enforce as asked (yet) is an error, never a silently
-/// weaker run: its payload has no pty of a devpts airlock owns, gVisor applies its own
-/// system call filter rather than a Docker profile, and its egress, broker socket and
-/// image root are not built (docs/threat-model.md, "Tiers").
+/// weaker run: its payload has no pty of a devpts airlock owns, only the default system
+/// call policy is translated for gVisor's kernel (crates/oci/src/seccomp.rs), not a
+/// custom profile, and its egress, broker socket and image root are not built
+/// (docs/threat-model.md, "Tiers").
 fn check_isolation(contract: &Contract, errors: &mut Errors) {
     if contract.isolation != Isolation::Gvisor {
         return;

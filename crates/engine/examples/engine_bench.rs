@@ -61,6 +61,7 @@ fn request() -> RunRequest {
         started: Instant::now(),
         tenant: None,
         on_recorded: None,
+        caller: None,
     }
 }
 

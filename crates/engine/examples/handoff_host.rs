@@ -26,6 +26,10 @@ fn main() {
     config.program = std::env::current_exe().expect("own path");
     config.max_cells = 256;
     let engine = Engine::new(config);
+    // As `airlock serve` does (crates/server/src/lib.rs).
+    engine
+        .checkpoint_in_background()
+        .expect("the checkpoint thread");
     let template = compile(
         &default_contract(),
         &CompileInput::new(Path::new("/"), &["/bin/true".to_string()]),

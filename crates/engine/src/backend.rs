@@ -151,6 +151,7 @@ mod tests {
                 on_recorded: Some(Box::new(move |id| {
                     *seen.lock().unwrap() = Some(id.to_string())
                 })),
+                caller: None,
             })
             .unwrap_or_else(|refused| panic!("refused: {:?}", refused.report.error));
         let report = engine.complete(finished).unwrap();

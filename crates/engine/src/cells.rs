@@ -10,7 +10,7 @@ use crate::inputs;
 use crate::lifecycle::{CommandLatency, FinishedRun, RecordedRefusal, RunRequest};
 use crate::pool::PlanShape;
 use crate::{Engine, EngineError};
-use airlock_cell::control::{CommandSpec, EngineControl, ToEngine};
+use airlock_cell::control::{CommandFds, CommandSpec, EngineControl, ToEngine};
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::PayloadStdin;
 use airlock_contract::PlanTransfer;
@@ -48,6 +48,7 @@ impl Engine {
             stderr,
             artifacts,
             on_recorded,
+            caller,
             ..
         } = request;
         // A parked cell has no credentials and no artifact destination of its own: only
@@ -77,7 +78,11 @@ impl Engine {
         // it and hands it to pid 1 while the record is written, and the engine releases
         // it straight to pid 1 once the record is committed (no record, no release: the
         // payload cannot start before its record exists).
-        let (stdio, held) = match (Stdio::of(stdin, stdout, stderr), &host) {
+        let stdio = Stdio::of(stdin, stdout, stderr).map(|mut stdio| {
+            stdio.caller = caller;
+            stdio
+        });
+        let (stdio, held) = match (stdio, &host) {
             (Ok(stdio), Ok(host)) if parked && host.control.can_hold() => {
                 let sent = send_command(host, "", &plan.argv, stdio, true);
                 (None, Some(sent))
@@ -194,6 +199,8 @@ pub(crate) struct Stdio {
     pub stdin: Option<OwnedFd>,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    /// See [`crate::RunRequest::caller`].
+    pub caller: Option<OwnedFd>,
 }
 
 impl Stdio {
@@ -221,6 +228,7 @@ impl Stdio {
             },
             stdout: stdout.map_or_else(null, Ok)?,
             stderr: stderr.map_or_else(null, Ok)?,
+            caller: None,
         })
     }
 
@@ -232,11 +240,15 @@ impl Stdio {
         command: CommandSpec,
         held: bool,
     ) -> Result<(), airlock_cell::CellError> {
-        let stdin = self.stdin.as_ref().map(|f| f.as_fd());
-        let (stdout, stderr) = (self.stdout.as_fd(), self.stderr.as_fd());
+        let fds = CommandFds {
+            stdin: self.stdin.as_ref().map(|f| f.as_fd()),
+            stdout: self.stdout.as_fd(),
+            stderr: self.stderr.as_fd(),
+            caller: self.caller.as_ref().map(|f| f.as_fd()),
+        };
         match held {
-            true => control.run_held(id, command, stdin, stdout, stderr),
-            false => control.run(id, run_id, command, stdin, stdout, stderr),
+            true => control.run_held(id, command, fds),
+            false => control.run(id, run_id, command, fds),
         }
     }
 }
@@ -256,6 +268,7 @@ fn send_command(
         wall_time_ms: None,
         output_bytes: None,
         stdin: stdio.stdin.is_some(),
+        watch_caller: stdio.caller.is_some(),
     };
     stdio
         .send(&host.control, ONLY_COMMAND, run_id, command, held)

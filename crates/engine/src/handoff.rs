@@ -415,6 +415,9 @@ pub fn serve_connection(
         started,
         tenant: admission.tenant.clone(),
         on_recorded: None,
+        // The client's death (Ctrl-C at its terminal) ends its run, as it would end a
+        // run in its own process; a copy that fails only loses that.
+        caller: stream.try_clone().ok().map(OwnedFd::from),
     });
     // The inputs are mounted (or the run is over): their pinned descriptors may go.
     drop(pins);
@@ -588,9 +591,6 @@ fn load_as_peer(
             "compiling the contract panicked".into(),
         ))
     })?;
-    if let Some(why) = declined_plan(&plan) {
-        return Err(Loading::Declined(why));
-    }
     lower_limits(&mut plan, request)
         .map_err(|(class, error)| Loading::RefusedPlan(class, error, Box::new(plan.clone())))?;
     add_env(&mut plan, &request.env);
@@ -608,13 +608,6 @@ fn declined(base_dir: &Path) -> Option<String> {
         return Some("the base directory is not absolute".into());
     }
     None
-}
-
-/// What the service does not run for a client, once compiled: a terminal (a serving
-/// cell has none).
-fn declined_plan(plan: &CellPlan) -> Option<String> {
-    plan.terminal
-        .then(|| "a contract with a terminal runs in the client's process".into())
 }
 
 /// An allowlist the service's operator configuration cannot resolve: the run would fail
@@ -814,11 +807,7 @@ mod tests {
     }
 
     #[test]
-    fn terminals_and_relative_base_directories_are_left_to_the_client() {
-        let mut with_terminal = plan();
-        assert!(declined_plan(&with_terminal).is_none());
-        with_terminal.terminal = true;
-        assert!(declined_plan(&with_terminal).is_some());
+    fn relative_base_directories_are_left_to_the_client() {
         assert!(declined(Path::new("relative")).is_some());
         assert!(declined(Path::new("/abs")).is_none());
     }

@@ -41,6 +41,9 @@ use std::sync::{Arc, OnceLock};
 pub struct EngineConfig {
     /// The audit store's directory.
     pub state_dir: PathBuf,
+    /// A fleet's Postgres database for runs and the audit chain (`[store] url`); `None`:
+    /// they are in the state directory's SQLite file.
+    pub store_postgres: Option<airlock_store::PostgresUrl>,
     /// The egress proxy's configuration (resolvers, host map, exempt CIDRs, ceilings).
     pub egress: airlock_egress::EgressConfig,
     /// The binary started as the cell factory (it calls
@@ -58,6 +61,16 @@ pub struct EngineConfig {
     pub quarantine_max_bytes: u64,
 }
 
+impl EngineConfig {
+    /// Where runs and the audit chain are written (and read).
+    pub fn store_location(&self) -> airlock_store::StoreLocation {
+        airlock_store::StoreLocation {
+            state_dir: self.state_dir.clone(),
+            postgres: self.store_postgres.clone(),
+        }
+    }
+}
+
 /// The quarantine area, under the state directory (root-only, 0700).
 pub const QUARANTINE_DIR: &str = "quarantine";
 
@@ -67,6 +80,7 @@ impl EngineConfig {
     pub fn new(state_dir: PathBuf, egress: airlock_egress::EgressConfig) -> EngineConfig {
         EngineConfig {
             state_dir,
+            store_postgres: None,
             egress,
             program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
             max_cells: 64,
@@ -89,7 +103,7 @@ pub struct Engine {
 impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
         Engine {
-            stores: Arc::new(stores::StorePool::new(config.state_dir.clone())),
+            stores: Arc::new(stores::StorePool::new(config.store_location())),
             config,
             factory: OnceLock::new(),
             pools: pool::Pools::default(),
@@ -114,6 +128,13 @@ impl Engine {
         self.pools
             .keep(factory, self.evidence_area(), template, size);
         Ok(())
+    }
+
+    /// For a long-lived threaded caller (the service): the audit store's WAL is
+    /// checkpointed by a thread of the engine's instead of inside whichever record's
+    /// commit crosses the threshold (see stores.rs).
+    pub fn checkpoint_in_background(&self) -> Result<(), EngineError> {
+        self.stores.checkpoint_in_background()
     }
 
     /// The pools and their parked cells.

@@ -36,6 +36,12 @@ pub struct RunRequest {
     /// Called with the run id once the begin record exists, before the payload starts
     /// ([`Engine::run`] only): the service's `start` frame.
     pub on_recorded: Option<RecordedHook>,
+    /// A descriptor of the caller's (a hand-off client's socket): when its far end hangs
+    /// up, the cell is destroyed (`runtime_fault`, "the caller went away"), as a cell
+    /// dies with a caller it runs in. Watched by a cell the factory cloned; a run
+    /// supervised on the caller's thread ([`Engine::run_here`], the gVisor tier) ends at
+    /// its deadline instead.
+    pub caller: Option<OwnedFd>,
 }
 
 /// See [`RunRequest::on_recorded`].

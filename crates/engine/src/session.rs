@@ -306,6 +306,7 @@ impl Session {
             wall_time_ms: command.wall_time_ms,
             output_bytes: command.output_bytes,
             stdin: stdio.stdin.is_some(),
+            watch_caller: false,
         };
         stdio
             .send(&self.host.control, id, &run_id, spec, false)

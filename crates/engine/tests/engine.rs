@@ -180,6 +180,7 @@ fn request(plan: CellPlan, stdout: Option<OwnedFd>) -> RunRequest {
         started: Instant::now(),
         tenant: None,
         on_recorded: None,
+        caller: None,
     }
 }
 

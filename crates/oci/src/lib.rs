@@ -18,8 +18,13 @@
 //! - No capabilities in any set, `noNewPrivileges`, rlimits from the plan (`RLIMIT_NPROC`
 //!   is the payload's `process_limit`: gVisor's kernel counts its tasks, which are not
 //!   host tasks one for one).
+//! - The plan's system call policy as `linux.seccomp` (seccomp.rs), which runsc applies
+//!   inside the Sentry (`--oci-seccomp`): what airlock denies natively, gVisor's kernel
+//!   denies too.
 //! - No resources in the spec: the cgroup at `cgroupsPath` is airlock's own, created with
 //!   the ceilings before `runsc create`; runsc joins an existing cgroup without owning it.
+
+pub mod bundle;
 
 use airlock_contract::{CellPlan, MountPlan};
 use oci_spec::runtime::{
@@ -44,6 +49,8 @@ pub enum OciError {
     WritableMismatch { planned: usize, prepared: usize },
     #[error("the payload's uid or gid is the sandbox root's (0), which would map it to the gofer's host id")]
     RootPayload,
+    #[error("the plan's seccomp policy as the spec's linux.seccomp: {0}")]
+    Seccomp(String),
 }
 
 /// What the runtime prepared on the host for one bundle.
@@ -149,7 +156,6 @@ fn rlimits(plan: &CellPlan) -> Result<Vec<oci_spec::runtime::PosixRlimit>, OciEr
 }
 
 fn linux(plan: &CellPlan, host: &BundleHost) -> Result<oci_spec::runtime::Linux, OciError> {
-    let _ = plan;
     let namespaces = [
         LinuxNamespaceType::Pid,
         LinuxNamespaceType::Network,
@@ -174,6 +180,7 @@ fn linux(plan: &CellPlan, host: &BundleHost) -> Result<oci_spec::runtime::Linux,
             host.payload_host_id,
         )?)
         .cgroups_path(host.cgroups_path.clone())
+        .seccomp(seccomp::plan_seccomp(plan)?)
         .build()?;
     linux.set_resources(None);
     linux.set_masked_paths(None);
@@ -274,5 +281,9 @@ fn bind(source: &Path, target: &Path, options: &[&str]) -> Result<Mount, OciErro
         .build()?)
 }
 
+mod seccomp;
+
+#[cfg(test)]
+mod bundle_tests;
 #[cfg(test)]
 mod tests;

@@ -97,10 +97,13 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
     server.check().map_err(ServerError::Config)?;
     // The service's one connection; opening it also records the runs and sessions of a
     // previous service that died (SIGKILL, a crash) as aborted.
-    let store = airlock_store::Store::open(&engine.state_dir)?;
+    let store = airlock_store::Store::open_at(&engine.store_location())?;
     store.reap_aborted()?;
     let contracts = plans::Contracts::load(&server, &config_dir, images)?;
     let engine = Arc::new(Engine::new(engine));
+    // The service's own connection too: no record of a request waits for a checkpoint.
+    engine.checkpoint_in_background()?;
+    store.leave_checkpoints_to_caller()?;
     let mut pools = BTreeMap::new();
     for (name, size) in &server.pools {
         let template = contracts.template(name).ok_or_else(|| {

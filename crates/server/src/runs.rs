@@ -133,6 +133,7 @@ async fn start_run(
         on_recorded: Some(Box::new(move |run_id| {
             let _ = begun.send(run_id.to_string());
         })),
+        caller: None,
     };
     let guard = state.work.enter();
     let task_state = Arc::clone(&state);

@@ -340,6 +340,9 @@ impl Store {
     pub fn append_run_event(&self, run_id: &str, kind: &str, body: Value) -> Result<()> {
         crate::check_event_kind(kind)?;
         let at = now_ms();
+        if let Some(fleet) = &self.fleet {
+            return fleet.append_event(run_id, kind, at, &body);
+        }
         self.write_tx(|c| {
             let exists: Option<i64> = c
                 .query_row("SELECT 1 FROM runs WHERE run_id = ?1", [run_id], |r| {

@@ -97,6 +97,12 @@ pub enum StoreError {
     RunNotRunning { run_id: String, status: String },
     #[error("audit store tampered: {0}")]
     Tampered(ChainBreak),
+    #[error("audit store url (store.url): {0}")]
+    InvalidUrl(String),
+    #[error("audit store {target} cannot be reached (runs are refused, never recorded elsewhere): {detail}")]
+    Unreachable { target: String, detail: String },
+    #[error("audit store {target}: {detail}")]
+    Postgres { target: String, detail: String },
 }
 
 impl StoreError {
@@ -117,6 +123,9 @@ impl StoreError {
             StoreError::RunNotFound(_) => ErrorClass::NotFound,
             StoreError::RunNotRunning { .. } => ErrorClass::Conflict,
             StoreError::Tampered(_) => ErrorClass::Tampered,
+            StoreError::InvalidUrl(_) => ErrorClass::InvalidInput,
+            StoreError::Unreachable { .. } => ErrorClass::Io,
+            StoreError::Postgres { .. } => ErrorClass::Io,
         }
     }
 

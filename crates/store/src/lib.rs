@@ -22,8 +22,10 @@
 //! string written for that run is redacted first.
 
 pub mod approvals;
+mod chain;
 mod error;
 pub mod input_cache;
+mod pg;
 mod proc_info;
 mod redact;
 mod schema;
@@ -41,6 +43,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 pub use error::{ChainBreak, ErrorClass, StoreError};
+pub use pg::PostgresUrl;
 pub use redact::{Redactor, REDACTED};
 pub use transcripts::{StoredTranscript, TranscriptRecord};
 
@@ -98,6 +101,18 @@ pub const FINISH_STATUSES: &[&str] = &[
 ];
 pub const STATUS_RUNNING: &str = "running";
 pub const STATUS_ABORTED: &str = "aborted";
+
+/// A run may be finished only while it is `running` (not twice, not once reaped).
+fn check_finishable(run_id: &str, status: Option<&str>) -> Result<()> {
+    match status {
+        None => Err(StoreError::RunNotFound(run_id.to_string())),
+        Some(STATUS_RUNNING) => Ok(()),
+        Some(other) => Err(StoreError::RunNotRunning {
+            run_id: run_id.to_string(),
+            status: other.to_string(),
+        }),
+    }
+}
 
 fn check_event_kind(kind: &str) -> Result<()> {
     if !valid_kind(kind) || kinds::RESERVED.contains(&kind) {
@@ -299,14 +314,40 @@ impl RunHandle {
     }
 }
 
+/// Where a store lives. The state directory always holds the node's local SQLite file
+/// (the input cache, approvals, reviews, transcripts: per-node data); with `postgres`, runs
+/// and the audit chain are in that shared database instead of the local file
+/// (docs/architecture.md, "Fleets").
+#[derive(Debug, Clone)]
+pub struct StoreLocation {
+    pub state_dir: PathBuf,
+    pub postgres: Option<PostgresUrl>,
+}
+
+impl StoreLocation {
+    /// The embedded default: everything in `state_dir`'s SQLite file.
+    pub fn local(state_dir: impl Into<PathBuf>) -> StoreLocation {
+        StoreLocation {
+            state_dir: state_dir.into(),
+            postgres: None,
+        }
+    }
+}
+
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+    /// Runs and the audit chain, when they are a fleet's (Postgres); `None`: `conn`'s.
+    /// Boxed: the client is large, and a `Store` is held inline by the engine's states.
+    fleet: Option<Box<pg::Fleet>>,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("path", &self.path).finish()
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .field("fleet", &self.fleet.as_ref().map(|f| f.shown()))
+            .finish()
     }
 }
 
@@ -477,6 +518,82 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
+/// Per-class statistics folded from run rows and denial events; both backends feed it.
+#[derive(Default)]
+pub(crate) struct StatsFold {
+    out: BTreeMap<String, ClassStats>,
+    startups: HashMap<String, Vec<f64>>,
+}
+
+impl StatsFold {
+    pub fn run(
+        &mut self,
+        class: String,
+        status: String,
+        startup_ms: Option<f64>,
+        limit_fired: Option<&str>,
+        cleanup_ok: Option<bool>,
+    ) {
+        let s = self.out.entry(class.clone()).or_default();
+        s.runs += 1;
+        *s.by_status.entry(status.clone()).or_default() += 1;
+        if status == STATUS_RUNNING {
+            s.running += 1;
+            return;
+        }
+        s.finished += 1;
+        if status == "ok" {
+            s.ok += 1;
+        }
+        if let Some(ms) = startup_ms {
+            self.startups.entry(class).or_default().push(ms);
+        }
+        if limit_fired == Some("wall_time") {
+            s.timeouts += 1;
+        }
+        if cleanup_ok == Some(false) {
+            s.cleanup_failures += 1;
+        }
+    }
+
+    /// `n` denial events of runs of `class` with this reason code.
+    pub fn denials(&mut self, class: String, code: String, n: u64) {
+        *self
+            .out
+            .entry(class)
+            .or_default()
+            .denials
+            .entry(code)
+            .or_default() += n;
+    }
+
+    pub fn finish(mut self) -> BTreeMap<String, ClassStats> {
+        for (class, s) in self.out.iter_mut() {
+            s.completion_rate = (s.finished > 0).then(|| s.ok as f64 / s.finished as f64);
+            if let Some(v) = self.startups.get_mut(class) {
+                v.sort_by(f64::total_cmp);
+                s.startup_ms_p50 = percentile(v, 0.50);
+                s.startup_ms_p99 = percentile(v, 0.99);
+            }
+        }
+        self.out
+    }
+}
+
+/// The denial an event body records, if it is one: its `reason_code` (`unknown` when it
+/// names none). What SQLite's `json_extract` query selects, for the other backend.
+pub(crate) fn denial_code(body: &Value) -> Option<String> {
+    let decision = body.get("decision")?.as_str()?.to_lowercase();
+    if !["deny", "denied", "reject", "rejected"].contains(&decision.as_str()) {
+        return None;
+    }
+    Some(match body.get("reason_code") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => "unknown".to_string(),
+        Some(other) => other.to_string(),
+    })
+}
+
 /// Files airlock keeps in a state directory: the store and its journals, the input cache.
 const STATE_FILES: &[&str] = &[
     DB_FILE,
@@ -549,6 +666,26 @@ impl Store {
         Self::open_with_schema(state_dir, schema::LATEST)
     }
 
+    /// Open the store at `location`: its state directory's SQLite file, and with a
+    /// Postgres URL the fleet's database for runs and the audit chain. A database that
+    /// cannot be reached is an error (fail closed), never a fallback to the local file.
+    pub fn open_at(location: &StoreLocation) -> Result<Store> {
+        let mut store = Self::open(&location.state_dir)?;
+        if let Some(url) = &location.postgres {
+            store.fleet = Some(Box::new(pg::Fleet::connect(url)?));
+        }
+        Ok(store)
+    }
+
+    /// Where runs and the audit chain are: the SQLite file's path, or the fleet's URL
+    /// (without its password).
+    pub fn describe(&self) -> String {
+        match &self.fleet {
+            Some(fleet) => fleet.shown().to_string(),
+            None => self.path.display().to_string(),
+        }
+    }
+
     /// Open the store at `default_state_dir()`.
     pub fn open_default() -> Result<Store> {
         Self::open(&default_state_dir())
@@ -595,7 +732,11 @@ impl Store {
                 | OpenFlags::SQLITE_OPEN_NOFOLLOW,
         )
         .map_err(|e| StoreError::from_sqlite(&path, e))?;
-        let store = Store { conn, path };
+        let store = Store {
+            conn,
+            path,
+            fleet: None,
+        };
         // Switching a fresh file to WAL needs an exclusive lock and SQLite does not call
         // the busy handler for it, so processes creating the store at the same moment can
         // see SQLITE_BUSY here. Every step of `init` is idempotent: retry it.
@@ -663,6 +804,15 @@ impl Store {
         &self.path
     }
 
+    /// The fleet database's schema version, when runs and the audit chain are a fleet's.
+    pub fn fleet_schema_version(&self) -> Result<Option<i64>> {
+        self.fleet
+            .as_ref()
+            .map(|fleet| fleet.schema_version())
+            .transpose()
+    }
+
+    /// The local SQLite file's schema version.
     pub fn schema_version(&self) -> Result<i64> {
         schema::version(&self.conn).map_err(|e| self.ctx(e.into()))
     }
@@ -736,6 +886,14 @@ impl Store {
         // Columns are taken from the redacted body, so row and audit entry agree.
         let s = |k: &str| body[k].as_str().unwrap_or_default().to_string();
         let argv_json = body["argv"].to_string();
+        if let Some(fleet) = &self.fleet {
+            fleet.begin(&run_id, started_at, &body)?;
+            return Ok(RunHandle {
+                run_id,
+                started_at,
+                redactor,
+            });
+        }
         self.write_tx(|c| {
             append_entry(c, Some(&run_id), kinds::RUN_BEGIN, started_at, &body)?;
             c.prepare_cached(
@@ -775,6 +933,9 @@ impl Store {
         check_event_kind(kind)?;
         let body = h.redactor.value(body);
         let at = now_ms();
+        if let Some(fleet) = &self.fleet {
+            return fleet.append_event(&h.run_id, kind, at, &body);
+        }
         self.write_tx(|c| {
             let exists: Option<i64> = c
                 .prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")?
@@ -827,21 +988,15 @@ impl Store {
             "cleanup_leftovers": end.cleanup_leftovers,
             "result": end.result_json,
         }));
+        if let Some(fleet) = &self.fleet {
+            return fleet.finish(&h.run_id, finished_at, &events, &body);
+        }
         self.write_tx(|c| {
             let status: Option<String> = c
                 .prepare_cached("SELECT status FROM runs WHERE run_id = ?1")?
                 .query_row([&h.run_id], |r| r.get(0))
                 .optional()?;
-            match status.as_deref() {
-                None => return Err(StoreError::RunNotFound(h.run_id.clone())),
-                Some(STATUS_RUNNING) => {}
-                Some(other) => {
-                    return Err(StoreError::RunNotRunning {
-                        run_id: h.run_id.clone(),
-                        status: other.to_string(),
-                    })
-                }
-            }
+            check_finishable(&h.run_id, status.as_deref())?;
             for (kind, event) in &events {
                 append_entry(c, Some(&h.run_id), kind, finished_at, event)?;
             }
@@ -878,7 +1033,10 @@ impl Store {
     /// Mark as `aborted` every `running` run whose supervisor is gone: another boot,
     /// pid not alive, or pid alive with a different start time (reused).
     pub fn reap_aborted(&self) -> Result<Vec<RunId>> {
-        let candidates: Vec<(String, proc_info::ProcessIdentity)> = {
+        let candidates: Vec<(String, proc_info::ProcessIdentity)> = if let Some(fleet) = &self.fleet
+        {
+            fleet.running_here()?
+        } else {
             let mut stmt = self
                 .conn
                 .prepare_cached(
@@ -908,6 +1066,12 @@ impl Store {
             };
             let at = now_ms();
             let body = json!({"finished_at": at, "status": STATUS_ABORTED, "reason": reason});
+            if let Some(fleet) = &self.fleet {
+                if fleet.abort(&run_id, at, &body)? {
+                    reaped.push(run_id);
+                }
+                continue;
+            }
             let done = self.write_tx(|c| {
                 // Another process may have reaped or finished it meanwhile.
                 let n = c
@@ -929,6 +1093,9 @@ impl Store {
     }
 
     pub fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        if let Some(fleet) = &self.fleet {
+            return fleet.list_runs(filter);
+        }
         let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1 = 1");
         let mut args: Vec<rusqlite::types::Value> = Vec::new();
         if let Some(s) = &filter.status {
@@ -972,6 +1139,9 @@ impl Store {
     }
 
     pub fn show_run(&self, run_id: &str) -> Result<Option<RunDetail>> {
+        if let Some(fleet) = &self.fleet {
+            return fleet.show_run(run_id);
+        }
         self.read_tx(|c| {
             let run = c
                 .query_row(
@@ -995,6 +1165,9 @@ impl Store {
     /// Write the whole store as JSON lines for a SIEM: first every audit entry in chain
     /// order (`"type": "audit"`), then every run (`"type": "run"`). Returns the line count.
     pub fn export_jsonl<W: Write>(&self, mut out: W) -> Result<u64> {
+        if let Some(fleet) = &self.fleet {
+            return fleet.export_jsonl(&mut out);
+        }
         let io = StoreError::Export;
         self.read_tx(|c| {
             let mut n = 0u64;
@@ -1028,44 +1201,23 @@ impl Store {
 
     /// Per workload class statistics.
     pub fn stats(&self) -> Result<BTreeMap<String, ClassStats>> {
+        if let Some(fleet) = &self.fleet {
+            return fleet.stats();
+        }
         self.read_tx(|c| {
-            let mut out: BTreeMap<String, ClassStats> = BTreeMap::new();
-            let mut startups: HashMap<String, Vec<f64>> = HashMap::new();
+            let mut fold = StatsFold::default();
             let mut stmt = c.prepare(
                 "SELECT workload_class, status, startup_ms, limit_fired, cleanup_ok FROM runs",
             )?;
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
-                let class: String = r.get(0)?;
-                let status: String = r.get(1)?;
-                let s = out.entry(class.clone()).or_default();
-                s.runs += 1;
-                *s.by_status.entry(status.clone()).or_default() += 1;
-                if status == STATUS_RUNNING {
-                    s.running += 1;
-                    continue;
-                }
-                s.finished += 1;
-                if status == "ok" {
-                    s.ok += 1;
-                }
-                if let Some(ms) = r.get::<_, Option<f64>>(2)? {
-                    startups.entry(class).or_default().push(ms);
-                }
-                if r.get::<_, Option<String>>(3)?.as_deref() == Some("wall_time") {
-                    s.timeouts += 1;
-                }
-                if r.get::<_, Option<bool>>(4)? == Some(false) {
-                    s.cleanup_failures += 1;
-                }
-            }
-            for (class, s) in out.iter_mut() {
-                s.completion_rate = (s.finished > 0).then(|| s.ok as f64 / s.finished as f64);
-                if let Some(v) = startups.get_mut(class) {
-                    v.sort_by(f64::total_cmp);
-                    s.startup_ms_p50 = percentile(v, 0.50);
-                    s.startup_ms_p99 = percentile(v, 0.99);
-                }
+                fold.run(
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get::<_, Option<String>>(3)?.as_deref(),
+                    r.get(4)?,
+                );
             }
             let mut stmt = c.prepare(
                 "SELECT r.workload_class,
@@ -1079,12 +1231,10 @@ impl Store {
             )?;
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
-                let class: String = r.get(0)?;
-                let code: String = r.get(1)?;
                 let n: i64 = r.get(2)?;
-                out.entry(class).or_default().denials.insert(code, n as u64);
+                fold.denials(r.get(0)?, r.get(1)?, n as u64);
             }
-            Ok(out)
+            Ok(fold.finish())
         })
     }
 
@@ -1094,6 +1244,9 @@ impl Store {
     /// `verify` checks the first remaining entry against. Returns the runs removed.
     pub fn prune(&self, older_than: Duration) -> Result<usize> {
         let cutoff = now_ms().saturating_sub(older_than.as_millis() as i64);
+        if let Some(fleet) = &self.fleet {
+            return fleet.prune(cutoff);
+        }
         self.write_tx(|c| {
             // (run_id, eligible, min seq, max seq) of every run that has entries.
             let mut stmt = c.prepare(
@@ -1103,39 +1256,20 @@ impl Store {
                  FROM audit_log a LEFT JOIN runs r ON r.run_id = a.run_id
                  WHERE a.run_id IS NOT NULL GROUP BY a.run_id",
             )?;
-            let runs = stmt
+            let spans = stmt
                 .query_map([cutoff], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, Option<bool>>(1)?.unwrap_or(false),
-                        r.get::<_, i64>(2)?,
-                        r.get::<_, i64>(3)?,
-                    ))
+                    Ok(chain::RunSpan {
+                        run_id: r.get(0)?,
+                        eligible: r.get::<_, Option<bool>>(1)?.unwrap_or(false),
+                        min_seq: r.get(2)?,
+                        max_seq: r.get(3)?,
+                    })
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             drop(stmt);
             let head: i64 =
                 c.query_row("SELECT seq FROM chain_head WHERE id = 1", [], |r| r.get(0))?;
-            // Cut = largest seq such that every entry at or below it belongs to a run
-            // being removed (or to no run). A run straddling the cut is kept, which
-            // lowers the cut; iterate to the fixed point.
-            let mut cut = head;
-            loop {
-                let lowered = runs
-                    .iter()
-                    .filter(|(_, eligible, _, max)| !eligible || *max > cut)
-                    .map(|(_, _, min, _)| min - 1)
-                    .fold(cut, i64::min);
-                if lowered == cut {
-                    break;
-                }
-                cut = lowered;
-            }
-            let doomed: Vec<&String> = runs
-                .iter()
-                .filter(|(_, eligible, _, max)| *eligible && *max <= cut)
-                .map(|(id, ..)| id)
-                .collect();
+            let (cut, doomed) = chain::prune_cut(&spans, head);
             if doomed.is_empty() {
                 return Ok(0);
             }
@@ -1175,7 +1309,31 @@ impl Store {
     /// Check the whole audit trail; `Err(StoreError::Tampered)` names the first broken
     /// record (chain order first, then run rows).
     pub fn verify(&self) -> Result<VerifyReport> {
+        if let Some(fleet) = &self.fleet {
+            return fleet.verify();
+        }
         self.read_tx(verify_in)
+    }
+
+    /// Leaves this connection's WAL checkpoints to [`Store::checkpoint_passive`] calls
+    /// instead of the commit that crosses [`WAL_AUTOCHECKPOINT_PAGES`]: a long-lived
+    /// threaded caller (the service) checkpoints on a thread of its own, so the two
+    /// fsyncs of a checkpoint never land in a request's begin or finish record.
+    pub fn leave_checkpoints_to_caller(&self) -> Result<()> {
+        self.conn
+            .execute_batch("PRAGMA wal_autocheckpoint = 0")
+            .map_err(|e| self.ctx(e.into()))
+    }
+
+    /// Copies what it can of the WAL into the main file without waiting for writers or
+    /// readers (`PRAGMA wal_checkpoint(PASSIVE)`); the WAL is reused from its start once
+    /// all of it was copied. Returns the WAL's frames and how many are checkpointed.
+    pub fn checkpoint_passive(&self) -> Result<(i64, i64)> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                Ok((row.get(1)?, row.get(2)?))
+            })
+            .map_err(|e| self.ctx(e.into()))
     }
 
     /// Checkpoint the WAL into the main file (e.g. before copying or inspecting it).
@@ -1186,199 +1344,36 @@ impl Store {
     }
 }
 
-fn broken(seq: Option<i64>, run_id: Option<&str>, reason: impl Into<String>) -> StoreError {
-    StoreError::Tampered(ChainBreak {
-        seq,
-        run_id: run_id.map(str::to_string),
-        reason: reason.into(),
-    })
-}
-
 fn verify_in(c: &Connection) -> Result<VerifyReport> {
     let (head_seq, head_hash): (i64, String) =
         c.query_row("SELECT seq, hash FROM chain_head WHERE id = 1", [], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })?;
-    // The newest prune checkpoint says where the chain may start.
-    let checkpoint: Option<(i64, String)> = c
+    let checkpoint: Option<String> = c
         .query_row(
-            "SELECT seq, body_json FROM audit_log WHERE kind = ?1 ORDER BY seq DESC LIMIT 1",
+            "SELECT body_json FROM audit_log WHERE kind = ?1 ORDER BY seq DESC LIMIT 1",
             [kinds::STORE_PRUNE],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| r.get(0),
         )
         .optional()?;
-
-    // Expected run rows, folded from the entries.
-    let mut expected: BTreeMap<String, (i64, serde_json::Map<String, Value>)> = BTreeMap::new();
-    let mut prev: Option<(i64, String)> = None;
-    let mut first_seq = None;
-    let mut entries = 0u64;
+    let mut check = chain::ChainCheck::new(checkpoint.as_deref());
     let mut stmt = c.prepare(&format!(
         "SELECT {ENTRY_COLUMNS} FROM audit_log ORDER BY seq"
     ))?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
         let (e, body_json) = entry_from_row(row)?;
-        let run = e.run_id.as_deref();
-        entries += 1;
-        match &prev {
-            None => {
-                first_seq = Some(e.seq);
-                if e.seq == 1 {
-                    if e.prev_hash != GENESIS_HASH {
-                        return Err(broken(
-                            Some(e.seq),
-                            run,
-                            "first entry does not start from the genesis hash",
-                        ));
-                    }
-                } else {
-                    let ok = checkpoint.as_ref().is_some_and(|(_, body)| {
-                        let b: Value = serde_json::from_str(body).unwrap_or(Value::Null);
-                        b["pruned_through_seq"].as_i64() == Some(e.seq - 1)
-                            && b["anchor_hash"].as_str() == Some(e.prev_hash.as_str())
-                    });
-                    if !ok {
-                        return Err(broken(
-                            Some(e.seq),
-                            run,
-                            format!(
-                                "chain starts at seq {} but no prune checkpoint anchors entries before it (deleted?)",
-                                e.seq
-                            ),
-                        ));
-                    }
-                }
-            }
-            Some((pseq, phash)) => {
-                if e.seq != pseq + 1 {
-                    return Err(broken(
-                        Some(e.seq),
-                        run,
-                        format!("entries {}..={} are missing (deleted)", pseq + 1, e.seq - 1),
-                    ));
-                }
-                if &e.prev_hash != phash {
-                    return Err(broken(
-                        Some(e.seq),
-                        run,
-                        "prev_hash does not match the previous entry (entries edited or reordered)",
-                    ));
-                }
-            }
-        }
-        let h = entry_hash(&e.prev_hash, e.seq, run, &e.kind, e.at, &body_json);
-        if h != e.hash {
-            return Err(broken(
-                Some(e.seq),
-                run,
-                "content does not match its hash (entry edited)",
-            ));
-        }
-        if let Some(run_id) = run {
-            let body = serde_json::from_str::<Value>(&body_json).unwrap_or(Value::Null);
-            match e.kind.as_str() {
-                kinds::RUN_BEGIN | kinds::RUN_FINISH | kinds::RUN_ABORTED => {
-                    let Value::Object(m) = body else {
-                        return Err(broken(Some(e.seq), run, "run entry body is not an object"));
-                    };
-                    let slot = expected
-                        .entry(run_id.to_string())
-                        .or_insert((e.seq, Default::default()));
-                    if e.kind == kinds::RUN_BEGIN && !slot.1.is_empty() {
-                        return Err(broken(
-                            Some(e.seq),
-                            run,
-                            "second run.begin for the same run",
-                        ));
-                    }
-                    if e.kind != kinds::RUN_BEGIN && slot.1.is_empty() {
-                        return Err(broken(
-                            Some(e.seq),
-                            run,
-                            "run ends before it begins (reordered?)",
-                        ));
-                    }
-                    slot.0 = e.seq;
-                    slot.1.extend(m);
-                }
-                _ => {
-                    if !expected.contains_key(run_id) {
-                        return Err(broken(
-                            Some(e.seq),
-                            run,
-                            "event precedes its run.begin (reordered?)",
-                        ));
-                    }
-                }
-            }
-        }
-        prev = Some((e.seq, e.hash));
+        check.entry(&e, &body_json)?;
     }
     drop(rows);
     drop(stmt);
-    match &prev {
-        Some((seq, hash)) if *seq == head_seq && *hash == head_hash => {}
-        None if head_seq == 0 => {}
-        Some((seq, _)) => {
-            return Err(broken(
-                Some(*seq),
-                None,
-                format!("chain ends at seq {seq} but the recorded head is seq {head_seq} (newest entries deleted or head edited)"),
-            ))
-        }
-        None => {
-            return Err(broken(
-                None,
-                None,
-                format!("audit log is empty but the recorded head is seq {head_seq} (entries deleted)"),
-            ))
-        }
-    }
-
-    // Every run row must equal the projection of its entries, and vice versa.
+    check.end_of_chain(head_seq, &head_hash)?;
     let mut stmt = c.prepare(&format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY run_id"))?;
-    let actual = stmt
-        .query_map([], run_from_row)?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut runs = 0u64;
-    for rec in &actual {
-        runs += 1;
-        let Some((last_seq, exp)) = expected.remove(&rec.run_id) else {
-            return Err(broken(
-                None,
-                Some(&rec.run_id),
-                "run row has no audit entries (inserted outside the store)",
-            ));
-        };
-        let Value::Object(row) = serde_json::to_value(rec)? else {
-            unreachable!("RunRecord serialises to an object")
-        };
-        for (col, have) in &row {
-            let want = exp.get(col).unwrap_or(&Value::Null);
-            if have != want {
-                return Err(broken(
-                    Some(last_seq),
-                    Some(&rec.run_id),
-                    format!("run row column {col} = {have} differs from the audit trail ({want}) (row edited)"),
-                ));
-            }
-        }
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        check.run_row(&run_from_row(row)?)?;
     }
-    if let Some((run_id, (seq, _))) = expected.into_iter().next() {
-        return Err(broken(
-            Some(seq),
-            Some(&run_id),
-            "run row is missing (deleted)",
-        ));
-    }
-    Ok(VerifyReport {
-        entries,
-        runs,
-        first_seq,
-        head_seq,
-        head_hash,
-    })
+    check.finish()
 }
 
 #[cfg(test)]

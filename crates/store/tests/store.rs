@@ -6,37 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod records;
+
 use airlock_store::*;
+use records::{end, start};
 use serde_json::json;
 
 const CHILD_ENV: &str = "AIRLOCK_STORE_CHILD";
-
-fn start(class: &str) -> RunStart {
-    RunStart {
-        argv: vec!["/bin/echo".into(), "hi".into()],
-        input_sha256: "a".repeat(64),
-        contract_sha256: "b".repeat(64),
-        workload_class: class.into(),
-        plan_json: json!({"net": "none"}),
-        session_id: None,
-        tenant: None,
-    }
-}
-
-fn end(status: &str) -> RunEnd {
-    RunEnd {
-        status: status.into(),
-        exit_code: Some(0),
-        usage: json!({"cpu_usec": 1200, "memory_peak_bytes": 4096, "pids_peak": 1}),
-        startup_ms: 2.5,
-        wall_ms: 4.0,
-        stdout_head: "hi\n".into(),
-        cleanup_ok: true,
-        cleanup_leftovers: json!([]),
-        result_json: json!({"artifacts": []}),
-        ..Default::default()
-    }
-}
 
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -536,37 +512,6 @@ fn deleting_entries_is_detected() {
 }
 
 #[test]
-fn reordering_entries_is_detected() {
-    let dir = tempfile::tempdir().unwrap();
-    let (store, ids) = populated(dir.path());
-    // Swap the bodies of two entries (seq 4 = begin of run 2, seq 5 = its event).
-    raw(dir.path())
-        .execute_batch(
-            "CREATE TEMP TABLE t AS SELECT seq, body_json FROM audit_log WHERE seq IN (4, 5);
-             UPDATE audit_log SET body_json = (SELECT body_json FROM t WHERE t.seq = 9 - audit_log.seq)
-                 WHERE seq IN (4, 5);",
-        )
-        .unwrap();
-    let b = tampered(&store);
-    assert_eq!(
-        (b.seq, b.run_id.as_deref()),
-        (Some(4), Some(ids[1].as_str()))
-    );
-
-    // Swap two whole entries, hashes included: the chain links break.
-    let dir = tempfile::tempdir().unwrap();
-    let (store, _) = populated(dir.path());
-    raw(dir.path())
-        .execute_batch(
-            "UPDATE audit_log SET seq = 1000 WHERE seq = 5;
-             UPDATE audit_log SET seq = 5 WHERE seq = 6;
-             UPDATE audit_log SET seq = 6 WHERE seq = 1000;",
-        )
-        .unwrap();
-    assert_eq!(tampered(&store).seq, Some(5));
-}
-
-#[test]
 fn secrets_never_reach_the_store() {
     const SECRET: &str = "sk-LIVE-9f8e7d6c5b4a39281706";
     const HALF_A: &str = "sk-LIVE-9f8e7";
@@ -699,63 +644,6 @@ fn prune_removes_old_runs_and_keeps_the_chain_verifiable() {
     assert!(matches!(store.verify(), Err(StoreError::Tampered(_))));
 }
 
-#[test]
-fn stats_per_workload_class() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    for (i, status) in ["ok", "ok", "ok", "task_error"].iter().enumerate() {
-        let h = store.begin_run(start("web"), vec![]).unwrap();
-        if i < 2 {
-            store
-                .append_event(
-                    &h,
-                    kinds::EGRESS_DECISION,
-                    json!({"decision": "deny", "reason_code": "egress.private_address"}),
-                )
-                .unwrap();
-        }
-        store
-            .append_event(
-                &h,
-                kinds::EGRESS_DECISION,
-                json!({"decision": "allow", "reason_code": "egress.allowlisted"}),
-            )
-            .unwrap();
-        let mut e = end(status);
-        e.startup_ms = (i + 1) as f64;
-        if i == 3 {
-            e.limit_fired = Some("wall_time".into());
-            e.cleanup_ok = false;
-            e.cleanup_leftovers = json!(["pid 42"]);
-        }
-        store.finish_run(&h, e).unwrap();
-    }
-    store.begin_run(start("web"), vec![]).unwrap();
-    let h = store.begin_run(start("batch"), vec![]).unwrap();
-    store
-        .append_event(
-            &h,
-            kinds::ARTIFACT_REJECTED,
-            json!({"decision": "rejected", "reason_code": "artifact.symlink"}),
-        )
-        .unwrap();
-    store.finish_run(&h, end("policy_denied")).unwrap();
-
-    let stats = store.stats().unwrap();
-    let web = &stats["web"];
-    assert_eq!((web.runs, web.running, web.finished, web.ok), (5, 1, 4, 3));
-    assert_eq!(web.completion_rate, Some(0.75));
-    assert_eq!(web.startup_ms_p50, Some(2.0));
-    assert_eq!(web.startup_ms_p99, Some(4.0));
-    assert_eq!(web.denials.get("egress.private_address"), Some(&2));
-    assert!(!web.denials.contains_key("egress.allowlisted"));
-    assert_eq!((web.timeouts, web.cleanup_failures), (1, 1));
-    let batch = &stats["batch"];
-    assert_eq!(batch.completion_rate, Some(0.0));
-    assert_eq!(batch.denials.get("artifact.symlink"), Some(&1));
-    assert_eq!(batch.by_status.get("policy_denied"), Some(&1));
-}
-
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/v1.db");
 
 /// Regenerates tests/fixtures/v1.db with the schema-1 code path:
@@ -863,26 +751,6 @@ fn real_uid() -> u32 {
 }
 
 #[test]
-fn runs_are_filtered_by_the_caller_that_started_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    let h = store.begin_run(start("mine"), vec![]).unwrap();
-    store.finish_run(&h, end("ok")).unwrap();
-    let shown = store.show_run(&h.run_id()).unwrap().unwrap();
-    assert_eq!(shown.run.caller_uid, Some(real_uid()));
-    let other = store
-        .list_runs(&RunFilter {
-            caller_uid: Some(real_uid() + 1),
-            ..Default::default()
-        })
-        .unwrap();
-    assert!(other.is_empty(), "another uid sees none of these runs");
-    // The caller is part of the hash-chained begin entry.
-    assert_eq!(shown.events[0].body["caller_uid"], real_uid());
-    store.verify().unwrap();
-}
-
-#[test]
 fn newer_schema_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(Store::open(dir.path()).unwrap());
@@ -969,4 +837,43 @@ fn a_link_planted_at_a_journal_name_is_not_written_through() {
     assert_eq!(std::fs::read(victim.path()).unwrap(), b"victim");
     // With the links gone the store opens again, its records intact.
     Store::open(dir.path()).unwrap().verify().unwrap();
+}
+
+/// Frames in the WAL after `runs` begin+finish pairs with a large plan, and what a
+/// passive checkpoint then copied (`leave`: checkpoints left to the caller).
+fn wal_after(runs: usize, leave: bool) -> (i64, i64) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    if leave {
+        store.leave_checkpoints_to_caller().unwrap();
+    }
+    // About a page and a half of plan per record, like a compiled plan's JSON.
+    let mut begin = start("wal");
+    begin.plan_json = json!({ "layout": "x".repeat(6000) });
+    for _ in 0..runs {
+        let handle = store.begin_run(begin.clone(), vec![]).unwrap();
+        store.finish_run(&handle, end("ok")).unwrap();
+    }
+    let checkpointed = store.checkpoint_passive().unwrap();
+    store.verify().unwrap();
+    checkpointed
+}
+
+#[test]
+fn a_caller_that_checkpoints_itself_gets_no_checkpoint_inside_a_commit() {
+    // With the automatic checkpoint, the WAL never grows much past its threshold: some
+    // commit paid for a checkpoint. Left to the caller, it grows until the caller's
+    // passive checkpoint copies all of it.
+    let threshold = i64::from(WAL_AUTOCHECKPOINT_PAGES);
+    let (automatic, _) = wal_after(60, false);
+    assert!(automatic < threshold + 50, "{automatic} frames");
+    let (frames, copied) = wal_after(60, true);
+    assert!(
+        frames > threshold + 50,
+        "{frames} frames: a commit checkpointed"
+    );
+    assert_eq!(
+        copied, frames,
+        "the passive checkpoint copied the whole WAL"
+    );
 }

@@ -119,6 +119,7 @@ fn verify_all(args: &VerifyArgs) -> anyhow::Result<bool> {
         service: service_listening(args),
         target: &target,
         state_dir: config.state_dir(args.state_dir.as_deref()),
+        store: config.store_location(args.state_dir.as_deref())?,
         work,
         plants,
         count: 0,
@@ -143,8 +144,7 @@ fn verify_all(args: &VerifyArgs) -> anyhow::Result<bool> {
         std::fs::write(path, output::junit(&summary))
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let state_dir = config.state_dir(args.state_dir.as_deref());
-    output::record(&state_dir, &summary)?;
+    output::record(&config.store_location(args.state_dir.as_deref())?, &summary)?;
     Ok(summary.passed())
 }
 
@@ -249,6 +249,8 @@ struct Runner<'a> {
     service: bool,
     target: &'a Target,
     state_dir: PathBuf,
+    /// Where the checks' runs are recorded (the fleet's store with `[store] url`).
+    store: airlock_store::StoreLocation,
     work: PathBuf,
     plants: Plants,
     count: u32,
@@ -485,7 +487,7 @@ impl Runner<'_> {
             .filter(|place| place == "result file")
             .collect();
         if let Some(run_id) = run.run_id() {
-            if stored_text(&self.state_dir, &run_id)?.contains(&value) {
+            if stored_text(&self.store, &run_id)?.contains(&value) {
                 seen.secret_found_in.push("the store's record".to_string());
             }
         }
@@ -504,7 +506,7 @@ impl Runner<'_> {
         let (mut seen, run) = self.endpoint_seen(run);
         seen.secret_found_in = run.holding(&self.plants.exercise_content);
         if let Some(run_id) = run.run_id() {
-            seen.stored = stored_run(&self.state_dir, &run_id)?;
+            seen.stored = stored_run(&self.store, &run_id)?;
         }
         seen.cells_left = airlock_cell::census::live_cells()
             .iter()
@@ -683,8 +685,8 @@ fn files_named(dir: &Path, name: &str) -> Vec<String> {
 }
 
 /// The run's record and audit entries in the store, as text.
-fn stored_text(state_dir: &Path, run_id: &str) -> anyhow::Result<String> {
-    let store = airlock_store::Store::open(state_dir)?;
+fn stored_text(location: &airlock_store::StoreLocation, run_id: &str) -> anyhow::Result<String> {
+    let store = airlock_store::Store::open_at(location)?;
     let Some(detail) = store.show_run(run_id)? else {
         return Ok(String::new());
     };
@@ -717,8 +719,11 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// The run as the audit store holds it: its status, how many of the probe's attempts its
 /// stored output keeps, and its egress denials.
-fn stored_run(state_dir: &Path, run_id: &str) -> anyhow::Result<Option<StoredRun>> {
-    let store = airlock_store::Store::open(state_dir)?;
+fn stored_run(
+    location: &airlock_store::StoreLocation,
+    run_id: &str,
+) -> anyhow::Result<Option<StoredRun>> {
+    let store = airlock_store::Store::open_at(location)?;
     let Some(detail) = store.show_run(run_id)? else {
         return Ok(None);
     };

@@ -5,7 +5,6 @@ use super::checks::{Check, Observation, Outcome, Verdict};
 use super::RunSeen;
 use airlock_store::{RunEnd, RunStart, Store};
 use serde::Serialize;
-use std::path::Path;
 
 /// The store's event kind of a verification's verdicts.
 pub const VERIFY_EVENT: &str = "verify.result";
@@ -149,8 +148,8 @@ pub fn junit(summary: &Summary) -> String {
 /// The verification in the audit store: a record of its own (class [`VERIFY_CLASS`]),
 /// with a [`VERIFY_EVENT`] entry in the hash chain holding what was verified and every
 /// verdict, and status `ok` only when every check passed.
-pub fn record(state_dir: &Path, summary: &Summary) -> anyhow::Result<()> {
-    let store = Store::open(state_dir)?;
+pub fn record(location: &airlock_store::StoreLocation, summary: &Summary) -> anyhow::Result<()> {
+    let store = Store::open_at(location)?;
     let body = serde_json::to_value(summary)?;
     let start = RunStart {
         argv: vec!["airlock".into(), "verify".into(), summary.verified.clone()],

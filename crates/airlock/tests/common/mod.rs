@@ -7,6 +7,7 @@ pub mod images;
 pub mod logging_upstream;
 pub mod served;
 pub mod test_ca;
+pub mod tier;
 pub mod upstream;
 
 use serde_json::Value;
@@ -257,4 +258,31 @@ pub fn test_image_trees() -> PathBuf {
         String::from_utf8_lossy(&built.stderr)
     );
     PathBuf::from(String::from_utf8(built.stdout).unwrap().trim())
+}
+
+/// The finished records in the store at `state_dir` whose argv contains `marker`, once
+/// there are `count` of them (`airlock runs list --json`, polled for 20 s at most).
+#[allow(dead_code)]
+pub fn finished_runs(state_dir: &Path, marker: &str, count: usize) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let listed = Command::new(airlock_bin())
+            .args(["runs", "list", "--json", "--limit", "50", "--state-dir"])
+            .arg(state_dir)
+            .output()
+            .unwrap();
+        let runs: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
+        let ended: Vec<Value> = (runs.as_array().into_iter().flatten())
+            .filter(|r| r["argv"].to_string().contains(marker) && !r["finished_at"].is_null())
+            .cloned()
+            .collect();
+        if ended.len() >= count {
+            return ended;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not {count} finished: {runs}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

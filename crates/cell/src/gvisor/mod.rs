@@ -137,6 +137,7 @@ fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport
         Ok(run) => {
             let mut observed = run.observed;
             observed.artifacts = artifacts;
+            observed.rusage = add_cpu(observed.rusage, cleanup.reaped_usage);
             let observed =
                 observed_ending(observed, run.outcome, counters, run.full_mounts.clone());
             let mut report = classify::classify(started, observed, run.output, counters, None);
@@ -286,13 +287,27 @@ impl Sandbox {
         let run_id = recorded.map_err(CellError::Refused)?;
         let output_mounts = OutputMounts::open_host_dirs(plan, &self.dir.writable);
         let released_ms = ms_since(options.started);
-        self.runsc.start()?;
         let mut observed = Observed {
             run_id,
             released_ms,
-            exec_done_at: Some(Instant::now()),
             ..Observed::default()
         };
+        if let Err(err) = self.runsc.start() {
+            // runsc resolves and loads the command itself at `start`: a command it cannot
+            // find or load is the payload's exec failure (127/126, as natively), not a
+            // fault of the tier. Anything else stays the launch failure it is.
+            observed.exec_failure = Some(runsc::exec_failure(&err, &plan.argv).ok_or(err)?);
+            observed.stdin = relay.map(StdinRelay::finish);
+            return Ok(Ran {
+                observed,
+                output: OutputCapture::new(plan.limits.output_bytes),
+                outcome: WaitOutcome::SandboxGone,
+                recorded_ms,
+                output_mounts,
+                full_mounts: Vec::new(),
+            });
+        }
+        observed.exec_done_at = Some(Instant::now());
         let mut supervision = Supervision {
             capture: OutputCapture::new(plan.limits.output_bytes),
             stdout: Some(stdout_read),
@@ -308,6 +323,7 @@ impl Sandbox {
             deadline,
             sandbox_exit,
             &mut observed,
+            &mut self.seen,
         )?;
         self.seen.extend(self.cgroup.pids());
         let status = sys::wait_child(sandbox_pid, false)
@@ -349,7 +365,7 @@ impl Sandbox {
         if !self.cgroup.wait_empty(Duration::from_secs(5)) {
             left.push(format!("processes left in cgroup {}", self.name));
         }
-        reap(&seen);
+        let reaped_usage = reap(&seen);
         if let Err(err) = self.runsc.delete() {
             // A sandbox that was never created has nothing to delete.
             if !matches!(ran, Err(CellError::Launch { .. })) {
@@ -389,6 +405,7 @@ impl Sandbox {
             },
             payload_identity,
             cgroup_version,
+            reaped_usage,
         };
         (counters, teardown, artifacts)
     }
@@ -398,13 +415,58 @@ struct Teardown {
     report: CleanupReport,
     payload_identity: host_identity::HostIdentity,
     cgroup_version: &'static str,
+    /// The CPU of the sandbox's processes this process reaped (see [`reap`]).
+    reaped_usage: Option<libc::rusage>,
 }
 
 /// Reaps the sandbox's processes that became this process's children (all dead: their
-/// cgroup is empty). A pid that is not a child of this process is left alone.
-fn reap(pids: &std::collections::BTreeSet<libc::pid_t>) {
-    for pid in pids {
-        let _ = sys::wait_child(*pid, true);
+/// cgroup is empty). A pid that is not a child of this process is left alone. Returns
+/// their CPU: on the ptrace platform the payload's code runs in the Sentry's stub
+/// processes, which the sandbox process does not reap when it is killed from outside
+/// (the deadline, a ceiling), so its own usage would miss the payload's CPU.
+///
+/// A dead process whose parent (another process of the sandbox) has not finished dying
+/// is not this process's child yet: it is tried again until it is reaped or gone (reaped
+/// by its parent), for at most [`REAP_WAIT`].
+fn reap(pids: &std::collections::BTreeSet<libc::pid_t>) -> Option<libc::rusage> {
+    let until = Instant::now() + REAP_WAIT;
+    let mut usage = None;
+    let mut left: Vec<libc::pid_t> = pids.iter().copied().collect();
+    while !left.is_empty() {
+        left.retain(|pid| match sys::wait_child(*pid, true) {
+            Ok(Some(reaped)) => {
+                usage = add_cpu(usage, Some(reaped.usage));
+                false
+            }
+            _ => Path::new("/proc").join(pid.to_string()).exists(),
+        });
+        if Instant::now() >= until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    usage
+}
+
+/// How long [`reap`] waits for the sandbox's dead processes to become reapable.
+const REAP_WAIT: Duration = Duration::from_millis(500);
+
+/// The user and system CPU of two usages together (the only fields the report reads).
+fn add_cpu(a: Option<libc::rusage>, b: Option<libc::rusage>) -> Option<libc::rusage> {
+    let add = |x: libc::timeval, y: libc::timeval| {
+        let micros = (x.tv_sec + y.tv_sec) * 1_000_000 + x.tv_usec + y.tv_usec;
+        libc::timeval {
+            tv_sec: micros / 1_000_000,
+            tv_usec: micros % 1_000_000,
+        }
+    };
+    match (a, b) {
+        (Some(mut a), Some(b)) => {
+            a.ru_utime = add(a.ru_utime, b.ru_utime);
+            a.ru_stime = add(a.ru_stime, b.ru_stime);
+            Some(a)
+        }
+        (a, b) => a.or(b),
     }
 }
 
@@ -516,6 +578,7 @@ impl Supervision {
         deadline: Instant,
         sandbox_exit: OwnedFd,
         observed: &mut Observed,
+        seen: &mut std::collections::BTreeSet<libc::pid_t>,
     ) -> Result<(), CellError> {
         for fd in [&self.stdout, &self.stderr].into_iter().flatten() {
             sys::set_nonblocking(fd.as_fd()).map_err(|e| CellError::io("output pipe", e))?;
@@ -525,7 +588,7 @@ impl Supervision {
             if self.poll_once(&sandbox_exit, state_timeout(state))? {
                 return Ok(());
             }
-            state = advance(state, runsc, cgroup, observed);
+            state = advance(state, runsc, cgroup, observed, seen);
         }
     }
 
@@ -658,11 +721,14 @@ fn state_timeout(state: Deadline) -> i32 {
 /// The deadline's next step, from outside the sandbox: SIGTERM to every process of the
 /// container at the deadline; after the grace, SIGKILL to every host process of the
 /// sandbox (the Sentry and the gofer: the payload's processes exist only inside them).
+/// The processes killed are added to `seen` first: the platform's stubs, born during the
+/// run, are reaped (and their CPU counted) only if they are known.
 fn advance(
     state: Deadline,
     runsc: &Runsc,
     cgroup: &CellCgroup,
     observed: &mut Observed,
+    seen: &mut std::collections::BTreeSet<libc::pid_t>,
 ) -> Deadline {
     let now = Instant::now();
     match state {
@@ -673,6 +739,7 @@ fn advance(
             Deadline::Terminating(now)
         }
         Deadline::Terminating(sent) if now >= sent + TERM_GRACE => {
+            seen.extend(cgroup.pids());
             let _ = cgroup.kill_all();
             Deadline::Killed
         }
@@ -683,6 +750,28 @@ fn advance(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_of_reaped_processes_adds_to_the_sandbox_process_own() {
+        let usage = |sec, usec| {
+            let mut r = sys::zero_rusage();
+            r.ru_utime = libc::timeval {
+                tv_sec: sec,
+                tv_usec: usec,
+            };
+            r.ru_stime = libc::timeval {
+                tv_sec: 0,
+                tv_usec: usec,
+            };
+            r
+        };
+        let sum = add_cpu(Some(usage(1, 600_000)), Some(usage(0, 700_000))).unwrap();
+        assert_eq!((sum.ru_utime.tv_sec, sum.ru_utime.tv_usec), (2, 300_000));
+        assert_eq!((sum.ru_stime.tv_sec, sum.ru_stime.tv_usec), (1, 300_000));
+        assert!(add_cpu(None, None).is_none());
+        let one = add_cpu(None, Some(usage(3, 0))).unwrap();
+        assert_eq!(one.ru_utime.tv_sec, 3);
+    }
 
     #[test]
     fn the_pids_backstop_leaves_room_for_the_sandbox_and_its_stubs() {

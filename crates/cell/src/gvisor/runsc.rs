@@ -10,6 +10,7 @@
 //! `runsc create` exits) and reads the status with `wait4` on the pid `create` wrote.
 
 use crate::error::CellError;
+use crate::protocol::ExecFailure;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -118,6 +119,9 @@ impl Runsc {
         command
             .arg(format!("--root={}", self.state.display()))
             .arg("--network=none")
+            // The spec's `linux.seccomp` (the plan's policy, crates/oci) is applied by the
+            // Sentry to the payload's calls; without this flag runsc ignores it.
+            .arg("--oci-seccomp")
             .arg(format!("--platform={PLATFORM}"))
             .arg(format!("--log={}", self.log.display()))
             // runsc's own errors go to its log, not to the payload's stderr pipe.
@@ -208,6 +212,42 @@ fn last_log_line(log: &Path) -> String {
         .collect()
 }
 
+/// The payload's exec failure in a failed `runsc start`, as the native cell reports one:
+/// runsc looks the command up on the plan's PATH and loads it itself at `start`, so a
+/// command it cannot find (`error finding executable`) is 127 and one it finds but cannot
+/// load (`failed to load <path>: <why>`: permission denied, a directory, not an
+/// executable format) is 126. `None` for any other failure, which stays the tier's.
+pub fn exec_failure(err: &CellError, argv: &[String]) -> Option<ExecFailure> {
+    let CellError::Launch { stage, message } = err else {
+        return None;
+    };
+    if stage != "runsc start" {
+        return None;
+    }
+    let path = argv.first().cloned().unwrap_or_default();
+    if message.contains("error finding executable") {
+        return Some(ExecFailure {
+            status: 127,
+            path,
+            reason: "command not found".into(),
+        });
+    }
+    let (_, why) = message.split_once("failed to load ")?;
+    let why = why.split('"').next().unwrap_or(why);
+    let (loaded, reason) = why.split_once(": ")?;
+    let reason = reason.trim();
+    Some(ExecFailure {
+        // ENOENT is 127 wherever it comes from, as `sys::exec_failure_status` says.
+        status: if reason == "no such file or directory" {
+            127
+        } else {
+            126
+        },
+        path: loaded.to_string(),
+        reason: reason.to_string(),
+    })
+}
+
 /// How the sandbox process ended (its `wait4` status): it exits with the payload's
 /// status; killed by a signal, it was killed from outside and has none.
 pub fn sandbox_outcome(status: i32) -> WaitOutcome {
@@ -237,6 +277,37 @@ mod tests {
         assert_eq!(sandbox_outcome(3 << 8), WaitOutcome::Exited(3));
         assert_eq!(sandbox_outcome(137 << 8), WaitOutcome::Exited(137));
         assert_eq!(sandbox_outcome(libc::SIGKILL), WaitOutcome::SandboxGone);
+    }
+
+    #[test]
+    fn a_command_runsc_cannot_find_or_load_is_the_payloads_exec_failure() {
+        let start = |message: &str| CellError::Launch {
+            stage: "runsc start".into(),
+            message: message.into(),
+        };
+        let argv = vec!["tool".to_string()];
+        let missing = start(
+            r#"exit status: 128: {"msg":"starting container: starting root container: starting sandbox: error finding executable \"tool\" in PATH [/usr/bin]: no such file or directory","level":"error"}"#,
+        );
+        let failure = exec_failure(&missing, &argv).unwrap();
+        assert_eq!((failure.status, failure.path.as_str()), (127, "tool"));
+        let denied = start(
+            r#"exit status: 128: {"msg":"starting container: starting root container: starting sandbox: creating process: failed to load /usr/lib/os-release: permission denied","level":"error"}"#,
+        );
+        let failure = exec_failure(&denied, &argv).unwrap();
+        assert_eq!(failure.status, 126);
+        assert_eq!(failure.describe(), "/usr/lib/os-release: permission denied");
+        let absent = start(
+            r#"exit status: 128: {"msg":"starting sandbox: creating process: failed to load /no/such/tool: no such file or directory"}"#,
+        );
+        assert_eq!(exec_failure(&absent, &argv).unwrap().status, 127);
+        // Any other failure of start, or of another step, stays the tier's.
+        assert!(exec_failure(&start("exit status: 128: cgroup gone"), &argv).is_none());
+        let create = CellError::Launch {
+            stage: "runsc create".into(),
+            message: "error finding executable".into(),
+        };
+        assert!(exec_failure(&create, &argv).is_none());
     }
 
     #[test]

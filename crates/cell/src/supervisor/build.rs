@@ -224,6 +224,8 @@ pub fn build<'a>(
         terminal_input: None,
         terminal: None,
         caller_terminal,
+        window: None,
+        caller: None,
         artifacts,
         parked: false,
         on_suspected_escape: None,

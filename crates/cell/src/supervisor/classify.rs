@@ -98,6 +98,7 @@ pub fn classify(
         stale_cgroups_left: Vec::new(),
         stdin: observed.stdin,
         notes,
+        container: None,
         host_identity: None,
         rlimits_only: None,
     }

@@ -200,6 +200,9 @@ pub(crate) struct CommandIo {
     pub sinks: Sinks,
     /// For a held command (serve.rs): the read end of the release pipe, sent with START.
     pub release: Option<OwnedFd>,
+    /// A descriptor of the caller's whose hang-up destroys the cell (serve.rs, see
+    /// [`crate::control::CommandSpec::watch_caller`]).
+    pub caller: Option<OwnedFd>,
 }
 
 impl CommandIo {
@@ -224,6 +227,7 @@ impl CommandIo {
                 },
                 sinks,
                 release: None,
+                caller: None,
             });
         }
         let pipe = || sys::pipe_cloexec().map_err(|e| CellError::io("pipe", e));
@@ -251,6 +255,7 @@ impl CommandIo {
             terminal_input: None,
             sinks,
             release: None,
+            caller: None,
         })
     }
 }

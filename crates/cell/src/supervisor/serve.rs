@@ -87,11 +87,12 @@ pub fn serve_cell(plan: &CellPlan, options: ServeOptions<'_>) {
     }
 }
 
-/// Refusals that need no cell.
-fn check_servable(plan: &CellPlan) -> Result<(), CellError> {
-    if plan.terminal {
+/// Refusals that need no cell: a session's commands have stdio of their own, so a
+/// session has no terminal (a one-shot cell's one command gets the cell's).
+fn check_servable(plan: &CellPlan, mode: ServeMode) -> Result<(), CellError> {
+    if plan.terminal && matches!(mode, ServeMode::Session { .. }) {
         return Err(CellError::Unsupported(
-            "a serving cell has no terminal: run plans with a terminal through run_cell".into(),
+            "a session has no terminal: its commands each have their own stdio".into(),
         ));
     }
     Ok(())
@@ -110,7 +111,7 @@ fn serve(
     ),
     started: Instant,
 ) -> Result<(), CellError> {
-    check_servable(plan)?;
+    check_servable(plan, mode)?;
     let preflight = Preflight::check(plan)?;
     // A credential without a value refuses the cell before it is built.
     command_environment(plan, credentials, &[])?;
@@ -198,7 +199,7 @@ fn serve(
     }
     let prepared = command_limits(plan, &spec).and_then(|limits| {
         let env = command_environment(plan, credentials, &spec.env)?;
-        let mut io = command_io(plan, cell.supervision.host, spec.stdin, fds)?;
+        let mut io = command_io(plan, cell.supervision.host, &spec, fds)?;
         io.release = release;
         let command = CellCommand {
             id,
@@ -342,16 +343,17 @@ pub(super) fn command_limits(plan: &CellPlan, spec: &CommandSpec) -> Result<(u64
     ))
 }
 
-/// The command's pipes, around the descriptors that came with `Run`: stdin (if any),
-/// then the stdout and stderr sinks.
+/// The command's pipes, around the descriptors that came with `Run` (in the order of
+/// [`crate::control::CommandFds`]): stdin (if any), the stdout and stderr sinks, the
+/// caller's (if watched).
 pub(super) fn command_io(
     plan: &CellPlan,
     host: crate::host_identity::HostIdentity,
-    stdin: bool,
+    spec: &CommandSpec,
     fds: Vec<OwnedFd>,
 ) -> Result<CommandIo, CellError> {
     let mut fds = fds.into_iter();
-    let stdin = match stdin {
+    let stdin = match spec.stdin {
         true => PayloadStdin::Relayed(fds.next().ok_or_else(missing_fd)?),
         false => PayloadStdin::Null,
     };
@@ -359,7 +361,13 @@ pub(super) fn command_io(
         stdout: Some(fds.next().ok_or_else(missing_fd)?),
         stderr: Some(fds.next().ok_or_else(missing_fd)?),
     };
-    CommandIo::open(plan, host, stdin, sinks)
+    let caller = match spec.watch_caller {
+        true => Some(fds.next().ok_or_else(missing_fd)?),
+        false => None,
+    };
+    let mut io = CommandIo::open(plan, host, stdin, sinks)?;
+    io.caller = caller;
+    Ok(io)
 }
 
 fn missing_fd() -> CellError {
@@ -387,6 +395,7 @@ mod tests {
             wall_time_ms,
             output_bytes,
             stdin: false,
+            watch_caller: false,
         }
     }
 
@@ -422,10 +431,15 @@ mod tests {
     }
 
     #[test]
-    fn terminals_are_refused_before_any_cell_is_built() {
+    fn a_session_with_a_terminal_is_refused_before_any_cell_is_built() {
+        let session = ServeMode::Session {
+            idle_timeout: Duration::from_secs(1),
+            max_lifetime: Duration::from_secs(1),
+        };
         let mut plan = plan();
-        assert!(check_servable(&plan).is_ok());
+        assert!(check_servable(&plan, session).is_ok());
         plan.terminal = true;
-        assert!(check_servable(&plan).is_err());
+        assert!(check_servable(&plan, session).is_err());
+        assert!(check_servable(&plan, ServeMode::OneShot).is_ok());
     }
 }

@@ -399,7 +399,13 @@ impl Session<'_> {
         let plan = supervision.plan;
         let (wall_time_ms, output_bytes) = command_limits(plan, &spec)?;
         let env = command_environment(plan, self.credentials, &spec.env)?;
-        let io = command_io(plan, supervision.host, spec.stdin, fds)?;
+        if spec.watch_caller {
+            // A session outlives its callers by design (idle timeout, maximum lifetime).
+            return Err(CellError::Protocol {
+                message: "a session command with a watched caller".into(),
+            });
+        }
+        let io = command_io(plan, supervision.host, &spec, fds)?;
         let command = CellCommand {
             id,
             argv: spec.argv,

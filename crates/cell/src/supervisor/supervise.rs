@@ -14,7 +14,7 @@ use crate::protocol::{self, CellChannel, CellCommand, FromCell};
 use crate::report::ExitInfo;
 use crate::stdin_relay::StdinRelay;
 use crate::sys;
-use crate::terminal::CallerTerminal;
+use crate::terminal::{CallerTerminal, WindowFollower, WINDOW_FOLLOW_INTERVAL_MS};
 use airlock_contract::CellPlan;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -138,6 +138,12 @@ pub struct Supervision<'a> {
     pub terminal: Option<OwnedFd>,
     /// The caller's terminal, raw until the run ends (restored when this is dropped).
     pub caller_terminal: Option<CallerTerminal>,
+    /// A caller's terminal in another process (a serving cell's): its window size is
+    /// followed, see [`WindowFollower`].
+    pub window: Option<WindowFollower>,
+    /// A descriptor of the caller's whose hang-up destroys the cell (see
+    /// [`crate::control::CommandSpec::watch_caller`]); `None` once it hung up.
+    pub caller: Option<OwnedFd>,
     /// What the caller asked to collect, if the plan declares outputs.
     pub artifacts: Option<ArtifactRequest>,
     /// The cell said it is parked at START.
@@ -200,11 +206,36 @@ impl Supervision<'_> {
         self.stdout = io.stdout;
         self.stderr = io.stderr;
         self.stdin_relay = io.stdin_relay;
+        if self.caller_terminal.is_none() {
+            self.window =
+                (io.terminal_input.as_ref()).and_then(|fd| WindowFollower::of(fd.as_fd()));
+        }
         self.terminal_input = io.terminal_input;
+        self.caller = io.caller;
         self.sinks = io.sinks;
         self.output = OutputCapture::new(output_bytes);
         self.deadline = Deadline::from_start(Instant::now(), wall_time_ms);
         self.relay_into_terminal();
+        self.follow_window();
+    }
+
+    /// Copies a changed caller's window size to the payload's terminal (see
+    /// [`WindowFollower`]).
+    fn follow_window(&mut self) {
+        if let (Some(window), Some(master)) = (self.window.as_mut(), self.terminal.as_ref()) {
+            window.follow(master.as_fd());
+        }
+    }
+
+    /// How long the supervision loop may sleep: until the deadline's next step, or the
+    /// next look at a followed window.
+    fn loop_timeout(&self) -> i32 {
+        let timeout = poll_timeout(self.deadline.next_wake());
+        match (&self.window, timeout) {
+            (None, timeout) => timeout,
+            (Some(_), -1) => WINDOW_FOLLOW_INTERVAL_MS,
+            (Some(_), timeout) => timeout.min(WINDOW_FOLLOW_INTERVAL_MS),
+        }
     }
 
     /// Until the cell parks at START (or ends, or the engine goes away): its setup
@@ -256,7 +287,7 @@ impl Supervision<'_> {
         // and every fresh page costs a fault.
         let mut buf = Vec::new();
         loop {
-            let timeout = poll_timeout(self.deadline.next_wake());
+            let timeout = self.loop_timeout();
             let relay = self.stdin_relay.as_ref().map(StdinRelay::interest);
             let mut fds = [
                 poll_in(raw(&self.stdout)),
@@ -273,6 +304,12 @@ impl Supervision<'_> {
                         .map_or(-1, |fd| fd.as_raw_fd()),
                 ),
                 poll_in(control.map_or(-1, |c| c.as_fd().as_raw_fd())),
+                // Only its hang-up (what a client sends meanwhile is not read here).
+                libc::pollfd {
+                    fd: raw(&self.caller),
+                    events: libc::POLLRDHUP,
+                    revents: 0,
+                },
             ];
             sys::poll(&mut fds, timeout).map_err(|e| CellError::io("poll", e))?;
             if readable(&fds[0]) {
@@ -309,6 +346,11 @@ impl Supervision<'_> {
                     control = None;
                 }
             }
+            if fds[9].revents != 0 {
+                self.caller = None;
+                self.destroy("the caller went away");
+            }
+            self.follow_window();
             if readable(&fds[3]) {
                 // pid 1 is gone, and with it every process of the pid namespace. What it
                 // said before it went is still queued (its end is closed: no read

@@ -1,0 +1,353 @@
+//! The runtime's commands on a container's state directory. `create` starts the
+//! supervisor (supervise.rs) and waits for its word; the others read the state and
+//! signal processes.
+
+use super::state::{self, Status, Stored};
+use super::{OciCommand, DEFAULT_ROOT};
+use std::io::{Read, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// How long `create` waits for the cell and the begin record.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The global options the supervisor is started with too.
+pub struct Globals {
+    pub root: PathBuf,
+    pub log: Option<PathBuf>,
+    pub log_format: String,
+}
+
+pub fn dispatch(globals: &Globals, command: OciCommand) -> Result<ExitCode, String> {
+    let root = globals.root.as_path();
+    match command {
+        OciCommand::Create {
+            bundle,
+            pid_file,
+            console_socket,
+            id,
+            ..
+        } => {
+            if console_socket.is_some() {
+                return Err(
+                    "--console-socket: a terminal is not supported by airlock's OCI \
+                            runtime yet"
+                        .into(),
+                );
+            }
+            create(globals, &bundle, pid_file.as_deref(), &id)
+        }
+        OciCommand::Start { id } => start(root, &id),
+        OciCommand::State { id } => {
+            let stored = state::load(root, &id)?;
+            println!("{:#}", state::state_json(&stored));
+            Ok(ExitCode::SUCCESS)
+        }
+        OciCommand::Kill { all, id, signal } => kill(root, &id, &signal, all),
+        OciCommand::Delete { force, id } => delete(root, &id, force),
+        OciCommand::Ps { format, id, .. } => ps(root, &id, &format),
+        OciCommand::Features => {
+            println!("{:#}", features());
+            Ok(ExitCode::SUCCESS)
+        }
+        OciCommand::Exec { .. } => Err(unsupported(
+            "exec",
+            "a cell runs the one payload its contract was compiled for",
+        )),
+        OciCommand::Update { .. } => Err(unsupported(
+            "update",
+            "a cell's ceilings are its contract's, fixed when it is created",
+        )),
+        OciCommand::Pause { .. } | OciCommand::Resume { .. } => Err(unsupported(
+            "pause and resume",
+            "the cell's cgroup is not frozen by airlock",
+        )),
+        OciCommand::Events { .. } => Err(unsupported(
+            "events",
+            "the run's usage is in its record (airlock runs show)",
+        )),
+        OciCommand::Supervise { bundle, id } => {
+            Ok(super::supervise::supervise(globals, &bundle, &id))
+        }
+    }
+}
+
+fn unsupported(what: &str, why: &str) -> String {
+    format!("{what} is not supported by airlock's OCI runtime: {why} (docs/kubernetes.md)")
+}
+
+/// Starts the supervisor and returns once it says the container is created (the cell
+/// built, the begin record written), with its pid in `pid_file`; or fails with its
+/// error, leaving nothing behind.
+fn create(
+    globals: &Globals,
+    bundle: &Path,
+    pid_file: Option<&Path>,
+    id: &str,
+) -> Result<ExitCode, String> {
+    let dir = state::dir(&globals.root, id)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(&globals.root)
+        .map_err(|e| format!("state root {}: {e}", globals.root.display()))?;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => format!("container with id exists: {id}"),
+            _ => format!("state directory {}: {e}", dir.display()),
+        })?;
+    let outcome = spawn_supervisor(globals, bundle, id, &dir);
+    match outcome {
+        Ok(pid) => {
+            if let Some(path) = pid_file {
+                write_pid_file(path, pid)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(err) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            Err(err)
+        }
+    }
+}
+
+fn spawn_supervisor(globals: &Globals, bundle: &Path, id: &str, dir: &Path) -> Result<u32, String> {
+    let bundle = std::path::absolute(bundle).map_err(|e| format!("--bundle: {e}"))?;
+    let listener = UnixListener::bind(state::notify_socket(dir))
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|e| format!("create's socket in {}: {e}", dir.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("this binary: {e}"))?;
+    let mut command = std::process::Command::new(exe);
+    command.arg("oci").arg("--root").arg(&globals.root);
+    if let Some(log) = &globals.log {
+        command.arg("--log").arg(log);
+    }
+    command
+        .args([
+            "--log-format",
+            &globals.log_format,
+            "__supervise",
+            "--bundle",
+        ])
+        .arg(&bundle)
+        .arg(id);
+    // The container's stdio (the shim's pipes) are inherited: they are the payload's.
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("starting the supervisor: {e}"))?;
+    let until = Instant::now() + CREATE_TIMEOUT;
+    let word = loop {
+        if Instant::now() > until {
+            // Fail closed: a cell that is not built in time is ended, not waited for.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "the container was not created within {} s",
+                CREATE_TIMEOUT.as_secs()
+            ));
+        }
+        match listener.accept() {
+            Ok((mut stream, _)) => {
+                let mut word = String::new();
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.read_to_string(&mut word);
+                break word;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!(
+                        "the supervisor ended ({status}) before the container was created"
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(format!("create's socket: {e}")),
+        }
+    };
+    let _ = std::fs::remove_file(state::notify_socket(dir));
+    match word.strip_prefix("ok") {
+        Some(_) => Ok(child.id()),
+        None => {
+            let _ = child.wait();
+            Err(word.trim().trim_start_matches("error: ").to_owned())
+        }
+    }
+}
+
+fn write_pid_file(path: &Path, pid: u32) -> Result<(), String> {
+    let tmp = path.with_extension("airlock-tmp");
+    std::fs::write(&tmp, pid.to_string())
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("--pid-file {}: {e}", path.display()))
+}
+
+/// Releases the held payload: the supervisor waits on the start socket.
+fn start(root: &Path, id: &str) -> Result<ExitCode, String> {
+    let stored = state::load(root, id)?;
+    match state::status(&stored) {
+        Status::Created => {}
+        other => {
+            return Err(format!(
+                "cannot start a container that is {}: {id}",
+                other.as_str()
+            ))
+        }
+    }
+    let dir = state::dir(root, id)?;
+    let mut stream = UnixStream::connect(state::start_socket(&dir))
+        .map_err(|e| format!("container {id}: its supervisor does not answer: {e}"))?;
+    stream
+        .write_all(b"start")
+        .and_then(|()| stream.shutdown(std::net::Shutdown::Write))
+        .map_err(|e| format!("container {id}: start: {e}"))?;
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    if answer.trim() != "ok" {
+        return Err(format!("container {id} did not start: {}", answer.trim()));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The cell's pid 1 (the supervisor's child) and the payload's processes under it.
+fn cell_processes(stored: &Stored) -> (Vec<u32>, Vec<u32>) {
+    let children = state::descendants(stored.pid);
+    let direct: Vec<u32> = std::fs::read_dir(format!("/proc/{}/task", stored.pid))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|t| {
+            std::fs::read_to_string(t.path().join("children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    let payload = children
+        .into_iter()
+        .filter(|p| !direct.contains(p))
+        .collect();
+    (direct, payload)
+}
+
+fn kill(root: &Path, id: &str, signal: &str, all: bool) -> Result<ExitCode, String> {
+    let signal = state::parse_signal(signal)?;
+    let stored = state::load(root, id)?;
+    match state::status(&stored) {
+        Status::Stopped => Err(format!("container {id} not running")),
+        // No payload yet: the container ends with its supervisor (the cell dies with it;
+        // the begin record is reaped as aborted).
+        Status::Created => state::signal(stored.pid, libc::SIGKILL)
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(|e| format!("container {id}: kill: {e}")),
+        Status::Running => {
+            let (pid1s, payload) = cell_processes(&stored);
+            let targets: Vec<u32> = if all {
+                payload
+            } else {
+                // The payload's first process: a child of the cell's pid 1.
+                payload
+                    .into_iter()
+                    .filter(|p| pid1s.iter().any(|p1| parent_of(*p) == Some(*p1)))
+                    .collect()
+            };
+            for pid in targets {
+                let _ = state::signal(pid, signal);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 2..];
+    rest.split(' ').nth(1)?.parse().ok()
+}
+
+fn delete(root: &Path, id: &str, force: bool) -> Result<ExitCode, String> {
+    let stored = state::load(root, id)?;
+    let dir = state::dir(root, id)?;
+    match state::status(&stored) {
+        Status::Stopped => {}
+        Status::Running if force => {
+            // The payload is killed; the supervisor completes the record and ends.
+            let (_, payload) = cell_processes(&stored);
+            for pid in payload {
+                let _ = state::signal(pid, libc::SIGKILL);
+            }
+            wait_gone(&stored, Duration::from_secs(10));
+        }
+        Status::Created if force => {
+            let _ = state::signal(stored.pid, libc::SIGKILL);
+            wait_gone(&stored, Duration::from_secs(10));
+        }
+        status => {
+            return Err(format!(
+                "cannot delete container {id} that is not stopped: {}",
+                status.as_str()
+            ))
+        }
+    }
+    std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Waits for the supervisor to end; SIGKILL once `grace` has passed.
+fn wait_gone(stored: &Stored, grace: Duration) {
+    let until = Instant::now() + grace;
+    while state::alive(stored.pid, stored.pid_start) {
+        if Instant::now() > until {
+            let _ = state::signal(stored.pid, libc::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn ps(root: &Path, id: &str, format: &str) -> Result<ExitCode, String> {
+    let stored = state::load(root, id)?;
+    let pids: Vec<u32> = match state::status(&stored) {
+        Status::Stopped => Vec::new(),
+        _ => std::iter::once(stored.pid)
+            .chain(state::descendants(stored.pid))
+            .collect(),
+    };
+    match format {
+        "json" => println!("{}", serde_json::json!(pids)),
+        _ => {
+            println!("PID");
+            for pid in pids {
+                println!("{pid}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The runtime-spec's features document: what a spec may use here.
+fn features() -> serde_json::Value {
+    serde_json::json!({
+        "ociVersionMin": "1.0.0",
+        "ociVersionMax": "1.1.0",
+        "hooks": [],
+        "mountOptions": ["bind", "rbind", "ro"],
+        "linux": {
+            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "user", "uts"],
+            "capabilities": [],
+            "cgroup": {"v1": true, "v2": true, "systemd": false, "systemdUser": false},
+            "seccomp": {"enabled": true, "actions": ["SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_ALLOW"]},
+            "apparmor": {"enabled": false},
+            "selinux": {"enabled": false},
+            "intelRdt": {"enabled": false}
+        },
+        "annotations": {
+            "io.github.airlock.runtime": "airlock",
+            "io.github.airlock.state-root": DEFAULT_ROOT
+        }
+    })
+}

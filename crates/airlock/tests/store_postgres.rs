@@ -1,0 +1,260 @@
+//! A fleet's store end to end: `[store] url` pointing at a real Postgres this test starts
+//! (crates/store/tests/pg_server), `airlock run` writing its record there (not in the
+//! state directory's file), `airlock runs show` and `airlock audit verify` reading it,
+//! tampering in Postgres named by `audit verify`, and a database that cannot be reached
+//! refusing the run. Needs root (cells) and Debian's `postgresql` (.ci/run installs it).
+
+mod common;
+
+#[path = "../../store/tests/pg_server/mod.rs"]
+mod pg_server;
+
+use pg_server::PgServer;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+struct Node {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Node {
+    /// A node with its own state directory and a configuration naming `url`.
+    fn new(url: &str) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("airlock.toml");
+        std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n")).unwrap();
+        Node { dir, config }
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// `airlock <sub> --state-dir S --config C <rest>`.
+    fn airlock(&self, sub: &str, rest: &[&str]) -> Output {
+        self.airlock_with(sub, rest, Some(&self.config))
+    }
+
+    fn airlock_with(&self, sub: &str, rest: &[&str], config: Option<&Path>) -> Output {
+        let mut cmd = Command::new(common::airlock_bin());
+        cmd.current_dir(self.dir.path())
+            .arg(sub)
+            .arg("--state-dir")
+            .arg(self.state());
+        if let Some(config) = config {
+            cmd.arg("--config").arg(config);
+        }
+        cmd.args(rest)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap()
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn a_run_is_recorded_in_postgres_verified_and_tampering_is_named() {
+    require_cells!();
+    let Some(pg) = PgServer::start() else { return };
+    let url = pg.create_db("fleet");
+    let node = Node::new(&url);
+    let out = node.airlock("run", &["--", "/bin/echo", "from-a-cell"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("from-a-cell"));
+
+    // The record is in Postgres, not in the node's SQLite file.
+    let id = pg.psql("fleet", "SELECT run_id FROM runs");
+    assert_eq!(id.lines().count(), 1, "one run in Postgres: {id:?}");
+    assert_eq!(pg.psql("fleet", "SELECT status FROM runs"), "ok");
+    let local = node.airlock_with("runs", &["list", "--all-users", "--json"], None);
+    assert!(local.status.success(), "{}", text(&local));
+    assert!(
+        !String::from_utf8_lossy(&local.stdout).contains(&id),
+        "the run reached the local file too: {}",
+        text(&local)
+    );
+
+    // Another node (another state directory, the same URL) reads it.
+    let other = Node::new(&url);
+    let shown = other.airlock("runs", &["show", &id, "--json", "--all-users"]);
+    assert!(shown.status.success(), "{}", text(&shown));
+    let detail: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(detail["run"]["run_id"], id.as_str());
+    assert_eq!(detail["run"]["status"], "ok");
+
+    let verify = other.airlock("audit", &["verify"]);
+    assert!(verify.status.success(), "{}", text(&verify));
+    assert!(String::from_utf8_lossy(&verify.stdout).contains("audit chain intact"));
+
+    // Someone with write access to the database edits the run's exit code.
+    pg.psql(
+        "fleet",
+        &format!("UPDATE runs SET exit_code = 7 WHERE run_id = '{id}'"),
+    );
+    let verify = node.airlock("audit", &["verify"]);
+    assert_eq!(verify.status.code(), Some(2), "{}", text(&verify));
+    let err = String::from_utf8_lossy(&verify.stderr);
+    assert!(
+        err.contains("FAILED") && err.contains(&id) && err.contains("exit_code"),
+        "{}",
+        text(&verify)
+    );
+}
+
+#[test]
+fn an_unreachable_fleet_store_refuses_the_run() {
+    require_cells!();
+    let port = common::free_port();
+    let node = Node::new(&format!("postgres://airlock@127.0.0.1:{port}/fleet"));
+    let marker = node.dir.path().join("ran");
+    let script = format!("touch {}", marker.display());
+    let out = node.airlock("run", &["--", "/bin/sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot be reached"),
+        "{}",
+        text(&out)
+    );
+    assert!(!marker.exists(), "the payload ran without a record");
+    // Nothing fell back to the local file.
+    let local = node.airlock_with("runs", &["list", "--all-users", "--json"], None);
+    assert_eq!(
+        String::from_utf8_lossy(&local.stdout).trim(),
+        "[]",
+        "{}",
+        text(&local)
+    );
+}
+
+#[test]
+fn a_url_that_would_send_records_in_plaintext_is_refused() {
+    let node = Node::new("postgres://airlock@db.example.internal:5432/fleet");
+    let out = node.airlock("audit", &["verify"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("plaintext"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn two_services_on_one_fleet_store_show_each_others_runs() {
+    require_cells!();
+    let Some(pg) = PgServer::start() else { return };
+    let url = pg.create_db("fleet");
+    let config = format!(
+        "[server]\nlisten = [\"unix:SOCK\"]\n[server.contracts]\nsmall = \"small.yaml\"\n\
+         [store]\nurl = \"{url}\"\n"
+    );
+    let contract = |dir: &Path| {
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/contracts/default.yaml"),
+            dir.join("small.yaml"),
+        )
+        .unwrap();
+    };
+    let a = common::served::Served::start(&config, contract);
+    let b = common::served::Served::start(&config, contract);
+    // A run recorded by node A's command line (its own state directory, the fleet's store).
+    let run = Command::new(common::airlock_bin())
+        .arg("run")
+        .arg("--config")
+        .arg(a.path("airlock.toml"))
+        .arg("--state-dir")
+        .arg(a.state_dir())
+        .args(["--", "/bin/echo", "node-a"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run));
+    let id = pg.psql("fleet", "SELECT run_id FROM runs");
+    for (node, service) in [("a", &a), ("b", &b)] {
+        let out = service.curl_unix(&["-f", &format!("http://airlock/v1/runs/{id}")]);
+        assert!(out.status.success(), "node {node}: {}", text(&out));
+        let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(shown["run"]["run_id"], id.as_str(), "node {node}: {shown}");
+    }
+    // A run of service B (its engine's cell factory and store connections), shown by A.
+    let out = b.curl_unix(&[
+        "-f",
+        "http://airlock/v1/runs?wait=true",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        r#"{"contract": "small", "argv": ["/bin/echo", "node-b"]}"#,
+    ]);
+    assert!(out.status.success(), "{}\n{}", text(&out), b.log());
+    let record: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(record["status"], "ok", "{record}");
+    let b_run = record["run_id"].as_str().unwrap();
+    let out = a.curl_unix(&["-f", &format!("http://airlock/v1/runs/{b_run}")]);
+    assert!(out.status.success(), "{}", text(&out));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["run"]["status"], "ok", "{shown}");
+    assert_eq!(pg.psql("fleet", "SELECT count(*) FROM runs"), "2");
+
+    let verify = b.cli(&["audit", "verify"]);
+    assert!(verify.status.success(), "{}", text(&verify));
+}
+
+#[test]
+fn a_sigkilled_airlock_run_leaves_a_verifiable_chain_in_postgres() {
+    require_cells!();
+    let Some(pg) = PgServer::start() else { return };
+    let url = pg.create_db("fleet");
+    let node = Node::new(&url);
+    // The schema first (any opening migrates), so the poll below can query it.
+    let empty = node.airlock("audit", &["verify"]);
+    assert!(empty.status.success(), "{}", text(&empty));
+    let mut supervisor = Command::new(common::airlock_bin())
+        .arg("run")
+        .arg("--state-dir")
+        .arg(node.state())
+        .arg("--config")
+        .arg(&node.config)
+        .args(["--", "sleep", "30"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The begin record is in Postgres before the payload starts.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let id = loop {
+        let running = pg.psql("fleet", "SELECT run_id FROM runs WHERE status = 'running'");
+        if !running.is_empty() {
+            break running;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = supervisor.kill();
+            panic!("the run never showed as running");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    supervisor.kill().unwrap(); // SIGKILL, mid-run
+    supervisor.wait().unwrap();
+
+    let verify = node.airlock("audit", &["verify"]);
+    assert!(verify.status.success(), "{}", text(&verify));
+    // This node's next opening reaps it (its boot, its dead supervisor).
+    let shown = node.airlock("runs", &["show", &id, "--json", "--all-users"]);
+    assert!(shown.status.success(), "{}", text(&shown));
+    let detail: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(detail["run"]["status"], "aborted", "{detail}");
+    assert_eq!(pg.psql("fleet", "SELECT count(*) FROM runs"), "1");
+    let verify = node.airlock("audit", &["verify"]);
+    assert!(verify.status.success(), "{}", text(&verify));
+}

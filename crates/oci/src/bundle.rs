@@ -1,0 +1,545 @@
+//! A bundle's `config.json` as terms of a cell (the OCI runtime interface,
+//! `airlock oci` / `airlock-runc`): what the spec may ask for and what it may not. Pure:
+//! the caller reads the spec and the contract, this module decides.
+//!
+//! The contract (chosen by the platform's annotations, not by the pod's author) is the
+//! floor; the spec can only narrow it. Anything in the spec that would make the cell
+//! weaker than its contract, or that airlock cannot enforce, is refused with an error
+//! naming the spec's field and the rule; never silently dropped:
+//! - the process runs as the spec's user inside the cell's own user namespace; uid 0 is
+//!   the contract's identity (root is never honoured, as for an image's `User`), and
+//!   `linux.uidMappings`/`gidMappings` onto a host root are refused;
+//! - capabilities beyond the container default set are refused (the cell keeps none of
+//!   them anyway: the default set is accepted and dropped);
+//! - mounts: the kernel file systems every container gets (`/proc`, `/dev`, `/sys`, ...)
+//!   are the cell's own; a bind mount becomes a read-only input, refused when it is
+//!   writable or its source is a sensitive host path;
+//! - `linux.devices`, `hooks`, `linux.sysctl`, joined namespaces and a terminal are refused;
+//! - resources and `RLIMIT_NOFILE` are ceilings: the lower of the spec's and the contract's;
+//! - a seccomp profile is the contract's custom profile (airlock's hardening is applied on
+//!   top of it); an allow-by-default profile is refused.
+
+use airlock_contract::{Contract, MappedInput, ReadonlyInput, HOST_IMAGE};
+use oci_spec::runtime::{LinuxNamespaceType, Mount, PosixRlimitType, Spec};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Annotation naming the workload class whose contract the container gets.
+pub const CLASS_ANNOTATION: &str = "airlock.dev/class";
+/// Annotation naming an operator contract (a file of the node's contract directory).
+pub const CONTRACT_ANNOTATION: &str = "airlock.dev/contract";
+/// The CRI annotations that identify a pod's container.
+pub const CRI_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+pub const CRI_POD: &str = "io.kubernetes.cri.sandbox-name";
+pub const CRI_CONTAINER: &str = "io.kubernetes.cri.container-name";
+
+/// A part of the spec airlock refuses: the field, and the rule it breaks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config.json {field}: {rule}")]
+pub struct SpecRefusal {
+    pub field: String,
+    pub rule: String,
+}
+
+fn refuse<T>(field: impl Into<String>, rule: impl Into<String>) -> Result<T, SpecRefusal> {
+    Err(SpecRefusal {
+        field: field.into(),
+        rule: rule.into(),
+    })
+}
+
+/// Who the container is, for its records: the pod's identity from the CRI annotations,
+/// or (a container started without Kubernetes, e.g. by `ctr`) the container id alone.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ContainerIdentity {
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+}
+
+/// How the platform chose the container's contract.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// `airlock.dev/contract`: an operator contract by name.
+    Contract(String),
+    /// `airlock.dev/class`: a workload class by name.
+    Class(String),
+    /// Neither: the operator's default contract for containers.
+    Default,
+}
+
+/// What the spec asks of the cell, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerTerms {
+    pub argv: Vec<String>,
+    /// `NAME=value` entries as `(name, value)`.
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    /// `None` for uid 0: the contract's identity applies.
+    pub user: Option<(u32, u32)>,
+    /// The root file system's directory on the host (absolute).
+    pub rootfs: PathBuf,
+    pub readonly_root: bool,
+    pub hostname: Option<String>,
+    /// Host bind mounts accepted as read-only inputs: `(host source, cell target)`.
+    pub inputs: Vec<(PathBuf, PathBuf)>,
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u64>,
+    pub cpu_millis: Option<u64>,
+    pub open_files: Option<u64>,
+    /// The spec's seccomp profile in Docker's JSON form (compile parses and hardens it).
+    pub seccomp_profile: Option<String>,
+    pub selection: Selection,
+    pub identity: ContainerIdentity,
+}
+
+/// Capabilities a container gets by default (containerd's and Docker's set): accepted
+/// and dropped, since the cell's payload keeps no capability at all.
+const DEFAULT_CAPABILITIES: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// The kernel file systems a container gets at their usual places; the cell has its own
+/// (a fresh `/proc` with masks, its own `/dev`, ...), so the spec's are not mounted.
+const CELL_OWN_MOUNTS: &[(&str, &[&str])] = &[
+    ("/proc", &["proc"]),
+    ("/dev", &["tmpfs"]),
+    ("/dev/pts", &["devpts"]),
+    ("/dev/shm", &["tmpfs", "shm"]),
+    ("/dev/mqueue", &["mqueue"]),
+    ("/sys", &["sysfs"]),
+    ("/sys/fs/cgroup", &["cgroup", "cgroup2"]),
+    ("/run", &["tmpfs"]),
+];
+
+/// Host paths no bind mount may come from (or be inside of): the host's kernel
+/// interfaces, devices, container runtimes' sockets and state, credentials.
+const SENSITIVE_SOURCES: &[&str] = &[
+    "/proc",
+    "/sys",
+    "/dev",
+    "/boot",
+    "/root",
+    "/etc/shadow",
+    "/etc/sudoers",
+    "/etc/kubernetes",
+    "/var/run/docker.sock",
+    "/run/docker.sock",
+    "/var/run/containerd",
+    "/run/containerd",
+    "/var/lib/containerd",
+    "/var/lib/docker",
+    "/var/lib/kubelet/pki",
+    "/var/lib/airlock",
+    "/run/airlock",
+    "/etc/airlock",
+];
+
+/// The spec checked against the rules above. `bundle` is the bundle's directory (a
+/// relative `root.path` is against it).
+pub fn container_terms(
+    spec: &Spec,
+    id: &str,
+    bundle: &Path,
+) -> Result<ContainerTerms, SpecRefusal> {
+    refuse_host_powers(spec)?;
+    let process = match spec.process() {
+        Some(process) => process,
+        None => return refuse("process", "a container needs a process"),
+    };
+    if process.terminal().unwrap_or(false) {
+        return refuse(
+            "process.terminal",
+            "a terminal (--console-socket) is not supported by airlock's OCI runtime yet",
+        );
+    }
+    check_capabilities(spec)?;
+    let argv = process.args().clone().unwrap_or_default();
+    if argv.is_empty() {
+        return refuse("process.args", "a container needs a command");
+    }
+    let env = process
+        .env()
+        .iter()
+        .flatten()
+        .filter_map(|e| e.split_once('='))
+        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+        .collect();
+    let user = process.user();
+    let user = (user.uid() != 0).then(|| (user.uid(), user.gid()));
+    let root = match spec.root() {
+        Some(root) => root,
+        None => return refuse("root", "a container needs a root file system"),
+    };
+    let rootfs = if root.path().is_absolute() {
+        root.path().clone()
+    } else {
+        bundle.join(root.path())
+    };
+    let (memory_bytes, pids, cpu_millis) = resources(spec)?;
+    let annotations: BTreeMap<String, String> = spec
+        .annotations()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    Ok(ContainerTerms {
+        argv,
+        env,
+        cwd: process.cwd().clone(),
+        user,
+        rootfs,
+        readonly_root: root.readonly().unwrap_or(false),
+        hostname: spec.hostname().clone().filter(|h| !h.is_empty()),
+        inputs: inputs(spec.mounts().as_deref().unwrap_or_default())?,
+        memory_bytes,
+        pids,
+        cpu_millis,
+        open_files: open_files(spec),
+        seccomp_profile: seccomp_profile(spec)?,
+        selection: selection(&annotations)?,
+        identity: identity(id, &annotations),
+    })
+}
+
+/// Host root, host namespaces, devices, hooks and sysctls: each would give the container
+/// something of the host that the cell does not have.
+fn refuse_host_powers(spec: &Spec) -> Result<(), SpecRefusal> {
+    if spec.hooks().as_ref().is_some_and(|h| {
+        h.prestart().is_some()
+            || h.create_runtime().is_some()
+            || h.create_container().is_some()
+            || h.start_container().is_some()
+            || h.poststart().is_some()
+            || h.poststop().is_some()
+    }) {
+        return refuse(
+            "hooks",
+            "hooks run host commands outside the cell; airlock runs none",
+        );
+    }
+    let Some(linux) = spec.linux() else {
+        return Ok(());
+    };
+    for (field, maps) in [
+        ("linux.uidMappings", linux.uid_mappings()),
+        ("linux.gidMappings", linux.gid_mappings()),
+    ] {
+        if maps.iter().flatten().any(|m| m.host_id() == 0) {
+            return refuse(
+                field,
+                "a mapping onto host id 0 would make the container's user host root; \
+                 the cell's ids map to its own unprivileged host ids",
+            );
+        }
+    }
+    for ns in linux.namespaces().iter().flatten() {
+        if let Some(path) = ns.path() {
+            let kind = format!("{:?}", ns.typ()).to_lowercase();
+            let rule = if ns.typ() == LinuxNamespaceType::Network {
+                "joining an existing network namespace (a CNI's) is not supported by \
+                 airlock's OCI runtime yet: the cell has its own network namespace"
+            } else {
+                "joining an existing namespace would share it with the host or another \
+                 container; the cell always creates its own"
+            };
+            return refuse(
+                format!("linux.namespaces[{kind}].path ({})", path.display()),
+                rule,
+            );
+        }
+    }
+    if linux.devices().as_ref().is_some_and(|d| !d.is_empty()) {
+        return refuse(
+            "linux.devices",
+            "host devices are never given to a cell (it has its own /dev: null, zero, \
+             full, random, urandom, tty)",
+        );
+    }
+    if linux.sysctl().as_ref().is_some_and(|s| !s.is_empty()) {
+        return refuse(
+            "linux.sysctl",
+            "kernel parameters are not set by airlock's OCI runtime",
+        );
+    }
+    Ok(())
+}
+
+/// Every capability set may hold only the container default set.
+fn check_capabilities(spec: &Spec) -> Result<(), SpecRefusal> {
+    let Some(caps) = spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.capabilities().clone())
+    else {
+        return Ok(());
+    };
+    let sets = [
+        ("bounding", caps.bounding()),
+        ("effective", caps.effective()),
+        ("inheritable", caps.inheritable()),
+        ("permitted", caps.permitted()),
+        ("ambient", caps.ambient()),
+    ];
+    for (set, values) in sets {
+        let mut names: Vec<String> = values
+            .iter()
+            .flatten()
+            .map(|c| {
+                serde_json::to_value(c)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+            })
+            .map(Option::unwrap_or_default)
+            .filter(|name| !DEFAULT_CAPABILITIES.contains(&name.as_str()))
+            .collect();
+        names.sort();
+        if let Some(name) = names.first() {
+            return refuse(
+                format!("process.capabilities.{set}"),
+                format!(
+                    "{name} is beyond the container default set (a privileged container); \
+                     a cell's payload holds no capability"
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Memory, pids and CPU as ceilings.
+#[allow(clippy::type_complexity)]
+fn resources(spec: &Spec) -> Result<(Option<u64>, Option<u64>, Option<u64>), SpecRefusal> {
+    let Some(resources) = spec.linux().as_ref().and_then(|l| l.resources().clone()) else {
+        return Ok((None, None, None));
+    };
+    let memory = resources
+        .memory()
+        .as_ref()
+        .and_then(|m| m.limit())
+        .filter(|l| *l > 0)
+        .map(|l| l as u64);
+    let pids = resources
+        .pids()
+        .as_ref()
+        .map(|p| p.limit())
+        .filter(|l| *l > 0)
+        .map(|l| l as u64);
+    let cpu = resources.cpu().as_ref().and_then(|cpu| {
+        let quota = cpu.quota().filter(|q| *q > 0)?;
+        let period = cpu.period().filter(|p| *p > 0).unwrap_or(100_000);
+        Some((quota as u64 * 1000).div_ceil(period))
+    });
+    Ok((memory, pids, cpu))
+}
+
+fn open_files(spec: &Spec) -> Option<u64> {
+    let process = spec.process().as_ref()?;
+    process
+        .rlimits()
+        .iter()
+        .flatten()
+        .find(|r| r.typ() == PosixRlimitType::RlimitNofile)
+        .map(|r| r.hard().min(r.soft()))
+}
+
+/// The mounts: the cell's own kernel file systems, read-only host binds as inputs,
+/// anything else refused.
+fn inputs(mounts: &[Mount]) -> Result<Vec<(PathBuf, PathBuf)>, SpecRefusal> {
+    let mut inputs = Vec::new();
+    for (n, mount) in mounts.iter().enumerate() {
+        let destination = mount.destination();
+        let typ = mount.typ().clone().unwrap_or_default();
+        let options = mount.options().clone().unwrap_or_default();
+        let field = format!("mounts[{n}] ({})", destination.display());
+        let is_bind = typ == "bind" || options.iter().any(|o| o == "bind" || o == "rbind");
+        if !is_bind {
+            let own = CELL_OWN_MOUNTS
+                .iter()
+                .any(|(d, types)| Path::new(d) == destination && types.contains(&typ.as_str()));
+            if own {
+                continue;
+            }
+            return refuse(
+                field,
+                format!(
+                    "a {typ:?} mount is not one the cell provides itself; writable places \
+                     are the contract's writable_paths"
+                ),
+            );
+        }
+        let Some(source) = mount.source() else {
+            return refuse(field, "a bind mount needs a source");
+        };
+        if !source.is_absolute() {
+            return refuse(field, "a bind mount's source must be an absolute host path");
+        }
+        if let Some(sensitive) = sensitive_source(source) {
+            return refuse(
+                field,
+                format!(
+                    "the host path {} is under {sensitive}, which is never given to a cell",
+                    source.display()
+                ),
+            );
+        }
+        if !options.iter().any(|o| o == "ro") {
+            return refuse(
+                field,
+                "a writable host bind mount would let the container change the host; host \
+                 paths are read-only inputs (add \"ro\"), writable places the contract's \
+                 writable_paths",
+            );
+        }
+        inputs.push((source.clone(), destination.clone()));
+    }
+    Ok(inputs)
+}
+
+/// The sensitive path `source` is, or is inside of (`/` itself is the whole host).
+fn sensitive_source(source: &Path) -> Option<&'static str> {
+    if source == Path::new("/") {
+        return Some("/");
+    }
+    SENSITIVE_SOURCES
+        .iter()
+        .find(|s| source.starts_with(s))
+        .copied()
+}
+
+fn seccomp_profile(spec: &Spec) -> Result<Option<String>, SpecRefusal> {
+    let Some(seccomp) = spec.linux().as_ref().and_then(|l| l.seccomp().clone()) else {
+        return Ok(None);
+    };
+    let value = serde_json::to_value(&seccomp).map_err(|e| SpecRefusal {
+        field: "linux.seccomp".into(),
+        rule: format!("cannot be read as a profile: {e}"),
+    })?;
+    let default = value["defaultAction"].as_str().unwrap_or_default();
+    if matches!(default, "SCMP_ACT_ALLOW" | "SCMP_ACT_LOG") {
+        return refuse(
+            "linux.seccomp.defaultAction",
+            format!(
+                "{default} allows every system call the profile does not name, which is \
+                 weaker than airlock's default (an allowlist)"
+            ),
+        );
+    }
+    Ok(Some(value.to_string()))
+}
+
+fn selection(annotations: &BTreeMap<String, String>) -> Result<Selection, SpecRefusal> {
+    let named = |key: &str| annotations.get(key).filter(|v| !v.is_empty()).cloned();
+    match (named(CONTRACT_ANNOTATION), named(CLASS_ANNOTATION)) {
+        (Some(_), Some(_)) => refuse(
+            format!("annotations[{CONTRACT_ANNOTATION}]"),
+            format!("excludes {CLASS_ANNOTATION}: a class makes the contract"),
+        ),
+        (Some(name), None) => valid_name(CONTRACT_ANNOTATION, name).map(Selection::Contract),
+        (None, Some(name)) => valid_name(CLASS_ANNOTATION, name).map(Selection::Class),
+        (None, None) => Ok(Selection::Default),
+    }
+}
+
+/// A contract or class name is a file name of the operator's directory, never a path.
+fn valid_name(key: &str, name: String) -> Result<String, SpecRefusal> {
+    let ok = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && !name.starts_with('.');
+    if ok {
+        Ok(name)
+    } else {
+        refuse(
+            format!("annotations[{key}]"),
+            format!("{name:?} is not a name (letters, digits, '-', '_', '.'; no path)"),
+        )
+    }
+}
+
+fn identity(id: &str, annotations: &BTreeMap<String, String>) -> ContainerIdentity {
+    let get = |key: &str| annotations.get(key).cloned();
+    ContainerIdentity {
+        id: id.to_owned(),
+        namespace: get(CRI_NAMESPACE),
+        pod: get(CRI_POD),
+        container: get(CRI_CONTAINER),
+    }
+}
+
+/// The contract with the spec's terms applied: inputs added, the root read-only if the
+/// spec asks, ceilings lowered, the spec's seccomp profile as the custom profile. The
+/// image is the bundle's root (the caller resolves it as `CompileInput::image`).
+pub fn apply_terms(
+    contract: &mut Contract,
+    terms: &ContainerTerms,
+    seccomp_path: &str,
+) -> Result<(), SpecRefusal> {
+    if contract.image != HOST_IMAGE {
+        return refuse(
+            "root.path",
+            format!(
+                "the contract names the image {}, but a container's root is its bundle's",
+                contract.image
+            ),
+        );
+    }
+    contract.image = format!("oci-bundle:{}", terms.identity.id);
+    contract.filesystem.readonly_root |= terms.readonly_root;
+    for (source, target) in &terms.inputs {
+        contract
+            .filesystem
+            .readonly_inputs
+            .push(ReadonlyInput::Mapped(MappedInput {
+                source: source.display().to_string(),
+                target: target.display().to_string(),
+            }));
+    }
+    let lower = |current: &mut i64, spec: Option<u64>| {
+        if let Some(spec) = spec {
+            *current = (*current).min(i64::try_from(spec).unwrap_or(i64::MAX));
+        }
+    };
+    let r = &mut contract.resources;
+    lower(
+        &mut r.memory_mb,
+        terms.memory_bytes.map(|b| b.div_ceil(1 << 20)),
+    );
+    lower(&mut r.process_limit, terms.pids);
+    lower(&mut r.cpu_millis, terms.cpu_millis);
+    lower(&mut r.open_files, terms.open_files);
+    if let Some(hostname) = &terms.hostname {
+        contract.hostname = hostname.clone();
+    }
+    if terms.seccomp_profile.is_some() {
+        if contract.seccomp_profile != "default" {
+            return refuse(
+                "linux.seccomp",
+                format!(
+                    "the contract names its own seccomp profile ({}); two custom profiles \
+                     are not merged",
+                    contract.seccomp_profile
+                ),
+            );
+        }
+        contract.seccomp_profile = seccomp_path.to_owned();
+    }
+    Ok(())
+}

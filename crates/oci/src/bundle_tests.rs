@@ -1,0 +1,268 @@
+//! The bundle's terms: what containerd's default spec gives, and each refusal naming the
+//! spec's field and the rule.
+
+use crate::bundle::*;
+use airlock_contract::default_contract;
+use oci_spec::runtime::Spec;
+use serde_json::{json, Value};
+use std::path::Path;
+
+/// A spec like the one `ctr run` writes (containerd's default spec, trimmed).
+fn base() -> Value {
+    json!({
+        "ociVersion": "1.1.0",
+        "process": {
+            "user": {"uid": 0, "gid": 0},
+            "args": ["/bin/sh", "-c", "echo hi"],
+            "env": ["PATH=/usr/bin:/bin", "A=b=c"],
+            "cwd": "/",
+            "capabilities": {
+                "bounding": ["CAP_CHOWN", "CAP_KILL", "CAP_NET_BIND_SERVICE"],
+                "effective": ["CAP_CHOWN", "CAP_KILL"],
+                "permitted": ["CAP_CHOWN", "CAP_KILL"]
+            },
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            "noNewPrivileges": true
+        },
+        "root": {"path": "rootfs"},
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm"},
+            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro"]},
+            {"destination": "/run", "type": "tmpfs", "source": "tmpfs"}
+        ],
+        "linux": {
+            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}],
+            "resources": {
+                "memory": {"limit": 64u64 << 20},
+                "pids": {"limit": 32},
+                "cpu": {"quota": 50000, "period": 100000}
+            },
+            "maskedPaths": ["/proc/kcore"],
+            "readonlyPaths": ["/proc/sys"]
+        }
+    })
+}
+
+fn terms(spec: Value) -> Result<ContainerTerms, SpecRefusal> {
+    let spec: Spec = serde_json::from_value(spec).expect("a valid spec");
+    container_terms(&spec, "c1", Path::new("/run/bundle/c1"))
+}
+
+fn refused(spec: Value) -> SpecRefusal {
+    terms(spec).expect_err("refused")
+}
+
+#[test]
+fn containerds_default_spec_is_accepted_with_the_cells_own_kernel_file_systems() {
+    let t = terms(base()).unwrap();
+    assert_eq!(t.argv, ["/bin/sh", "-c", "echo hi"]);
+    assert_eq!(t.env[1], ("A".to_owned(), "b=c".to_owned()));
+    assert_eq!(t.user, None, "uid 0 is the contract's identity");
+    assert_eq!(t.rootfs, Path::new("/run/bundle/c1/rootfs"));
+    assert!(t.inputs.is_empty());
+    assert_eq!(t.memory_bytes, Some(64 << 20));
+    assert_eq!(t.pids, Some(32));
+    assert_eq!(t.cpu_millis, Some(500));
+    assert_eq!(t.open_files, Some(1024));
+    assert_eq!(t.selection, Selection::Default);
+    assert_eq!(t.identity.id, "c1");
+    assert_eq!(t.identity.pod, None);
+}
+
+#[test]
+fn the_spec_lowers_the_contracts_ceilings_and_never_raises_them() {
+    let mut spec = base();
+    spec["linux"]["resources"]["memory"]["limit"] = json!(64u64 << 30);
+    let t = terms(spec).unwrap();
+    let mut contract = default_contract();
+    let before = contract.resources;
+    apply_terms(&mut contract, &t, "config.json").unwrap();
+    assert_eq!(contract.resources.memory_mb, before.memory_mb, "not raised");
+    assert_eq!(
+        contract.resources.process_limit,
+        32.min(before.process_limit)
+    );
+    assert_eq!(contract.resources.cpu_millis, 500.min(before.cpu_millis));
+    assert_eq!(contract.image, "oci-bundle:c1");
+    assert_eq!(contract.seccomp_profile, "default");
+}
+
+#[test]
+fn the_cri_annotations_are_the_containers_identity_and_airlocks_select_its_contract() {
+    let mut spec = base();
+    spec["annotations"] = json!({
+        "io.kubernetes.cri.sandbox-namespace": "team-a",
+        "io.kubernetes.cri.sandbox-name": "agent-0",
+        "io.kubernetes.cri.container-name": "tool",
+        "airlock.dev/contract": "agents-v1"
+    });
+    let t = terms(spec.clone()).unwrap();
+    assert_eq!(t.identity.namespace.as_deref(), Some("team-a"));
+    assert_eq!(t.identity.pod.as_deref(), Some("agent-0"));
+    assert_eq!(t.identity.container.as_deref(), Some("tool"));
+    assert_eq!(t.selection, Selection::Contract("agents-v1".into()));
+    spec["annotations"]["airlock.dev/class"] = json!("build");
+    let err = refused(spec.clone());
+    assert!(err.field.contains("airlock.dev/contract"), "{err}");
+    spec["annotations"]["airlock.dev/class"] = json!("");
+    spec["annotations"]["airlock.dev/contract"] = json!("../../etc/passwd");
+    let err = refused(spec);
+    assert!(err.rule.contains("not a name"), "{err}");
+}
+
+#[test]
+fn a_mapping_onto_host_root_is_refused() {
+    let mut spec = base();
+    spec["linux"]["uidMappings"] = json!([{"containerID": 0, "hostID": 0, "size": 65536}]);
+    let err = refused(spec);
+    assert_eq!(err.field, "linux.uidMappings");
+    assert!(err.rule.contains("host root"), "{err}");
+}
+
+#[test]
+fn a_privileged_capability_is_refused_naming_the_set_and_the_capability() {
+    for set in [
+        "bounding",
+        "effective",
+        "permitted",
+        "ambient",
+        "inheritable",
+    ] {
+        let mut spec = base();
+        spec["process"]["capabilities"][set] = json!(["CAP_CHOWN", "CAP_SYS_ADMIN"]);
+        let err = refused(spec);
+        assert_eq!(err.field, format!("process.capabilities.{set}"));
+        assert!(err.rule.contains("CAP_SYS_ADMIN"), "{err}");
+    }
+}
+
+#[test]
+fn sensitive_host_mounts_are_refused() {
+    for source in [
+        "/",
+        "/proc",
+        "/sys/fs/cgroup",
+        "/dev",
+        "/var/run/docker.sock",
+        "/run/containerd/containerd.sock",
+        "/etc/kubernetes/admin.conf",
+    ] {
+        let mut spec = base();
+        spec["mounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"destination": "/host", "type": "bind", "source": source, "options": ["rbind", "ro"]}));
+        let err = refused(spec);
+        assert!(
+            err.field.starts_with("mounts[7] (/host)"),
+            "{source}: {err}"
+        );
+        assert!(
+            err.rule.contains("never given to a cell"),
+            "{source}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_writable_bind_mount_is_refused_and_a_read_only_one_is_an_input() {
+    let mut spec = base();
+    let mounts = spec["mounts"].as_array_mut().unwrap();
+    mounts.push(json!({"destination": "/data", "type": "bind", "source": "/srv/data", "options": ["rbind", "rw"]}));
+    let err = refused(spec.clone());
+    assert!(err.rule.contains("writable host bind mount"), "{err}");
+    spec["mounts"][7]["options"] = json!(["rbind", "ro"]);
+    let t = terms(spec).unwrap();
+    assert_eq!(t.inputs, [("/srv/data".into(), "/data".into())]);
+    let mut contract = default_contract();
+    apply_terms(&mut contract, &t, "config.json").unwrap();
+    assert_eq!(contract.filesystem.readonly_inputs.len(), 1);
+}
+
+#[test]
+fn a_kernel_file_system_elsewhere_is_refused() {
+    let mut spec = base();
+    spec["mounts"][0]["destination"] = json!("/host-proc");
+    let err = refused(spec);
+    assert!(err.field.starts_with("mounts[0] (/host-proc)"), "{err}");
+}
+
+#[test]
+fn devices_hooks_and_sysctls_are_refused() {
+    let mut spec = base();
+    spec["linux"]["devices"] =
+        json!([{"path": "/dev/kvm", "type": "c", "major": 10, "minor": 232}]);
+    assert_eq!(refused(spec).field, "linux.devices");
+    let mut spec = base();
+    spec["hooks"] = json!({"prestart": [{"path": "/usr/bin/true"}]});
+    assert_eq!(refused(spec).field, "hooks");
+    let mut spec = base();
+    spec["linux"]["sysctl"] = json!({"net.ipv4.ip_forward": "1"});
+    assert_eq!(refused(spec).field, "linux.sysctl");
+}
+
+#[test]
+fn an_allow_by_default_seccomp_profile_is_refused_and_a_deny_by_default_one_is_the_contracts() {
+    let mut spec = base();
+    spec["linux"]["seccomp"] = json!({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+        {"names": ["ptrace"], "action": "SCMP_ACT_ERRNO"}]});
+    let err = refused(spec.clone());
+    assert_eq!(err.field, "linux.seccomp.defaultAction");
+    assert!(err.rule.contains("weaker"), "{err}");
+    spec["linux"]["seccomp"]["defaultAction"] = json!("SCMP_ACT_ERRNO");
+    spec["linux"]["seccomp"]["syscalls"][0]["names"] = json!(["read", "write"]);
+    spec["linux"]["seccomp"]["syscalls"][0]["action"] = json!("SCMP_ACT_ALLOW");
+    let t = terms(spec).unwrap();
+    let profile: Value = serde_json::from_str(t.seccomp_profile.as_deref().unwrap()).unwrap();
+    assert_eq!(profile["defaultAction"], "SCMP_ACT_ERRNO");
+    let mut contract = default_contract();
+    apply_terms(&mut contract, &t, "config.json#linux.seccomp").unwrap();
+    assert_eq!(contract.seccomp_profile, "config.json#linux.seccomp");
+    let mut own = default_contract();
+    own.seccomp_profile = "profile.json".into();
+    assert_eq!(
+        apply_terms(&mut own, &t, "x").unwrap_err().field,
+        "linux.seccomp"
+    );
+}
+
+#[test]
+fn joining_a_host_namespace_is_refused_the_network_one_with_its_own_reason() {
+    let mut spec = base();
+    spec["linux"]["namespaces"][0] = json!({"type": "pid", "path": "/proc/1/ns/pid"});
+    let err = refused(spec);
+    assert!(err.field.starts_with("linux.namespaces[pid].path"), "{err}");
+    let mut spec = base();
+    spec["linux"]["namespaces"][4] = json!({"type": "network", "path": "/var/run/netns/cni-1"});
+    let err = refused(spec);
+    assert!(
+        err.field.starts_with("linux.namespaces[network].path"),
+        "{err}"
+    );
+    assert!(err.rule.contains("not supported"), "{err}");
+}
+
+#[test]
+fn a_terminal_and_a_contract_with_an_image_of_its_own_are_refused() {
+    let mut spec = base();
+    spec["process"]["terminal"] = json!(true);
+    assert_eq!(refused(spec).field, "process.terminal");
+    let t = terms(base()).unwrap();
+    let mut contract = default_contract();
+    contract.image = "registry.test/x@sha256:00".into();
+    assert_eq!(
+        apply_terms(&mut contract, &t, "x").unwrap_err().field,
+        "root.path"
+    );
+}
+
+#[test]
+fn a_non_root_user_is_kept() {
+    let mut spec = base();
+    spec["process"]["user"] = json!({"uid": 1234, "gid": 99});
+    assert_eq!(terms(spec).unwrap().user, Some((1234, 99)));
+}

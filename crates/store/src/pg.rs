@@ -1,0 +1,853 @@
+//! The fleet backend: runs and the audit chain in a shared Postgres database
+//! (`[store] url = "postgres://..."`), so several nodes (or several `airlock serve`
+//! instances) write one chain and any of them answers for any run.
+//!
+//! Same semantics as SQLite: the same tables and columns, the same entry hash, the same
+//! checks (`chain.rs` holds them for both). Body texts are stored as `TEXT`, never `jsonb`,
+//! because `jsonb` rewrites the text and the hash is over the exact bytes. Every write
+//! transaction first locks the chain head row (`SELECT ... FOR UPDATE`), which serialises
+//! writers across processes and nodes the way SQLite's `BEGIN IMMEDIATE` does: one linear
+//! chain, and each check-then-write (finish only a running run) sees every earlier commit.
+//!
+//! Transport: no TLS is linked, so only a unix socket or a loopback address is accepted
+//! ([`PostgresUrl::parse`]); records are never sent in plaintext over a network.
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use postgres::config::Host;
+use postgres::{Client, NoTls, Row, Transaction};
+use serde_json::{json, Value};
+
+use crate::chain::{self, ChainCheck, RunSpan};
+use crate::{
+    json_col, kinds, now_ms, parse_json_col, proc_info, AuditEntry, ClassStats, Result, RunDetail,
+    RunFilter, RunRecord, StatsFold, StoreError, VerifyReport, ENTRY_COLUMNS, RUN_COLUMNS,
+    STATUS_RUNNING,
+};
+use std::collections::BTreeMap;
+
+/// How long connecting may take before the store counts as unreachable (a refusal).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A checked `postgres://` URL: parsed, and naming only unix sockets or loopback
+/// addresses (no TLS). Its text may hold a password: it is never shown; [`Self::shown`]
+/// is the form for messages.
+#[derive(Clone)]
+pub struct PostgresUrl {
+    config: postgres::Config,
+    shown: String,
+}
+
+impl std::fmt::Debug for PostgresUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl PostgresUrl {
+    /// Parse and check `url`. Refused: anything that is not a Postgres connection string,
+    /// one that names no host, and one that names a host that is neither a unix socket
+    /// directory nor a loopback address (this build has no TLS, and audit records must not
+    /// cross a network in plaintext).
+    pub fn parse(url: &str) -> Result<PostgresUrl> {
+        let invalid = |why: String| StoreError::InvalidUrl(why);
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(invalid(
+                "must start with postgres:// (e.g. postgres://airlock@/airlock?host=/run/postgresql)"
+                    .into(),
+            ));
+        }
+        let mut config = postgres::Config::from_str(url)
+            .map_err(|e| invalid(format!("not a Postgres connection URL: {e}")))?;
+        if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+            return Err(invalid(
+                "names no host: give a unix socket directory (?host=/run/postgresql) or a \
+                 loopback address (127.0.0.1)"
+                    .into(),
+            ));
+        }
+        for host in config.get_hosts() {
+            if let Host::Tcp(name) = host {
+                if name.eq_ignore_ascii_case("localhost") {
+                    return Err(invalid(
+                        "host \"localhost\": give 127.0.0.1 or ::1 (or a socket directory); a \
+                         name is resolved on a thread of its own, and `airlock run` clones its \
+                         cell from a process that must be single-threaded"
+                            .into(),
+                    ));
+                }
+                if !is_loopback_address(name) {
+                    return Err(invalid(format!(
+                        "host {name:?} is not a unix socket directory or a loopback address: \
+                         this airlock has no TLS and does not send audit records over a network \
+                         in plaintext (reach the server through a local socket or a tunnel)"
+                    )));
+                }
+            }
+        }
+        if let Some(addr) = config.get_hostaddrs().iter().find(|a| !a.is_loopback()) {
+            return Err(invalid(format!(
+                "hostaddr {addr} is not a loopback address: this airlock has no TLS and does \
+                 not send audit records over a network in plaintext"
+            )));
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        config.application_name("airlock");
+        let shown = shown(&config);
+        Ok(PostgresUrl { config, shown })
+    }
+
+    /// The URL without its password, for messages.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+}
+
+/// An address literal of the loopback network (no name: see [`PostgresUrl::parse`]).
+fn is_loopback_address(name: &str) -> bool {
+    name.trim_matches(['[', ']'])
+        .parse::<IpAddr>()
+        .is_ok_and(|a| a.is_loopback())
+}
+
+fn shown(config: &postgres::Config) -> String {
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            Host::Tcp(name) => name.clone(),
+            Host::Unix(dir) => dir.display().to_string(),
+        })
+        .chain(config.get_hostaddrs().iter().map(IpAddr::to_string))
+        .collect();
+    let ports: Vec<String> = config.get_ports().iter().map(u16::to_string).collect();
+    format!(
+        "postgres://{}@{}{}/{}",
+        config.get_user().unwrap_or(""),
+        hosts.join(","),
+        if ports.is_empty() {
+            String::new()
+        } else {
+            format!(":{}", ports.join(","))
+        },
+        config.get_dbname().unwrap_or("")
+    )
+}
+
+/// Postgres migrations, tracked in `airlock_schema.version`, applied under an advisory
+/// lock so nodes starting together apply each exactly once. Append-only. Version 1 is
+/// SQLite's runs and audit chain as of its migration `RUN_TENANTS` (the same columns).
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY NOT NULL,
+    started_at BIGINT NOT NULL,
+    finished_at BIGINT,
+    argv_json TEXT NOT NULL,
+    input_sha256 TEXT NOT NULL,
+    contract_sha256 TEXT NOT NULL,
+    workload_class TEXT NOT NULL,
+    plan_json TEXT,
+    status TEXT NOT NULL,
+    exit_code INTEGER,
+    exit_signal INTEGER,
+    limit_fired TEXT,
+    usage_json TEXT,
+    startup_ms DOUBLE PRECISION,
+    wall_ms DOUBLE PRECISION,
+    stdout_head TEXT,
+    stdout_tail TEXT,
+    stderr_head TEXT,
+    stderr_tail TEXT,
+    cleanup_ok BOOLEAN,
+    cleanup_leftovers_json TEXT,
+    result_json TEXT,
+    supervisor_pid BIGINT NOT NULL,
+    supervisor_start_time BIGINT NOT NULL,
+    boot_id TEXT NOT NULL,
+    caller_uid BIGINT,
+    session_id TEXT,
+    tenant TEXT
+);
+CREATE TABLE audit_log (
+    seq BIGINT PRIMARY KEY,
+    run_id TEXT,
+    kind TEXT NOT NULL,
+    at BIGINT NOT NULL,
+    body_json TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE TABLE chain_head (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    seq BIGINT NOT NULL,
+    hash TEXT NOT NULL
+);
+INSERT INTO chain_head (id, seq, hash)
+    VALUES (1, 0, '0000000000000000000000000000000000000000000000000000000000000000');
+CREATE INDEX runs_running ON runs (status) WHERE status = 'running';
+CREATE INDEX runs_started ON runs (started_at);
+CREATE INDEX audit_log_run ON audit_log (run_id, seq);
+"#];
+pub const LATEST: i64 = MIGRATIONS.len() as i64;
+/// The advisory lock key of migrations ("airlock" in ASCII).
+const MIGRATION_LOCK: i64 = 0x0061_6972_6c6f_636b;
+
+/// The connection to a fleet's database. One thread at a time, like a SQLite connection.
+pub(crate) struct Fleet {
+    /// `None` only while it is dropped ([`Drop`] below).
+    client: RefCell<Option<Client>>,
+    shown: String,
+}
+
+fn pg_err(shown: &str, e: postgres::Error) -> StoreError {
+    let detail = match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => {
+            let mut s = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(inner) = src {
+                s.push_str(": ");
+                s.push_str(&inner.to_string());
+                src = inner.source();
+            }
+            s
+        }
+    };
+    StoreError::Postgres {
+        target: shown.to_string(),
+        detail,
+    }
+}
+
+impl From<postgres::Error> for StoreError {
+    fn from(e: postgres::Error) -> Self {
+        // The target is filled in by `Fleet::ctx` at the boundary.
+        pg_err("", e)
+    }
+}
+
+impl Drop for Fleet {
+    /// Closing the connection blocks on the client's runtime, and dropping a runtime is
+    /// refused on an async runtime's thread too: both happen where [`off_runtime`] says.
+    fn drop(&mut self) {
+        if let Some(client) = self.client.get_mut().take() {
+            off_runtime(move || drop(client));
+        }
+    }
+}
+
+/// Runs `f` where the sync client may block: on this thread, or, on a thread that drives
+/// an async runtime (the service's handlers), on a scoped thread of its own. The client
+/// blocks on a runtime of its own, which tokio refuses inside another; SQLite's calls
+/// block the same way, so callers see no difference. Outside a runtime no thread is
+/// started: `airlock run` clones its cell from a single-threaded process.
+fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return f();
+    }
+    std::thread::scope(|s| {
+        s.spawn(f)
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+impl Fleet {
+    /// `f` with the connection (see [`off_runtime`]).
+    fn with_client<T: Send>(&self, f: impl FnOnce(&mut Client) -> Result<T> + Send) -> Result<T> {
+        let mut client = self.client.borrow_mut();
+        let client: &mut Client = client
+            .as_mut()
+            .expect("the client lives as long as the fleet");
+        off_runtime(move || f(client)).map_err(|e| self.ctx(e))
+    }
+
+    /// Connect and migrate. A server that cannot be reached is an error: the caller
+    /// refuses the run (there is no fallback to the local store).
+    pub fn connect(url: &PostgresUrl) -> Result<Fleet> {
+        let shown = url.shown.clone();
+        let client =
+            off_runtime(|| url.config.connect(NoTls)).map_err(|e| StoreError::Unreachable {
+                target: shown.clone(),
+                detail: pg_err(&shown, e).to_string(),
+            })?;
+        let fleet = Fleet {
+            client: RefCell::new(Some(client)),
+            shown,
+        };
+        let found = fleet.migrate(LATEST)?;
+        if found > LATEST {
+            return Err(StoreError::SchemaTooNew {
+                path: fleet.shown.clone().into(),
+                found,
+                supported: LATEST,
+            });
+        }
+        Ok(fleet)
+    }
+
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    fn ctx(&self, e: StoreError) -> StoreError {
+        match e {
+            StoreError::Postgres { target, detail } if target.is_empty() => StoreError::Postgres {
+                target: self.shown.clone(),
+                detail,
+            },
+            other => other,
+        }
+    }
+
+    /// Apply migrations up to `target`; returns the version found.
+    fn migrate(&self, target: i64) -> Result<i64> {
+        self.with_client(|client| {
+            let mut tx = client.transaction()?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+            tx.batch_execute(
+                "CREATE TABLE IF NOT EXISTS airlock_schema (
+                     id INTEGER PRIMARY KEY CHECK (id = 1), version BIGINT NOT NULL);
+                 INSERT INTO airlock_schema (id, version) VALUES (1, 0) ON CONFLICT DO NOTHING",
+            )?;
+            let found: i64 = tx
+                .query_one("SELECT version FROM airlock_schema WHERE id = 1", &[])?
+                .get(0);
+            for (i, sql) in MIGRATIONS.iter().enumerate().take(target as usize) {
+                let v = i as i64 + 1;
+                if found < v {
+                    tx.batch_execute(sql)?;
+                    tx.execute("UPDATE airlock_schema SET version = $1 WHERE id = 1", &[&v])?;
+                }
+            }
+            tx.commit()?;
+            Ok(found)
+        })
+    }
+
+    /// The fleet database's schema version (`airlock_schema`).
+    pub fn schema_version(&self) -> Result<i64> {
+        self.with_client(|client| {
+            let row = client.query_one("SELECT version FROM airlock_schema WHERE id = 1", &[])?;
+            Ok(row.get(0))
+        })
+    }
+
+    /// Run `f` in a transaction that holds the chain head's row lock from its first
+    /// statement: writers queue there, and `f` sees every earlier writer's commit.
+    fn write_tx<T: Send>(
+        &self,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<T> + Send,
+    ) -> Result<T> {
+        self.with_client(|client| {
+            let mut tx = client.transaction()?;
+            tx.query_one("SELECT seq FROM chain_head WHERE id = 1 FOR UPDATE", &[])?;
+            let v = f(&mut tx)?;
+            tx.commit()?;
+            Ok(v)
+        })
+    }
+
+    /// Run `f` on one snapshot (REPEATABLE READ, read only): `verify` and exports see one
+    /// consistent chain while other nodes keep writing.
+    fn read_tx<T: Send>(
+        &self,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<T> + Send,
+    ) -> Result<T> {
+        self.with_client(|client| {
+            let mut tx = client
+                .build_transaction()
+                .isolation_level(postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()?;
+            let v = f(&mut tx)?;
+            tx.commit()?;
+            Ok(v)
+        })
+    }
+
+    pub fn begin(&self, run_id: &str, started_at: i64, body: &Value) -> Result<()> {
+        let s = |k: &str| body[k].as_str().unwrap_or_default().to_string();
+        let int = |k: &str| body[k].as_i64();
+        self.write_tx(|tx| {
+            append_entry(tx, Some(run_id), kinds::RUN_BEGIN, started_at, body)?;
+            tx.execute(
+                "INSERT INTO runs (run_id, started_at, argv_json, input_sha256, contract_sha256,
+                    workload_class, plan_json, status, supervisor_pid, supervisor_start_time,
+                    boot_id, caller_uid, session_id, tenant)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                &[
+                    &run_id,
+                    &started_at,
+                    &body["argv"].to_string(),
+                    &s("input_sha256"),
+                    &s("contract_sha256"),
+                    &s("workload_class"),
+                    &json_col(&body["plan"]),
+                    &STATUS_RUNNING,
+                    &int("supervisor_pid").unwrap_or(0),
+                    &int("supervisor_start_time").unwrap_or(0),
+                    &s("boot_id"),
+                    &int("caller_uid"),
+                    &body["session_id"].as_str(),
+                    &body["tenant"].as_str(),
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Append an event to an existing run (any state).
+    pub fn append_event(&self, run_id: &str, kind: &str, at: i64, body: &Value) -> Result<()> {
+        self.write_tx(|tx| {
+            if tx
+                .query_opt("SELECT 1 FROM runs WHERE run_id = $1", &[&run_id])?
+                .is_none()
+            {
+                return Err(StoreError::RunNotFound(run_id.to_string()));
+            }
+            append_entry(tx, Some(run_id), kind, at, body)?;
+            Ok(())
+        })
+    }
+
+    pub fn finish(
+        &self,
+        run_id: &str,
+        finished_at: i64,
+        events: &[(String, Value)],
+        body: &Value,
+    ) -> Result<()> {
+        let int = |k: &str| body[k].as_i64().map(|v| v as i32);
+        self.write_tx(|tx| {
+            let status: Option<String> = tx
+                .query_opt("SELECT status FROM runs WHERE run_id = $1", &[&run_id])?
+                .map(|r| r.get(0));
+            crate::check_finishable(run_id, status.as_deref())?;
+            for (kind, event) in events {
+                append_entry(tx, Some(run_id), kind, finished_at, event)?;
+            }
+            append_entry(tx, Some(run_id), kinds::RUN_FINISH, finished_at, body)?;
+            tx.execute(
+                "UPDATE runs SET finished_at = $2, status = $3, exit_code = $4, exit_signal = $5,
+                    limit_fired = $6, usage_json = $7, startup_ms = $8, wall_ms = $9,
+                    stdout_head = $10, stdout_tail = $11, stderr_head = $12, stderr_tail = $13,
+                    cleanup_ok = $14, cleanup_leftovers_json = $15, result_json = $16
+                 WHERE run_id = $1",
+                &[
+                    &run_id,
+                    &finished_at,
+                    &body["status"].as_str(),
+                    &int("exit_code"),
+                    &int("exit_signal"),
+                    &body["limit_fired"].as_str(),
+                    &json_col(&body["usage"]),
+                    &body["startup_ms"].as_f64(),
+                    &body["wall_ms"].as_f64(),
+                    &body["stdout_head"].as_str(),
+                    &body["stdout_tail"].as_str(),
+                    &body["stderr_head"].as_str(),
+                    &body["stderr_tail"].as_str(),
+                    &body["cleanup_ok"].as_bool(),
+                    &json_col(&body["cleanup_leftovers"]),
+                    &json_col(&body["result"]),
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The running runs whose supervisor ran on this host in this boot. A fleet's other
+    /// nodes have other boot ids: their runs are theirs to reap, never this node's.
+    pub fn running_here(&self) -> Result<Vec<(String, proc_info::ProcessIdentity)>> {
+        let boot = proc_info::boot_id();
+        let rows = self.with_client(|client| {
+            Ok(client.query(
+                "SELECT run_id, supervisor_pid, supervisor_start_time, boot_id
+                 FROM runs WHERE status = 'running' AND boot_id = $1",
+                &[&boot],
+            )?)
+        })?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get(0),
+                    proc_info::ProcessIdentity {
+                        pid: r.get::<_, i64>(1) as u32,
+                        start_time: r.get::<_, i64>(2) as u64,
+                        boot_id: r.get(3),
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// Mark `run_id` aborted if it is still running; whether this call did it.
+    pub fn abort(&self, run_id: &str, at: i64, body: &Value) -> Result<bool> {
+        self.write_tx(|tx| {
+            let n = tx.execute(
+                "UPDATE runs SET status = 'aborted', finished_at = $2
+                 WHERE run_id = $1 AND status = 'running'",
+                &[&run_id, &at],
+            )?;
+            if n == 1 {
+                append_entry(tx, Some(run_id), kinds::RUN_ABORTED, at, body)?;
+            }
+            Ok(n == 1)
+        })
+    }
+
+    pub fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1 = 1");
+        let mut args: Vec<Box<dyn postgres::types::ToSql + Sync>> = Vec::new();
+        let mut arg =
+            |sql: &mut String, col: &str, op: &str, v: Box<dyn postgres::types::ToSql + Sync>| {
+                args.push(v);
+                sql.push_str(&format!(" AND {col} {op} ${}", args.len()));
+            };
+        if let Some(s) = &filter.status {
+            arg(&mut sql, "status", "=", Box::new(s.clone()));
+        }
+        if let Some(c) = &filter.workload_class {
+            arg(&mut sql, "workload_class", "=", Box::new(c.clone()));
+        }
+        if let Some(t) = filter.since {
+            arg(&mut sql, "started_at", ">=", Box::new(t));
+        }
+        if let Some(t) = filter.until {
+            arg(&mut sql, "started_at", "<", Box::new(t));
+        }
+        if let Some(uid) = filter.caller_uid {
+            arg(&mut sql, "caller_uid", "=", Box::new(i64::from(uid)));
+        }
+        if let Some(session) = &filter.session_id {
+            arg(&mut sql, "session_id", "=", Box::new(session.clone()));
+        }
+        if let Some(tenant) = &filter.tenant {
+            arg(&mut sql, "tenant", "=", Box::new(tenant.clone()));
+        }
+        sql.push_str(" ORDER BY started_at DESC, run_id DESC");
+        if let Some(n) = filter.limit {
+            sql.push_str(&format!(" LIMIT {n}"));
+        }
+        let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+            args.iter().map(|a| a.as_ref()).collect();
+        let rows = self.with_client(|client| Ok(client.query(&sql, &params)?))?;
+        Ok(rows.iter().map(run_from_row).collect())
+    }
+
+    pub fn show_run(&self, run_id: &str) -> Result<Option<RunDetail>> {
+        self.read_tx(|tx| {
+            let Some(row) = tx.query_opt(
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1"),
+                &[&run_id],
+            )?
+            else {
+                return Ok(None);
+            };
+            let events = tx
+                .query(
+                    &format!(
+                        "SELECT {ENTRY_COLUMNS} FROM audit_log WHERE run_id = $1 ORDER BY seq"
+                    ),
+                    &[&run_id],
+                )?
+                .iter()
+                .map(|r| entry_from_row(r).0)
+                .collect();
+            Ok(Some(RunDetail {
+                run: run_from_row(&row),
+                events,
+            }))
+        })
+    }
+
+    /// The lines are read in one snapshot, then written (the writer need not be `Send`).
+    pub fn export_jsonl(&self, out: &mut dyn Write) -> Result<u64> {
+        let io = StoreError::Export;
+        let lines = self.read_tx(|tx| {
+            let mut lines = Vec::new();
+            for row in tx.query(
+                &format!("SELECT {ENTRY_COLUMNS} FROM audit_log ORDER BY seq"),
+                &[],
+            )? {
+                let mut v = serde_json::to_value(entry_from_row(&row).0)?;
+                v["type"] = json!("audit");
+                lines.push(v);
+            }
+            for row in tx.query(
+                &format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY started_at, run_id"),
+                &[],
+            )? {
+                let mut v = serde_json::to_value(run_from_row(&row))?;
+                v["type"] = json!("run");
+                lines.push(v);
+            }
+            Ok(lines)
+        })?;
+        for v in &lines {
+            serde_json::to_writer(&mut *out, v)?;
+            out.write_all(b"\n").map_err(io)?;
+        }
+        out.flush().map_err(io)?;
+        Ok(lines.len() as u64)
+    }
+
+    pub fn stats(&self) -> Result<BTreeMap<String, ClassStats>> {
+        self.read_tx(|tx| {
+            let mut fold = StatsFold::default();
+            for r in tx.query(
+                "SELECT workload_class, status, startup_ms, limit_fired, cleanup_ok FROM runs",
+                &[],
+            )? {
+                fold.run(
+                    r.get(0),
+                    r.get(1),
+                    r.get(2),
+                    r.get::<_, Option<String>>(3).as_deref(),
+                    r.get(4),
+                );
+            }
+            // The decision is read in Rust (`denial_code`), as SQLite's json_extract does;
+            // the LIKE only skips bodies that cannot hold one.
+            let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+            for r in tx.query(
+                "SELECT r.workload_class, a.body_json
+                 FROM audit_log a JOIN runs r ON r.run_id = a.run_id
+                 WHERE a.body_json LIKE '%\"decision\"%'",
+                &[],
+            )? {
+                let body: String = r.get(1);
+                let body = serde_json::from_str(&body).unwrap_or(Value::Null);
+                if let Some(code) = crate::denial_code(&body) {
+                    *counts.entry((r.get(0), code)).or_default() += 1;
+                }
+            }
+            for ((class, code), n) in counts {
+                fold.denials(class, code, n);
+            }
+            Ok(fold.finish())
+        })
+    }
+
+    /// `Store::prune` on the fleet's chain (see there): the same cut, the same checkpoint.
+    pub fn prune(&self, cutoff: i64) -> Result<usize> {
+        self.write_tx(|tx| {
+            let spans: Vec<RunSpan> = tx
+                .query(
+                    "SELECT a.run_id,
+                            COALESCE(r.status != 'running' AND r.finished_at IS NOT NULL
+                                     AND r.finished_at < $1, false),
+                            MIN(a.seq), MAX(a.seq)
+                     FROM audit_log a LEFT JOIN runs r ON r.run_id = a.run_id
+                     WHERE a.run_id IS NOT NULL GROUP BY a.run_id, r.status, r.finished_at",
+                    &[&cutoff],
+                )?
+                .iter()
+                .map(|r| RunSpan {
+                    run_id: r.get(0),
+                    eligible: r.get(1),
+                    min_seq: r.get(2),
+                    max_seq: r.get(3),
+                })
+                .collect();
+            let head: i64 = tx
+                .query_one("SELECT seq FROM chain_head WHERE id = 1", &[])?
+                .get(0);
+            let (cut, doomed) = chain::prune_cut(&spans, head);
+            if doomed.is_empty() {
+                return Ok(0);
+            }
+            let Some(anchor) = tx.query_opt(
+                "SELECT seq, hash FROM audit_log WHERE seq <= $1 ORDER BY seq DESC LIMIT 1",
+                &[&cut],
+            )?
+            else {
+                return Ok(0);
+            };
+            let (anchor_seq, anchor_hash): (i64, String) = (anchor.get(0), anchor.get(1));
+            tx.execute("DELETE FROM audit_log WHERE seq <= $1", &[&anchor_seq])?;
+            for id in &doomed {
+                tx.execute("DELETE FROM runs WHERE run_id = $1", &[id])?;
+            }
+            append_entry(
+                tx,
+                None,
+                kinds::STORE_PRUNE,
+                now_ms(),
+                &json!({
+                    "pruned_through_seq": anchor_seq,
+                    "anchor_hash": anchor_hash,
+                    "runs_pruned": doomed.len(),
+                    "cutoff": cutoff,
+                }),
+            )?;
+            Ok(doomed.len())
+        })
+    }
+
+    pub fn verify(&self) -> Result<VerifyReport> {
+        self.read_tx(|tx| {
+            let head = tx.query_one("SELECT seq, hash FROM chain_head WHERE id = 1", &[])?;
+            let checkpoint: Option<String> = tx
+                .query_opt(
+                    "SELECT body_json FROM audit_log WHERE kind = $1 ORDER BY seq DESC LIMIT 1",
+                    &[&kinds::STORE_PRUNE],
+                )?
+                .map(|r| r.get(0));
+            let mut check = ChainCheck::new(checkpoint.as_deref());
+            // A portal streams the chain in batches instead of holding it all in memory.
+            let portal = tx.bind(
+                &format!("SELECT {ENTRY_COLUMNS} FROM audit_log ORDER BY seq"),
+                &[],
+            )?;
+            loop {
+                let rows = tx.query_portal(&portal, 1000)?;
+                if rows.is_empty() {
+                    break;
+                }
+                for row in &rows {
+                    let (e, body_json) = entry_from_row(row);
+                    check.entry(&e, &body_json)?;
+                }
+            }
+            check.end_of_chain(head.get(0), head.get::<_, &str>(1))?;
+            for row in tx.query(
+                &format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY run_id"),
+                &[],
+            )? {
+                check.run_row(&run_from_row(&row))?;
+            }
+            check.finish()
+        })
+    }
+}
+
+/// Append one entry; the transaction holds the head's row lock ([`Fleet::write_tx`]).
+fn append_entry(
+    tx: &mut Transaction<'_>,
+    run_id: Option<&str>,
+    kind: &str,
+    at: i64,
+    body: &Value,
+) -> Result<i64> {
+    let body_json = body.to_string();
+    let head = tx.query_one("SELECT seq, hash FROM chain_head WHERE id = 1", &[])?;
+    let (head_seq, head_hash): (i64, String) = (head.get(0), head.get(1));
+    let seq = head_seq + 1;
+    let hash = crate::entry_hash(&head_hash, seq, run_id, kind, at, &body_json);
+    tx.execute(
+        "INSERT INTO audit_log (seq, run_id, kind, at, body_json, prev_hash, hash)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        &[&seq, &run_id, &kind, &at, &body_json, &head_hash, &hash],
+    )?;
+    tx.execute(
+        "UPDATE chain_head SET seq = $1, hash = $2 WHERE id = 1",
+        &[&seq, &hash],
+    )?;
+    Ok(seq)
+}
+
+fn run_from_row(r: &Row) -> RunRecord {
+    let argv: Option<String> = r.get(3);
+    RunRecord {
+        run_id: r.get(0),
+        started_at: r.get(1),
+        finished_at: r.get(2),
+        argv: argv
+            .and_then(|a| serde_json::from_str(&a).ok())
+            .unwrap_or_default(),
+        input_sha256: r.get(4),
+        contract_sha256: r.get(5),
+        workload_class: r.get(6),
+        plan: parse_json_col(r.get(7)),
+        status: r.get(8),
+        exit_code: r.get(9),
+        exit_signal: r.get(10),
+        limit_fired: r.get(11),
+        usage: parse_json_col(r.get(12)),
+        startup_ms: r.get(13),
+        wall_ms: r.get(14),
+        stdout_head: r.get(15),
+        stdout_tail: r.get(16),
+        stderr_head: r.get(17),
+        stderr_tail: r.get(18),
+        cleanup_ok: r.get(19),
+        cleanup_leftovers: parse_json_col(r.get(20)),
+        result: parse_json_col(r.get(21)),
+        supervisor_pid: r.get::<_, i64>(22) as u32,
+        supervisor_start_time: r.get::<_, i64>(23) as u64,
+        boot_id: r.get(24),
+        caller_uid: r.get::<_, Option<i64>>(25).map(|u| u as u32),
+        session_id: r.get(26),
+        tenant: r.get(27),
+    }
+}
+
+fn entry_from_row(r: &Row) -> (AuditEntry, String) {
+    let body_json: String = r.get(4);
+    let body = serde_json::from_str(&body_json).unwrap_or(Value::Null);
+    (
+        AuditEntry {
+            seq: r.get(0),
+            run_id: r.get(1),
+            kind: r.get(2),
+            at: r.get(3),
+            body,
+            prev_hash: r.get(5),
+            hash: r.get(6),
+        },
+        body_json,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::GENESIS_HASH;
+
+    #[test]
+    fn only_sockets_and_loopback_are_accepted() {
+        for ok in [
+            "postgres://airlock@/airlock?host=/run/postgresql",
+            "postgres://airlock@127.0.0.1:5433/airlock",
+            "postgresql://airlock:pw@127.0.0.2/airlock",
+            "postgres://airlock@[::1]:5432/airlock",
+        ] {
+            PostgresUrl::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for (bad, why) in [
+            (
+                "postgres://airlock@db.internal/airlock",
+                "not a unix socket",
+            ),
+            ("postgres://airlock@10.0.0.5/airlock", "not a unix socket"),
+            ("postgres://airlock@/airlock?hostaddr=10.0.0.5", "hostaddr"),
+            ("postgres://airlock@/airlock", "names no host"),
+            ("postgres://airlock@localhost/airlock", "give 127.0.0.1"),
+            ("mysql://x@/y", "must start with postgres://"),
+        ] {
+            let err = PostgresUrl::parse(bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_password_is_never_shown() {
+        let url = PostgresUrl::parse("postgres://airlock:s3cret@127.0.0.1:5433/runs").unwrap();
+        assert_eq!(url.shown(), "postgres://airlock@127.0.0.1:5433/runs");
+        assert!(!format!("{url:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn genesis_is_the_sqlite_genesis() {
+        assert!(MIGRATIONS[0].contains(GENESIS_HASH));
+    }
+}

@@ -1,0 +1,652 @@
+//! The store's semantics, run against both backends: the embedded SQLite file and a
+//! fleet's Postgres (a real server this test starts: tests/pg_server). Each `backend_test!`
+//! is one test per backend (`..::sqlite`, `..::postgres`), so a rule that holds for one and
+//! not the other fails by name. SQLite-only matters (the state directory's files, WAL,
+//! read-only and full disks, old-schema fixtures) stay in tests/store.rs.
+
+#[path = "pg_server/mod.rs"]
+mod pg_server;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod records;
+
+use airlock_store::*;
+use pg_server::PgServer;
+use records::{end, start};
+use serde_json::json;
+
+const CHILD_ENV: &str = "AIRLOCK_STORE_BACKEND_CHILD";
+
+/// One store under test: its location, and a raw SQL door for tampering.
+struct Fixture {
+    dir: tempfile::TempDir,
+    server: Option<PgServer>,
+    location: StoreLocation,
+}
+
+impl Fixture {
+    fn sqlite() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let location = StoreLocation::local(dir.path().join("state"));
+        Fixture {
+            dir,
+            server: None,
+            location,
+        }
+    }
+
+    /// `None`: no Postgres binaries and skipping was asked for.
+    fn postgres() -> Option<Fixture> {
+        let server = PgServer::start()?;
+        let url = server.create_db("airlock");
+        let dir = tempfile::tempdir().unwrap();
+        let location = StoreLocation {
+            state_dir: dir.path().join("state"),
+            postgres: Some(PostgresUrl::parse(&url).unwrap()),
+        };
+        Some(Fixture {
+            dir,
+            server: Some(server),
+            location,
+        })
+    }
+
+    fn open(&self) -> Store {
+        Store::open_at(&self.location).unwrap()
+    }
+
+    /// Runs `sql` on the backend's database directly, as someone with write access to it.
+    fn tamper(&self, sql: &str) {
+        match &self.server {
+            Some(pg) => {
+                pg.psql("airlock", sql);
+            }
+            None => {
+                let db = self.location.state_dir.join(DB_FILE);
+                rusqlite::Connection::open(db)
+                    .unwrap()
+                    .execute_batch(sql)
+                    .unwrap();
+            }
+        }
+    }
+
+    fn scratch(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+macro_rules! backend_test {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+            #[test]
+            fn sqlite() {
+                let f: fn(&Fixture) = $body;
+                f(&Fixture::sqlite());
+            }
+            #[test]
+            fn postgres() {
+                let f: fn(&Fixture) = $body;
+                if let Some(fx) = Fixture::postgres() {
+                    f(&fx);
+                }
+            }
+        }
+    };
+}
+
+fn tampered(store: &Store) -> ChainBreak {
+    match store.verify() {
+        Err(StoreError::Tampered(b)) => b,
+        other => panic!("expected tampering to be detected, got {other:?}"),
+    }
+}
+
+/// Three finished runs with an event each.
+fn populated(store: &Store) -> Vec<String> {
+    (0..3)
+        .map(|i| {
+            let h = store.begin_run(start("c"), vec![]).unwrap();
+            store
+                .append_event(
+                    &h,
+                    kinds::EGRESS_DECISION,
+                    json!({"decision": "allow", "i": i}),
+                )
+                .unwrap();
+            store.finish_run(&h, end("ok")).unwrap();
+            h.run_id()
+        })
+        .collect()
+}
+
+backend_test!(begin_event_finish_roundtrip, |fx| {
+    let store = fx.open();
+    let h = store
+        .begin_run(start("default"), vec!["s3cr3t-token".into()])
+        .unwrap();
+    let running = store.show_run(&h.run_id()).unwrap().unwrap();
+    assert_eq!(running.run.status, STATUS_RUNNING);
+    store
+        .append_event(
+            &h,
+            kinds::POLICY_DECISION,
+            json!({"decision": "deny", "reason_code": "net", "seen": "s3cr3t-token"}),
+        )
+        .unwrap();
+    let mut e = end("task_error");
+    e.exit_code = Some(3);
+    e.stderr_tail = "token s3cr3t-token leaked".into();
+    e.events = vec![(kinds::CLEANUP.into(), json!({"ok": true}))];
+    store.finish_run(&h, e).unwrap();
+    let d = store.show_run(&h.run_id()).unwrap().unwrap();
+    assert_eq!(d.run.status, "task_error");
+    assert_eq!(d.run.exit_code, Some(3));
+    assert_eq!(d.run.argv, vec!["/bin/echo", "hi"]);
+    assert_eq!(d.run.plan, json!({"net": "none"}));
+    assert_eq!(d.run.cleanup_ok, Some(true));
+    assert_eq!(d.run.usage["pids_peak"], 1);
+    let kinds: Vec<&str> = d.events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            kinds::RUN_BEGIN,
+            kinds::POLICY_DECISION,
+            kinds::CLEANUP,
+            kinds::RUN_FINISH
+        ]
+    );
+    let mut exported = Vec::new();
+    store.export_jsonl(&mut exported).unwrap();
+    let exported = String::from_utf8(exported).unwrap();
+    assert!(
+        !exported.contains("s3cr3t-token"),
+        "a secret reached the store"
+    );
+    assert_eq!(exported.lines().count(), 5);
+    // Finishing twice is refused, and so is a reserved kind.
+    let again = store.finish_run(&h, end("ok")).unwrap_err();
+    assert_eq!(again.class(), ErrorClass::Conflict, "{again}");
+    assert!(store
+        .append_event(&h, kinds::RUN_FINISH, json!({}))
+        .is_err());
+    let report = store.verify().unwrap();
+    assert_eq!((report.entries, report.runs, report.head_seq), (4, 1, 4));
+    let stats = store.stats().unwrap();
+    assert_eq!(stats["default"].denials.get("net"), Some(&1));
+    assert_eq!(stats["default"].finished, 1);
+});
+
+backend_test!(list_runs_filters, |fx| {
+    let store = fx.open();
+    let a = store.begin_run(start("alpha"), vec![]).unwrap();
+    let mut s = start("beta");
+    s.tenant = Some("t1".into());
+    s.session_id = Some("sess".into());
+    let b = store.begin_run(s, vec![]).unwrap();
+    store.finish_run(&a, end("ok")).unwrap();
+    let all = store.list_runs(&RunFilter::default()).unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].run_id, b.run_id(), "newest first");
+    let only = |f: RunFilter| {
+        store
+            .list_runs(&f)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        only(RunFilter {
+            status: Some("ok".into()),
+            ..Default::default()
+        }),
+        [a.run_id()]
+    );
+    assert_eq!(
+        only(RunFilter {
+            workload_class: Some("beta".into()),
+            tenant: Some("t1".into()),
+            session_id: Some("sess".into()),
+            ..Default::default()
+        }),
+        [b.run_id()]
+    );
+    assert_eq!(
+        only(RunFilter {
+            limit: Some(1),
+            since: Some(0),
+            ..Default::default()
+        })
+        .len(),
+        1
+    );
+    assert!(only(RunFilter {
+        until: Some(0),
+        ..Default::default()
+    })
+    .is_empty());
+    assert!(store.show_run("no-such-run").unwrap().is_none());
+});
+
+backend_test!(an_edited_run_row_is_named, |fx| {
+    let store = fx.open();
+    let ids = populated(&store);
+    store.verify().unwrap();
+    fx.tamper(&format!(
+        "UPDATE runs SET status = 'ok', exit_code = 0 WHERE run_id = '{}'",
+        ids[1]
+    ));
+    fx.tamper(&format!(
+        "UPDATE runs SET stdout_head = 'forged' WHERE run_id = '{}'",
+        ids[1]
+    ));
+    let b = tampered(&store);
+    assert_eq!(b.run_id.as_deref(), Some(ids[1].as_str()), "{b}");
+    assert!(b.reason.contains("stdout_head"), "{b}");
+});
+
+backend_test!(an_edited_entry_is_named, |fx| {
+    let store = fx.open();
+    let ids = populated(&store);
+    // The event of the second run is seq 5 (begin 4, event 5, finish 6).
+    fx.tamper("UPDATE audit_log SET body_json = '{\"decision\":\"deny\"}' WHERE seq = 5");
+    let b = tampered(&store);
+    assert_eq!(
+        (b.seq, b.run_id.as_deref()),
+        (Some(5), Some(ids[1].as_str()))
+    );
+    assert!(b.reason.contains("hash"), "{b}");
+});
+
+backend_test!(deleted_and_cut_off_entries_are_named, |fx| {
+    let store = fx.open();
+    populated(&store);
+    fx.tamper("DELETE FROM audit_log WHERE seq = 9");
+    let b = tampered(&store);
+    assert!(b.reason.contains("head"), "cut-off end: {b}");
+    fx.tamper("DELETE FROM audit_log WHERE seq = 4");
+    let b = tampered(&store);
+    assert_eq!(b.seq, Some(5), "{b}");
+    assert!(b.reason.contains("missing"), "{b}");
+});
+
+backend_test!(a_deleted_run_row_is_named, |fx| {
+    let store = fx.open();
+    let ids = populated(&store);
+    fx.tamper(&format!("DELETE FROM runs WHERE run_id = '{}'", ids[2]));
+    let b = tampered(&store);
+    assert_eq!(b.run_id.as_deref(), Some(ids[2].as_str()));
+    assert!(b.reason.contains("missing"), "{b}");
+});
+
+backend_test!(prune_keeps_the_chain_verifiable, |fx| {
+    let store = fx.open();
+    let old = populated(&store);
+    let young = store.begin_run(start("c"), vec![]).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(store.prune(Duration::from_millis(10)).unwrap(), 3);
+    for id in &old {
+        assert!(store.show_run(id).unwrap().is_none());
+    }
+    let report = store.verify().unwrap();
+    assert_eq!(report.first_seq, Some(10), "{report:?}");
+    assert_eq!(report.runs, 1);
+    store.finish_run(&young, end("ok")).unwrap();
+    store.verify().unwrap();
+    // Deleting the checkpoint leaves a chain that starts nowhere.
+    fx.tamper("DELETE FROM audit_log WHERE kind = 'store.prune'");
+    let b = tampered(&store);
+    assert!(b.reason.contains("prune checkpoint"), "{b}");
+});
+
+backend_test!(approvals_events_reach_the_runs_store, |fx| {
+    // The policy layer appends `policy.decision` to a finished run by its id: it must
+    // land in the chain that holds the run (the fleet's, with Postgres).
+    let store = fx.open();
+    let id = populated(&store).remove(0);
+    store
+        .append_run_event(&id, kinds::POLICY_DECISION, json!({"decision": "allow"}))
+        .unwrap();
+    let d = store.show_run(&id).unwrap().unwrap();
+    assert_eq!(d.events.last().unwrap().kind, kinds::POLICY_DECISION);
+    store.verify().unwrap();
+    assert!(store
+        .append_run_event("nope", kinds::POLICY_DECISION, json!({}))
+        .is_err());
+});
+
+// ---- several processes ---------------------------------------------------------------
+
+/// Entry point of child processes; a no-op in a normal test run. `write:N` writes N runs
+/// from N threads, each with its own connection; `hang` begins a run and waits to be
+/// killed.
+#[test]
+fn child_process() {
+    let Ok(mode) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let location = StoreLocation {
+        state_dir: PathBuf::from(std::env::var("AIRLOCK_STORE_DIR").unwrap()),
+        postgres: std::env::var("AIRLOCK_STORE_URL")
+            .ok()
+            .map(|u| PostgresUrl::parse(&u).unwrap()),
+    };
+    if let Ok(go) = std::env::var("AIRLOCK_STORE_GO") {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !Path::new(&go).exists() {
+            assert!(Instant::now() < deadline, "no start signal");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    if let Some(n) = mode.strip_prefix("write:") {
+        let n: usize = n.parse().unwrap();
+        let threads: Vec<_> = (0..n)
+            .map(|_| {
+                let location = location.clone();
+                std::thread::spawn(move || {
+                    let store = Store::open_at(&location).expect("open");
+                    let h = store.begin_run(start("child"), vec![]).expect("begin");
+                    println!("RUN_ID={}", h.run_id());
+                    store
+                        .append_event(&h, kinds::POLICY_DECISION, json!({"decision": "allow"}))
+                        .expect("event");
+                    store.finish_run(&h, end("ok")).expect("finish");
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    } else if mode == "hang" {
+        let store = Store::open_at(&location).expect("open");
+        let h = store.begin_run(start("child"), vec![]).expect("begin");
+        println!("RUN_ID={}", h.run_id());
+        std::thread::sleep(Duration::from_secs(120));
+    } else {
+        panic!("unknown child mode {mode}");
+    }
+}
+
+fn spawn_child(mode: &str, fx: &Fixture, go: Option<&Path>) -> std::process::Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    if let Some(go) = go {
+        cmd.env("AIRLOCK_STORE_GO", go);
+    }
+    if let Some(server) = &fx.server {
+        cmd.env("AIRLOCK_STORE_URL", server.url("airlock"));
+    }
+    cmd.args([
+        "--exact",
+        "child_process",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, mode)
+    .env("AIRLOCK_STORE_DIR", &fx.location.state_dir)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn child")
+}
+
+fn run_ids(out: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| {
+            l.split_once("RUN_ID=")
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string))
+        })
+        .collect()
+}
+
+backend_test!(thirty_two_writers_in_two_processes, |fx| {
+    let go = fx.scratch().join("go");
+    let children: Vec<_> = (0..2)
+        .map(|_| spawn_child("write:16", fx, Some(&go)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(&go, b"").unwrap();
+    let mut ids = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "child failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ids.extend(run_ids(&String::from_utf8_lossy(&out.stdout)));
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 32);
+    let store = fx.open();
+    let runs = store.list_runs(&RunFilter::default()).unwrap();
+    let mut stored: Vec<_> = runs.iter().map(|r| r.run_id.clone()).collect();
+    stored.sort();
+    assert_eq!(stored, ids, "no record lost");
+    assert!(runs.iter().all(|r| r.status == "ok"));
+    let report = store.verify().unwrap();
+    assert_eq!((report.entries, report.runs, report.head_seq), (96, 32, 96));
+});
+
+backend_test!(a_sigkilled_writer_leaves_a_verifiable_chain, |fx| {
+    let store = fx.open();
+    let mine = store.begin_run(start("x"), vec![]).unwrap();
+    let mut child = spawn_child("hang", fx, None);
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let id = loop {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "child exited early"
+        );
+        if let Some(id) = run_ids(&line).pop() {
+            break id;
+        }
+    };
+    assert!(store.reap_aborted().unwrap().is_empty(), "the child lives");
+    child.kill().unwrap(); // SIGKILL, mid-run
+    child.wait().unwrap();
+    store.verify().unwrap();
+    assert_eq!(store.reap_aborted().unwrap(), vec![id.clone()]);
+    let d = store.show_run(&id).unwrap().unwrap();
+    assert_eq!(d.run.status, STATUS_ABORTED);
+    assert_eq!(d.events.last().unwrap().kind, kinds::RUN_ABORTED);
+    assert_eq!(
+        store.show_run(&mine.run_id()).unwrap().unwrap().run.status,
+        STATUS_RUNNING
+    );
+    store.finish_run(&mine, end("ok")).unwrap();
+    store.verify().unwrap();
+});
+
+// ---- Postgres only -------------------------------------------------------------------
+
+#[test]
+fn a_fleet_node_does_not_reap_another_nodes_runs() {
+    let Some(fx) = Fixture::postgres() else {
+        return;
+    };
+    let store = fx.open();
+    let h = store.begin_run(start("x"), vec![]).unwrap();
+    // The same run as another node's (another boot id), whose supervisor this node
+    // cannot see: it is not this node's to mark aborted.
+    fx.tamper(&format!(
+        "UPDATE runs SET boot_id = 'other-node', supervisor_pid = 999999 WHERE run_id = '{}'",
+        h.run_id()
+    ));
+    assert!(store.reap_aborted().unwrap().is_empty());
+}
+
+#[test]
+fn an_unreachable_fleet_store_is_an_error_not_a_fallback() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let location = StoreLocation {
+        state_dir: dir.path().join("state"),
+        postgres: Some(
+            PostgresUrl::parse(&format!("postgres://airlock@127.0.0.1:{port}/airlock")).unwrap(),
+        ),
+    };
+    let err = Store::open_at(&location).unwrap_err();
+    assert!(matches!(err, StoreError::Unreachable { .. }), "{err:?}");
+    assert!(err.to_string().contains("cannot be reached"), "{err}");
+}
+
+#[test]
+fn migrations_apply_once_and_a_newer_schema_is_refused() {
+    let Some(fx) = Fixture::postgres() else {
+        return;
+    };
+    drop(fx.open());
+    drop(fx.open());
+    assert_eq!(
+        fx.server
+            .as_ref()
+            .unwrap()
+            .psql("airlock", "SELECT version FROM airlock_schema"),
+        "1"
+    );
+    fx.tamper("UPDATE airlock_schema SET version = 99");
+    let err = Store::open_at(&fx.location).unwrap_err();
+    assert!(
+        matches!(err, StoreError::SchemaTooNew { found: 99, .. }),
+        "{err:?}"
+    );
+}
+
+backend_test!(the_store_is_usable_on_an_async_runtimes_thread, |fx| {
+    // `airlock serve` calls the store from its handlers, on the runtime's threads.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let location = fx.location.clone();
+    runtime.block_on(async move {
+        let store = Store::open_at(&location).unwrap();
+        let h = store.begin_run(start("async"), vec![]).unwrap();
+        store.finish_run(&h, end("ok")).unwrap();
+        assert_eq!(store.list_runs(&RunFilter::default()).unwrap().len(), 1);
+        let mut out = Vec::new();
+        assert_eq!(store.export_jsonl(&mut out).unwrap(), 3);
+        store.verify().unwrap();
+    });
+});
+
+backend_test!(reordered_entries_are_named, |fx| {
+    let store = fx.open();
+    let ids = populated(&store);
+    // Swap the bodies of two entries (seq 4 = begin of run 2, seq 5 = its event).
+    fx.tamper(
+        "CREATE TEMP TABLE t AS SELECT seq, body_json FROM audit_log WHERE seq IN (4, 5);
+         UPDATE audit_log SET body_json = (SELECT body_json FROM t WHERE t.seq = 9 - audit_log.seq)
+             WHERE seq IN (4, 5);",
+    );
+    let b = tampered(&store);
+    assert_eq!(
+        (b.seq, b.run_id.as_deref()),
+        (Some(4), Some(ids[1].as_str()))
+    );
+});
+
+backend_test!(swapped_whole_entries_are_named, |fx| {
+    let store = fx.open();
+    populated(&store);
+    // Hashes included: the chain's links break.
+    fx.tamper(
+        "UPDATE audit_log SET seq = 1000 WHERE seq = 5;
+         UPDATE audit_log SET seq = 5 WHERE seq = 6;
+         UPDATE audit_log SET seq = 6 WHERE seq = 1000;",
+    );
+    assert_eq!(tampered(&store).seq, Some(5));
+});
+
+fn real_uid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+backend_test!(runs_are_filtered_by_the_caller_that_started_them, |fx| {
+    let store = fx.open();
+    let h = store.begin_run(start("mine"), vec![]).unwrap();
+    store.finish_run(&h, end("ok")).unwrap();
+    let shown = store.show_run(&h.run_id()).unwrap().unwrap();
+    assert_eq!(shown.run.caller_uid, Some(real_uid()));
+    let other = store
+        .list_runs(&RunFilter {
+            caller_uid: Some(real_uid() + 1),
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(other.is_empty(), "another uid sees none of these runs");
+    // The caller is part of the hash-chained begin entry.
+    assert_eq!(shown.events[0].body["caller_uid"], real_uid());
+    store.verify().unwrap();
+});
+
+backend_test!(stats_per_workload_class, |fx| {
+    let store = fx.open();
+    for (i, status) in ["ok", "ok", "ok", "task_error"].iter().enumerate() {
+        let h = store.begin_run(start("web"), vec![]).unwrap();
+        if i < 2 {
+            store
+                .append_event(
+                    &h,
+                    kinds::EGRESS_DECISION,
+                    json!({"decision": "deny", "reason_code": "egress.private_address"}),
+                )
+                .unwrap();
+        }
+        store
+            .append_event(
+                &h,
+                kinds::EGRESS_DECISION,
+                json!({"decision": "allow", "reason_code": "egress.allowlisted"}),
+            )
+            .unwrap();
+        let mut e = end(status);
+        e.startup_ms = (i + 1) as f64;
+        if i == 3 {
+            e.limit_fired = Some("wall_time".into());
+            e.cleanup_ok = false;
+            e.cleanup_leftovers = json!(["pid 42"]);
+        }
+        store.finish_run(&h, e).unwrap();
+    }
+    store.begin_run(start("web"), vec![]).unwrap();
+    let h = store.begin_run(start("batch"), vec![]).unwrap();
+    store
+        .append_event(
+            &h,
+            kinds::ARTIFACT_REJECTED,
+            json!({"decision": "rejected", "reason_code": "artifact.symlink"}),
+        )
+        .unwrap();
+    store.finish_run(&h, end("policy_denied")).unwrap();
+
+    let stats = store.stats().unwrap();
+    let web = &stats["web"];
+    assert_eq!((web.runs, web.running, web.finished, web.ok), (5, 1, 4, 3));
+    assert_eq!(web.completion_rate, Some(0.75));
+    assert_eq!(web.startup_ms_p50, Some(2.0));
+    assert_eq!(web.startup_ms_p99, Some(4.0));
+    assert_eq!(web.denials.get("egress.private_address"), Some(&2));
+    assert!(!web.denials.contains_key("egress.allowlisted"));
+    assert_eq!((web.timeouts, web.cleanup_failures), (1, 1));
+    let batch = &stats["batch"];
+    assert_eq!(batch.completion_rate, Some(0.0));
+    assert_eq!(batch.denials.get("artifact.symlink"), Some(&1));
+    assert_eq!(batch.by_status.get("policy_denied"), Some(&1));
+});

@@ -1,0 +1,282 @@
+//! A throw-away Postgres server for tests of the fleet backend (`[store] url`): initdb in
+//! a temporary directory, the server on a unix socket in it and on 127.0.0.1 at a free
+//! port, stopped (and its directory removed) when the guard drops, also on a panic.
+//!
+//! The binaries are Debian's `postgresql` package's (`/usr/lib/postgresql/<major>/bin`,
+//! not on PATH; `AIRLOCK_TEST_PG_BIN` names another directory). Postgres refuses to run
+//! as root, so as root the server runs as the `postgres` user (or `nobody`) through
+//! `setpriv`. Without the binaries the test fails, naming the package to install, unless
+//! `AIRLOCK_ALLOW_SKIPPED_ROOT_TESTS` is set and `AIRLOCK_REQUIRE_ROOT_TESTS` is not
+//! (the convention of crates/airlock/tests/common).
+//!
+//! Shared with crates/airlock/tests through `#[path]`: std only, no crate of ours.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct PgServer {
+    /// Owned by the server's user; removed after the server stopped.
+    dir: PathBuf,
+    pub bin: PathBuf,
+    pub port: u16,
+    server: Option<Child>,
+}
+
+/// The directory of `initdb`, `postgres`, `psql`; `None` when Postgres is not installed.
+pub fn find_bin() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("AIRLOCK_TEST_PG_BIN") {
+        return Some(PathBuf::from(dir));
+    }
+    let mut majors: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let major = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((major, bin))
+        })
+        .collect();
+    majors.sort();
+    majors.pop().map(|(_, bin)| bin)
+}
+
+/// Postgres's binaries, or the test's decision when there are none: a panic naming the
+/// package, or `None` (skip) when skipping was asked for.
+pub fn bin_or_skip() -> Option<PathBuf> {
+    if let Some(bin) = find_bin() {
+        return Some(bin);
+    }
+    let set = |v| std::env::var_os(v).is_some();
+    if set("AIRLOCK_ALLOW_SKIPPED_ROOT_TESTS") && !set("AIRLOCK_REQUIRE_ROOT_TESTS") {
+        eprintln!("SKIPPED: no Postgres server binaries (apt-get install postgresql)");
+        return None;
+    }
+    panic!(
+        "this test starts a Postgres server and found no binaries in /usr/lib/postgresql/*/bin \
+         (apt-get install postgresql, or set AIRLOCK_TEST_PG_BIN)"
+    );
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0")
+}
+
+/// As root: the unprivileged account the server runs as, `(name, uid, gid)`.
+fn server_account() -> (String, u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    for name in ["postgres", "nobody"] {
+        if let Some(line) = passwd.lines().find(|l| l.starts_with(&format!("{name}:"))) {
+            let f: Vec<&str> = line.split(':').collect();
+            return (name.into(), f[2].parse().unwrap(), f[3].parse().unwrap());
+        }
+    }
+    panic!("no postgres or nobody account to run the test's Postgres server as");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl PgServer {
+    /// Start a fresh server; `None` only when the binaries are missing and skipping was
+    /// asked for ([`bin_or_skip`]).
+    pub fn start() -> Option<PgServer> {
+        let bin = bin_or_skip()?;
+        let dir = std::env::temp_dir().join(format!(
+            "airlock-pg-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir(&dir).unwrap();
+        let mut server = PgServer {
+            dir,
+            bin,
+            port: free_port(),
+            server: None,
+        };
+        if is_root() {
+            let (_, uid, gid) = server_account();
+            let status = Command::new("chown")
+                .arg(format!("{uid}:{gid}"))
+                .arg(&server.dir)
+                .status()
+                .unwrap();
+            assert!(status.success(), "chown of the Postgres test directory");
+        }
+        let data = server.dir.join("data");
+        let out = server
+            .as_server_user(&server.bin.join("initdb"))
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "-D",
+            ])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let log = std::fs::File::create(server.dir.join("server.log")).unwrap();
+        if is_root() {
+            let (_, uid, gid) = server_account();
+            let _ = Command::new("chown")
+                .arg(format!("{uid}:{gid}"))
+                .arg(server.dir.join("server.log"))
+                .status();
+        }
+        let child = server
+            .as_server_user(&server.bin.join("postgres"))
+            .arg("-D")
+            .arg(&data)
+            .arg("-k")
+            .arg(&server.dir)
+            .args(["-p", &server.port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            // Small and fast: many tests start one at once, and nothing here must survive a crash.
+            .args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "max_connections=200",
+                "-c",
+                "shared_buffers=16MB",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        server.server = Some(child);
+        server.wait_ready();
+        Some(server)
+    }
+
+    fn as_server_user(&self, program: &Path) -> Command {
+        if !is_root() {
+            return Command::new(program);
+        }
+        let (_, uid, gid) = server_account();
+        let mut c = Command::new("setpriv");
+        c.arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={gid}"))
+            .arg("--clear-groups")
+            .arg("--")
+            .arg(program)
+            // The server's cwd must be readable by its user.
+            .current_dir(&self.dir);
+        c
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = Command::new(self.bin.join("pg_isready"))
+                .arg("-h")
+                .arg(&self.dir)
+                .args(["-p", &self.port.to_string(), "-q"])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return;
+            }
+            if let Some(status) = self.server.as_mut().unwrap().try_wait().unwrap() {
+                panic!("the Postgres test server exited ({status}): {}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Postgres test server is not ready after 60 s: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    /// The unix socket directory.
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A URL through the unix socket.
+    pub fn url(&self, db: &str) -> String {
+        format!(
+            "postgres://postgres@/{db}?host={}&port={}",
+            self.dir.display(),
+            self.port
+        )
+    }
+
+    /// A URL through 127.0.0.1.
+    pub fn tcp_url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Run SQL with psql (on database `db`); its output, unaligned, tuples only. Panics
+    /// when psql fails.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .arg("-h")
+            .arg(&self.dir)
+            .args(["-p", &self.port.to_string(), "-U", "postgres", "-d", db])
+            .args(["-v", "ON_ERROR_STOP=1", "-X", "-A", "-t", "-c", sql])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    /// A new, empty database.
+    pub fn create_db(&self, name: &str) -> String {
+        self.psql("postgres", &format!("CREATE DATABASE \"{name}\""));
+        self.url(name)
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.server.take() {
+            // SIGINT: Postgres's fast shutdown (no waiting for clients). setpriv execs, so
+            // the child is the postmaster itself.
+            let _ = Command::new("kill")
+                .args(["-INT", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

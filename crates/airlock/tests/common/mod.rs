@@ -2,6 +2,7 @@
 //! the result record it writes.
 #![allow(dead_code)]
 
+pub mod containerd;
 pub mod host;
 pub mod images;
 pub mod logging_upstream;

@@ -219,8 +219,10 @@ impl Containerd {
 }
 
 impl Drop for Containerd {
-    pub fn drop(&mut self) {
-        for id in ["t1", "t2", "t3", "t4"] {
+    fn drop(&mut self) {
+        // Every container of this test's namespace, whatever the test called it.
+        let listed = self.ctr(&["container", "ls", "-q"]);
+        for id in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
             let _ = self.ctr(&["task", "kill", "-s", "SIGKILL", id]);
             let _ = self.ctr(&["task", "delete", "-f", id]);
             let _ = self.ctr(&["container", "delete", id]);

@@ -1,5 +1,5 @@
 //! airlock-oci: a [`CellPlan`] as an OCI runtime spec (`config.json` of a bundle), which
-//! the gVisor tier (`crates/cell/src/gvisor/`) hands to `runsc create`. Pure: the host
+//! the gVisor tier (`crates/cell/src/gvisor/`) hands to `runsc run`. Pure: the host
 //! paths the runtime prepared (the bundle's root skeleton, each writable path's size-capped
 //! host tmpfs, the cgroup, the host ids) come in as [`BundleHost`]; nothing is read or
 //! written here.
@@ -22,7 +22,7 @@
 //!   inside the Sentry (`--oci-seccomp`): what airlock denies natively, gVisor's kernel
 //!   denies too.
 //! - No resources in the spec: the cgroup at `cgroupsPath` is airlock's own, created with
-//!   the ceilings before `runsc create`; runsc joins an existing cgroup without owning it.
+//!   the ceilings before `runsc run`; runsc joins an existing cgroup without owning it.
 
 pub mod bundle;
 

@@ -46,6 +46,12 @@ impl CellDir {
         self.dir.join("runsc.log")
     }
 
+    /// Whether runsc's state directory still holds a container (`runsc run` removes its
+    /// own when it ends; one killed on the way does not).
+    pub fn runsc_state_left(&self) -> bool {
+        fs::read_dir(self.state()).is_ok_and(|mut entries| entries.next().is_some())
+    }
+
     /// The directory of a cell a dead supervisor left (doctor reaps it): its writable
     /// paths' tmpfs are whatever is mounted under its `w/`.
     pub fn existing(dir: &Path) -> CellDir {

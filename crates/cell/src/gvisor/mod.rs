@@ -6,12 +6,13 @@
 //! preflight (root, runsc answers) -> the cell's host directory, its cgroup (airlock's,
 //! created with the ceilings; runsc joins it), two host ids (the sandbox's root and the
 //! payload's), the writable paths' host tmpfs, the root skeleton, `config.json`
-//! (crates/oci) -> `runsc create` with the payload's stdio -> the audit hook (no record, no
-//! start) -> `runsc start` -> supervise: output through [`OutputCapture`], stdin relayed,
-//! the deadline from outside (`runsc kill --all TERM`, a grace, then SIGKILL of every
-//! process of the cgroup: the Sentry, the gofer, the platform's stubs), the status from
-//! the sandbox process itself (this process is its subreaper, see runsc.rs) -> every
-//! process of the cgroup killed and reaped, `runsc delete --force` -> artifacts from the
+//! (crates/oci) -> the audit hook (no record, no sandbox) -> `runsc run` with the
+//! payload's stdio (one runsc process: create, start, wait, delete; runsc.rs says why) ->
+//! supervise: output through [`OutputCapture`], stdin relayed, the deadline from outside
+//! (`runsc kill --all TERM`, a grace, then SIGKILL of every process of the cgroup: the
+//! Sentry, the gofer, the platform's stubs, and of `runsc run`), the payload's status from
+//! `runsc run`'s exit -> every process of the cgroup killed and reaped (this process is
+//! their subreaper), `runsc delete --force` if `run` left its state -> artifacts from the
 //! host tmpfs -> counters -> everything removed and checked -> one class, by the native
 //! cell's classification.
 
@@ -250,12 +251,19 @@ impl Sandbox {
         }
     }
 
-    /// From `runsc create` to the sandbox process's end.
+    /// From the begin record to the end of `runsc run`: no record, no sandbox.
     fn run(&mut self, plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<Ran, CellError> {
-        // The sandbox process is orphaned when `runsc create` exits: it becomes this
-        // process's child, whose status this process reads (runsc.rs says why).
+        // The sandbox's processes are `runsc run`'s children; should it die first, they
+        // become this process's (its subreaper), which reaps them at teardown.
         sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
             .map_err(|e| CellError::io("becoming the sandbox's subreaper", e))?;
+        let recorded = match options.before_start.take() {
+            None => Ok(String::new()),
+            Some(hook) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook))
+                .unwrap_or_else(|_| Err("the audit hook panicked".to_string())),
+        };
+        let recorded_ms = ms_since(options.started);
+        let run_id = recorded.map_err(CellError::Refused)?;
         let stdin = std::mem::replace(&mut options.stdin, PayloadStdin::Null);
         let (stdin_end, relay) = match stdin {
             PayloadStdin::Null => (
@@ -271,43 +279,21 @@ impl Sandbox {
         let pipe = || sys::pipe_cloexec().map_err(|e| CellError::io("pipe", e));
         let (stdout_read, stdout_write) = pipe()?;
         let (stderr_read, stderr_write) = pipe()?;
-        let sandbox_pid = self
-            .runsc
-            .create(&self.dir.bundle(), [stdin_end, stdout_write, stderr_write])?;
-        self.seen.extend(self.cgroup.pids());
-        let sandbox_exit = sys::pidfd_open(sandbox_pid)
-            .map_err(|e| CellError::io("pidfd of the sandbox process", e))?;
-        let recorded = match options.before_start.take() {
-            None => Ok(String::new()),
-            Some(hook) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook))
-                .unwrap_or_else(|_| Err("the audit hook panicked".to_string())),
-        };
-        let recorded_ms = ms_since(options.started);
-        // No record, no payload: the sandbox is destroyed without a start.
-        let run_id = recorded.map_err(CellError::Refused)?;
         let output_mounts = OutputMounts::open_host_dirs(plan, &self.dir.writable);
-        let released_ms = ms_since(options.started);
         let mut observed = Observed {
             run_id,
-            released_ms,
+            released_ms: ms_since(options.started),
             ..Observed::default()
         };
-        if let Err(err) = self.runsc.start() {
-            // runsc resolves and loads the command itself at `start`: a command it cannot
-            // find or load is the payload's exec failure (127/126, as natively), not a
-            // fault of the tier. Anything else stays the launch failure it is.
-            observed.exec_failure = Some(runsc::exec_failure(&err, &plan.argv).ok_or(err)?);
-            observed.stdin = relay.map(StdinRelay::finish);
-            return Ok(Ran {
-                observed,
-                output: OutputCapture::new(plan.limits.output_bytes),
-                outcome: WaitOutcome::SandboxGone,
-                recorded_ms,
-                output_mounts,
-                full_mounts: Vec::new(),
-            });
-        }
+        let runsc_run = self
+            .runsc
+            .spawn_run(&self.dir.bundle(), [stdin_end, stdout_write, stderr_write])?;
+        // The payload starts inside `runsc run` once the sandbox is up; its start-up is
+        // counted to here and the sandbox's boot is in the wall time.
         observed.exec_done_at = Some(Instant::now());
+        let runsc_pid = runsc_run.id() as libc::pid_t;
+        let runsc_exit = sys::pidfd_open(runsc_pid)
+            .map_err(|e| CellError::io("pidfd of runsc run", e))?;
         let mut supervision = Supervision {
             capture: OutputCapture::new(plan.limits.output_bytes),
             stdout: Some(stdout_read),
@@ -317,25 +303,32 @@ impl Sandbox {
             relay,
         };
         let deadline = Instant::now() + Duration::from_millis(plan.limits.wall_time_ms);
-        supervision.until_exit(
-            &self.runsc,
-            &self.cgroup,
-            deadline,
-            sandbox_exit,
-            &mut observed,
-            &mut self.seen,
-        )?;
+        let sandbox = SandboxHandles {
+            runsc: &self.runsc,
+            runsc_pid,
+            cgroup: &self.cgroup,
+        };
+        supervision.until_exit(&sandbox, deadline, runsc_exit, &mut observed, &mut self.seen)?;
         self.seen.extend(self.cgroup.pids());
-        let status = sys::wait_child(sandbox_pid, false)
-            .map_err(|e| CellError::io("reaping the sandbox process", e))?
+        let status = sys::wait_child(runsc_pid, false)
+            .map_err(|e| CellError::io("reaping runsc run", e))?
             .map(|reaped| {
                 observed.rusage = Some(reaped.usage);
                 reaped.status
             });
-        let outcome = runsc::sandbox_outcome(status.unwrap_or(libc::SIGKILL));
         observed.ended_at = Some(Instant::now());
         supervision.drain();
         observed.stdin = supervision.relay.take().map(StdinRelay::finish);
+        let outcome = match self.runsc.run_ended(&self.dir.bundle(), status) {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                // runsc could not find or load the command: the payload's exec failure
+                // (127/126, as natively), not a fault of the tier.
+                observed.exec_failure = Some(runsc::exec_failure(&err, &plan.argv).ok_or(err)?);
+                observed.exec_done_at = None;
+                WaitOutcome::SandboxGone
+            }
+        };
         let full_mounts = full_writable_paths(plan, &self.dir.writable);
         Ok(Ran {
             observed,
@@ -366,9 +359,10 @@ impl Sandbox {
             left.push(format!("processes left in cgroup {}", self.name));
         }
         let reaped_usage = reap(&seen);
-        if let Err(err) = self.runsc.delete() {
-            // A sandbox that was never created has nothing to delete.
-            if !matches!(ran, Err(CellError::Launch { .. })) {
+        // `runsc run` deletes the sandbox it made when it ends; one killed on the way
+        // (the deadline's last step) leaves its state, which `delete` removes.
+        if self.dir.runsc_state_left() {
+            if let Err(err) = self.runsc.delete() {
                 left.push(format!("runsc delete: {err}"));
             }
         }
@@ -570,11 +564,10 @@ enum Deadline {
 }
 
 impl Supervision {
-    /// Output, stdin and the deadline, until the sandbox process ended.
+    /// Output, stdin and the deadline, until `runsc run` ended.
     fn until_exit(
         &mut self,
-        runsc: &Runsc,
-        cgroup: &CellCgroup,
+        sandbox: &SandboxHandles<'_>,
         deadline: Instant,
         sandbox_exit: OwnedFd,
         observed: &mut Observed,
@@ -588,11 +581,11 @@ impl Supervision {
             if self.poll_once(&sandbox_exit, state_timeout(state))? {
                 return Ok(());
             }
-            state = advance(state, runsc, cgroup, observed, seen);
+            state = advance(state, sandbox, observed, seen);
         }
     }
 
-    /// One poll round; true once the sandbox process ended.
+    /// One poll round; true once `runsc run` ended.
     fn poll_once(&mut self, sandbox_exit: &OwnedFd, timeout_ms: i32) -> Result<bool, CellError> {
         let relay = self.relay.as_ref().map(StdinRelay::interest);
         let raw = |fd: &Option<OwnedFd>| fd.as_ref().map_or(-1, |f| f.as_raw_fd());
@@ -718,15 +711,23 @@ fn state_timeout(state: Deadline) -> i32 {
     i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1)
 }
 
+/// What the deadline acts on: runsc's command line, the `runsc run` process and the
+/// sandbox's cgroup.
+struct SandboxHandles<'a> {
+    runsc: &'a Runsc,
+    runsc_pid: libc::pid_t,
+    cgroup: &'a CellCgroup,
+}
+
 /// The deadline's next step, from outside the sandbox: SIGTERM to every process of the
 /// container at the deadline; after the grace, SIGKILL to every host process of the
-/// sandbox (the Sentry and the gofer: the payload's processes exist only inside them).
+/// sandbox (the Sentry and the gofer: the payload's processes exist only inside them)
+/// and to `runsc run`, which is outside the cgroup (teardown deletes what it leaves).
 /// The processes killed are added to `seen` first: the platform's stubs, born during the
 /// run, are reaped (and their CPU counted) only if they are known.
 fn advance(
     state: Deadline,
-    runsc: &Runsc,
-    cgroup: &CellCgroup,
+    sandbox: &SandboxHandles<'_>,
     observed: &mut Observed,
     seen: &mut std::collections::BTreeSet<libc::pid_t>,
 ) -> Deadline {
@@ -735,12 +736,13 @@ fn advance(
         Deadline::Running(at) if now >= at => {
             observed.deadline_fired = true;
             // A sandbox already gone has nothing to signal; the kill follows anyway.
-            let _ = runsc.kill_all("SIGTERM");
+            let _ = sandbox.runsc.kill_all("SIGTERM");
             Deadline::Terminating(now)
         }
         Deadline::Terminating(sent) if now >= sent + TERM_GRACE => {
-            seen.extend(cgroup.pids());
-            let _ = cgroup.kill_all();
+            seen.extend(sandbox.cgroup.pids());
+            let _ = sandbox.cgroup.kill_all();
+            let _ = sys::kill(sandbox.runsc_pid, libc::SIGKILL);
             Deadline::Killed
         }
         other => other,

@@ -1,19 +1,27 @@
-//! The `runsc` command line, one sandbox at a time: `create`, `start`, `kill`, `delete`,
-//! each with the cell's own state directory (`--root`) and the same global flags (runsc
-//! reads its configuration from the flags of every call, not from its state). Never
-//! `runsc do`, which builds its own bundle and network.
+//! The `runsc` command line, one sandbox at a time: `run`, `kill`, `delete`, each with the
+//! cell's own state directory (`--root`) and the same global flags (runsc reads its
+//! configuration from the flags of every call, not from its state). Never `runsc do`,
+//! which builds its own bundle and network.
 //!
-//! Not `runsc wait`: this runsc (Debian 12's, 20221219) loses the status when the
-//! sandbox exits before or while `wait` asks it ("sandbox no longer running and its exit
-//! status is unavailable", every time for `/bin/true`). The sandbox process exits with the
-//! payload's status itself, so the supervisor is its child subreaper (it is orphaned when
-//! `runsc create` exits) and reads the status with `wait4` on the pid `create` wrote.
+//! One `runsc run` per payload: it creates the sandbox, starts the payload, waits for it
+//! and deletes the sandbox in one Go process, a child of the supervisor, which exits with
+//! the payload's status (128 + the signal for a signal death, as a shell reports it).
+//! `create`, `start` and `delete` as three processes cost two more Go start-ups per run
+//! (docs/benchmarks.md, the gVisor tier). `run` also keeps the status: this runsc (Debian
+//! 12's, 20221219) loses it when a separate `runsc wait` asks after the sandbox exited
+//! ("sandbox no longer running and its exit status is unavailable", every time for
+//! `/bin/true`), while `run` reaps the sandbox process it started itself.
+//! `kill --all` (the deadline's SIGTERM) and `delete --force` (a sandbox `run` did not
+//! remove) are separate calls on the same state.
 
 use crate::error::CellError;
 use crate::protocol::ExecFailure;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+
+/// runsc's exit status when it failed itself (`Fatalf`), not the payload.
+const RUNSC_FAILED: i32 = 128;
 
 /// Where the runsc binary is looked for when `AIRLOCK_RUNSC` does not name one.
 const SEARCH_PATH: &[&str] = &["/usr/bin", "/usr/local/bin", "/usr/sbin", "/usr/local/sbin"];
@@ -131,36 +139,54 @@ impl Runsc {
         command
     }
 
-    /// `runsc create`: the sandbox (Sentry and gofer) is built, the payload not started.
-    /// `stdio` becomes the payload's stdin, stdout and stderr.
-    /// Returns the sandbox process's pid (from `--pid-file`).
-    pub fn create(&self, bundle: &Path, stdio: [OwnedFd; 3]) -> Result<libc::pid_t, CellError> {
+    /// `runsc run` of `bundle`, started and not waited for: `stdio` becomes the payload's
+    /// stdin, stdout and stderr (runsc's own errors go to its log). The sandbox process's
+    /// pid is written to the bundle's `sandbox.pid` (see [`Runsc::run_ended`]).
+    pub fn spawn_run(&self, bundle: &Path, stdio: [OwnedFd; 3]) -> Result<Child, CellError> {
         let [stdin, stdout, stderr] = stdio;
-        let pid_file = bundle.join("sandbox.pid");
         let mut command = self.command();
         command
-            .arg("create")
+            .arg("run")
             .arg(format!("--bundle={}", bundle.display()))
-            .arg(format!("--pid-file={}", pid_file.display()))
+            .arg(format!("--pid-file={}", pid_file(bundle).display()))
             .arg(&self.id)
             .stdin(Stdio::from(stdin))
             .stdout(Stdio::from(stdout))
             .stderr(Stdio::from(stderr));
-        self.run(command, "create")?;
-        std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-            .filter(|pid: &libc::pid_t| *pid > 1)
-            .ok_or_else(|| CellError::Launch {
-                stage: "runsc create".into(),
-                message: format!("no sandbox pid in {}", pid_file.display()),
-            })
+        command.spawn().map_err(|e| {
+            // The binary cannot even be started (ENOEXEC, EACCES, ...): no tier.
+            unavailable(format!("starting {} run: {e}", self.binary.display()))
+        })
     }
 
-    pub fn start(&self) -> Result<(), CellError> {
-        let mut command = self.command();
-        command.arg("start").arg(&self.id);
-        self.run(command, "start")
+    /// How the payload ended, from the `wait4` status of `runsc run` (`None`: it was
+    /// never reaped). A sandbox that was never created (no pid in `sandbox.pid`) is a
+    /// launch failure, or no working runsc if it logged nothing; runsc's own failure
+    /// (exit 128 with `running container: ...` in its log) is a launch failure, which
+    /// [`exec_failure`] reads as the payload's when it could not find or load the
+    /// command. Anything else is the payload's status.
+    pub fn run_ended(&self, bundle: &Path, status: Option<i32>) -> Result<WaitOutcome, CellError> {
+        let Some(status) = status.filter(|s| libc::WIFEXITED(*s)) else {
+            // `runsc run` itself was killed (the deadline's last step): no status.
+            return Ok(WaitOutcome::SandboxGone);
+        };
+        let code = libc::WEXITSTATUS(status);
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let created = read_pid(&pid_file(bundle)).is_some();
+        if !created && log.trim().is_empty() {
+            // A runsc logs why it failed; a binary that failed silently is not one.
+            return Err(unavailable(format!(
+                "{} run exited {code} without creating a sandbox or logging anything: not a working runsc",
+                self.binary.display()
+            )));
+        }
+        if !created || (code == RUNSC_FAILED && log.contains("running container:")) {
+            return Err(CellError::Launch {
+                stage: "runsc run".into(),
+                message: format!("exit status: {code}: {}", last_log_line(&self.log)),
+            });
+        }
+        Ok(WaitOutcome::Exited(code))
     }
 
     /// Signals every process of the container (`--all`).
@@ -199,6 +225,17 @@ impl Runsc {
     }
 }
 
+fn pid_file(bundle: &Path) -> PathBuf {
+    bundle.join("sandbox.pid")
+}
+
+fn read_pid(path: &Path) -> Option<libc::pid_t> {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .filter(|pid: &libc::pid_t| *pid > 1)
+}
+
 /// What runsc last logged: its error, when a call failed.
 fn last_log_line(log: &Path) -> String {
     std::fs::read_to_string(log)
@@ -212,8 +249,9 @@ fn last_log_line(log: &Path) -> String {
         .collect()
 }
 
-/// The payload's exec failure in a failed `runsc start`, as the native cell reports one:
-/// runsc looks the command up on the plan's PATH and loads it itself at `start`, so a
+/// The payload's exec failure in a failed `runsc run`, as the native cell reports one:
+/// runsc looks the command up on the plan's PATH and loads it itself when it starts the
+/// payload, so a
 /// command it cannot find (`error finding executable`) is 127 and one it finds but cannot
 /// load (`failed to load <path>: <why>`: permission denied, a directory, not an
 /// executable format) is 126. `None` for any other failure, which stays the tier's.
@@ -221,7 +259,7 @@ pub fn exec_failure(err: &CellError, argv: &[String]) -> Option<ExecFailure> {
     let CellError::Launch { stage, message } = err else {
         return None;
     };
-    if stage != "runsc start" {
+    if stage != "runsc run" {
         return None;
     }
     let path = argv.first().cloned().unwrap_or_default();
@@ -248,16 +286,6 @@ pub fn exec_failure(err: &CellError, argv: &[String]) -> Option<ExecFailure> {
     })
 }
 
-/// How the sandbox process ended (its `wait4` status): it exits with the payload's
-/// status; killed by a signal, it was killed from outside and has none.
-pub fn sandbox_outcome(status: i32) -> WaitOutcome {
-    if libc::WIFEXITED(status) {
-        WaitOutcome::Exited(libc::WEXITSTATUS(status))
-    } else {
-        WaitOutcome::SandboxGone
-    }
-}
-
 /// The payload's wait status (as `waitpid` gives it) for runsc's exit status. runsc
 /// reports a signal death as 128 + the signal, as a shell does; a status in 129..=192 is
 /// read as that signal, which an `exit(137)` of the payload cannot be told from.
@@ -272,17 +300,45 @@ pub fn wait_status(exit_status: i32) -> i32 {
 mod tests {
     use super::*;
 
+    /// A runsc of a temp dir's log and bundle: (runsc, bundle, its tempdir).
+    fn fake(log: &str, pid: Option<&str>) -> (Runsc, PathBuf, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let log_path = dir.path().join("runsc.log");
+        std::fs::write(&log_path, log).unwrap();
+        if let Some(pid) = pid {
+            std::fs::write(pid_file(dir.path()), pid).unwrap();
+        }
+        let runsc = Runsc::new(Path::new("/usr/bin/runsc"), dir.path(), &log_path, "c");
+        (runsc, dir.path().to_path_buf(), dir)
+    }
+
     #[test]
-    fn the_sandbox_exit_is_the_payloads_and_a_signal_means_it_was_killed_from_outside() {
-        assert_eq!(sandbox_outcome(3 << 8), WaitOutcome::Exited(3));
-        assert_eq!(sandbox_outcome(137 << 8), WaitOutcome::Exited(137));
-        assert_eq!(sandbox_outcome(libc::SIGKILL), WaitOutcome::SandboxGone);
+    fn runs_end_is_the_payloads_status_unless_runsc_failed_or_never_made_a_sandbox() {
+        let exited = |code: i32| Some(code << 8);
+        let (runsc, bundle, _dir) = fake("", Some("4242\n"));
+        assert_eq!(runsc.run_ended(&bundle, exited(3)).unwrap(), WaitOutcome::Exited(3));
+        // 128 without runsc's error is the payload's own `exit 128`.
+        assert_eq!(runsc.run_ended(&bundle, exited(128)).unwrap(), WaitOutcome::Exited(128));
+        // runsc run killed itself (the deadline's last step): no status of the payload.
+        assert_eq!(runsc.run_ended(&bundle, Some(libc::SIGKILL)).unwrap(), WaitOutcome::SandboxGone);
+        assert_eq!(runsc.run_ended(&bundle, None).unwrap(), WaitOutcome::SandboxGone);
+        let failed = r#"{"msg":"running container: starting container: creating process: failed to load /x: permission denied","level":"error"}"#;
+        let (runsc, bundle, _dir) = fake(failed, Some("4242"));
+        let err = runsc.run_ended(&bundle, exited(128)).unwrap_err();
+        assert!(matches!(&err, CellError::Launch { stage, .. } if stage == "runsc run"), "{err}");
+        assert_eq!(exec_failure(&err, &["x".into()]).unwrap().status, 126);
+        // No sandbox was made: runsc's failure if it said why, no runsc at all if not.
+        let (runsc, bundle, _dir) = fake("creating container: cgroup: permission denied", None);
+        assert!(matches!(runsc.run_ended(&bundle, exited(0)), Err(CellError::Launch { .. })));
+        let (runsc, bundle, _dir) = fake("", None);
+        let err = runsc.run_ended(&bundle, exited(0)).unwrap_err();
+        assert!(matches!(err, CellError::Unavailable { control: "gvisor.runsc", .. }), "{err}");
     }
 
     #[test]
     fn a_command_runsc_cannot_find_or_load_is_the_payloads_exec_failure() {
         let start = |message: &str| CellError::Launch {
-            stage: "runsc start".into(),
+            stage: "runsc run".into(),
             message: message.into(),
         };
         let argv = vec!["tool".to_string()];
@@ -301,10 +357,10 @@ mod tests {
             r#"exit status: 128: {"msg":"starting sandbox: creating process: failed to load /no/such/tool: no such file or directory"}"#,
         );
         assert_eq!(exec_failure(&absent, &argv).unwrap().status, 127);
-        // Any other failure of start, or of another step, stays the tier's.
+        // Any other failure of run, or of another step, stays the tier's.
         assert!(exec_failure(&start("exit status: 128: cgroup gone"), &argv).is_none());
         let create = CellError::Launch {
-            stage: "runsc create".into(),
+            stage: "runsc kill".into(),
             message: "error finding executable".into(),
         };
         assert!(exec_failure(&create, &argv).is_none());

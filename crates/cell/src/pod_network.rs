@@ -105,20 +105,29 @@ fn identity(file: &File) -> Result<NamespaceId, String> {
     })
 }
 
+/// The namespaces of [`HOST_NETWORKS`]. Pid 1's may be hidden even from root (a
+/// restricted container: its namespaces need ptrace access to pid 1, which a missing
+/// capability or an LSM denies); then the supervisor's own, the node's network as the
+/// container runtime sees it, is the reference. Any other failure is an error.
 fn host_networks() -> Result<Vec<(&'static str, NamespaceId)>, (PathBuf, std::io::Error)> {
-    HOST_NETWORKS
-        .iter()
-        .map(|(what, path)| {
-            let meta = std::fs::metadata(path).map_err(|e| (Path::new(path).to_owned(), e))?;
-            Ok((
-                *what,
-                NamespaceId {
-                    dev: meta.dev(),
-                    ino: meta.ino(),
-                },
-            ))
-        })
-        .collect()
+    let mut hosts = Vec::new();
+    for (what, path) in HOST_NETWORKS {
+        let meta = match std::fs::metadata(path) {
+            Ok(meta) => meta,
+            Err(e) if *path == HOST_NETWORKS[0].1 && hidden(&e) => continue,
+            Err(e) => return Err((Path::new(path).to_owned(), e)),
+        };
+        let id = NamespaceId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        hosts.push((*what, id));
+    }
+    Ok(hosts)
+}
+
+fn hidden(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EACCES | libc::EPERM))
 }
 
 #[cfg(test)]

@@ -118,7 +118,7 @@ impl Containerd {
         std::fs::copy("/usr/bin/busybox", tree.join("bin/busybox")).unwrap();
         for applet in [
             "sh", "cat", "echo", "id", "sleep", "ls", "grep", "mount", "touch", "seq", "true",
-            "unshare", "head", "tail",
+            "unshare", "head", "tail", "wget", "ip", "ping", "kill",
         ] {
             symlink("busybox", tree.join("bin").join(applet)).unwrap();
         }
@@ -219,7 +219,7 @@ impl Containerd {
 }
 
 impl Drop for Containerd {
-    pub fn drop(&mut self) {
+    fn drop(&mut self) {
         for id in ["t1", "t2", "t3", "t4"] {
             let _ = self.ctr(&["task", "kill", "-s", "SIGKILL", id]);
             let _ = self.ctr(&["task", "delete", "-f", id]);

@@ -53,7 +53,14 @@ impl PodNetwork {
         std::fs::create_dir_all(&site).unwrap();
         std::fs::write(site.join("hello.txt"), format!("{GREETING}\n")).unwrap();
         let server = Command::new("/usr/sbin/ip")
-            .args(["netns", "exec", &name, "/usr/bin/python3", "-m", "http.server"])
+            .args([
+                "netns",
+                "exec",
+                &name,
+                "/usr/bin/python3",
+                "-m",
+                "http.server",
+            ])
             .args(["--bind", "127.0.0.1", &PORT.to_string(), "--directory"])
             .arg(&site)
             .stdout(Stdio::null())
@@ -103,7 +110,11 @@ impl Drop for PodNetwork {
 
 fn ip(args: &[&str]) -> Output {
     let out = Command::new("/usr/sbin/ip").args(args).output().unwrap();
-    assert!(out.status.success(), "ip {args:?}: {}", common::output_text(&out));
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        common::output_text(&out)
+    );
     out
 }
 
@@ -195,7 +206,10 @@ fn a_pod_contracts_container_joins_the_pod_network_and_holds_no_power_over_it() 
         assert!(!stdout.contains(breach), "{breach}: {stdout}");
     }
     // Seen from the host: the pod's network is as it was.
-    let addresses = text(&in_netns(&pod.name, &["ip", "-o", "addr", "show", "dev", "lo"]));
+    let addresses = text(&in_netns(
+        &pod.name,
+        &["ip", "-o", "addr", "show", "dev", "lo"],
+    ));
     assert!(!addresses.contains("10.77.0.1"), "{addresses}");
     let link = text(&in_netns(&pod.name, &["ip", "-o", "link", "show", "lo"]));
     assert!(link.contains("UP"), "{link}");
@@ -245,7 +259,11 @@ fn a_pod_network_is_refused_without_a_pod_contract_and_the_hosts_or_a_non_namesp
             format!("network:/proc/{}/ns/net", std::process::id()),
             "(host networking)",
         ),
-        ("t2", "network:/proc/1/ns/net".into(), "pod network namespace /proc/1/ns/net: "),
+        (
+            "t2",
+            "network:/proc/1/ns/net".into(),
+            "pod network namespace /proc/1/ns/net: ",
+        ),
         (
             "t3",
             format!("network:{}", containerd.path("config.toml").display()),

@@ -58,7 +58,8 @@ pub fn enter(network: &NetworkPlan) -> Result<Option<Joined>, CellError> {
     };
     let target = File::open(namespace).map_err(|e| refused(format!("cannot be opened: {e}")))?;
     let kind = sys::namespace_type(target.as_fd()).ok();
-    let hosts = host_networks().map_err(|(path, e)| CellError::io(path.display().to_string(), e))?;
+    let hosts =
+        host_networks().map_err(|(path, e)| CellError::io(path.display().to_string(), e))?;
     check(kind, identity(&target).map_err(refused)?, &hosts).map_err(refused)?;
     let own = File::open(HOST_NETWORKS[1].1).map_err(|e| CellError::io(HOST_NETWORKS[1].1, e))?;
     sys::setns(target.as_fd(), libc::CLONE_NEWNET).map_err(|e| {
@@ -98,7 +99,9 @@ pub fn check(
 }
 
 fn identity(file: &File) -> Result<NamespaceId, String> {
-    let meta = file.metadata().map_err(|e| format!("cannot be read: {e}"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot be read: {e}"))?;
     Ok(NamespaceId {
         dev: meta.dev(),
         ino: meta.ino(),

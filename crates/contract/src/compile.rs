@@ -228,15 +228,13 @@ fn network_plan(
              config.json names one (linux.namespaces[network].path)"
                 .to_owned(),
         ),
-        (mode @ (NetworkMode::Deny | NetworkMode::Allowlist), Some(namespace)) => {
-            refused(format!(
-                "{} does not allow joining the pod network namespace {}: a cell joins \
+        (mode @ (NetworkMode::Deny | NetworkMode::Allowlist), Some(namespace)) => refused(format!(
+            "{} does not allow joining the pod network namespace {}: a cell joins \
                  one only under a contract with network.mode pod (the platform's choice, \
                  not the pod's)",
-                mode_name(mode),
-                namespace.display()
-            ))
-        }
+            mode_name(mode),
+            namespace.display()
+        )),
     }
 }
 
@@ -1145,14 +1143,28 @@ resources:
 
     #[test]
     fn a_pod_network_is_joined_only_under_a_pod_contract_and_a_pod_contract_needs_one() {
-        for yaml in ["network: { mode: deny }\n", "network: { mode: allowlist, allowed_domains: [a.test] }\n"] {
-            let error = compile_pod(yaml, Some("/var/run/netns/cni-1")).unwrap_err().to_string();
+        for yaml in [
+            "network: { mode: deny }\n",
+            "network: { mode: allowlist, allowed_domains: [a.test] }\n",
+        ] {
+            let error = compile_pod(yaml, Some("/var/run/netns/cni-1"))
+                .unwrap_err()
+                .to_string();
             assert!(error.starts_with("network.mode: "), "{error}");
-            assert!(error.contains("does not allow joining the pod network namespace /var/run/netns/cni-1"), "{error}");
+            assert!(
+                error.contains(
+                    "does not allow joining the pod network namespace /var/run/netns/cni-1"
+                ),
+                "{error}"
+            );
         }
-        let error = compile_pod("network: { mode: pod }\n", None).unwrap_err().to_string();
+        let error = compile_pod("network: { mode: pod }\n", None)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("none was given"), "{error}");
-        let error = compile_pod("network: { mode: pod }\n", Some("cni-1")).unwrap_err().to_string();
+        let error = compile_pod("network: { mode: pod }\n", Some("cni-1"))
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("not an absolute path"), "{error}");
     }
 
@@ -1164,13 +1176,19 @@ resources:
         )
         .unwrap_err()
         .to_string();
-        assert!(error.contains("must be empty when network.mode is pod"), "{error}");
+        assert!(
+            error.contains("must be empty when network.mode is pod"),
+            "{error}"
+        );
         let error = compile_pod(
             "isolation: gvisor\nnetwork: { mode: pod }\n",
             Some("/var/run/netns/cni-1"),
         )
         .unwrap_err()
         .to_string();
-        assert!(error.contains("isolation gvisor does not support network.mode pod"), "{error}");
+        assert!(
+            error.contains("isolation gvisor does not support network.mode pod"),
+            "{error}"
+        );
     }
 }

@@ -610,7 +610,11 @@ fn check_pod_network(mode: NetworkMode, namespace: Option<&Path>) -> Result<(), 
                 "the contract's network.mode {} does not allow joining a pod's network; \
                  that needs a contract with network.mode pod, which the platform chooses \
                  (docs/kubernetes.md)",
-                if mode == NetworkMode::Deny { "deny" } else { "allowlist" }
+                if mode == NetworkMode::Deny {
+                    "deny"
+                } else {
+                    "allowlist"
+                }
             ),
         ),
     }

@@ -253,7 +253,9 @@ fn joining_any_namespace_but_the_network_is_refused_naming_the_kind() {
         .as_array_mut()
         .unwrap()
         .push(json!({"type": "user", "path": "/proc/1/ns/user"}));
-    assert!(refused(spec).field.starts_with("linux.namespaces[user].path"));
+    assert!(refused(spec)
+        .field
+        .starts_with("linux.namespaces[user].path"));
 }
 
 fn with_network(path: &str) -> Value {

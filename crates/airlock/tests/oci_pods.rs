@@ -4,7 +4,8 @@
 //! otherwise (its own user, mount, pid, ipc, uts namespaces, no capability, seccomp).
 //! The "pod" here is a named network namespace of the test's own (`ip netns add`, its
 //! loopback up, a server on it); containerd of the test's own runs the container with
-//! `ctr run --with-ns network:<path>`. Refused: the same without a pod contract, the
+//! `ctr run --with-ns network:<path>`; seen from the host, only the cell's processes are
+//! in the pod's network, its supervisor is back in its own. Refused: the same without a pod contract, the
 //! host's network namespace, a path that is no network namespace, other namespaces.
 //! Needs root, containerd, ctr, busybox-static, iproute2 and python3 (.ci/run).
 
@@ -307,4 +308,73 @@ fn a_pod_network_is_refused_without_a_pod_contract_and_the_hosts_or_a_non_namesp
             .join(id);
         assert!(!state.exists(), "runtime state left: {}", state.display());
     }
+}
+
+/// The namespace a `/proc/<pid>/ns/net`-like path refers to: (nsfs device, inode).
+fn namespace_of(path: &str) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    (meta.dev(), meta.ino())
+}
+
+/// Seen from the host while the container runs: its processes are in the pod's network
+/// namespace, its supervisor is back in its own (the host's: its own traffic, a fleet
+/// store, never goes through the pod's network).
+#[test]
+fn only_the_cell_is_in_the_pods_network_and_its_supervisor_is_back_in_its_own() {
+    require_cells!();
+    let containerd = Containerd::start("podsupervisor");
+    let pod = PodNetwork::create("podsupervisor", containerd.dir.path());
+    std::fs::write(containerd.path("contracts/pod.yaml"), POD_CONTRACT).unwrap();
+    let with_ns = pod.with_ns();
+    let out = containerd.run(
+        &[
+            "-d",
+            "--annotation",
+            "airlock.dev/contract=pod",
+            "--with-ns",
+            &with_ns,
+        ],
+        "t2",
+        &["/bin/sh", "-c", "sleep 600"],
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("t2", "RUNNING");
+    let tasks = text(&containerd.ctr(&["task", "ls"]));
+    let supervisor: u32 = tasks
+        .lines()
+        .find(|l| l.starts_with("t2"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid of t2: {tasks}"));
+    let host = namespace_of("/proc/self/ns/net");
+    let pod_ns = namespace_of(&pod.path());
+    assert_ne!(host, pod_ns);
+    assert_eq!(
+        namespace_of(&format!("/proc/{supervisor}/ns/net")),
+        host,
+        "the supervisor went back to its own network namespace"
+    );
+    let ps = text(&containerd.ctr(&["task", "ps", "t2"]));
+    let cell: Vec<u32> = ps
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .filter(|pid| *pid != supervisor)
+        .collect();
+    assert!(!cell.is_empty(), "the cell's processes: {ps}");
+    for pid in &cell {
+        assert_eq!(
+            namespace_of(&format!("/proc/{pid}/ns/net")),
+            pod_ns,
+            "cell process {pid} is in the pod's network namespace"
+        );
+    }
+    let kill = containerd.ctr(&["task", "kill", "-s", "SIGKILL", "t2"]);
+    assert!(kill.status.success(), "{}", common::output_text(&kill));
+    containerd.wait_status("t2", "STOPPED");
+    let delete = containerd.ctr(&["task", "delete", "t2"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let _ = containerd.ctr(&["container", "delete", "t2"]);
+    let record = containerd.record_of("t2");
+    containerd.assert_nothing_left("t2", &record);
 }

@@ -135,6 +135,7 @@ fn load_plan(
             argv: &args.command,
             seccomp_profile: seccomp_profile.as_deref(),
             image: resolved.as_ref().map(|(image, _)| image),
+            pod_network: None,
         },
     )?;
     let mut plan = plan;

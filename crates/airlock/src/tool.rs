@@ -201,6 +201,7 @@ impl Planner for CliPlanner {
                 argv,
                 seccomp_profile: profile.as_deref(),
                 image: resolved.as_ref().map(|(image, _)| image),
+                pod_network: None,
             },
         )
         .map_err(refused)?;

@@ -187,8 +187,12 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
         .map_err(|e| Stage::errno("pdeathsig", e))?;
     // Work that needs no id map, done while the supervisor writes the maps: the child
     // already holds every capability of its new user namespace.
-    sys::unshare(libc::CLONE_NEWNET).map_err(|e| Stage::errno("net_namespace", e))?;
-    sys::loopback_up().map_err(|e| Stage::errno("loopback", e))?;
+    // A pod cell is in the pod's network namespace already (pod_network.rs), which it
+    // has no power over.
+    if !matches!(plan.network, NetworkPlan::Pod { .. }) {
+        sys::unshare(libc::CLONE_NEWNET).map_err(|e| Stage::errno("net_namespace", e))?;
+        sys::loopback_up().map_err(|e| Stage::errno("loopback", e))?;
+    }
     sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
     // The supervisor may already be gone (the death signal only covers later deaths):
     // waiting for its go-ahead settles it - EOF means it died.

@@ -795,6 +795,24 @@ pub fn sethostname(name: &str) -> io::Result<()> {
     check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
 }
 
+/// `NS_GET_NSTYPE` (linux/nsfs.h, `_IO(0xb7, 0x3)`): the `CLONE_NEW*` type of the
+/// namespace an nsfs descriptor refers to.
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+
+/// The `CLONE_NEW*` type of the namespace `fd` refers to; `ENOTTY` (or `EINVAL`) when
+/// `fd` is not a namespace of nsfs at all.
+pub fn namespace_type(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
+    // SAFETY: NS_GET_NSTYPE takes no argument and only reads the descriptor's inode.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE) })
+}
+
+/// Moves the calling thread into the namespace `fd` refers to, which must be of type
+/// `nstype` (the kernel checks it).
+pub fn setns(fd: BorrowedFd<'_>, nstype: libc::c_int) -> io::Result<()> {
+    // SAFETY: setns takes a descriptor and an integer; a wrong type is refused (EINVAL).
+    check(unsafe { libc::setns(fd.as_raw_fd(), nstype) }).map(drop)
+}
+
 /// Brings the loopback interface of the current network namespace up.
 pub fn loopback_up() -> io::Result<()> {
     // SAFETY: socket() takes integers only.

@@ -27,6 +27,10 @@ pub struct CompileInput<'a> {
     /// when `image` is not `host`, ignored when it is). With one, `argv` may be empty: the
     /// image's `Entrypoint` + `Cmd` run.
     pub image: Option<&'a ResolvedImage>,
+    /// The pod network namespace the runtime was given (airlock's OCI runtime: the
+    /// bundle's `linux.namespaces[network].path`). Required by `network.mode: pod`,
+    /// refused with any other mode: only the contract decides that a cell joins one.
+    pub pod_network: Option<&'a Path>,
 }
 
 impl<'a> CompileInput<'a> {
@@ -38,6 +42,7 @@ impl<'a> CompileInput<'a> {
             argv,
             seccomp_profile: None,
             image: None,
+            pod_network: None,
         }
     }
 }
@@ -95,12 +100,7 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
                 host_path(input.base_dir, path)
             }),
         },
-        network: match contract.network.mode {
-            NetworkMode::Deny => NetworkPlan::Deny,
-            NetworkMode::Allowlist => NetworkPlan::Allowlist {
-                destinations: checked.destinations.clone(),
-            },
-        },
+        network: network_plan(contract.network.mode, &checked.destinations, input)?,
         limits: limits(contract),
         seccomp: seccomp_plan(&checked, input)?,
         output_allowlist: checked.output_allowlist.clone(),
@@ -198,6 +198,52 @@ fn seccomp_plan(
         profile: SeccompProfile::DockerJson { path },
         program: Cow::Owned(program),
     })
+}
+
+/// The cell's network. A pod network is joined only when the contract says so
+/// (`network.mode: pod`, the platform's decision) and the runtime names one; any other
+/// pairing is refused (policy_denied: a container asks for what its contract does not
+/// allow, or a pod contract is run where there is no pod).
+fn network_plan(
+    mode: NetworkMode,
+    destinations: &[DestinationRule],
+    input: &CompileInput,
+) -> Result<NetworkPlan, ContractError> {
+    let refused = |message: String| Err(ContractError::invalid("network.mode", message));
+    match (mode, input.pod_network) {
+        (NetworkMode::Deny, None) => Ok(NetworkPlan::Deny),
+        (NetworkMode::Allowlist, None) => Ok(NetworkPlan::Allowlist {
+            destinations: destinations.to_vec(),
+        }),
+        (NetworkMode::Pod, Some(namespace)) if namespace.is_absolute() => Ok(NetworkPlan::Pod {
+            namespace: namespace.to_path_buf(),
+        }),
+        (NetworkMode::Pod, Some(namespace)) => refused(format!(
+            "the pod network namespace {} is not an absolute path",
+            namespace.display()
+        )),
+        (NetworkMode::Pod, None) => refused(
+            "pod joins the network namespace of a Kubernetes pod, and none was given: \
+             only airlock's OCI runtime runs such a contract, for a container whose \
+             config.json names one (linux.namespaces[network].path)"
+                .to_owned(),
+        ),
+        (mode @ (NetworkMode::Deny | NetworkMode::Allowlist), Some(namespace)) => refused(format!(
+            "{} does not allow joining the pod network namespace {}: a cell joins \
+                 one only under a contract with network.mode pod (the platform's choice, \
+                 not the pod's)",
+            mode_name(mode),
+            namespace.display()
+        )),
+    }
+}
+
+fn mode_name(mode: NetworkMode) -> &'static str {
+    match mode {
+        NetworkMode::Deny => "deny",
+        NetworkMode::Allowlist => "allowlist",
+        NetworkMode::Pod => "pod",
+    }
 }
 
 /// The contract's image: `None` for `host`, else the one the caller resolved.
@@ -456,6 +502,7 @@ mod tests {
                 argv: &argv(&["sh", "-c", "true"]),
                 seccomp_profile: Some(STRICT_PROFILE),
                 image: None,
+                pod_network: None,
             },
         )
     }
@@ -552,6 +599,7 @@ resources:
                 argv: &[],
                 seccomp_profile: None,
                 image: Some(&image),
+                pod_network: None,
             },
         )
         .unwrap();
@@ -618,6 +666,7 @@ resources:
                     argv: &argv(&["true"]),
                     seccomp_profile: None,
                     image: Some(image),
+                    pod_network: None,
                 },
             )
             .unwrap()
@@ -956,6 +1005,7 @@ resources:
                     argv,
                     seccomp_profile: None,
                     image: None,
+                    pod_network: None,
                 },
             )
             .unwrap_err()
@@ -1000,6 +1050,7 @@ resources:
                 argv: &argv(&["true"]),
                 seccomp_profile: text,
                 image: None,
+                pod_network: None,
             },
         )
     }
@@ -1064,5 +1115,80 @@ resources:
         );
         let error = compile_with_profile(None).unwrap_err();
         assert_eq!(error.class(), "sandbox_unavailable");
+    }
+
+    fn compile_pod(yaml: &str, namespace: Option<&str>) -> Result<CellPlan, ContractError> {
+        let contract = parse_contract(yaml, ContractFormat::Yaml)?;
+        compile(
+            &contract,
+            &CompileInput {
+                pod_network: namespace.map(Path::new),
+                ..CompileInput::new(Path::new("/jobs/42"), &argv(&["true"]))
+            },
+        )
+    }
+
+    #[test]
+    fn a_pod_contract_joins_the_pod_network_it_is_given_and_sets_no_proxy() {
+        let plan = compile_pod("network: { mode: pod }\n", Some("/var/run/netns/cni-1")).unwrap();
+        assert_eq!(
+            plan.network,
+            NetworkPlan::Pod {
+                namespace: PathBuf::from("/var/run/netns/cni-1")
+            }
+        );
+        assert_eq!(env_value(&plan, "HTTP_PROXY"), None);
+        assert!(plan.network.transparent_endpoints().is_empty());
+    }
+
+    #[test]
+    fn a_pod_network_is_joined_only_under_a_pod_contract_and_a_pod_contract_needs_one() {
+        for yaml in [
+            "network: { mode: deny }\n",
+            "network: { mode: allowlist, allowed_domains: [a.test] }\n",
+        ] {
+            let error = compile_pod(yaml, Some("/var/run/netns/cni-1"))
+                .unwrap_err()
+                .to_string();
+            assert!(error.starts_with("network.mode: "), "{error}");
+            assert!(
+                error.contains(
+                    "does not allow joining the pod network namespace /var/run/netns/cni-1"
+                ),
+                "{error}"
+            );
+        }
+        let error = compile_pod("network: { mode: pod }\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("none was given"), "{error}");
+        let error = compile_pod("network: { mode: pod }\n", Some("cni-1"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("not an absolute path"), "{error}");
+    }
+
+    #[test]
+    fn a_pod_contract_has_no_allowlist_and_no_gvisor() {
+        let error = compile_pod(
+            "network: { mode: pod, allowed_domains: [a.test] }\n",
+            Some("/var/run/netns/cni-1"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("must be empty when network.mode is pod"),
+            "{error}"
+        );
+        let error = compile_pod(
+            "isolation: gvisor\nnetwork: { mode: pod }\n",
+            Some("/var/run/netns/cni-1"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("isolation gvisor does not support network.mode pod"),
+            "{error}"
+        );
     }
 }

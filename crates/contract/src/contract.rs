@@ -324,6 +324,12 @@ pub enum NetworkMode {
     Deny,
     /// Only the listed destinations, through airlock's egress proxies.
     Allowlist,
+    /// The network namespace of the Kubernetes pod the container belongs to, which its
+    /// runtime names (`linux.namespaces[network].path` of an OCI bundle: airlock's OCI
+    /// runtime only; any other run is refused). The pod's CNI plugin and NetworkPolicy
+    /// govern its traffic, not airlock's egress proxy; the cell keeps its own user,
+    /// mount, pid, ipc, uts and cgroup namespaces (docs/kubernetes.md).
+    Pod,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

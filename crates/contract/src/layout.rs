@@ -457,9 +457,10 @@ pub fn generated_etc_files(plan: &CellPlan) -> Vec<(&'static str, String)> {
     let hostname = &plan.hostname;
     // A deny cell has no resolver (no resolv.conf, hosts from files only); an
     // allowlisted one asks the in-cell resolver of the transparent egress path.
+    // A pod cell asks the pod's resolver (the resolv.conf its runtime gives it).
     let hosts = match plan.network {
         NetworkPlan::Deny => "files",
-        NetworkPlan::Allowlist { .. } => "files dns",
+        NetworkPlan::Allowlist { .. } | NetworkPlan::Pod { .. } => "files dns",
     };
     let mut files = vec![
         ("passwd", format!("cell:x:{uid}:{gid}:airlock cell:{home}:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")),

@@ -402,7 +402,7 @@ retain_outputs_only = true
         );
         assert_eq!(
             invalid("network:\n  mode: open\n", ContractFormat::Yaml),
-            ["network.mode: unknown variant `open`, expected `deny` or `allowlist`"]
+            ["network.mode: unknown variant `open`, expected one of `deny`, `allowlist`, `pod`"]
         );
         assert_eq!(
             invalid("filesystem:\n  writable_paths: [3]\n", ContractFormat::Yaml),

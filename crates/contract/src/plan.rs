@@ -216,6 +216,12 @@ pub enum NetworkPlan {
     /// resolver and transparent listeners on the addresses of
     /// [`NetworkPlan::transparent_endpoints`].
     Allowlist { destinations: Vec<DestinationRule> },
+    /// The cell's processes run in an existing network namespace, a Kubernetes pod's
+    /// (contract `network.mode: pod`): the supervisor joins `namespace` before it clones
+    /// the cell, which then creates no network namespace of its own. The namespace must
+    /// be one (nsfs, of type network) and not the host's; the pod's CNI and
+    /// NetworkPolicy, not airlock's proxy, govern what it reaches.
+    Pod { namespace: PathBuf },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -34,10 +34,10 @@ pub struct TransparentEndpoint {
 }
 
 impl NetworkPlan {
-    /// The transparent listeners of this plan; none in `deny` mode.
+    /// The transparent listeners of this plan; none in `deny` or `pod` mode.
     pub fn transparent_endpoints(&self) -> Vec<TransparentEndpoint> {
         match self {
-            NetworkPlan::Deny => Vec::new(),
+            NetworkPlan::Deny | NetworkPlan::Pod { .. } => Vec::new(),
             NetworkPlan::Allowlist { destinations } => transparent_endpoints(destinations),
         }
     }

@@ -355,6 +355,16 @@ fn check_network(network: &Network, errors: &mut Errors) -> Vec<DestinationRule>
             );
             return Vec::new();
         }
+        // The pod's CNI and NetworkPolicy decide where a pod's traffic goes; an allowlist
+        // here would read as a promise airlock's proxy does not keep there.
+        NetworkMode::Pod if !network.allowed_domains.is_empty() => {
+            errors.push(
+                "network.allowed_domains",
+                "must be empty when network.mode is pod (the pod's NetworkPolicy governs \
+                 its egress, not airlock's proxy)",
+            );
+            return Vec::new();
+        }
         NetworkMode::Allowlist if network.allowed_domains.is_empty() => errors.push(
             "network.allowed_domains",
             "must name at least one destination when network.mode is allowlist",
@@ -657,6 +667,11 @@ fn check_isolation(contract: &Contract, errors: &mut Errors) {
             contract.network.mode == NetworkMode::Allowlist,
             "network.mode",
             "network.mode allowlist",
+        ),
+        (
+            contract.network.mode == NetworkMode::Pod,
+            "network.mode",
+            "network.mode pod",
         ),
         (
             !contract.broker_actions.is_empty(),

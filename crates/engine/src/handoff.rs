@@ -645,6 +645,7 @@ fn compile_as_peer(
             argv: &request.argv,
             seccomp_profile: profile.as_deref(),
             image,
+            pod_network: None,
         },
     )?;
     let mut pins = Vec::new();

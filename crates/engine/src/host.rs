@@ -52,7 +52,7 @@ pub fn serve(
             ProxySession::new(egress, destinations, &plan.http_rules, request.secrets)
                 .with_tls(&tls),
         ),
-        NetworkPlan::Deny => None,
+        NetworkPlan::Deny | NetworkPlan::Pod { .. } => None,
     };
     let mode = match request.mode {
         HostMode::OneShot => ServeMode::OneShot,

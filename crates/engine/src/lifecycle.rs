@@ -411,7 +411,8 @@ impl Engine {
                 &plan.http_rules,
                 injections,
             )),
-            NetworkPlan::Deny => None,
+            // A pod's network is governed by its CNI and NetworkPolicy, not a proxy.
+            NetworkPlan::Deny | NetworkPlan::Pod { .. } => None,
         }
     }
 

@@ -14,12 +14,15 @@
 //! - mounts: the kernel file systems every container gets (`/proc`, `/dev`, `/sys`, ...)
 //!   are the cell's own; a bind mount becomes a read-only input, refused when it is
 //!   writable or its source is a sensitive host path;
-//! - `linux.devices`, `hooks`, `linux.sysctl`, joined namespaces and a terminal are refused;
+//! - namespaces: the cell always creates its own, except the network namespace of a pod
+//!   (`linux.namespaces[network].path`), which it joins only when the platform's contract
+//!   says so (`network.mode: pod`); a path of any other namespace is refused;
+//! - `linux.devices`, `hooks`, `linux.sysctl` and a terminal are refused;
 //! - resources and `RLIMIT_NOFILE` are ceilings: the lower of the spec's and the contract's;
 //! - a seccomp profile is the contract's custom profile (airlock's hardening is applied on
 //!   top of it); an allow-by-default profile is refused.
 
-use airlock_contract::{Contract, MappedInput, ReadonlyInput, HOST_IMAGE};
+use airlock_contract::{Contract, MappedInput, NetworkMode, ReadonlyInput, HOST_IMAGE};
 use oci_spec::runtime::{LinuxNamespaceType, Mount, PosixRlimitType, Spec};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -85,6 +88,11 @@ pub struct ContainerTerms {
     pub rootfs: PathBuf,
     pub readonly_root: bool,
     pub hostname: Option<String>,
+    /// The network namespace to join (`linux.namespaces[network].path`: a pod's, made by
+    /// its CNI plugin); `None`: the cell's own. The contract decides whether it may be
+    /// joined ([`apply_terms`]), the cell whether it is a network namespace and not the
+    /// host's (crates/cell/src/pod_network.rs).
+    pub network_namespace: Option<PathBuf>,
     /// Host bind mounts accepted as read-only inputs: `(host source, cell target)`.
     pub inputs: Vec<(PathBuf, PathBuf)>,
     pub memory_bytes: Option<u64>,
@@ -208,6 +216,7 @@ pub fn container_terms(
         rootfs,
         readonly_root: root.readonly().unwrap_or(false),
         hostname: spec.hostname().clone().filter(|h| !h.is_empty()),
+        network_namespace: network_namespace(spec)?,
         inputs: inputs(spec.mounts().as_deref().unwrap_or_default())?,
         memory_bytes,
         pids,
@@ -251,19 +260,8 @@ fn refuse_host_powers(spec: &Spec) -> Result<(), SpecRefusal> {
         }
     }
     for ns in linux.namespaces().iter().flatten() {
-        if let Some(path) = ns.path() {
-            let kind = format!("{:?}", ns.typ()).to_lowercase();
-            let rule = if ns.typ() == LinuxNamespaceType::Network {
-                "joining an existing network namespace (a CNI's) is not supported by \
-                 airlock's OCI runtime yet: the cell has its own network namespace"
-            } else {
-                "joining an existing namespace would share it with the host or another \
-                 container; the cell always creates its own"
-            };
-            return refuse(
-                format!("linux.namespaces[{kind}].path ({})", path.display()),
-                rule,
-            );
+        if let (Some(path), Some(rule)) = (ns.path(), joined_namespace_rule(ns.typ())) {
+            return refuse(namespace_field(ns.typ(), path), rule);
         }
     }
     if linux.devices().as_ref().is_some_and(|d| !d.is_empty()) {
@@ -280,6 +278,56 @@ fn refuse_host_powers(spec: &Spec) -> Result<(), SpecRefusal> {
         );
     }
     Ok(())
+}
+
+/// Why a namespace of `kind` given by path is not joined; `None` for the network
+/// namespace, which is (under a contract that allows it).
+fn joined_namespace_rule(kind: LinuxNamespaceType) -> Option<&'static str> {
+    match kind {
+        LinuxNamespaceType::Network => None,
+        // CRI gives a pod's other containers /proc/<sandbox pid>/ns/{ipc,uts}: under
+        // airlock that pid is the sandbox's supervisor, whose ipc and uts namespaces are
+        // the host's (its cell's own are inside its user namespace).
+        LinuxNamespaceType::Ipc | LinuxNamespaceType::Uts => Some(
+            "joining another container's ipc or uts namespace is not supported by \
+             airlock's OCI runtime: the cell creates its own (under airlock the pod \
+             sandbox's /proc/<pid>/ns of these is its supervisor's, the host's)",
+        ),
+        LinuxNamespaceType::Pid => Some(
+            "sharing a pid namespace (shareProcessNamespace, or the host's) would let the \
+             container see and signal processes that are not its own; the cell has its \
+             own pid namespace",
+        ),
+        LinuxNamespaceType::User
+        | LinuxNamespaceType::Mount
+        | LinuxNamespaceType::Cgroup
+        | LinuxNamespaceType::Time => Some(
+            "joining an existing namespace would share it with the host or another \
+             container; the cell always creates its own",
+        ),
+    }
+}
+
+fn namespace_field(kind: LinuxNamespaceType, path: &Path) -> String {
+    let kind = format!("{kind:?}").to_lowercase();
+    format!("linux.namespaces[{kind}].path ({})", path.display())
+}
+
+/// The network namespace the spec names, an absolute path.
+fn network_namespace(spec: &Spec) -> Result<Option<PathBuf>, SpecRefusal> {
+    let namespaces = spec.linux().as_ref().and_then(|l| l.namespaces().clone());
+    let path = namespaces
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|ns| ns.typ() == LinuxNamespaceType::Network)
+        .find_map(|ns| ns.path().clone());
+    match path {
+        Some(path) if !path.is_absolute() => refuse(
+            namespace_field(LinuxNamespaceType::Network, &path),
+            "a namespace path must be absolute",
+        ),
+        path => Ok(path),
+    }
 }
 
 /// Every capability set may hold only the container default set.
@@ -501,6 +549,7 @@ pub fn apply_terms(
             ),
         );
     }
+    check_pod_network(contract.network.mode, terms.network_namespace.as_deref())?;
     contract.image = format!("oci-bundle:{}", terms.identity.id);
     contract.filesystem.readonly_root |= terms.readonly_root;
     for (source, target) in &terms.inputs {
@@ -542,4 +591,31 @@ pub fn apply_terms(
         contract.seccomp_profile = seccomp_path.to_owned();
     }
     Ok(())
+}
+
+/// A pod's network is joined only under a contract that says so (the platform's choice:
+/// the pod's author only names a path), and a contract that says so runs only in one.
+/// The caller compiles with the path as `CompileInput::pod_network`.
+fn check_pod_network(mode: NetworkMode, namespace: Option<&Path>) -> Result<(), SpecRefusal> {
+    match (mode, namespace) {
+        (NetworkMode::Pod, Some(_)) | (NetworkMode::Deny | NetworkMode::Allowlist, None) => Ok(()),
+        (NetworkMode::Pod, None) => refuse(
+            "linux.namespaces[network]",
+            "the contract's network.mode pod joins the pod's network namespace, and the \
+             spec names none (no path)",
+        ),
+        (mode, Some(path)) => refuse(
+            namespace_field(LinuxNamespaceType::Network, path),
+            format!(
+                "the contract's network.mode {} does not allow joining a pod's network; \
+                 that needs a contract with network.mode pod, which the platform chooses \
+                 (docs/kubernetes.md)",
+                if mode == NetworkMode::Deny {
+                    "deny"
+                } else {
+                    "allowlist"
+                }
+            ),
+        ),
+    }
 }

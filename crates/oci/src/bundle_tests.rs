@@ -231,19 +231,77 @@ fn an_allow_by_default_seccomp_profile_is_refused_and_a_deny_by_default_one_is_t
 }
 
 #[test]
-fn joining_a_host_namespace_is_refused_the_network_one_with_its_own_reason() {
+fn joining_any_namespace_but_the_network_is_refused_naming_the_kind() {
+    for (at, kind, path, says) in [
+        (0, "pid", "/proc/1/ns/pid", "see and signal"),
+        (1, "ipc", "/proc/42/ns/ipc", "ipc or uts"),
+        (2, "uts", "/proc/42/ns/uts", "ipc or uts"),
+        (3, "mount", "/proc/1/ns/mnt", "creates its own"),
+    ] {
+        let mut spec = base();
+        spec["linux"]["namespaces"][at] = json!({"type": kind, "path": path});
+        let err = refused(spec);
+        assert_eq!(
+            err.field,
+            format!("linux.namespaces[{kind}].path ({path})"),
+            "{err}"
+        );
+        assert!(err.rule.contains(says), "{err}");
+    }
     let mut spec = base();
-    spec["linux"]["namespaces"][0] = json!({"type": "pid", "path": "/proc/1/ns/pid"});
-    let err = refused(spec);
-    assert!(err.field.starts_with("linux.namespaces[pid].path"), "{err}");
+    spec["linux"]["namespaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "user", "path": "/proc/1/ns/user"}));
+    assert!(refused(spec)
+        .field
+        .starts_with("linux.namespaces[user].path"));
+}
+
+fn with_network(path: &str) -> Value {
     let mut spec = base();
-    spec["linux"]["namespaces"][4] = json!({"type": "network", "path": "/var/run/netns/cni-1"});
-    let err = refused(spec);
-    assert!(
-        err.field.starts_with("linux.namespaces[network].path"),
-        "{err}"
+    spec["linux"]["namespaces"][4] = json!({"type": "network", "path": path});
+    spec
+}
+
+fn pod_contract() -> airlock_contract::Contract {
+    let mut contract = default_contract();
+    contract.network.mode = airlock_contract::NetworkMode::Pod;
+    contract
+}
+
+#[test]
+fn a_network_namespace_path_is_a_term_and_joined_only_under_a_pod_contract() {
+    let t = terms(with_network("/var/run/netns/cni-1")).unwrap();
+    assert_eq!(
+        t.network_namespace.as_deref(),
+        Some(Path::new("/var/run/netns/cni-1"))
     );
-    assert!(err.rule.contains("not supported"), "{err}");
+    apply_terms(&mut pod_contract(), &t, "x").unwrap();
+    // The default contract (network: deny) does not let the pod's author join one.
+    let err = apply_terms(&mut default_contract(), &t, "x").unwrap_err();
+    assert_eq!(
+        err.field,
+        "linux.namespaces[network].path (/var/run/netns/cni-1)"
+    );
+    assert!(err.rule.contains("network.mode deny"), "{err}");
+    assert!(err.rule.contains("network.mode pod"), "{err}");
+}
+
+#[test]
+fn a_pod_contract_without_a_network_namespace_path_is_refused() {
+    let t = terms(base()).unwrap();
+    assert_eq!(t.network_namespace, None);
+    let err = apply_terms(&mut pod_contract(), &t, "x").unwrap_err();
+    assert_eq!(err.field, "linux.namespaces[network]");
+    assert!(err.rule.contains("names none"), "{err}");
+    apply_terms(&mut default_contract(), &t, "x").unwrap();
+}
+
+#[test]
+fn a_relative_network_namespace_path_is_refused() {
+    let err = refused(with_network("netns/cni-1"));
+    assert!(err.rule.contains("absolute"), "{err}");
 }
 
 #[test]

@@ -316,6 +316,7 @@ pub fn plan_of(
             argv: wanted.argv,
             seccomp_profile: profile.as_deref(),
             image,
+            pod_network: None,
         },
     )
     .map_err(refuse)?;

@@ -320,7 +320,7 @@ async fn class_session_grant(
 fn allowed_domains(contract: &airlock_contract::Contract) -> Vec<String> {
     match contract.network.mode {
         airlock_contract::NetworkMode::Allowlist => contract.network.allowed_domains.clone(),
-        airlock_contract::NetworkMode::Deny => Vec::new(),
+        airlock_contract::NetworkMode::Deny | airlock_contract::NetworkMode::Pod => Vec::new(),
     }
 }
 

@@ -270,6 +270,7 @@ fn plan(
             argv: &terms.argv,
             seccomp_profile: profile.as_deref(),
             image: Some(&image),
+            pod_network: terms.network_namespace.as_deref(),
         },
     )
     .map_err(|e| refused(format!("contract: {e}")))?;

@@ -31,7 +31,10 @@ fn last_count(out: &Path) -> u64 {
 fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let until = Instant::now() + timeout;
     while !done() {
-        assert!(Instant::now() < until, "{what} did not happen in {timeout:?}");
+        assert!(
+            Instant::now() < until,
+            "{what} did not happen in {timeout:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -91,7 +94,9 @@ fn a_paused_container_stops_resumes_and_is_killed_and_deleted_while_paused() {
     let containerd = Containerd::start("pause");
     let out = containerd.path("t1.out");
     let mut run = containerd.spawn_run(&[], "t1", &["/bin/sh", "-c", COUNTER], &out);
-    wait_for("the counter", Duration::from_secs(30), || last_count(&out) > 3);
+    wait_for("the counter", Duration::from_secs(30), || {
+        last_count(&out) > 3
+    });
 
     let pause = containerd.ctr(&["task", "pause", "t1"]);
     assert!(pause.status.success(), "{}", common::output_text(&pause));
@@ -105,7 +110,10 @@ fn a_paused_container_stops_resumes_and_is_killed_and_deleted_while_paused() {
         "a paused container's counter advanced"
     );
     // A second pause is refused; so is a resume of a running container (below).
-    let again = containerd.runtime_command(&["pause", "t1"]).output().unwrap();
+    let again = containerd
+        .runtime_command(&["pause", "t1"])
+        .output()
+        .unwrap();
     assert!(!again.status.success(), "{}", common::output_text(&again));
 
     let resume = containerd.ctr(&["task", "resume", "t1"]);
@@ -115,7 +123,10 @@ fn a_paused_container_stops_resumes_and_is_killed_and_deleted_while_paused() {
     wait_for("the counter after resume", Duration::from_secs(10), || {
         last_count(&out) > frozen_at + 3
     });
-    let resume_running = containerd.runtime_command(&["resume", "t1"]).output().unwrap();
+    let resume_running = containerd
+        .runtime_command(&["resume", "t1"])
+        .output()
+        .unwrap();
     assert!(!resume_running.status.success());
     assert!(
         String::from_utf8_lossy(&resume_running.stderr).contains("is not paused"),
@@ -157,6 +168,7 @@ fn a_paused_container_cannot_outlive_its_contracts_deadline() {
     let pause = containerd.ctr(&["task", "pause", "t2"]);
     assert!(pause.status.success(), "{}", common::output_text(&pause));
     let paused = Instant::now();
+    assert_eq!(runtime_status(&containerd, "t2"), "paused");
     containerd.wait_status("t2", "STOPPED");
     assert!(
         paused.elapsed() < Duration::from_secs(15),
@@ -222,10 +234,19 @@ fn an_update_lowers_limits_the_kernel_enforces_and_cannot_raise_them_above_the_c
 
     // Raising above the contract's ceiling, or to unlimited, is refused by name.
     for (json, names) in [
-        (r#"{"memory":{"limit":268435456}}"#, ["memory.limit", "ceiling of 134217728 bytes"]),
+        (
+            r#"{"memory":{"limit":268435456}}"#,
+            ["memory.limit", "ceiling of 134217728 bytes"],
+        ),
         (r#"{"memory":{"limit":-1}}"#, ["memory.limit", "unlimited"]),
-        (r#"{"pids":{"limit":1000}}"#, ["pids.limit", "ceiling of 16 tasks"]),
-        (r#"{"cpu":{"quota":400000,"period":100000}}"#, ["cpu.quota", "ceiling of 1000"]),
+        (
+            r#"{"pids":{"limit":1000}}"#,
+            ["pids.limit", "ceiling of 16 tasks"],
+        ),
+        (
+            r#"{"cpu":{"quota":400000,"period":100000}}"#,
+            ["cpu.quota", "ceiling of 1000"],
+        ),
         (r#"{"cpu":{"cpus":"0"}}"#, ["cpu.cpus", "does not apply"]),
     ] {
         let raised = update(&containerd, "t3", json);
@@ -235,7 +256,10 @@ fn an_update_lowers_limits_the_kernel_enforces_and_cannot_raise_them_above_the_c
             assert!(said.contains(name), "{name:?} not named: {said}");
         }
     }
-    assert_eq!(stats(&containerd, "t3")["data"]["memory"]["usage"]["limit"], ceiling);
+    assert_eq!(
+        stats(&containerd, "t3")["data"]["memory"]["usage"]["limit"],
+        ceiling
+    );
 
     // Lowered to 32 MiB: recorded, then enforced.
     let lowered = update(
@@ -243,7 +267,11 @@ fn an_update_lowers_limits_the_kernel_enforces_and_cannot_raise_them_above_the_c
         "t3",
         r#"{"devices":[{"allow":false,"access":"rwm"}],"memory":{"limit":33554432},"pids":{"limit":8}}"#,
     );
-    assert!(lowered.status.success(), "{}", common::output_text(&lowered));
+    assert!(
+        lowered.status.success(),
+        "{}",
+        common::output_text(&lowered)
+    );
     let data = stats(&containerd, "t3")["data"].clone();
     assert_eq!(data["memory"]["usage"]["limit"], 32u64 << 20, "{data:#}");
     assert_eq!(data["pids"]["limit"], 9, "{data:#}");
@@ -266,7 +294,10 @@ fn an_update_lowers_limits_the_kernel_enforces_and_cannot_raise_them_above_the_c
 
     let record = containerd.record_of("t3");
     let hit = record["result"]["limits_hit"].to_string();
-    assert!(hit.contains("memory"), "the lowered memory limit fired: {hit}");
+    assert!(
+        hit.contains("memory"),
+        "the lowered memory limit fired: {hit}"
+    );
     let events = containerd.events_of(record["run_id"].as_str().unwrap());
     let updates: Vec<&Value> = events
         .iter()
@@ -274,8 +305,65 @@ fn an_update_lowers_limits_the_kernel_enforces_and_cannot_raise_them_above_the_c
         .collect();
     assert_eq!(updates.len(), 1, "only the accepted update: {events:#?}");
     let body = updates[0]["body"].to_string();
-    assert!(body.contains("33554432") && body.contains("134217728"), "{body}");
+    assert!(
+        body.contains("33554432") && body.contains("134217728"),
+        "{body}"
+    );
     containerd.assert_nothing_left("t3", &record);
+}
+
+/// `delete --force` of a paused container, and the event stream, through the runtime as
+/// the shim runs it (`ctr task delete --force` kills first, which the test above covers).
+#[test]
+fn a_paused_container_is_deleted_by_force_and_its_event_stream_ends_with_it() {
+    require_cells!();
+    let containerd = Containerd::start("pause-delete");
+    let out = containerd.run(&["-d"], "t2", &["/bin/sh", "-c", "sleep 600"]);
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("t2", "RUNNING");
+    let stream_out = containerd.path("events.out");
+    let mut stream = containerd
+        .runtime_command(&["events", "--interval=100ms", "t2"])
+        .stdout(std::fs::File::create(&stream_out).unwrap())
+        .spawn()
+        .unwrap();
+    let pause = containerd
+        .runtime_command(&["pause", "t2"])
+        .output()
+        .unwrap();
+    assert!(pause.status.success(), "{}", common::output_text(&pause));
+    assert_eq!(runtime_status(&containerd, "t2"), "paused");
+    let lines = || {
+        std::fs::read_to_string(&stream_out)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    wait_for("three stats events", Duration::from_secs(10), || {
+        lines() >= 3
+    });
+    let delete = containerd
+        .runtime_command(&["delete", "--force", "t2"])
+        .output()
+        .unwrap();
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let status = wait_exit(&mut stream, Duration::from_secs(10));
+    assert!(
+        status.success(),
+        "the stream ends with the container: {status:?}"
+    );
+    for line in std::fs::read_to_string(&stream_out).unwrap().lines() {
+        let event: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(event["type"], "stats", "{event}");
+    }
+    // The shim learns of the exit; its delete finds the runtime's state gone.
+    containerd.wait_status("t2", "STOPPED");
+    let _ = containerd.ctr(&["task", "delete", "t2"]);
+    let delete = containerd.ctr(&["container", "delete", "t2"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("t2");
+    assert_eq!(record["exit_signal"], 9, "{record:#}");
+    containerd.assert_nothing_left("t2", &record);
 }
 
 #[test]
@@ -289,7 +377,11 @@ fn the_cgroup_commands_refuse_what_has_no_running_cell() {
         &["update", "--resources=-", "t4"],
     ] {
         let out = containerd.runtime_command(args).output().unwrap();
-        assert!(!out.status.success(), "{args:?}: {}", common::output_text(&out));
+        assert!(
+            !out.status.success(),
+            "{args:?}: {}",
+            common::output_text(&out)
+        );
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("does not exist"),
             "{args:?}: {}",
@@ -299,7 +391,9 @@ fn the_cgroup_commands_refuse_what_has_no_running_cell() {
     let out = containerd.run(&[], "t4", &["/bin/true"]);
     assert!(out.status.success(), "{}", common::output_text(&out));
     // Stopped (its task deleted by `ctr run`, its state too): nothing to pause.
-    let paused = containerd.runtime_command(&["pause", "t4"]).output().unwrap();
+    let paused = containerd
+        .runtime_command(&["pause", "t4"])
+        .output()
+        .unwrap();
     assert!(!paused.status.success(), "{}", common::output_text(&paused));
 }
-

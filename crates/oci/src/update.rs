@@ -252,8 +252,14 @@ mod tests {
     fn controls_airlock_does_not_apply_are_refused_by_name() {
         for (json, field) in [
             (r#"{"cpu":{"cpus":"0-1"}}"#, "cpu.cpus"),
-            (r#"{"memory":{"reservation":1048576}}"#, "memory.reservation"),
-            (r#"{"memory":{"disableOOMKiller":true}}"#, "memory.disableOOMKiller"),
+            (
+                r#"{"memory":{"reservation":1048576}}"#,
+                "memory.reservation",
+            ),
+            (
+                r#"{"memory":{"disableOOMKiller":true}}"#,
+                "memory.disableOOMKiller",
+            ),
             (r#"{"blockIO":{"weight":10}}"#, "blockIO"),
             (r#"{"unified":{"memory.high":"1000000"}}"#, "unified"),
             (

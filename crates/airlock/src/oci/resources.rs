@@ -117,7 +117,12 @@ fn read_resources(from: &Path) -> Result<oci_spec::runtime::LinuxResources, Stri
             .map_err(|e| format!("--resources {}: {e}", from.display()))?;
         serde_json::from_reader(std::io::BufReader::new(file))
     };
-    parsed.map_err(|e| format!("--resources {}: not linux.resources JSON: {e}", from.display()))
+    parsed.map_err(|e| {
+        format!(
+            "--resources {}: not linux.resources JSON: {e}",
+            from.display()
+        )
+    })
 }
 
 /// The change, on the container's run record before it is applied: an update that

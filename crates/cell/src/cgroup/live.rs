@@ -264,7 +264,10 @@ mod tests {
         touch(&dir.join("memory.current"), "4096\n");
         touch(&dir.join("memory.peak"), "8192\n");
         touch(&dir.join("memory.stat"), "anon 100\nfile 2048\n");
-        touch(&dir.join("memory.events"), "low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n");
+        touch(
+            &dir.join("memory.events"),
+            "low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n",
+        );
         touch(&dir.join("pids.current"), "3\n");
         let stats = cgroup.stats();
         assert_eq!(

@@ -9,9 +9,9 @@ mod v1;
 mod v2;
 
 pub use crate::counters::CgroupUsage;
-pub use live::{CgroupStats, LimitChanges};
 use crate::error::CellError;
 use airlock_contract::Limits;
+pub use live::{CgroupStats, LimitChanges};
 use std::fs;
 use std::io::{self, ErrorKind};
 use std::path::{Path, PathBuf};

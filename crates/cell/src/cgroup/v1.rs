@@ -113,7 +113,9 @@ impl CgroupBackend for V1 {
         }
         write_some(
             &pids.join("pids.max"),
-            changes.process_limit.map(|p| (u64::from(p) + 1).to_string()),
+            changes
+                .process_limit
+                .map(|p| (u64::from(p) + 1).to_string()),
         )?;
         write_some(
             &cpu.join("cpu.cfs_quota_us"),

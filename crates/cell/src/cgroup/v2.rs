@@ -155,7 +155,9 @@ impl CgroupBackend for V2 {
         )?;
         write_some(
             &dir.join("pids.max"),
-            changes.process_limit.map(|p| (u64::from(p) + 1).to_string()),
+            changes
+                .process_limit
+                .map(|p| (u64::from(p) + 1).to_string()),
         )?;
         let quota = |millis: u32| u64::from(millis) * CPU_PERIOD_US / 1000;
         write_some(

@@ -10,8 +10,12 @@
 //! Left alone, as at `create`: the device cgroup rules (the cell has only airlock's own
 //! `/dev` nodes), CPU shares and weights (a share of contended CPU, not a ceiling) and
 //! swap (a cell never swaps: its memory+swap limit is its memory limit).
+//!
+//! A gVisor cell's `pids.max` counts the sandbox's own host tasks (runsc's threads, a
+//! multiple of the payload's: crates/cell/src/gvisor), not the payload's tasks, so its
+//! pids limit cannot be changed this way: refused.
 
-use airlock_contract::Limits;
+use airlock_contract::{Isolation, Limits};
 use oci_spec::runtime::LinuxResources;
 
 /// The CFS period the spec's quota is relative to when it names none (runc's default).
@@ -51,6 +55,7 @@ fn refuse<T>(field: &str, rule: impl Into<String>) -> Result<T, UpdateRefusal> {
 pub fn resource_update(
     resources: &LinuxResources,
     plan: &Limits,
+    isolation: Isolation,
 ) -> Result<ResourceUpdate, UpdateRefusal> {
     refuse_unenforced(resources)?;
     let memory = resources.memory().as_ref().and_then(|m| m.limit());
@@ -58,12 +63,20 @@ pub fn resource_update(
     let cpu = resources.cpu().as_ref();
     let quota = cpu.and_then(|c| c.quota());
     let period = cpu.and_then(|c| c.period());
-    Ok(ResourceUpdate {
+    let update = ResourceUpdate {
         memory_bytes: within("memory.limit", memory, plan.memory_bytes, "bytes")?,
         process_limit: within("pids.limit", pids, plan.process_limit.into(), "tasks")?
             .map(|p| p as u32),
         cpu_millis: cpu_millis(quota, period, plan.cpu_millis)?,
-    })
+    };
+    if isolation == Isolation::Gvisor && update.process_limit.is_some() {
+        return refuse(
+            "pids.limit",
+            "a gVisor cell's cgroup counts the sandbox's own tasks, not the payload's: \
+             its pids limit is not changed by an update",
+        );
+    }
+    Ok(update)
 }
 
 /// A requested limit (0 or absent: unchanged, as runc reads it; negative: unlimited)
@@ -174,7 +187,7 @@ mod tests {
 
     fn update(json: &str) -> Result<ResourceUpdate, UpdateRefusal> {
         let resources: LinuxResources = serde_json::from_str(json).unwrap();
-        resource_update(&resources, &plan())
+        resource_update(&resources, &plan(), Isolation::Native)
     }
 
     #[test]
@@ -269,5 +282,17 @@ mod tests {
         ] {
             assert_eq!(update(json).unwrap_err().field, field, "{json}");
         }
+    }
+
+    #[test]
+    fn a_gvisor_cells_pids_limit_is_not_changed_but_its_memory_is() {
+        let resources = |json: &str| serde_json::from_str::<LinuxResources>(json).unwrap();
+        let pids = resources(r#"{"pids":{"limit":8}}"#);
+        let error = resource_update(&pids, &plan(), Isolation::Gvisor).unwrap_err();
+        assert_eq!(error.field, "pids.limit");
+        assert!(error.rule.contains("gVisor"), "{error}");
+        let memory = resources(r#"{"memory":{"limit":67108864}}"#);
+        let update = resource_update(&memory, &plan(), Isolation::Gvisor).unwrap();
+        assert_eq!(update.memory_bytes, Some(64 << 20));
     }
 }

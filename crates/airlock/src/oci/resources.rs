@@ -92,7 +92,7 @@ pub fn update(root: &Path, id: &str, resources: Option<&Path>) -> Result<ExitCod
         ));
     };
     let request = read_resources(resources)?;
-    let update = resource_update(&request, ceilings)
+    let update = resource_update(&request, ceilings, stored.isolation)
         .map_err(|refusal| format!("container {id}: {refusal}"))?;
     if update.is_empty() {
         return Ok(ExitCode::SUCCESS);

@@ -26,6 +26,9 @@ pub struct Stored {
     /// The plan's limits: the ceilings an `update` cannot raise a limit above.
     #[serde(default)]
     pub limits: Option<airlock_contract::Limits>,
+    /// The cell's tier: a gVisor cell's cgroup holds the sandbox, not the payload.
+    #[serde(default)]
+    pub isolation: airlock_contract::Isolation,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -120,6 +120,7 @@ pub fn supervise(globals: &Globals, bundle: &Path, id: &str) -> ExitCode {
         run_id: String::new(),
         started: false,
         limits: Some(plan.limits),
+        isolation: plan.isolation,
     };
     let request = match request(plan, class, started) {
         Ok(request) => request,

@@ -366,6 +366,66 @@ fn a_paused_container_is_deleted_by_force_and_its_event_stream_ends_with_it() {
     containerd.assert_nothing_left("t2", &record);
 }
 
+/// A memory limit below what the cell holds: v1 refuses it (EBUSY once it cannot
+/// reclaim), and the record says the update failed; v2 takes it and the OOM killer acts.
+#[test]
+fn an_update_the_kernel_refuses_is_recorded_as_failed() {
+    require_cells!();
+    let containerd = Containerd::start("update-refused");
+    std::fs::write(
+        containerd.path("contracts/bounded.yaml"),
+        "resources:\n  memory_mb: 128\n",
+    )
+    .unwrap();
+    // tail of an endless stream keeps its last 64 MiB resident.
+    let out = containerd.run(
+        &["-d", "--annotation", "airlock.dev/contract=bounded"],
+        "t1",
+        &["/bin/sh", "-c", "tail -c 67108864 /dev/zero"],
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("t1", "RUNNING");
+    wait_for("64 MiB held", Duration::from_secs(30), || {
+        let usage = stats(&containerd, "t1")["data"]["memory"]["usage"]["usage"].clone();
+        usage.as_u64().unwrap() > 64 << 20
+    });
+    let lowered = update(&containerd, "t1", r#"{"memory":{"limit":16777216}}"#);
+    let state = containerd.state_root().join("t1/state.json");
+    let stored: Value = serde_json::from_slice(&std::fs::read(state).unwrap()).unwrap();
+    let run_id = stored["run_id"].as_str().unwrap().to_owned();
+    let kinds: Vec<String> = containerd
+        .events_of(&run_id)
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap_or("").to_owned())
+        .collect();
+    if lowered.status.success() {
+        // v2: memory.max below usage reclaims, then kills.
+        assert!(
+            !kinds.contains(&"container.update_failed".to_owned()),
+            "{kinds:?}"
+        );
+        containerd.wait_status("t1", "STOPPED");
+    } else {
+        let said = common::output_text(&lowered);
+        assert!(said.contains("memory.limit_in_bytes"), "{said}");
+        assert!(
+            kinds.ends_with(&["container.update".into(), "container.update_failed".into()]),
+            "{kinds:?}"
+        );
+        let limit = stats(&containerd, "t1")["data"]["memory"]["usage"]["limit"].clone();
+        assert_eq!(limit, 128u64 << 20, "unchanged");
+        let kill = containerd.ctr(&["task", "kill", "-s", "SIGKILL", "t1"]);
+        assert!(kill.status.success(), "{}", common::output_text(&kill));
+        containerd.wait_status("t1", "STOPPED");
+    }
+    let delete = containerd.ctr(&["task", "delete", "t1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let delete = containerd.ctr(&["container", "delete", "t1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("t1");
+    containerd.assert_nothing_left("t1", &record);
+}
+
 #[test]
 fn the_cgroup_commands_refuse_what_has_no_running_cell() {
     require_cells!();

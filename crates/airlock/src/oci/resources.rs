@@ -15,6 +15,8 @@ use std::time::Duration;
 
 /// The audit event of an update, on the container's run record.
 const UPDATE_EVENT: &str = "container.update";
+/// An update the kernel did not take (all or part of it), after its `container.update`.
+const UPDATE_FAILED_EVENT: &str = "container.update_failed";
 
 /// The cgroup of a container's cell.
 pub fn cell_cgroup(stored: &Stored) -> Result<CellCgroup, String> {
@@ -98,14 +100,32 @@ pub fn update(root: &Path, id: &str, resources: Option<&Path>) -> Result<ExitCod
         return Ok(ExitCode::SUCCESS);
     }
     let cgroup = cell_cgroup(&stored)?;
-    record_update(&stored, &update, ceilings)?;
-    cgroup
-        .change_limits(&LimitChanges {
-            memory_bytes: update.memory_bytes,
-            process_limit: update.process_limit,
-            cpu_millis: update.cpu_millis,
-        })
-        .map_err(|e| format!("container {id}: update: {e}"))?;
+    record(
+        &stored,
+        UPDATE_EVENT,
+        update_body(&stored, &update, ceilings),
+    )
+    .map_err(|e| {
+        format!(
+            "container {id}: the update could not be recorded on run {} (not made): {e}",
+            stored.run_id
+        )
+    })?;
+    let applied = cgroup.change_limits(&LimitChanges {
+        memory_bytes: update.memory_bytes,
+        process_limit: update.process_limit,
+        cpu_millis: update.cpu_millis,
+    });
+    if let Err(err) = applied {
+        // v1 refuses a memory limit below what it cannot reclaim (EBUSY): the record
+        // must not keep saying the limit was set.
+        let error = format!("container {id}: update: {err}");
+        let body = json!({"container": id, "error": error});
+        return Err(match record(&stored, UPDATE_FAILED_EVENT, body) {
+            Ok(()) => error,
+            Err(e) => format!("{error}; and its failure was not recorded: {e}"),
+        });
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -125,14 +145,13 @@ fn read_resources(from: &Path) -> Result<oci_spec::runtime::LinuxResources, Stri
     })
 }
 
-/// The change, on the container's run record before it is applied: an update that
-/// cannot be recorded is not made.
-fn record_update(
+/// What an update sets, and the ceilings it was checked against.
+fn update_body(
     stored: &Stored,
     update: &ResourceUpdate,
     ceilings: &airlock_contract::Limits,
-) -> Result<(), String> {
-    let body = json!({
+) -> Value {
+    json!({
         "container": stored.id,
         "set": update,
         "ceilings": {
@@ -140,19 +159,18 @@ fn record_update(
             "process_limit": ceilings.process_limit,
             "cpu_millis": ceilings.cpu_millis,
         },
-    });
+    })
+}
+
+/// An event on the container's run record (the store of the operator configuration).
+fn record(stored: &Stored, kind: &str, body: Value) -> Result<(), String> {
     let config = super::supervise::load_config()?;
     let location = config
         .store_location(None)
         .map_err(|e| crate::user_message(&e))?;
     airlock_store::Store::open_at(&location)
-        .and_then(|store| store.append_run_event(&stored.run_id, UPDATE_EVENT, body))
-        .map_err(|e| {
-            format!(
-                "container {}: the update could not be recorded on run {} (not made): {e}",
-                stored.id, stored.run_id
-            )
-        })
+        .and_then(|store| store.append_run_event(&stored.run_id, kind, body))
+        .map_err(|e| e.to_string())
 }
 
 /// `events --stats`: one stats event; `events`: one every `interval` until the

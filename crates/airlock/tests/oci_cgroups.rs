@@ -342,11 +342,18 @@ fn a_paused_container_is_deleted_by_force_and_its_event_stream_ends_with_it() {
     wait_for("three stats events", Duration::from_secs(10), || {
         lines() >= 3
     });
+    let deleting = Instant::now();
     let delete = containerd
         .runtime_command(&["delete", "--force", "t2"])
         .output()
         .unwrap();
     assert!(delete.status.success(), "{}", common::output_text(&delete));
+    // delete --force gives the supervisor 10 s to complete the record, then kills it.
+    assert!(
+        deleting.elapsed() < Duration::from_secs(10),
+        "the paused cell's supervisor did not end after the kill ({:?})",
+        deleting.elapsed()
+    );
     let status = wait_exit(&mut stream, Duration::from_secs(10));
     assert!(
         status.success(),

@@ -5,6 +5,8 @@
 //! - `scripts/vm/cgroup-v2-checks.sh`: the ceilings as root and as an ordinary user with a
 //!   delegated v2 subtree, the refusal without one, and `user.max_user_namespaces=0`
 //!   refused alike by `doctor` and `run`.
+//! - `scripts/vm/oci-cgroup-v2-checks.sh`: the OCI runtime's pause/resume, update and
+//!   events --stats on a v2 cell.
 //! - `scripts/vm/no-landlock-checks.sh`, booted with an `lsm=` list without landlock:
 //!   refused alike by `doctor` and `run`.
 //!
@@ -134,6 +136,28 @@ fn without_landlock_in_the_kernel_doctor_and_run_refuse_alike() {
             "the guest kernel runs without Landlock",
             "doctor: FAIL landlock, naming the lsm= list, exit 1",
             "run: refused, exit 125, sandbox_unavailable, naming landlock",
+        ],
+    );
+}
+
+/// The OCI runtime's `pause`/`resume`, `update` and `events --stats` on v2 (this CI
+/// machine's cells use v1 controllers: tests/oci_cgroups.rs covers those).
+#[test]
+fn the_oci_runtime_pauses_updates_and_reads_a_v2_cell() {
+    let Some(console) = run_in_vm("scripts/vm/oci-cgroup-v2-checks.sh", &[]) else {
+        return;
+    };
+    assert_passed(
+        &console,
+        &[
+            "the container runs in a v2 cell",
+            "pause: cgroup.freeze 1, cgroup.events frozen 1",
+            "state: paused",
+            "update: memory.max, pids.max and cpu.max lowered",
+            "update above the ceiling: refused, memory.max unchanged",
+            "events --stats: runc's event, the lowered limit, tasks and CPU time",
+            "a paused container is killed",
+            "no cell cgroup left",
         ],
     );
 }

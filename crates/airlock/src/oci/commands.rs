@@ -57,18 +57,16 @@ pub fn dispatch(globals: &Globals, command: OciCommand) -> Result<ExitCode, Stri
             "exec",
             "a cell runs the one payload its contract was compiled for",
         )),
-        OciCommand::Update { .. } => Err(unsupported(
-            "update",
-            "a cell's ceilings are its contract's, fixed when it is created",
-        )),
-        OciCommand::Pause { .. } | OciCommand::Resume { .. } => Err(unsupported(
-            "pause and resume",
-            "the cell's cgroup is not frozen by airlock",
-        )),
-        OciCommand::Events { .. } => Err(unsupported(
-            "events",
-            "the run's usage is in its record (airlock runs show)",
-        )),
+        OciCommand::Update { resources, id } => {
+            super::resources::update(root, &id, resources.as_deref())
+        }
+        OciCommand::Pause { id } => super::resources::pause(root, &id),
+        OciCommand::Resume { id } => super::resources::resume(root, &id),
+        OciCommand::Events {
+            stats,
+            interval,
+            id,
+        } => super::resources::events(root, &id, stats, &interval),
         OciCommand::Supervise { bundle, id } => {
             Ok(super::supervise::supervise(globals, &bundle, &id))
         }
@@ -245,7 +243,7 @@ fn kill(root: &Path, id: &str, signal: &str, all: bool) -> Result<ExitCode, Stri
         Status::Created => state::signal(stored.pid, libc::SIGKILL)
             .map(|()| ExitCode::SUCCESS)
             .map_err(|e| format!("container {id}: kill: {e}")),
-        Status::Running => {
+        status @ (Status::Running | Status::Paused) => {
             let (pid1s, payload) = cell_processes(&stored);
             let targets: Vec<u32> = if all {
                 payload
@@ -258,6 +256,10 @@ fn kill(root: &Path, id: &str, signal: &str, all: bool) -> Result<ExitCode, Stri
             };
             for pid in targets {
                 let _ = state::signal(pid, signal);
+            }
+            // As runc: a paused container is thawed for SIGKILL only (other signals wait).
+            if status == Status::Paused && signal == libc::SIGKILL {
+                super::resources::thaw_if_paused(&stored);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -275,12 +277,13 @@ fn delete(root: &Path, id: &str, force: bool) -> Result<ExitCode, String> {
     let dir = state::dir(root, id)?;
     match state::status(&stored) {
         Status::Stopped => {}
-        Status::Running if force => {
+        Status::Running | Status::Paused if force => {
             // The payload is killed; the supervisor completes the record and ends.
             let (_, payload) = cell_processes(&stored);
             for pid in payload {
                 let _ = state::signal(pid, libc::SIGKILL);
             }
+            super::resources::thaw_if_paused(&stored);
             wait_gone(&stored, Duration::from_secs(10));
         }
         Status::Created if force => {

@@ -10,6 +10,7 @@
 //! and exits with the payload's status, which is how the shim learns it.
 
 mod commands;
+mod resources;
 mod state;
 mod supervise;
 
@@ -97,19 +98,26 @@ pub enum OciCommand {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Not supported (see docs/kubernetes.md).
+    /// Change a running container's memory, pids and CPU limits: lower them, or raise
+    /// them again up to its contract's ceilings (`--resources FILE`, `-` for stdin: the
+    /// spec's linux.resources as JSON, what containerd's shim passes).
     Update {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        #[arg(long, short = 'r')]
+        resources: Option<PathBuf>,
+        id: String,
     },
-    /// Not supported (see docs/kubernetes.md).
+    /// Freeze every process of the container's cell.
     Pause { id: String },
-    /// Not supported (see docs/kubernetes.md).
+    /// Thaw a paused container's cell.
     Resume { id: String },
-    /// Not supported (see docs/kubernetes.md).
+    /// The cell's counters as runc's stats events: one (`--stats`), or one every
+    /// `--interval` until the container stops.
     Events {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        #[arg(long)]
+        stats: bool,
+        #[arg(long, default_value = "5s")]
+        interval: String,
+        id: String,
     },
     /// The supervisor `create` starts (internal).
     #[command(name = "__supervise", hide = true)]
@@ -234,6 +242,18 @@ mod tests {
         assert!(matches!(
             parse("airlock-runc --root /r ps --format json c1"),
             Ok(OciCommand::Ps { .. })
+        ));
+        assert!(matches!(
+            parse("airlock-runc --root /r update --resources=- c1"),
+            Ok(OciCommand::Update { resources: Some(ref r), .. }) if r.as_os_str() == "-"
+        ));
+        assert!(matches!(
+            parse("airlock-runc --root /r events --stats c1"),
+            Ok(OciCommand::Events { stats: true, .. })
+        ));
+        assert!(matches!(
+            parse("airlock-runc --root /r events --interval=5s c1"),
+            Ok(OciCommand::Events { stats: false, ref interval, .. }) if interval == "5s"
         ));
         assert!(matches!(
             parse("airlock-runc state c1"),

@@ -23,12 +23,20 @@ pub struct Stored {
     pub run_id: String,
     /// Set by the supervisor once `start` released the payload.
     pub started: bool,
+    /// The plan's limits: the ceilings an `update` cannot raise a limit above.
+    #[serde(default)]
+    pub limits: Option<airlock_contract::Limits>,
+    /// The cell's tier: a gVisor cell's cgroup holds the sandbox, not the payload.
+    #[serde(default)]
+    pub isolation: airlock_contract::Isolation,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Created,
     Running,
+    /// Running, with its cell frozen (`pause`).
+    Paused,
     Stopped,
 }
 
@@ -37,6 +45,7 @@ impl Status {
         match self {
             Status::Created => "created",
             Status::Running => "running",
+            Status::Paused => "paused",
             Status::Stopped => "stopped",
         }
     }
@@ -83,6 +92,8 @@ pub fn save(dir: &Path, stored: &Stored) -> std::io::Result<()> {
 pub fn status(stored: &Stored) -> Status {
     if !alive(stored.pid, stored.pid_start) {
         Status::Stopped
+    } else if stored.started && super::resources::is_paused(stored) {
+        Status::Paused
     } else if stored.started {
         Status::Running
     } else {

@@ -119,6 +119,8 @@ pub fn supervise(globals: &Globals, bundle: &Path, id: &str) -> ExitCode {
         annotations: annotations(bundle),
         run_id: String::new(),
         started: false,
+        limits: Some(plan.limits),
+        isolation: plan.isolation,
     };
     let request = match request(plan, class, started) {
         Ok(request) => request,
@@ -210,7 +212,7 @@ fn config_path() -> Option<PathBuf> {
         .or_else(|| Some(PathBuf::from("/etc/airlock/config.toml")).filter(|p| p.exists()))
 }
 
-fn load_config() -> Result<OperatorConfig, String> {
+pub(super) fn load_config() -> Result<OperatorConfig, String> {
     OperatorConfig::load(config_path().as_deref()).map_err(|e| crate::user_message(&e))
 }
 

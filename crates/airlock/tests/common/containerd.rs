@@ -118,7 +118,7 @@ impl Containerd {
         std::fs::copy("/usr/bin/busybox", tree.join("bin/busybox")).unwrap();
         for applet in [
             "sh", "cat", "echo", "id", "sleep", "ls", "grep", "mount", "touch", "seq", "true",
-            "unshare", "head", "tail", "wget", "ip", "ping", "kill",
+            "unshare", "head", "tail", "wget", "ip", "ping", "kill", "dd",
         ] {
             symlink("busybox", tree.join("bin").join(applet)).unwrap();
         }
@@ -165,6 +165,56 @@ impl Containerd {
                 serde_json::from_slice::<Value>(&show.stdout).unwrap()["run"].clone()
             })
             .collect()
+    }
+
+    /// The state root the runc shim gives the runtime for this namespace.
+    pub fn state_root(&self) -> PathBuf {
+        Path::new("/run/containerd/runc").join(&self.namespace)
+    }
+
+    /// `airlock-runc --root <the shim's root> ARGS`: what the shim runs, for the commands
+    /// `ctr` has no verb for (`update`, `events`).
+    pub fn runtime_command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(self.runtime());
+        // containerd's environment, which the shim passes on: the same store.
+        command
+            .env("AIRLOCK_CONFIG", self.path("airlock.toml"))
+            .env("AIRLOCK_CONTRACTS_DIR", self.path("contracts"))
+            .arg("--root")
+            .arg(self.state_root())
+            .args(args);
+        command
+    }
+
+    /// `ctr run` in the foreground, its output into `stdout`: for a container whose output
+    /// the test follows while it drives it with other `ctr` commands.
+    pub fn spawn_run(&self, extra: &[&str], id: &str, argv: &[&str], stdout: &Path) -> Child {
+        let runtime = self.runtime();
+        Command::new("/usr/bin/ctr")
+            .arg("--address")
+            .arg(self.path("c.sock"))
+            .args(["-n", &self.namespace, "run", "--runtime"])
+            .args(["io.containerd.runc.v2", "--runc-binary", &runtime])
+            .args(extra)
+            .args([IMAGE, id])
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(stdout).unwrap())
+            .stderr(std::fs::File::create(stdout.with_extension("err")).unwrap())
+            .spawn()
+            .unwrap()
+    }
+
+    /// The audit events of run `run_id` (`airlock runs show --json`).
+    pub fn events_of(&self, run_id: &str) -> Vec<Value> {
+        let show = Command::new(super::airlock_bin())
+            .args(["runs", "--state-dir"])
+            .arg(self.path("store"))
+            .args(["show", run_id, "--json"])
+            .output()
+            .unwrap();
+        let detail: Value = serde_json::from_slice(&show.stdout).unwrap();
+        detail["events"].as_array().cloned().unwrap_or_default()
     }
 
     /// The record of container `id`.

@@ -4,12 +4,14 @@
 //! the cell's pid 1 in it before releasing it, reads the ceilings' counters afterwards and
 //! removes it.
 
+mod live;
 mod v1;
 mod v2;
 
 pub use crate::counters::CgroupUsage;
 use crate::error::CellError;
 use airlock_contract::Limits;
+pub use live::{CgroupStats, LimitChanges};
 use std::fs;
 use std::io::{self, ErrorKind};
 use std::path::{Path, PathBuf};
@@ -39,6 +41,12 @@ pub trait CgroupBackend {
     /// Freezes (and waits until frozen) or thaws the cell.
     fn freeze(&self, dirs: &[PathBuf], frozen: bool) -> Result<(), CellError>;
     fn usage(&self, dirs: &[PathBuf]) -> CgroupUsage;
+    /// Whether the kernel reports the whole cell frozen (a freeze still under way is not).
+    fn is_frozen(&self, dirs: &[PathBuf]) -> bool;
+    /// Writes the limits `changes` sets into a running cell's cgroup.
+    fn write_changes(&self, dirs: &[PathBuf], changes: &LimitChanges) -> Result<(), CellError>;
+    /// The cell's counters now.
+    fn stats(&self, dirs: &[PathBuf]) -> CgroupStats;
     /// `(target in the cell, host directory)` of the cell's read-only view of its limits.
     fn view(&self, dirs: &[PathBuf]) -> Vec<(PathBuf, PathBuf)>;
     /// The version and where its controllers are mounted, for people.
@@ -728,7 +736,7 @@ fn pids_max(limits: &Limits) -> String {
 mod tests {
     use super::*;
 
-    fn limits() -> Limits {
+    pub(super) fn limits() -> Limits {
         Limits {
             cpu_millis: 1500,
             memory_bytes: 256 << 20,
@@ -741,17 +749,17 @@ mod tests {
         }
     }
 
-    fn read(path: &Path) -> String {
+    pub(super) fn read(path: &Path) -> String {
         fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
-    fn touch(path: &Path, text: &str) {
+    pub(super) fn touch(path: &Path, text: &str) {
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         fs::write(path, text).unwrap();
     }
 
     /// A v2 mount with the controllers a cell needs, as a plain directory tree.
-    fn v2_fixture() -> (tempfile::TempDir, CgroupLayout) {
+    pub(super) fn v2_fixture() -> (tempfile::TempDir, CgroupLayout) {
         let root = tempfile::tempdir().unwrap();
         touch(
             &root.path().join("cgroup.controllers"),
@@ -762,7 +770,7 @@ mod tests {
     }
 
     /// The four v1 hierarchies of a hybrid host, with swap accounting.
-    fn v1_fixture() -> (tempfile::TempDir, CgroupLayout) {
+    pub(super) fn v1_fixture() -> (tempfile::TempDir, CgroupLayout) {
         let root = tempfile::tempdir().unwrap();
         for hierarchy in ["memory", "pids", "cpu,cpuacct", "freezer"] {
             touch(&root.path().join(hierarchy).join("cgroup.procs"), "");

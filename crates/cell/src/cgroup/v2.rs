@@ -1,5 +1,6 @@
 //! cgroup v2: one directory per cell in the unified hierarchy.
 
+use super::live::{keyed_usec, limit, write_some, CgroupStats, LimitChanges};
 use super::{keyed, number, pids_max, write_file, CgroupBackend, CgroupUsage, CPU_PERIOD_US};
 use crate::error::CellError;
 use airlock_contract::Limits;
@@ -138,6 +139,53 @@ impl CgroupBackend for V2 {
             oom_kills: keyed(&dir.join("memory.events"), "oom_kill "),
             pids_limit_hits: keyed(&dir.join("pids.events"), "max "),
             pids_peak: number(&dir.join("pids.peak")),
+        }
+    }
+
+    fn is_frozen(&self, dirs: &[PathBuf]) -> bool {
+        fs::read_to_string(dirs[0].join("cgroup.events"))
+            .is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
+    }
+
+    fn write_changes(&self, dirs: &[PathBuf], changes: &LimitChanges) -> Result<(), CellError> {
+        let dir = &dirs[0];
+        write_some(
+            &dir.join("memory.max"),
+            changes.memory_bytes.map(|b| b.to_string()),
+        )?;
+        write_some(
+            &dir.join("pids.max"),
+            changes
+                .process_limit
+                .map(|p| (u64::from(p) + 1).to_string()),
+        )?;
+        let quota = |millis: u32| u64::from(millis) * CPU_PERIOD_US / 1000;
+        write_some(
+            &dir.join("cpu.max"),
+            changes
+                .cpu_millis
+                .map(|m| format!("{} {CPU_PERIOD_US}", quota(m))),
+        )
+    }
+
+    fn stats(&self, dirs: &[PathBuf]) -> CgroupStats {
+        let dir = &dirs[0];
+        let cpu = dir.join("cpu.stat");
+        CgroupStats {
+            cpu_usage_ns: Some(keyed_usec(&cpu, "usage_usec ")),
+            cpu_user_ns: Some(keyed_usec(&cpu, "user_usec ")),
+            cpu_kernel_ns: Some(keyed_usec(&cpu, "system_usec ")),
+            cpu_periods: keyed(&cpu, "nr_periods "),
+            cpu_throttled_periods: keyed(&cpu, "nr_throttled "),
+            cpu_throttled_ns: keyed_usec(&cpu, "throttled_usec "),
+            memory_usage_bytes: number(&dir.join("memory.current")),
+            memory_peak_bytes: number(&dir.join("memory.peak")),
+            memory_limit_bytes: limit(&dir.join("memory.max")),
+            memory_limit_hits: keyed(&dir.join("memory.events"), "max "),
+            memory_cache_bytes: keyed(&dir.join("memory.stat"), "file "),
+            oom_kills: keyed(&dir.join("memory.events"), "oom_kill "),
+            pids_current: number(&dir.join("pids.current")),
+            pids_limit: limit(&dir.join("pids.max")),
         }
     }
 

@@ -1,0 +1,466 @@
+//! The OCI runtime's commands on a running container's cgroup, under containerd
+//! (tests/common/containerd.rs): `ctr task pause`/`resume` freeze and thaw the cell (a
+//! counter stops, then goes on), a paused container is still killed and deleted with
+//! nothing left, and its contract's deadline still ends it; `update` (go-runc's
+//! `update --resources -`, which the ctr of Debian 12 has no verb for: run as the shim
+//! runs it) lowers a limit that the kernel then enforces, and cannot raise one above the
+//! contract's ceiling; `events --stats` prints runc's stats event. Needs root,
+//! containerd, ctr and busybox-static (installed by .ci/run).
+
+mod common;
+
+use common::containerd::Containerd;
+use serde_json::Value;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Prints a number that goes up every 50 ms.
+const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i; sleep 0.05; done";
+
+/// The last number the counter wrote to `out`.
+fn last_count(out: &Path) -> u64 {
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    text.lines()
+        .rev()
+        .find_map(|l| l.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + timeout;
+    while !done() {
+        assert!(
+            Instant::now() < until,
+            "{what} did not happen in {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let until = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("ctr run did not end in {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `airlock-runc state ID`'s status.
+fn runtime_status(containerd: &Containerd, id: &str) -> String {
+    let out = containerd.runtime_command(&["state", id]).output().unwrap();
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    state["status"].as_str().unwrap().to_owned()
+}
+
+/// `update --resources - ID` with `json` on stdin, as go-runc runs it.
+fn update(containerd: &Containerd, id: &str, json: &str) -> Output {
+    let mut child = containerd
+        .runtime_command(&["update", "--resources=-", id])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(json.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn stats(containerd: &Containerd, id: &str) -> Value {
+    let out = containerd
+        .runtime_command(&["events", "--stats", id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_paused_container_stops_resumes_and_is_killed_and_deleted_while_paused() {
+    require_cells!();
+    let containerd = Containerd::start("pause");
+    let out = containerd.path("t1.out");
+    let mut run = containerd.spawn_run(&[], "t1", &["/bin/sh", "-c", COUNTER], &out);
+    wait_for("the counter", Duration::from_secs(30), || {
+        last_count(&out) > 3
+    });
+
+    let pause = containerd.ctr(&["task", "pause", "t1"]);
+    assert!(pause.status.success(), "{}", common::output_text(&pause));
+    containerd.wait_status("t1", "PAUSED");
+    assert_eq!(runtime_status(&containerd, "t1"), "paused");
+    let frozen_at = last_count(&out);
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        last_count(&out),
+        frozen_at,
+        "a paused container's counter advanced"
+    );
+    // A second pause is refused; so is a resume of a running container (below).
+    let again = containerd
+        .runtime_command(&["pause", "t1"])
+        .output()
+        .unwrap();
+    assert!(!again.status.success(), "{}", common::output_text(&again));
+
+    let resume = containerd.ctr(&["task", "resume", "t1"]);
+    assert!(resume.status.success(), "{}", common::output_text(&resume));
+    containerd.wait_status("t1", "RUNNING");
+    assert_eq!(runtime_status(&containerd, "t1"), "running");
+    wait_for("the counter after resume", Duration::from_secs(10), || {
+        last_count(&out) > frozen_at + 3
+    });
+    let resume_running = containerd
+        .runtime_command(&["resume", "t1"])
+        .output()
+        .unwrap();
+    assert!(!resume_running.status.success());
+    assert!(
+        String::from_utf8_lossy(&resume_running.stderr).contains("is not paused"),
+        "{}",
+        common::output_text(&resume_running)
+    );
+
+    // Paused again, then killed: the kill thaws the cell so SIGKILL lands.
+    let pause = containerd.ctr(&["task", "pause", "t1"]);
+    assert!(pause.status.success(), "{}", common::output_text(&pause));
+    containerd.wait_status("t1", "PAUSED");
+    let kill = containerd.ctr(&["task", "kill", "-s", "SIGKILL", "t1"]);
+    assert!(kill.status.success(), "{}", common::output_text(&kill));
+    let status = wait_exit(&mut run, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(137), "ctr run reports the SIGKILL");
+    let delete = containerd.ctr(&["container", "delete", "t1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("t1");
+    assert_eq!(record["exit_signal"], 9, "{record:#}");
+    containerd.assert_nothing_left("t1", &record);
+}
+
+#[test]
+fn a_paused_container_cannot_outlive_its_contracts_deadline() {
+    require_cells!();
+    let containerd = Containerd::start("pause-deadline");
+    std::fs::write(
+        containerd.path("contracts/short.yaml"),
+        "resources:\n  wall_time_seconds: 3\n",
+    )
+    .unwrap();
+    let out = containerd.run(
+        &["-d", "--annotation", "airlock.dev/contract=short"],
+        "t2",
+        &["/bin/sh", "-c", "sleep 600"],
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("t2", "RUNNING");
+    let pause = containerd.ctr(&["task", "pause", "t2"]);
+    assert!(pause.status.success(), "{}", common::output_text(&pause));
+    let paused = Instant::now();
+    assert_eq!(runtime_status(&containerd, "t2"), "paused");
+    containerd.wait_status("t2", "STOPPED");
+    assert!(
+        paused.elapsed() < Duration::from_secs(15),
+        "ended by the deadline, not by anything else: {:?}",
+        paused.elapsed()
+    );
+    let delete = containerd.ctr(&["task", "delete", "t2"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let delete = containerd.ctr(&["container", "delete", "t2"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("t2");
+    assert_eq!(record["limit_fired"], "wall_time", "{record:#}");
+    containerd.assert_nothing_left("t2", &record);
+}
+
+/// Allocates (and touches) 64 MiB on SIGUSR1; on SIGUSR2 once more, then exits 3.
+const ALLOCATOR: &str = "
+trap 'dd if=/dev/zero of=/dev/null bs=64M count=1 2>/dev/null && echo ALLOCATED-BEFORE' USR1
+trap 'dd if=/dev/zero of=/dev/null bs=64M count=1 2>/dev/null && echo ALLOCATED-AFTER; exit 3' USR2
+echo ready
+while true; do sleep 0.1; done
+";
+
+#[test]
+fn an_update_lowers_limits_the_kernel_enforces_and_cannot_raise_them_above_the_contract() {
+    require_cells!();
+    let containerd = Containerd::start("update");
+    std::fs::write(
+        containerd.path("contracts/bounded.yaml"),
+        "resources:\n  memory_mb: 128\n  process_limit: 16\n  cpu_millis: 1000\n",
+    )
+    .unwrap();
+    let ceiling = 128u64 << 20;
+    let out = containerd.path("t3.out");
+    let mut run = containerd.spawn_run(
+        &["--annotation", "airlock.dev/contract=bounded"],
+        "t3",
+        &["/bin/sh", "-c", ALLOCATOR],
+        &out,
+    );
+    let output = || std::fs::read_to_string(&out).unwrap_or_default();
+    wait_for("the container", Duration::from_secs(30), || {
+        output().contains("ready")
+    });
+
+    // Its stats, in runc's format, from the cell's own cgroup.
+    let event = stats(&containerd, "t3");
+    assert_eq!(event["type"], "stats", "{event:#}");
+    assert_eq!(event["id"], "t3");
+    let data = &event["data"];
+    assert_eq!(data["memory"]["usage"]["limit"], ceiling, "{event:#}");
+    assert!(data["memory"]["usage"]["usage"].as_u64().unwrap() > 0);
+    assert_eq!(data["pids"]["limit"], 17, "16 tasks + airlock's pid 1");
+    let tasks = data["pids"]["current"].as_u64().unwrap();
+    assert!((2..=4).contains(&tasks), "pid 1, sh, sleep: {event:#}");
+
+    // 64 MiB fit under the contract's 128.
+    let usr1 = containerd.ctr(&["task", "kill", "-s", "SIGUSR1", "t3"]);
+    assert!(usr1.status.success(), "{}", common::output_text(&usr1));
+    wait_for("the first allocation", Duration::from_secs(20), || {
+        output().contains("ALLOCATED-BEFORE")
+    });
+
+    // Raising above the contract's ceiling, or to unlimited, is refused by name.
+    for (json, names) in [
+        (
+            r#"{"memory":{"limit":268435456}}"#,
+            ["memory.limit", "ceiling of 134217728 bytes"],
+        ),
+        (r#"{"memory":{"limit":-1}}"#, ["memory.limit", "unlimited"]),
+        (
+            r#"{"pids":{"limit":1000}}"#,
+            ["pids.limit", "ceiling of 16 tasks"],
+        ),
+        (
+            r#"{"cpu":{"quota":400000,"period":100000}}"#,
+            ["cpu.quota", "ceiling of 1000"],
+        ),
+        (r#"{"cpu":{"cpus":"0"}}"#, ["cpu.cpus", "does not apply"]),
+    ] {
+        let raised = update(&containerd, "t3", json);
+        let said = common::output_text(&raised);
+        assert!(!raised.status.success(), "BREACH: {json} accepted: {said}");
+        for name in names {
+            assert!(said.contains(name), "{name:?} not named: {said}");
+        }
+    }
+    assert_eq!(
+        stats(&containerd, "t3")["data"]["memory"]["usage"]["limit"],
+        ceiling
+    );
+
+    // Lowered to 32 MiB: recorded, then enforced.
+    let lowered = update(
+        &containerd,
+        "t3",
+        r#"{"devices":[{"allow":false,"access":"rwm"}],"memory":{"limit":33554432},"pids":{"limit":8}}"#,
+    );
+    assert!(
+        lowered.status.success(),
+        "{}",
+        common::output_text(&lowered)
+    );
+    let data = stats(&containerd, "t3")["data"].clone();
+    assert_eq!(data["memory"]["usage"]["limit"], 32u64 << 20, "{data:#}");
+    assert_eq!(data["pids"]["limit"], 9, "{data:#}");
+    let usr2 = containerd.ctr(&["task", "kill", "-s", "SIGUSR2", "t3"]);
+    assert!(usr2.status.success(), "{}", common::output_text(&usr2));
+    let status = wait_exit(&mut run, Duration::from_secs(30));
+    assert!(
+        !output().contains("ALLOCATED-AFTER"),
+        "BREACH: 64 MiB allocated under a 32 MiB limit: {}",
+        output()
+    );
+    // v1 kills the largest task (dd: the shell exits 3); v2's memory.oom.group the cell.
+    assert!(
+        matches!(status.code(), Some(3 | 137)),
+        "{status:?}: {}",
+        output()
+    );
+    let delete = containerd.ctr(&["container", "delete", "t3"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+
+    let record = containerd.record_of("t3");
+    let hit = record["result"]["limits_hit"].to_string();
+    assert!(
+        hit.contains("memory"),
+        "the lowered memory limit fired: {hit}"
+    );
+    let events = containerd.events_of(record["run_id"].as_str().unwrap());
+    let updates: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "container.update")
+        .collect();
+    assert_eq!(updates.len(), 1, "only the accepted update: {events:#?}");
+    let body = updates[0]["body"].to_string();
+    assert!(
+        body.contains("33554432") && body.contains("134217728"),
+        "{body}"
+    );
+    containerd.assert_nothing_left("t3", &record);
+}
+
+/// `delete --force` of a paused container, and the event stream, through the runtime as
+/// the shim runs it (`ctr task delete --force` kills first, which the test above covers).
+#[test]
+fn a_paused_container_is_deleted_by_force_and_its_event_stream_ends_with_it() {
+    require_cells!();
+    let containerd = Containerd::start("pause-delete");
+    let out = containerd.run(&["-d"], "t2", &["/bin/sh", "-c", "sleep 600"]);
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("t2", "RUNNING");
+    let stream_out = containerd.path("events.out");
+    let mut stream = containerd
+        .runtime_command(&["events", "--interval=100ms", "t2"])
+        .stdout(std::fs::File::create(&stream_out).unwrap())
+        .spawn()
+        .unwrap();
+    let pause = containerd
+        .runtime_command(&["pause", "t2"])
+        .output()
+        .unwrap();
+    assert!(pause.status.success(), "{}", common::output_text(&pause));
+    assert_eq!(runtime_status(&containerd, "t2"), "paused");
+    let lines = || {
+        std::fs::read_to_string(&stream_out)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    wait_for("three stats events", Duration::from_secs(10), || {
+        lines() >= 3
+    });
+    let deleting = Instant::now();
+    let delete = containerd
+        .runtime_command(&["delete", "--force", "t2"])
+        .output()
+        .unwrap();
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    // delete --force gives the supervisor 10 s to complete the record, then kills it.
+    assert!(
+        deleting.elapsed() < Duration::from_secs(10),
+        "the paused cell's supervisor did not end after the kill ({:?})",
+        deleting.elapsed()
+    );
+    let status = wait_exit(&mut stream, Duration::from_secs(10));
+    assert!(
+        status.success(),
+        "the stream ends with the container: {status:?}"
+    );
+    for line in std::fs::read_to_string(&stream_out).unwrap().lines() {
+        let event: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(event["type"], "stats", "{event}");
+    }
+    // The shim learns of the exit; its delete finds the runtime's state gone.
+    containerd.wait_status("t2", "STOPPED");
+    let _ = containerd.ctr(&["task", "delete", "t2"]);
+    let delete = containerd.ctr(&["container", "delete", "t2"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("t2");
+    assert_eq!(record["exit_signal"], 9, "{record:#}");
+    containerd.assert_nothing_left("t2", &record);
+}
+
+/// A memory limit below what the cell holds: v1 refuses it (EBUSY once it cannot
+/// reclaim), and the record says the update failed; v2 takes it and the OOM killer acts.
+#[test]
+fn an_update_the_kernel_refuses_is_recorded_as_failed() {
+    require_cells!();
+    let containerd = Containerd::start("update-refused");
+    std::fs::write(
+        containerd.path("contracts/bounded.yaml"),
+        "resources:\n  memory_mb: 128\n",
+    )
+    .unwrap();
+    // tail of an endless stream keeps its last 64 MiB resident.
+    let out = containerd.run(
+        &["-d", "--annotation", "airlock.dev/contract=bounded"],
+        "t1",
+        &["/bin/sh", "-c", "tail -c 67108864 /dev/zero"],
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("t1", "RUNNING");
+    wait_for("64 MiB held", Duration::from_secs(30), || {
+        let usage = stats(&containerd, "t1")["data"]["memory"]["usage"]["usage"].clone();
+        usage.as_u64().unwrap() > 64 << 20
+    });
+    let lowered = update(&containerd, "t1", r#"{"memory":{"limit":16777216}}"#);
+    let state = containerd.state_root().join("t1/state.json");
+    let stored: Value = serde_json::from_slice(&std::fs::read(state).unwrap()).unwrap();
+    let run_id = stored["run_id"].as_str().unwrap().to_owned();
+    let kinds: Vec<String> = containerd
+        .events_of(&run_id)
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap_or("").to_owned())
+        .collect();
+    if lowered.status.success() {
+        // v2: memory.max below usage reclaims, then kills.
+        assert!(
+            !kinds.contains(&"container.update_failed".to_owned()),
+            "{kinds:?}"
+        );
+        containerd.wait_status("t1", "STOPPED");
+    } else {
+        let said = common::output_text(&lowered);
+        assert!(said.contains("memory.limit_in_bytes"), "{said}");
+        assert!(
+            kinds.ends_with(&["container.update".into(), "container.update_failed".into()]),
+            "{kinds:?}"
+        );
+        let limit = stats(&containerd, "t1")["data"]["memory"]["usage"]["limit"].clone();
+        assert_eq!(limit, 128u64 << 20, "unchanged");
+        let kill = containerd.ctr(&["task", "kill", "-s", "SIGKILL", "t1"]);
+        assert!(kill.status.success(), "{}", common::output_text(&kill));
+        containerd.wait_status("t1", "STOPPED");
+    }
+    let delete = containerd.ctr(&["task", "delete", "t1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let delete = containerd.ctr(&["container", "delete", "t1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("t1");
+    containerd.assert_nothing_left("t1", &record);
+}
+
+#[test]
+fn the_cgroup_commands_refuse_what_has_no_running_cell() {
+    require_cells!();
+    let containerd = Containerd::start("cgroup-refusals");
+    for args in [
+        &["pause", "t4"][..],
+        &["resume", "t4"],
+        &["events", "--stats", "t4"],
+        &["update", "--resources=-", "t4"],
+    ] {
+        let out = containerd.runtime_command(args).output().unwrap();
+        assert!(
+            !out.status.success(),
+            "{args:?}: {}",
+            common::output_text(&out)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("does not exist"),
+            "{args:?}: {}",
+            common::output_text(&out)
+        );
+    }
+    let out = containerd.run(&[], "t4", &["/bin/true"]);
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    // Stopped (its task deleted by `ctr run`, its state too): nothing to pause.
+    let paused = containerd
+        .runtime_command(&["pause", "t4"])
+        .output()
+        .unwrap();
+    assert!(!paused.status.success(), "{}", common::output_text(&paused));
+}

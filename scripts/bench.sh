@@ -110,8 +110,9 @@ echo "== gVisor tier: /bin/true on each tier and bare runsc run of the same bund
 # root skeleton and /etc), with its writable /tmp on a tmpfs of the same kind and a cgroup
 # made once, then `runsc run` (create + start + wait + delete in one process) on it. What
 # airlock adds on top of runsc: the contract and plan, the store's records, the per-run
-# cell directory, tmpfs, cgroup and host ids, create/start as two calls, the kill and
-# reap of every sandbox process and the cleanup checks.
+# cell directory, tmpfs, cgroup and host ids, the kill and reap of every sandbox process
+# and the cleanup checks (airlock also runs one `runsc run`, with the same global flags as
+# this baseline: --oci-seccomp has the Sentry apply the plan's seccomp policy).
 if command -v runsc >/dev/null; then
   GV=$(mktemp -d)
   trap 'umount "$GV/w0" 2>/dev/null; rm -rf "$STATE" "$BIN" "$INPUTS" "$GV"; for h in /sys/fs/cgroup/*/airlock-bench-gvisor; do rmdir "$h" 2>/dev/null; done' EXIT
@@ -143,7 +144,7 @@ PY
   GRUNS=${GVISOR_RUNS:-60}
   hyperfine -N -w 5 -r "$GRUNS" --export-json "$OUT/gvisor.json" \
     "$AIRLOCK run --state-dir $STATE -c $GV/gvisor.yaml -- /bin/true" \
-    "runsc --root=$GV/state --network=none --platform=ptrace run --bundle=$GV/bundle bench" \
+    "runsc --root=$GV/state --network=none --oci-seccomp --platform=ptrace run --bundle=$GV/bundle bench" \
     "$AIRLOCK run --state-dir $STATE -- /bin/true" >/dev/null
   python3 - "$OUT/gvisor.json" <<'PY'
 import json, sys

@@ -292,8 +292,8 @@ impl Sandbox {
         // counted to here and the sandbox's boot is in the wall time.
         observed.exec_done_at = Some(Instant::now());
         let runsc_pid = runsc_run.id() as libc::pid_t;
-        let runsc_exit = sys::pidfd_open(runsc_pid)
-            .map_err(|e| CellError::io("pidfd of runsc run", e))?;
+        let runsc_exit =
+            sys::pidfd_open(runsc_pid).map_err(|e| CellError::io("pidfd of runsc run", e))?;
         let mut supervision = Supervision {
             capture: OutputCapture::new(plan.limits.output_bytes),
             stdout: Some(stdout_read),
@@ -308,7 +308,13 @@ impl Sandbox {
             runsc_pid,
             cgroup: &self.cgroup,
         };
-        supervision.until_exit(&sandbox, deadline, runsc_exit, &mut observed, &mut self.seen)?;
+        supervision.until_exit(
+            &sandbox,
+            deadline,
+            runsc_exit,
+            &mut observed,
+            &mut self.seen,
+        )?;
         self.seen.extend(self.cgroup.pids());
         let status = sys::wait_child(runsc_pid, false)
             .map_err(|e| CellError::io("reaping runsc run", e))?

@@ -316,23 +316,50 @@ mod tests {
     fn runs_end_is_the_payloads_status_unless_runsc_failed_or_never_made_a_sandbox() {
         let exited = |code: i32| Some(code << 8);
         let (runsc, bundle, _dir) = fake("", Some("4242\n"));
-        assert_eq!(runsc.run_ended(&bundle, exited(3)).unwrap(), WaitOutcome::Exited(3));
+        assert_eq!(
+            runsc.run_ended(&bundle, exited(3)).unwrap(),
+            WaitOutcome::Exited(3)
+        );
         // 128 without runsc's error is the payload's own `exit 128`.
-        assert_eq!(runsc.run_ended(&bundle, exited(128)).unwrap(), WaitOutcome::Exited(128));
+        assert_eq!(
+            runsc.run_ended(&bundle, exited(128)).unwrap(),
+            WaitOutcome::Exited(128)
+        );
         // runsc run killed itself (the deadline's last step): no status of the payload.
-        assert_eq!(runsc.run_ended(&bundle, Some(libc::SIGKILL)).unwrap(), WaitOutcome::SandboxGone);
-        assert_eq!(runsc.run_ended(&bundle, None).unwrap(), WaitOutcome::SandboxGone);
+        assert_eq!(
+            runsc.run_ended(&bundle, Some(libc::SIGKILL)).unwrap(),
+            WaitOutcome::SandboxGone
+        );
+        assert_eq!(
+            runsc.run_ended(&bundle, None).unwrap(),
+            WaitOutcome::SandboxGone
+        );
         let failed = r#"{"msg":"running container: starting container: creating process: failed to load /x: permission denied","level":"error"}"#;
         let (runsc, bundle, _dir) = fake(failed, Some("4242"));
         let err = runsc.run_ended(&bundle, exited(128)).unwrap_err();
-        assert!(matches!(&err, CellError::Launch { stage, .. } if stage == "runsc run"), "{err}");
+        assert!(
+            matches!(&err, CellError::Launch { stage, .. } if stage == "runsc run"),
+            "{err}"
+        );
         assert_eq!(exec_failure(&err, &["x".into()]).unwrap().status, 126);
         // No sandbox was made: runsc's failure if it said why, no runsc at all if not.
         let (runsc, bundle, _dir) = fake("creating container: cgroup: permission denied", None);
-        assert!(matches!(runsc.run_ended(&bundle, exited(0)), Err(CellError::Launch { .. })));
+        assert!(matches!(
+            runsc.run_ended(&bundle, exited(0)),
+            Err(CellError::Launch { .. })
+        ));
         let (runsc, bundle, _dir) = fake("", None);
         let err = runsc.run_ended(&bundle, exited(0)).unwrap_err();
-        assert!(matches!(err, CellError::Unavailable { control: "gvisor.runsc", .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                CellError::Unavailable {
+                    control: "gvisor.runsc",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -14,13 +14,14 @@
 //! - mounts: the kernel file systems every container gets (`/proc`, `/dev`, `/sys`, ...)
 //!   are the cell's own; a bind mount becomes a read-only input, refused when it is
 //!   writable or its source is a sensitive host path;
-//! - `linux.devices`, `hooks`, `linux.sysctl`, joined namespaces and a terminal are refused;
+//! - `linux.devices`, `hooks`, `linux.sysctl` and joined namespaces are refused;
+//! - `process.terminal` is the contract's `terminal` (the runtime needs a console socket);
 //! - resources and `RLIMIT_NOFILE` are ceilings: the lower of the spec's and the contract's;
 //! - a seccomp profile is the contract's custom profile (airlock's hardening is applied on
 //!   top of it); an allow-by-default profile is refused.
 
 use airlock_contract::{Contract, MappedInput, ReadonlyInput, HOST_IMAGE};
-use oci_spec::runtime::{LinuxNamespaceType, Mount, PosixRlimitType, Spec};
+use oci_spec::runtime::{LinuxNamespaceType, Mount, PosixRlimitType, Process, Spec};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -93,6 +94,10 @@ pub struct ContainerTerms {
     pub open_files: Option<u64>,
     /// The spec's seccomp profile in Docker's JSON form (compile parses and hardens it).
     pub seccomp_profile: Option<String>,
+    /// `process.terminal`: the payload's stdio is a pseudo-terminal of the cell's devpts,
+    /// whose master goes to the runtime's `--console-socket` (the caller checks that
+    /// there is one).
+    pub terminal: bool,
     pub selection: Selection,
     pub identity: ContainerIdentity,
 }
@@ -164,13 +169,7 @@ pub fn container_terms(
         Some(process) => process,
         None => return refuse("process", "a container needs a process"),
     };
-    if process.terminal().unwrap_or(false) {
-        return refuse(
-            "process.terminal",
-            "a terminal (--console-socket) is not supported by airlock's OCI runtime yet",
-        );
-    }
-    check_capabilities(spec)?;
+    check_capabilities(process)?;
     let argv = process.args().clone().unwrap_or_default();
     if argv.is_empty() {
         return refuse("process.args", "a container needs a command");
@@ -213,6 +212,7 @@ pub fn container_terms(
         pids,
         cpu_millis,
         open_files: open_files(spec),
+        terminal: process.terminal().unwrap_or(false),
         seccomp_profile: seccomp_profile(spec)?,
         selection: selection(&annotations)?,
         identity: identity(id, &annotations),
@@ -282,13 +282,10 @@ fn refuse_host_powers(spec: &Spec) -> Result<(), SpecRefusal> {
     Ok(())
 }
 
-/// Every capability set may hold only the container default set.
-fn check_capabilities(spec: &Spec) -> Result<(), SpecRefusal> {
-    let Some(caps) = spec
-        .process()
-        .as_ref()
-        .and_then(|p| p.capabilities().clone())
-    else {
+/// Every capability set may hold only the container default set (a container's process
+/// and an `exec`'s alike).
+pub fn check_capabilities(process: &Process) -> Result<(), SpecRefusal> {
+    let Some(caps) = process.capabilities().clone() else {
         return Ok(());
     };
     let sets = [
@@ -528,6 +525,7 @@ pub fn apply_terms(
     if let Some(hostname) = &terms.hostname {
         contract.hostname = hostname.clone();
     }
+    contract.terminal |= terms.terminal;
     if terms.seccomp_profile.is_some() {
         if contract.seccomp_profile != "default" {
             return refuse(

@@ -247,10 +247,19 @@ fn joining_a_host_namespace_is_refused_the_network_one_with_its_own_reason() {
 }
 
 #[test]
-fn a_terminal_and_a_contract_with_an_image_of_its_own_are_refused() {
+fn a_terminal_is_the_contracts_terminal() {
     let mut spec = base();
     spec["process"]["terminal"] = json!(true);
-    assert_eq!(refused(spec).field, "process.terminal");
+    let t = terms(spec).unwrap();
+    assert!(t.terminal);
+    let mut contract = default_contract();
+    apply_terms(&mut contract, &t, "x").unwrap();
+    assert!(contract.terminal);
+    assert!(!terms(base()).unwrap().terminal);
+}
+
+#[test]
+fn a_contract_with_an_image_of_its_own_is_refused() {
     let t = terms(base()).unwrap();
     let mut contract = default_contract();
     contract.image = "registry.test/x@sha256:00".into();

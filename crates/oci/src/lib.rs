@@ -25,6 +25,7 @@
 //!   the ceilings before `runsc create`; runsc joins an existing cgroup without owning it.
 
 pub mod bundle;
+pub mod exec;
 
 use airlock_contract::{CellPlan, MountPlan};
 use oci_spec::runtime::{

@@ -8,8 +8,12 @@
 //! record written; the payload is held until `start`. The supervisor's pid is the one
 //! in `--pid-file`: it is reparented to the shim (a child subreaper) when `create` exits,
 //! and exits with the payload's status, which is how the shim learns it.
+//! `exec` (`exec.rs`) asks that supervisor for a further process of the container's cell
+//! (its pid 1 spawns it, so it has the payload's confinement); a terminal's master goes
+//! to the `--console-socket` as runc's does.
 
 mod commands;
+mod exec;
 mod state;
 mod supervise;
 
@@ -92,10 +96,32 @@ pub enum OciCommand {
     },
     /// What this runtime supports (the runtime-spec's features document).
     Features,
-    /// Not supported: a cell runs the one payload its contract was compiled for.
+    /// Run a further process in a running container's cell (its confinement, its
+    /// cgroup and ceilings), from process.json (exec.rs).
     Exec {
+        #[arg(long, short = 'p')]
+        process: Option<PathBuf>,
+        #[arg(long = "pid-file")]
+        pid_file: Option<PathBuf>,
+        #[arg(long = "console-socket")]
+        console_socket: Option<PathBuf>,
+        #[arg(long, short = 'd')]
+        detach: bool,
+        id: String,
+        /// runc's command-line form of the process (without --process): refused.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        command: Vec<String>,
+    },
+    /// The copy of a detached exec that waits for its command (internal).
+    #[command(name = "__exec-wait", hide = true)]
+    ExecWait {
+        #[arg(long)]
+        word: PathBuf,
+        #[arg(long)]
+        process: Option<PathBuf>,
+        #[arg(long = "console-socket")]
+        console_socket: Option<PathBuf>,
+        id: String,
     },
     /// Not supported (see docs/kubernetes.md).
     Update {
@@ -116,6 +142,8 @@ pub enum OciCommand {
     Supervise {
         #[arg(long)]
         bundle: PathBuf,
+        #[arg(long = "console-socket")]
+        console_socket: Option<PathBuf>,
         id: String,
     },
 }

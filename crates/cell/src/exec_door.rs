@@ -291,7 +291,7 @@ impl Door {
     }
 
     /// A message of the cell about one of the door's commands, passed on to its client.
-    pub(crate) fn on_cell(&mut self, message: FromCell, mut fds: Vec<OwnedFd>) {
+    pub(crate) fn on_cell(&mut self, message: FromCell, fds: Vec<OwnedFd>) {
         let (id, event) = match message {
             FromCell::CommandTerminal { id } => (id, ExecEvent::Terminal),
             FromCell::CommandStarted { id } => (id, ExecEvent::Started),
@@ -312,9 +312,12 @@ impl Door {
         let Some(at) = self.asked.iter().position(|a| a.id == Some(id)) else {
             return;
         };
-        let passed: Vec<RawFd> = fds.drain(..).map(|f| f.as_raw_fd()).collect();
+        // Ours close only once sent (a terminal's master closed here would hang up the
+        // command's terminal).
+        let passed: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         let ended = matches!(event, ExecEvent::Ended { .. });
         let _ = send(self.asked[at].sock.as_fd(), &event, &passed);
+        drop(fds);
         if ended {
             self.asked.remove(at);
         }

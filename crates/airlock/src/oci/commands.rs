@@ -174,6 +174,12 @@ fn spawn_supervisor(
     if let Some(console) = console_socket {
         let console = std::path::absolute(console).map_err(|e| format!("--console-socket: {e}"))?;
         command.arg("--console-socket").arg(console);
+        // The payload's stdio is its terminal; the caller's stdio (go-runc reads it to
+        // its end before `create` counts as returned) must not stay open in here.
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
     }
     command.arg(id);
     // The container's stdio (the shim's pipes) are inherited: they are the payload's.

@@ -199,6 +199,12 @@ fn spawn_waiter(
     }
     if let Some(console) = &args.console_socket {
         command.arg("--console-socket").arg(console);
+        // The command's stdio is its terminal; the caller's stdio (go-runc reads it to its
+        // end before `exec` counts as returned) must not stay open in the waiter.
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
     }
     command.arg(&args.id);
     // The exec's stdio (the shim's pipes) are inherited: they are the command's.

@@ -242,7 +242,7 @@ impl Containerd {
 }
 
 impl Drop for Containerd {
-    pub fn drop(&mut self) {
+    fn drop(&mut self) {
         for id in ["t1", "t2", "t3", "t4"] {
             let _ = self.ctr(&["task", "kill", "-s", "SIGKILL", id]);
             let _ = self.ctr(&["task", "delete", "-f", id]);

@@ -209,7 +209,8 @@ fn a_container_and_an_exec_get_a_terminal_of_the_cell() {
         "t3",
         "/bin/sh",
         "-c",
-        "tty; id -u",
+        // A moment before the end: ctr copies the terminal's output while it runs.
+        "tty; id -u; sleep 1",
     ]);
     let stdout = text(&out);
     assert!(
@@ -222,7 +223,9 @@ fn a_container_and_an_exec_get_a_terminal_of_the_cell() {
     let record = containerd.record_of("t3");
     assert_eq!(record["plan"]["terminal"], true, "{:#}", record["plan"]);
     started(&containerd, "t4", "sleep 600");
-    let out = containerd.ctr_on_a_terminal(&["task", "exec", "-t", "--exec-id", "x1", "t4", "tty"]);
+    let out = containerd.ctr_on_a_terminal(&[
+        "task", "exec", "-t", "--exec-id", "x1", "t4", "/bin/sh", "-c", "tty; sleep 1",
+    ]);
     assert!(
         text(&out).contains("/dev/pts/"),
         "a terminal for the exec: {}\n{}",

@@ -30,7 +30,16 @@ fn started(containerd: &Containerd, id: &str, script: &str) {
 }
 
 fn exec(containerd: &Containerd, id: &str, exec_id: &str, script: &str) -> Output {
-    containerd.ctr(&["task", "exec", "--exec-id", exec_id, id, "/bin/sh", "-c", script])
+    containerd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        exec_id,
+        id,
+        "/bin/sh",
+        "-c",
+        script,
+    ])
 }
 
 /// The records of container `id`'s execs, newest first.
@@ -105,16 +114,31 @@ fn an_exec_runs_in_the_containers_cell_with_its_output_status_and_record() {
         common::output_text(&out),
         containerd.log()
     );
-    assert!(stdout.contains("written-by-init"), "the same cell: {stdout}");
+    assert!(
+        stdout.contains("written-by-init"),
+        "the same cell: {stdout}"
+    );
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("exec says hi"),
         "{}",
         common::output_text(&out)
     );
-    assert!(stdout.contains("uid=10001"), "the container's identity: {stdout}");
-    assert!(stdout.contains("comm=airlock-init"), "the cell's pid 1: {stdout}");
-    assert!(stdout.contains("comm=sleep"), "the init's process: {stdout}");
-    assert!(!stdout.contains("comm=containerd"), "a host process: {stdout}");
+    assert!(
+        stdout.contains("uid=10001"),
+        "the container's identity: {stdout}"
+    );
+    assert!(
+        stdout.contains("comm=airlock-init"),
+        "the cell's pid 1: {stdout}"
+    );
+    assert!(
+        stdout.contains("comm=sleep"),
+        "the init's process: {stdout}"
+    );
+    assert!(
+        !stdout.contains("comm=containerd"),
+        "a host process: {stdout}"
+    );
     for line in [
         "CapEff:\t0000000000000000",
         "CapPrm:\t0000000000000000",
@@ -134,7 +158,11 @@ fn an_exec_runs_in_the_containers_cell_with_its_output_status_and_record() {
         .map(str::to_owned)
         .collect::<Vec<_>>();
     assert_eq!(map.first().map(String::as_str), Some("10001"), "{stdout}");
-    assert_ne!(map.get(1).map(String::as_str), Some("0"), "host root: {stdout}");
+    assert_ne!(
+        map.get(1).map(String::as_str),
+        Some("0"),
+        "host root: {stdout}"
+    );
     for breach in ["HOST FILE READ", "host secret", "MOUNTED"] {
         assert!(!stdout.contains(breach), "{breach}: {stdout}");
     }
@@ -224,7 +252,15 @@ fn a_container_and_an_exec_get_a_terminal_of_the_cell() {
     assert_eq!(record["plan"]["terminal"], true, "{:#}", record["plan"]);
     started(&containerd, "t4", "sleep 600");
     let out = containerd.ctr_on_a_terminal(&[
-        "task", "exec", "-t", "--exec-id", "x1", "t4", "/bin/sh", "-c", "tty; sleep 1",
+        "task",
+        "exec",
+        "-t",
+        "--exec-id",
+        "x1",
+        "t4",
+        "/bin/sh",
+        "-c",
+        "tty; sleep 1",
     ]);
     assert!(
         text(&out).contains("/dev/pts/"),
@@ -284,7 +320,11 @@ fn an_exec_as_another_user_with_capabilities_or_into_a_stopped_container_is_refu
         (json!({"terminal": true}), "process.json process.terminal"),
     ] {
         let out = runtime_exec(&containerd, "t2", &process(asked.clone()));
-        assert!(!out.status.success(), "{asked}: {}", common::output_text(&out));
+        assert!(
+            !out.status.success(),
+            "{asked}: {}",
+            common::output_text(&out)
+        );
         assert!(
             String::from_utf8_lossy(&out.stderr).contains(field),
             "{asked}: {}",
@@ -292,11 +332,24 @@ fn an_exec_as_another_user_with_capabilities_or_into_a_stopped_container_is_refu
         );
     }
     // Through the shim too: ctr's --user.
-    let out = containerd.ctr(&["task", "exec", "--user", "4242", "--exec-id", "x1", "t2", "/bin/true"]);
+    let out = containerd.ctr(&[
+        "task",
+        "exec",
+        "--user",
+        "4242",
+        "--exec-id",
+        "x1",
+        "t2",
+        "/bin/true",
+    ]);
     assert!(!out.status.success(), "{}", common::output_text(&out));
     let refused = exec_records(&containerd, "t2");
     assert!(
-        refused.iter().filter(|r| r["status"] == "policy_denied").count() >= 4,
+        refused
+            .iter()
+            .filter(|r| r["status"] == "policy_denied")
+            .count()
+            >= 4,
         "refusals are recorded: {refused:#?}"
     );
     // A stopped container (its init ended, not deleted yet).
@@ -314,4 +367,38 @@ fn an_exec_as_another_user_with_capabilities_or_into_a_stopped_container_is_refu
     let delete = containerd.ctr(&["task", "delete", "t3"]);
     assert!(delete.status.success(), "{}", common::output_text(&delete));
     ended_and_deleted(&containerd, "t2");
+}
+
+/// A workload class decides on a container's command (docs/policy.md); an exec's command
+/// would not be decided by it, so it is refused.
+#[test]
+fn an_exec_into_a_container_whose_class_decides_its_command_is_refused() {
+    require_cells!();
+    let containerd = Containerd::start("exec-class");
+    let config = format!(
+        "[store]\nstate_dir = \"{}\"\n\n[policy.classes.agents]\n\
+         description = \"containers of the agent pods\"\n\n\
+         [policy.classes.agents.commands]\ndefault = \"forbidden\"\nunmatched = \"allow\"\n",
+        containerd.path("store").display()
+    );
+    std::fs::write(containerd.path("airlock.toml"), config).unwrap();
+    let out = containerd.run(
+        &["-d", "--annotation", "airlock.dev/class=agents"],
+        "t1",
+        &["/bin/sleep", "600"],
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("t1", "RUNNING");
+    let out = exec(&containerd, "t1", "x1", "echo EXEC RAN");
+    assert!(!out.status.success(), "{}", common::output_text(&out));
+    assert!(!text(&out).contains("EXEC RAN"));
+    assert!(
+        common::output_text(&out).contains("airlock.dev/class (agents)"),
+        "{}",
+        common::output_text(&out)
+    );
+    let refused = exec_records(&containerd, "t1");
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert_eq!(refused[0]["status"], "policy_denied");
+    ended_and_deleted(&containerd, "t1");
 }

@@ -273,7 +273,8 @@ impl Door {
 
     /// Acts on the entries [`Door::poll_entries`] gave, after a poll.
     pub(crate) fn on_ready(&mut self, entries: &[libc::pollfd], cell: &CellSide<'_>) {
-        let ready = |e: &libc::pollfd| e.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0;
+        let ready =
+            |e: &libc::pollfd| e.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0;
         // From the last: a client that goes is removed without moving the others.
         for at in (0..self.asked.len()).rev() {
             if entries.get(at + 1).is_some_and(ready) {
@@ -336,16 +337,14 @@ impl Door {
         let received = recv::<ToDoor>(self.asked[at].sock.as_fd());
         let id = self.asked[at].id;
         match (received, id) {
-            (Ok(Some((ToDoor::Run(request), fds))), None) => {
-                match self.start(request, fds, cell) {
-                    Ok(id) => self.asked[at].id = Some(id),
-                    Err(error) => {
-                        let refused = ExecEvent::Refused { error };
-                        let _ = send(self.asked[at].sock.as_fd(), &refused, &[]);
-                        self.asked.remove(at);
-                    }
+            (Ok(Some((ToDoor::Run(request), fds))), None) => match self.start(request, fds, cell) {
+                Ok(id) => self.asked[at].id = Some(id),
+                Err(error) => {
+                    let refused = ExecEvent::Refused { error };
+                    let _ = send(self.asked[at].sock.as_fd(), &refused, &[]);
+                    self.asked.remove(at);
                 }
-            }
+            },
             (Ok(Some((ToDoor::Signal { signal }, _))), Some(id)) => {
                 if let Some(sync) = cell.sync {
                     let _ = sync.kill_command(id, signal);
@@ -491,7 +490,9 @@ mod tests {
         assert!(env.contains(&"FROM_CONTRACT=kept".to_string()), "{env:?}");
         assert!(env.contains(&"TOKEN=placeholder".to_string()), "{env:?}");
         assert!(env.contains(&"OWN=mine".to_string()), "{env:?}");
-        assert!(!env.iter().any(|v| v.ends_with("replaced") || v.ends_with("stolen")));
+        assert!(!env
+            .iter()
+            .any(|v| v.ends_with("replaced") || v.ends_with("stolen")));
     }
 
     #[test]

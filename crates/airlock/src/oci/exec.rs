@@ -73,10 +73,17 @@ pub struct ExecFacts {
     pub contract_sha256: String,
     pub workload_class: String,
     pub identity: ContainerIdentity,
+    /// The workload class (`airlock.dev/class`) that decided on the container's command,
+    /// if one did: an exec's command would not be decided by it, so it is refused.
+    pub decided_by_class: Option<String>,
 }
 
 impl ExecFacts {
-    pub fn of(plan: &airlock_contract::CellPlan, class: &str, identity: &ContainerIdentity) -> Self {
+    pub fn of(
+        plan: &airlock_contract::CellPlan,
+        class: &str,
+        terms: &airlock_oci::bundle::ContainerTerms,
+    ) -> Self {
         ExecFacts {
             container: RunningContainer {
                 uid: plan.identity.uid,
@@ -85,7 +92,12 @@ impl ExecFacts {
             },
             contract_sha256: plan.contract_sha256.clone(),
             workload_class: class.to_owned(),
-            identity: identity.clone(),
+            identity: terms.identity.clone(),
+            decided_by_class: match &terms.selection {
+                airlock_oci::bundle::Selection::Class(name) => Some(name.clone()),
+                airlock_oci::bundle::Selection::Contract(_)
+                | airlock_oci::bundle::Selection::Default => None,
+            },
         }
     }
 
@@ -94,8 +106,8 @@ impl ExecFacts {
     }
 
     fn load(dir: &Path, id: &str) -> Result<ExecFacts, String> {
-        let text = std::fs::read(facts_path(dir))
-            .map_err(|_| format!("container {id} does not exist"))?;
+        let text =
+            std::fs::read(facts_path(dir)).map_err(|_| format!("container {id} does not exist"))?;
         serde_json::from_slice(&text).map_err(|e| format!("container {id}: exec.json: {e}"))
     }
 }
@@ -222,7 +234,9 @@ fn spawn_waiter(
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!("the exec's waiter ended ({status}) before its start"));
+                    return Err(format!(
+                        "the exec's waiter ended ({status}) before its start"
+                    ));
                 }
                 if Instant::now() > until {
                     let _ = child.kill();
@@ -271,8 +285,11 @@ fn run_exec(
     let asked = read_process(args.process.as_deref())?;
     let argv = asked.args().clone().unwrap_or_default();
     let store = open_store()?;
-    let checked = exec_terms(&asked, &facts.container)
-        .map_err(|e| format!("process.json {}: {}", e.field, e.rule))
+    let checked = not_decided_by_class(&facts)
+        .and_then(|()| {
+            exec_terms(&asked, &facts.container)
+                .map_err(|e| format!("process.json {}: {}", e.field, e.rule))
+        })
         .and_then(|terms| console_matches(terms, args.console_socket.as_deref()));
     let (terms, console) = match checked {
         Ok(checked) => checked,
@@ -318,8 +335,23 @@ fn run_exec(
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
 
+/// A container whose command a workload class decided takes no exec: the class's command
+/// policy would not decide on the exec's command (not built), and a command nobody
+/// decided on does not run in its cell.
+fn not_decided_by_class(facts: &ExecFacts) -> Result<(), String> {
+    match &facts.decided_by_class {
+        None => Ok(()),
+        Some(class) => Err(format!(
+            "annotation airlock.dev/class ({class}): the workload class decides on the \
+             container's command, and an exec's command is not decided by it: exec is refused \
+             for such a container"
+        )),
+    }
+}
+
 fn read_process(path: Option<&Path>) -> Result<oci_spec::runtime::Process, String> {
-    let path = path.ok_or("--process is required: airlock takes an exec's process from its process.json")?;
+    let path =
+        path.ok_or("--process is required: airlock takes an exec's process from its process.json")?;
     let bytes = std::fs::read(path).map_err(|e| format!("--process {}: {e}", path.display()))?;
     serde_json::from_slice(&bytes).map_err(|e| format!("--process {}: {e}", path.display()))
 }
@@ -336,7 +368,9 @@ fn console_matches(
             Ok((terms, Some(stream)))
         }
         (false, None) => Ok((terms, None)),
-        (true, None) => Err("process.json process.terminal: a terminal needs --console-socket".into()),
+        (true, None) => {
+            Err("process.json process.terminal: a terminal needs --console-socket".into())
+        }
         (false, Some(_)) => {
             Err("--console-socket without process.terminal: there is no terminal to send".into())
         }
@@ -429,12 +463,22 @@ fn start_of(facts: &ExecFacts, container_run: &str, argv: &[String]) -> RunStart
 }
 
 /// Records a refused exec (`policy_denied`); its run id, or why it is not recorded.
-fn refuse(store: &Store, facts: &ExecFacts, container_run: &str, argv: &[String], error: &str) -> String {
+fn refuse(
+    store: &Store,
+    facts: &ExecFacts,
+    container_run: &str,
+    argv: &[String],
+    error: &str,
+) -> String {
     let handle = match store.begin_run(start_of(facts, container_run, argv), Vec::new()) {
         Ok(handle) => handle,
         Err(e) => return format!("not recorded: {e}"),
     };
-    let mut report = RunReport::refused(&handle.run_id(), ResultClass::PolicyDenied, error.to_owned());
+    let mut report = RunReport::refused(
+        &handle.run_id(),
+        ResultClass::PolicyDenied,
+        error.to_owned(),
+    );
     report.container = Some(facts.identity.clone());
     let stored = serde_json::to_value(&report).unwrap_or_default();
     match airlock_engine::record::finish(store, &handle, &report, &stored) {

@@ -267,6 +267,15 @@ mod tests {
             parse("airlock-runc state c1"),
             Ok(OciCommand::State { .. })
         ));
+        // go-runc's exec: --process first, then its options, then the id.
+        assert!(matches!(
+            parse("airlock-runc --root /r exec --process /tmp/p.json --pid-file /b/e.pid --console-socket /tmp/c.sock --detach c1"),
+            Ok(OciCommand::Exec { detach: true, ref id, console_socket: Some(_), process: Some(_), .. }) if id == "c1"
+        ));
+        assert!(matches!(
+            parse("airlock-runc --root /r create --bundle /b --pid-file /b/p --console-socket /tmp/c.sock c1"),
+            Ok(OciCommand::Create { console_socket: Some(_), .. })
+        ));
     }
 
     #[test]

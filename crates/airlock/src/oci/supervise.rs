@@ -120,7 +120,7 @@ pub fn supervise(
         Ok(doors) => doors,
         Err(err) => return fail(format!("container {id}: {err}")),
     };
-    let facts = super::exec::ExecFacts::of(&plan, &class, &terms.identity);
+    let facts = super::exec::ExecFacts::of(&plan, &class, &terms);
     if let Err(err) = facts.save(&dir) {
         return fail(format!("container {id}: exec.json: {err}"));
     }
@@ -153,9 +153,9 @@ fn terminal_matches(
     let refuse = |error: &str| Err(Stop::Refuse(argv, error.to_owned()));
     match (planned.0.terminal, console) {
         (true, false) => refuse("config.json process.terminal: a terminal needs --console-socket"),
-        (false, true) => {
-            refuse("--console-socket without config.json process.terminal: there is no terminal to send")
-        }
+        (false, true) => refuse(
+            "--console-socket without config.json process.terminal: there is no terminal to send",
+        ),
         _ => Ok(planned),
     }
 }

@@ -339,8 +339,8 @@ fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, 
         options.host_ids,
     )?;
     cell.supervision.on_suspected_escape = options.on_suspected_escape.clone();
-    cell.supervision.door = (options.doors.take())
-        .map(|doors| crate::exec_door::Door::new(doors, options.credentials));
+    cell.supervision.door =
+        (options.doors.take()).map(|doors| crate::exec_door::Door::new(doors, options.credentials));
     // Opened while the cell finishes its setup; an error kills the cell like any other.
     let io = match CommandIo::open(plan, cell.supervision.host, stdin, sinks) {
         Ok(io) => io,
@@ -351,7 +351,7 @@ fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, 
     if let Err(err) = cell.supervision.await_console(&mut options.egress) {
         return Err(cell.abandon(err));
     }
-        let (recorded, recorded_ms) = match options.before_start.take() {
+    let (recorded, recorded_ms) = match options.before_start.take() {
         None => (Ok(String::new()), 0.0),
         Some(hook) => (
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook))

@@ -317,7 +317,12 @@ impl Supervision<'_> {
                 },
             ];
             // A container's door: its listener and clients, after the fixed entries.
-            fds.extend(self.door.as_ref().map(Door::poll_entries).unwrap_or_default());
+            fds.extend(
+                self.door
+                    .as_ref()
+                    .map(Door::poll_entries)
+                    .unwrap_or_default(),
+            );
             sys::poll(&mut fds, timeout).map_err(|e| CellError::io("poll", e))?;
             self.serve_door(&fds[DOOR_ENTRIES..]);
             if readable(&fds[0]) {

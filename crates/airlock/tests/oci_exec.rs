@@ -169,8 +169,37 @@ fn an_exec_runs_in_the_containers_cell_with_its_output_status_and_record() {
     // A second exec, successful, while the container runs on.
     let out = exec(&containerd, "t1", "x2", "cat /tmp/from-init");
     assert!(out.status.success(), "{}", common::output_text(&out));
+    // A detached exec, signalled through the shim: the signal reaches the command.
+    let out = containerd.ctr(&[
+        "task",
+        "exec",
+        "-d",
+        "--exec-id",
+        "x3",
+        "t1",
+        "sleep",
+        "600",
+    ]);
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    let kill = containerd.ctr(&["task", "kill", "--exec-id", "x3", "-s", "SIGTERM", "t1"]);
+    assert!(kill.status.success(), "{}", common::output_text(&kill));
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let signalled = loop {
+        let sleep = exec_records(&containerd, "t1")
+            .into_iter()
+            .find(|r| r["argv"][0] == "sleep" && r["status"] != "running");
+        if let Some(record) = sleep {
+            break record;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the signalled exec never ended"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(signalled["exit_signal"], 15, "{signalled:#}");
     let records = exec_records(&containerd, "t1");
-    assert_eq!(records.len(), 2, "{records:#?}");
+    assert_eq!(records.len(), 3, "{records:#?}");
     let probe_record = records
         .iter()
         .find(|r| r["exit_code"] == 3)

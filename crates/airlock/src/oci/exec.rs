@@ -270,51 +270,15 @@ fn run_exec(
     // Taken before anything runs: a signal the shim sends is the command's.
     let signals = exec_door::forward_signals().map_err(|e| format!("signals: {e}"))?;
     let id = &args.id;
-    let stored = state::load(&globals.root, id)?;
-    match state::status(&stored) {
-        Status::Running => {}
-        other => {
-            return Err(format!(
-                "cannot exec in a container that is {}: {id}",
-                other.as_str()
-            ))
-        }
-    }
-    let dir = state::dir(&globals.root, id)?;
-    let facts = ExecFacts::load(&dir, id)?;
-    let asked = read_process(args.process.as_deref())?;
-    let argv = asked.args().clone().unwrap_or_default();
-    let store = open_store()?;
-    let checked = not_decided_by_class(&facts)
-        .and_then(|()| {
-            exec_terms(&asked, &facts.container)
-                .map_err(|e| format!("process.json {}: {}", e.field, e.rule))
-        })
-        .and_then(|terms| console_matches(terms, args.console_socket.as_deref()));
-    let (terms, console) = match checked {
-        Ok(checked) => checked,
-        Err(error) => {
-            let run = refuse(&store, &facts, &stored.run_id, &argv, &error);
-            return Err(format!("container {id}: exec refused (run {run}): {error}"));
-        }
-    };
-    let record = ExecRecord::begin(store, &facts, &stored.run_id, &terms.argv)?;
-    let client = ExecClient::connect(&door_socket(&dir))
-        .map_err(|e| format!("container {id}: its supervisor does not answer: {e}"))?;
-    let request = ExecRequest {
-        argv: terms.argv.clone(),
-        env: terms.env.clone(),
-        terminal: terms.terminal,
-    };
-    let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
-    let stdio: Vec<BorrowedFd<'_>> = match terms.terminal {
-        true => Vec::new(),
-        false => vec![stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
-    };
-    client
-        .run(&request, &stdio)
-        .map_err(|e| format!("container {id}: exec: {e}"))?;
-    let start = await_start(&client, console.as_ref());
+    let checked = checked(globals, args)?;
+    let record = ExecRecord::begin(
+        checked.store,
+        &checked.facts,
+        &checked.container_run,
+        &checked.terms.argv,
+    )?;
+    let client = ask(&checked.dir, &checked.terms).map_err(|e| format!("container {id}: {e}"))?;
+    let start = await_start(&client, checked.console.as_ref());
     let told = started(start.clone());
     match (start, told) {
         (Err(error), _) => {
@@ -333,6 +297,80 @@ fn run_exec(
     let code = ended.exit_code();
     record.finish(ended);
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+/// An exec that may run: its container is running and its process.json passed.
+struct Checked {
+    dir: PathBuf,
+    /// The container's run id (the exec's record names it as its session).
+    container_run: String,
+    facts: ExecFacts,
+    terms: ExecTerms,
+    /// Connected, for an exec with a terminal.
+    console: Option<UnixStream>,
+    store: Store,
+}
+
+/// The container's state and process.json checked; a refusal of process.json (or of
+/// the container's class) is recorded.
+fn checked(globals: &Globals, args: &ExecArgs) -> Result<Checked, String> {
+    let id = &args.id;
+    let stored = state::load(&globals.root, id)?;
+    match state::status(&stored) {
+        Status::Running => {}
+        other => {
+            return Err(format!(
+                "cannot exec in a container that is {}: {id}",
+                other.as_str()
+            ))
+        }
+    }
+    let dir = state::dir(&globals.root, id)?;
+    let facts = ExecFacts::load(&dir, id)?;
+    let asked = read_process(args.process.as_deref())?;
+    let store = open_store()?;
+    let checked = not_decided_by_class(&facts)
+        .and_then(|()| {
+            exec_terms(&asked, &facts.container)
+                .map_err(|e| format!("process.json {}: {}", e.field, e.rule))
+        })
+        .and_then(|terms| console_matches(terms, args.console_socket.as_deref()));
+    match checked {
+        Ok((terms, console)) => Ok(Checked {
+            dir,
+            container_run: stored.run_id,
+            facts,
+            terms,
+            console,
+            store,
+        }),
+        Err(error) => {
+            let argv = asked.args().clone().unwrap_or_default();
+            let run = refuse(&store, &facts, &stored.run_id, &argv, &error);
+            Err(format!("container {id}: exec refused (run {run}): {error}"))
+        }
+    }
+}
+
+/// Asks the container's supervisor for the command, with this process's stdio (the
+/// shim's) unless it has a terminal.
+fn ask(dir: &Path, terms: &ExecTerms) -> Result<ExecClient, String> {
+    let client = ExecClient::connect(&door_socket(dir))
+        .map_err(|e| format!("its supervisor does not answer: {e}"))?;
+    let request = ExecRequest {
+        argv: terms.argv.clone(),
+        env: terms.env.clone(),
+        terminal: terms.terminal,
+    };
+    let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    let stdio: Vec<BorrowedFd<'_>> = match terms.terminal {
+        true => Vec::new(),
+        false => vec![stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
+    };
+    client
+        .run(&request, &stdio)
+        .map_err(|e| format!("exec: {e}"))?;
+    Ok(client)
 }
 
 /// A container whose command a workload class decided takes no exec: the class's command

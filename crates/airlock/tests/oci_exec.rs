@@ -289,13 +289,19 @@ fn a_container_and_an_exec_get_a_terminal_of_the_cell() {
         "t4",
         "/bin/sh",
         "-c",
-        "tty; sleep 1",
+        "tty; echo pts: $(ls /dev/pts); sleep 1",
     ]);
     assert!(
         text(&out).contains("/dev/pts/"),
         "a terminal for the exec: {}\n{}",
         common::output_text(&out),
         containerd.log()
+    );
+    // The cell's own devpts: its one pty, none of the host's.
+    assert!(
+        text(&out).contains("pts: 0 ptmx"),
+        "{}",
+        common::output_text(&out)
     );
     ended_and_deleted(&containerd, "t4");
 }
@@ -372,6 +378,11 @@ fn an_exec_as_another_user_with_capabilities_or_into_a_stopped_container_is_refu
         "/bin/true",
     ]);
     assert!(!out.status.success(), "{}", common::output_text(&out));
+    assert!(
+        common::output_text(&out).contains("process.user"),
+        "{}",
+        common::output_text(&out)
+    );
     let refused = exec_records(&containerd, "t2");
     assert!(
         refused

@@ -3,8 +3,9 @@
 //! (airlock_oci::bundle, pure) -> the platform's contract narrowed by them -> plan ->
 //! `Engine::run_container_here` (`run_here` with the container's doors: exec.rs). Once
 //! the begin record exists (the engine's `on_recorded` hook) it tells `create` the
-//! container is created and holds the payload until `start` connects to its socket; then the cell runs it, and this process completes the record
-//! (with the container's identity) and exits with the payload's exit code.
+//! container is created and holds the payload until `start` connects to its socket;
+//! then the cell runs it, and this process completes the record (with the container's
+//! identity) and exits with the payload's exit code.
 //!
 //! Its stdio are the container's (the shim's pipes): it writes nothing of its own there;
 //! its errors go to `--log` and, before the container is created, to `create`.

@@ -442,3 +442,61 @@ fn an_exec_into_a_container_whose_class_decides_its_command_is_refused() {
     assert_eq!(refused[0]["status"], "policy_denied");
     ended_and_deleted(&containerd, "t1");
 }
+
+/// `create` with a console socket but no terminal in the spec, and a terminal without a
+/// console socket: each refused, as runc refuses them (on a copy of a bundle containerd
+/// prepared, with a state root of this test's own).
+#[test]
+fn a_console_socket_without_a_terminal_and_a_terminal_without_one_are_refused() {
+    require_cells!();
+    let containerd = Containerd::start("console-refused");
+    started(&containerd, "t1", "sleep 600");
+    let prepared = containerd.path(&format!(
+        "state/io.containerd.runtime.v2.task/{}/t1",
+        containerd.namespace
+    ));
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(prepared.join("config.json")).unwrap()).unwrap();
+    spec["root"]["path"] = json!(prepared.join("rootfs"));
+    let root = containerd.path("own-root");
+    let console = containerd.path("console.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&console).unwrap();
+    let create = |name: &str, terminal: bool, console: Option<&std::path::Path>| {
+        let bundle = containerd.path(name);
+        std::fs::create_dir_all(&bundle).unwrap();
+        let mut spec = spec.clone();
+        spec["process"]["terminal"] = json!(terminal);
+        std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+        let mut command = Command::new(common::airlock_bin());
+        command
+            .args(["oci", "--root"])
+            .arg(&root)
+            .args(["create", "--bundle"])
+            .arg(&bundle)
+            .env("AIRLOCK_CONFIG", containerd.path("airlock.toml"))
+            .env("AIRLOCK_CONTRACTS_DIR", containerd.path("contracts"));
+        if let Some(console) = console {
+            command.arg("--console-socket").arg(console);
+        }
+        command.arg(name).output().unwrap()
+    };
+    let out = create("c1", false, Some(&console));
+    assert!(!out.status.success(), "{}", common::output_text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--console-socket without"),
+        "{}",
+        common::output_text(&out)
+    );
+    let out = create("c2", true, None);
+    assert!(!out.status.success(), "{}", common::output_text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a terminal needs --console-socket"),
+        "{}",
+        common::output_text(&out)
+    );
+    assert!(
+        std::fs::read_dir(&root).map_or(true, |d| d.count() == 0),
+        "a refused create leaves no state"
+    );
+    ended_and_deleted(&containerd, "t1");
+}

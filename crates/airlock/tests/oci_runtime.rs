@@ -208,22 +208,6 @@ fn the_platforms_contract_is_chosen_by_annotation_and_its_ceilings_hold() {
     );
 }
 
-#[test]
-fn exec_is_refused_saying_why() {
-    require_cells!();
-    let containerd = Containerd::start("exec");
-    let out = containerd.run(&["-d"], "t2", &["/bin/sh", "-c", "sleep 600"]);
-    assert!(out.status.success(), "{}", common::output_text(&out));
-    containerd.wait_status("t2", "RUNNING");
-    let exec = containerd.ctr(&["task", "exec", "--exec-id", "e1", "t2", "/bin/true"]);
-    assert!(!exec.status.success());
-    assert!(
-        String::from_utf8_lossy(&exec.stderr).contains("exec is not supported by airlock"),
-        "{}",
-        common::output_text(&exec)
-    );
-}
-
 /// `airlock.dev/class`: the operator's workload class makes the contract and decides on
 /// the container's command, as for `airlock run --class`.
 #[test]

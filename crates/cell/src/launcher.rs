@@ -40,6 +40,9 @@ pub struct ChildSetup<'a> {
     pub has_artifacts: bool,
     /// A session's pid 1 serves further commands after the first, until CLOSE.
     pub session: bool,
+    /// A container's pid 1 (an OCI runtime's cell) serves further commands (EXEC) while
+    /// its payload runs, and ends with the payload, whatever else runs.
+    pub serves_execs: bool,
     /// Where the setup runs (see the supervisor's `other_cpu`).
     pub setup_cpu: Option<usize>,
     /// The window size of the payload's terminal, for a plan with one: the caller's,
@@ -93,6 +96,9 @@ pub fn run(setup: ChildSetup<'_>) -> ! {
     // The payload and its descendants hold the terminal now; when the last of them
     // closes it, the supervisor's master reads the end.
     drop(terminal);
+    if setup.serves_execs {
+        reap_serving_execs(setup, payload)
+    }
     reap(setup, payload)
 }
 
@@ -117,17 +123,7 @@ fn serve_session(setup: ChildSetup<'_>, first: (u64, libc::pid_t)) -> ! {
         }
         match receive(&setup) {
             Ok((ToCell::Exec(command), fds)) if !command.argv.is_empty() => {
-                match spawn_command(&setup, &command, &fds, None) {
-                    Ok(pid) => commands.push((command.id, pid)),
-                    Err(err) => setup.sync.exec_failed(
-                        command.id,
-                        ExecFailure {
-                            status: 126,
-                            path: command.argv[0].clone(),
-                            reason: err.to_string(),
-                        },
-                    ),
-                }
+                spawn_further(&setup, &command, &fds, &mut commands)
             }
             Ok((ToCell::Kill { id, signal }, _)) => {
                 if let Some((_, group)) = commands.iter().find(|(c, _)| *c == id) {
@@ -140,6 +136,85 @@ fn serve_session(setup: ChildSetup<'_>, first: (u64, libc::pid_t)) -> ! {
         }
     }
     end_session(setup)
+}
+
+/// Spawns a further command (EXEC) and tracks it; a spawn that fails is reported as the
+/// command's exec failure.
+fn spawn_further(
+    setup: &ChildSetup<'_>,
+    command: &CellCommand,
+    fds: &[OwnedFd],
+    commands: &mut Vec<(u64, libc::pid_t)>,
+) {
+    match spawn_command(setup, command, fds, None) {
+        Ok(pid) => commands.push((command.id, pid)),
+        Err(err) => setup.sync.exec_failed(
+            command.id,
+            ExecFailure {
+                status: 126,
+                path: command.argv[0].clone(),
+                reason: err.to_string(),
+            },
+        ),
+    }
+}
+
+/// pid 1 of a container's cell once its payload (the container's init) started: runs
+/// each further command (EXEC, `airlock oci exec`) in a process group of its own, with
+/// everything pid 1 holds (its identity, no capabilities, Landlock, seccomp, the cell's
+/// namespaces and cgroup: the same confinement as the payload, by inheritance), reports
+/// their ends, signals a command's group on KILL, and when the payload ends kills every
+/// process of the cell and reports the payload's end, as a container ends with its init.
+fn reap_serving_execs(setup: ChildSetup<'_>, payload: libc::pid_t) -> ! {
+    let mut commands: Vec<(u64, libc::pid_t)> = Vec::new();
+    let wait_status = loop {
+        if let Some(status) = reap_around_payload(&setup, payload, &mut commands) {
+            break status;
+        }
+        let mut state = [libc::pollfd {
+            fd: setup.sync.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        if sys::poll(&mut state, SESSION_REAP_MS).unwrap_or(0) == 0 {
+            continue;
+        }
+        match receive(&setup) {
+            Ok((ToCell::Exec(command), fds)) if !command.argv.is_empty() => {
+                spawn_further(&setup, &command, &fds, &mut commands)
+            }
+            Ok((ToCell::Kill { id, signal }, _)) => {
+                if let Some((_, group)) = commands.iter().find(|(c, _)| *c == id) {
+                    let _ = sys::kill(-group, signal);
+                }
+            }
+            // Anything else has no meaning while the payload runs.
+            Ok(_) | Err(_) => {}
+        }
+    };
+    // Daemons, double forks and the further commands go with the payload.
+    let _ = sys::kill(-1, libc::SIGKILL);
+    while let Ok(Some(_)) = sys::wait_child(-1, false) {}
+    report_end(setup, wait_status)
+}
+
+/// Reaps every child that ended: reports a further command's end, returns the payload's
+/// wait status once it ended.
+fn reap_around_payload(
+    setup: &ChildSetup<'_>,
+    payload: libc::pid_t,
+    commands: &mut Vec<(u64, libc::pid_t)>,
+) -> Option<i32> {
+    while let Ok(Some(reaped)) = sys::wait_child(-1, true) {
+        if reaped.pid == payload {
+            return Some(reaped.status);
+        }
+        if let Some(at) = commands.iter().position(|(_, pid)| *pid == reaped.pid) {
+            let (id, _) = commands.remove(at);
+            setup.sync.command_ended(id, reaped.status);
+        }
+    }
+    None
 }
 
 /// Reaps every child that ended (commands and orphans the cell inherited) and reports
@@ -461,8 +536,15 @@ fn spawn_command(
     let env = cstrings(&command.env);
     let path = resolve_command(&command.argv[0], &env)
         .map(|p| CString::new(p.as_os_str().as_bytes()).unwrap_or_default());
+    // Its own terminal: the master is the supervisor's before the command runs, the
+    // slave closes here once the command holds it.
+    let own_terminal = match command.stdio {
+        CommandStdio::NewTerminal => Some(command_terminal(setup, command.id)?),
+        CommandStdio::Passed | CommandStdio::Terminal => None,
+    };
+    let terminal = own_terminal.as_ref().or(terminal);
     let io = match (command.stdio, stdio) {
-        (CommandStdio::Terminal, _) => sys::ExecStdio::Terminal(
+        (CommandStdio::Terminal | CommandStdio::NewTerminal, _) => sys::ExecStdio::Terminal(
             terminal
                 .ok_or_else(|| std::io::Error::other("the plan has no terminal"))?
                 .as_fd(),
@@ -493,6 +575,17 @@ fn spawn_command(
         None => setup.sync.command_started(command.id),
     }
     Ok(spawned.pid)
+}
+
+/// A new pseudo-terminal of the cell's devpts for command `id`: the master goes to the
+/// supervisor, the slave is returned. Opened by pid 1 under its own confinement (Landlock
+/// grants /dev/pts, seccomp refuses only TIOCSTI and TIOCLINUX among ioctls), so the
+/// pair belongs to the cell's identity like the payload's terminal.
+fn command_terminal(setup: &ChildSetup<'_>, id: u64) -> std::io::Result<OwnedFd> {
+    let (master, slave) = sys::open_pty_pair()?;
+    sys::set_window_size(master.as_fd(), &crate::terminal::DEFAULT_WINDOW)?;
+    setup.sync.command_terminal(id, master.as_fd())?;
+    Ok(slave)
 }
 
 /// Why the payload's exec failed. The kernel answers EACCES for a directory too;

@@ -25,6 +25,7 @@ mod counters;
 pub mod doctor;
 mod error;
 pub mod evidence;
+pub mod exec_door;
 pub mod gvisor;
 pub mod host_files;
 pub mod host_identity;

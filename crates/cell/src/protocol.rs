@@ -59,6 +59,9 @@ pub enum FromCell {
     /// The master of the payload's terminal (one descriptor), for a plan with one; sent
     /// before any command can start.
     Terminal,
+    /// The master of command `id`'s own terminal (one descriptor), allocated in the
+    /// cell's devpts for a command with [`CommandStdio::NewTerminal`], before its spawn.
+    CommandTerminal { id: u64 },
     /// The setup is complete (seccomp applied, the host's root detached): pid 1 waits for
     /// [`ToCell::Start`].
     Parked,
@@ -89,6 +92,11 @@ pub enum CommandStdio {
     Passed,
     /// The cell's terminal, which the command takes as its controlling one.
     Terminal,
+    /// A terminal of the command's own, allocated by pid 1 in the cell's devpts when it
+    /// spawns the command (an OCI container's `exec` with a console socket): the master
+    /// goes to the supervisor ([`FromCell::CommandTerminal`]), the slave is the
+    /// command's stdio and controlling terminal.
+    NewTerminal,
 }
 
 /// Why a command could not be exec'd, as a shell reports it.
@@ -130,7 +138,7 @@ pub struct PayloadEnded {
 fn stdio_descriptors(command: &CellCommand) -> usize {
     match command.stdio {
         CommandStdio::Passed => 3,
-        CommandStdio::Terminal => 0,
+        CommandStdio::Terminal | CommandStdio::NewTerminal => 0,
     }
 }
 
@@ -155,7 +163,7 @@ impl Message for FromCell {
     fn descriptors(&self) -> usize {
         match self {
             FromCell::Listeners(wire) => 3 + wire.transparent.len(),
-            FromCell::Terminal => 1,
+            FromCell::Terminal | FromCell::CommandTerminal { .. } => 1,
             FromCell::Failed(_)
             | FromCell::Parked
             | FromCell::CommandStarted { .. }
@@ -335,6 +343,15 @@ impl Pid1Channel {
 
     pub fn terminal(&self, master: BorrowedFd<'_>) -> std::io::Result<()> {
         send(&self.sock, &FromCell::Terminal, &[master.as_raw_fd()])
+    }
+
+    /// The master of command `id`'s own terminal.
+    pub fn command_terminal(&self, id: u64, master: BorrowedFd<'_>) -> std::io::Result<()> {
+        send(
+            &self.sock,
+            &FromCell::CommandTerminal { id },
+            &[master.as_raw_fd()],
+        )
     }
 
     pub fn parked(&self) {
@@ -596,6 +613,7 @@ mod tests {
             (ToCell::Start(command(CommandStdio::Terminal)), 0),
             (ToCell::StartHeld(command(CommandStdio::Passed)), 4),
             (ToCell::Exec(command(CommandStdio::Passed)), 3),
+            (ToCell::Exec(command(CommandStdio::NewTerminal)), 0),
             (ToCell::Kill { id: 3, signal: 15 }, 0),
             (ToCell::Close, 0),
             (ToCell::Collected, 0),
@@ -647,6 +665,7 @@ mod tests {
             ),
             (FromCell::Listeners(wire), 4),
             (FromCell::Terminal, 1),
+            (FromCell::CommandTerminal { id: 4 }, 1),
             (FromCell::Parked, 0),
             (FromCell::CommandStarted { id: 1 }, 0),
             (

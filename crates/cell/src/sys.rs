@@ -1524,6 +1524,14 @@ pub fn open_pty_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((master, unsafe { OwnedFd::from_raw_fd(slave) }))
 }
 
+/// The number N of a pseudo-terminal master's slave, `/dev/pts/N` in its devpts.
+pub fn pty_number(master: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut number: libc::c_uint = 0;
+    // SAFETY: TIOCGPTN writes one unsigned int through the valid pointer.
+    check(unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGPTN, &mut number) })?;
+    Ok(number)
+}
+
 pub fn is_terminal(fd: BorrowedFd<'_>) -> bool {
     // SAFETY: isatty only inspects the descriptor.
     unsafe { libc::isatty(fd.as_raw_fd()) == 1 }

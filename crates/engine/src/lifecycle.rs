@@ -179,6 +179,25 @@ impl Engine {
     /// own setup: the cold start of `airlock run`. The plan's tier picks the backend
     /// (backend.rs); a gVisor run clones nothing and may come from any thread.
     pub fn run_here(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
+        self.run_here_with(request, None)
+    }
+
+    /// [`Engine::run_here`] for an OCI runtime's container: the cell also runs the
+    /// further commands asked for at `doors.exec` while its payload runs, and sends the
+    /// payload's terminal to `doors.console` (airlock_cell::exec_door).
+    pub fn run_container_here(
+        &self,
+        request: RunRequest,
+        doors: airlock_cell::exec_door::ContainerDoors,
+    ) -> Result<FinishedRun, Box<RecordedRefusal>> {
+        self.run_here_with(request, Some(doors))
+    }
+
+    fn run_here_with(
+        &self,
+        request: RunRequest,
+        doors: Option<airlock_cell::exec_door::ContainerDoors>,
+    ) -> Result<FinishedRun, Box<RecordedRefusal>> {
         let (request, mut broker) = self.with_broker(request)?;
         let (prepared, request) = self.prepare(request)?;
         let RunRequest {
@@ -233,6 +252,7 @@ impl Engine {
                 credentials: &credentials,
                 host_ids: self.config.host_ids,
                 on_suspected_escape,
+                doors,
             },
         );
         let mut report = report;

@@ -17,13 +17,14 @@
 //! - namespaces: the cell always creates its own, except the network namespace of a pod
 //!   (`linux.namespaces[network].path`), which it joins only when the platform's contract
 //!   says so (`network.mode: pod`); a path of any other namespace is refused;
-//! - `linux.devices`, `hooks`, `linux.sysctl` and a terminal are refused;
+//! - `linux.devices`, `hooks` and `linux.sysctl` are refused;
+//! - `process.terminal` is the contract's `terminal` (the runtime needs a console socket);
 //! - resources and `RLIMIT_NOFILE` are ceilings: the lower of the spec's and the contract's;
 //! - a seccomp profile is the contract's custom profile (airlock's hardening is applied on
 //!   top of it); an allow-by-default profile is refused.
 
 use airlock_contract::{Contract, MappedInput, NetworkMode, ReadonlyInput, HOST_IMAGE};
-use oci_spec::runtime::{LinuxNamespaceType, Mount, PosixRlimitType, Spec};
+use oci_spec::runtime::{LinuxNamespaceType, Mount, PosixRlimitType, Process, Spec};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -101,6 +102,10 @@ pub struct ContainerTerms {
     pub open_files: Option<u64>,
     /// The spec's seccomp profile in Docker's JSON form (compile parses and hardens it).
     pub seccomp_profile: Option<String>,
+    /// `process.terminal`: the payload's stdio is a pseudo-terminal of the cell's devpts,
+    /// whose master goes to the runtime's `--console-socket` (the caller checks that
+    /// there is one).
+    pub terminal: bool,
     pub selection: Selection,
     pub identity: ContainerIdentity,
 }
@@ -172,13 +177,7 @@ pub fn container_terms(
         Some(process) => process,
         None => return refuse("process", "a container needs a process"),
     };
-    if process.terminal().unwrap_or(false) {
-        return refuse(
-            "process.terminal",
-            "a terminal (--console-socket) is not supported by airlock's OCI runtime yet",
-        );
-    }
-    check_capabilities(spec)?;
+    check_capabilities(process)?;
     let argv = process.args().clone().unwrap_or_default();
     if argv.is_empty() {
         return refuse("process.args", "a container needs a command");
@@ -222,6 +221,7 @@ pub fn container_terms(
         pids,
         cpu_millis,
         open_files: open_files(spec),
+        terminal: process.terminal().unwrap_or(false),
         seccomp_profile: seccomp_profile(spec)?,
         selection: selection(&annotations)?,
         identity: identity(id, &annotations),
@@ -330,13 +330,10 @@ fn network_namespace(spec: &Spec) -> Result<Option<PathBuf>, SpecRefusal> {
     }
 }
 
-/// Every capability set may hold only the container default set.
-fn check_capabilities(spec: &Spec) -> Result<(), SpecRefusal> {
-    let Some(caps) = spec
-        .process()
-        .as_ref()
-        .and_then(|p| p.capabilities().clone())
-    else {
+/// Every capability set may hold only the container default set (a container's process
+/// and an `exec`'s alike).
+pub fn check_capabilities(process: &Process) -> Result<(), SpecRefusal> {
+    let Some(caps) = process.capabilities().clone() else {
         return Ok(());
     };
     let sets = [
@@ -577,6 +574,7 @@ pub fn apply_terms(
     if let Some(hostname) = &terms.hostname {
         contract.hostname = hostname.clone();
     }
+    contract.terminal |= terms.terminal;
     if terms.seccomp_profile.is_some() {
         if contract.seccomp_profile != "default" {
             return refuse(

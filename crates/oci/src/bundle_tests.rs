@@ -305,10 +305,19 @@ fn a_relative_network_namespace_path_is_refused() {
 }
 
 #[test]
-fn a_terminal_and_a_contract_with_an_image_of_its_own_are_refused() {
+fn a_terminal_is_the_contracts_terminal() {
     let mut spec = base();
     spec["process"]["terminal"] = json!(true);
-    assert_eq!(refused(spec).field, "process.terminal");
+    let t = terms(spec).unwrap();
+    assert!(t.terminal);
+    let mut contract = default_contract();
+    apply_terms(&mut contract, &t, "x").unwrap();
+    assert!(contract.terminal);
+    assert!(!terms(base()).unwrap().terminal);
+}
+
+#[test]
+fn a_contract_with_an_image_of_its_own_is_refused() {
     let t = terms(base()).unwrap();
     let mut contract = default_contract();
     contract.image = "registry.test/x@sha256:00".into();

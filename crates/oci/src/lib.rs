@@ -25,6 +25,7 @@
 //!   the ceilings before `runsc run`; runsc joins an existing cgroup without owning it.
 
 pub mod bundle;
+pub mod exec;
 pub mod update;
 
 use airlock_contract::{CellPlan, MountPlan};

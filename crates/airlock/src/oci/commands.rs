@@ -30,16 +30,12 @@ pub fn dispatch(globals: &Globals, command: OciCommand) -> Result<ExitCode, Stri
             console_socket,
             id,
             ..
-        } => {
-            if console_socket.is_some() {
-                return Err(
-                    "--console-socket: a terminal is not supported by airlock's OCI \
-                            runtime yet"
-                        .into(),
-                );
-            }
-            create(globals, &bundle, pid_file.as_deref(), &id)
-        }
+        } => create(
+            globals,
+            &bundle,
+            (pid_file.as_deref(), console_socket.as_deref()),
+            &id,
+        ),
         OciCommand::Start { id } => start(root, &id),
         OciCommand::State { id } => {
             let stored = state::load(root, &id)?;
@@ -53,10 +49,38 @@ pub fn dispatch(globals: &Globals, command: OciCommand) -> Result<ExitCode, Stri
             println!("{:#}", features());
             Ok(ExitCode::SUCCESS)
         }
-        OciCommand::Exec { .. } => Err(unsupported(
-            "exec",
-            "a cell runs the one payload its contract was compiled for",
-        )),
+        OciCommand::Exec {
+            process,
+            pid_file,
+            console_socket,
+            detach,
+            id,
+            ..
+        } => super::exec::exec(
+            globals,
+            super::exec::ExecArgs {
+                process,
+                pid_file,
+                console_socket,
+                detach,
+                id,
+            },
+        ),
+        OciCommand::ExecWait {
+            word,
+            process,
+            console_socket,
+            id,
+        } => {
+            let args = super::exec::ExecArgs {
+                process,
+                pid_file: None,
+                console_socket,
+                detach: false,
+                id,
+            };
+            Ok(super::exec::exec_wait(globals, args, &word))
+        }
         OciCommand::Update { resources, id } => {
             super::resources::update(root, &id, resources.as_deref())
         }
@@ -67,14 +91,17 @@ pub fn dispatch(globals: &Globals, command: OciCommand) -> Result<ExitCode, Stri
             interval,
             id,
         } => super::resources::events(root, &id, stats, &interval),
-        OciCommand::Supervise { bundle, id } => {
-            Ok(super::supervise::supervise(globals, &bundle, &id))
-        }
+        OciCommand::Supervise {
+            bundle,
+            console_socket,
+            id,
+        } => Ok(super::supervise::supervise(
+            globals,
+            &bundle,
+            console_socket.as_deref(),
+            &id,
+        )),
     }
-}
-
-fn unsupported(what: &str, why: &str) -> String {
-    format!("{what} is not supported by airlock's OCI runtime: {why} (docs/kubernetes.md)")
 }
 
 /// Starts the supervisor and returns once it says the container is created (the cell
@@ -83,7 +110,7 @@ fn unsupported(what: &str, why: &str) -> String {
 fn create(
     globals: &Globals,
     bundle: &Path,
-    pid_file: Option<&Path>,
+    (pid_file, console_socket): (Option<&Path>, Option<&Path>),
     id: &str,
 ) -> Result<ExitCode, String> {
     let dir = state::dir(&globals.root, id)?;
@@ -99,7 +126,7 @@ fn create(
             std::io::ErrorKind::AlreadyExists => format!("container with id exists: {id}"),
             _ => format!("state directory {}: {e}", dir.display()),
         })?;
-    let outcome = spawn_supervisor(globals, bundle, id, &dir);
+    let outcome = spawn_supervisor(globals, (bundle, console_socket), id, &dir);
     match outcome {
         Ok(pid) => {
             if let Some(path) = pid_file {
@@ -114,7 +141,12 @@ fn create(
     }
 }
 
-fn spawn_supervisor(globals: &Globals, bundle: &Path, id: &str, dir: &Path) -> Result<u32, String> {
+fn spawn_supervisor(
+    globals: &Globals,
+    (bundle, console_socket): (&Path, Option<&Path>),
+    id: &str,
+    dir: &Path,
+) -> Result<u32, String> {
     let bundle = std::path::absolute(bundle).map_err(|e| format!("--bundle: {e}"))?;
     let listener = UnixListener::bind(state::notify_socket(dir))
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
@@ -132,8 +164,18 @@ fn spawn_supervisor(globals: &Globals, bundle: &Path, id: &str, dir: &Path) -> R
             "__supervise",
             "--bundle",
         ])
-        .arg(&bundle)
-        .arg(id);
+        .arg(&bundle);
+    if let Some(console) = console_socket {
+        let console = std::path::absolute(console).map_err(|e| format!("--console-socket: {e}"))?;
+        command.arg("--console-socket").arg(console);
+        // The payload's stdio is its terminal; the caller's stdio (go-runc reads it to
+        // its end before `create` counts as returned) must not stay open in here.
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+    }
+    command.arg(id);
     // The container's stdio (the shim's pipes) are inherited: they are the payload's.
     let mut child = command
         .spawn()
@@ -177,7 +219,7 @@ fn spawn_supervisor(globals: &Globals, bundle: &Path, id: &str, dir: &Path) -> R
     }
 }
 
-fn write_pid_file(path: &Path, pid: u32) -> Result<(), String> {
+pub(super) fn write_pid_file(path: &Path, pid: u32) -> Result<(), String> {
     let tmp = path.with_extension("airlock-tmp");
     std::fs::write(&tmp, pid.to_string())
         .and_then(|()| std::fs::rename(&tmp, path))
@@ -248,10 +290,13 @@ fn kill(root: &Path, id: &str, signal: &str, all: bool) -> Result<ExitCode, Stri
             let targets: Vec<u32> = if all {
                 payload
             } else {
-                // The payload's first process: a child of the cell's pid 1.
+                // The payload's first process: the oldest child of the cell's pid 1 (its
+                // execs and the orphans it adopted came later).
                 payload
                     .into_iter()
                     .filter(|p| pid1s.iter().any(|p1| parent_of(*p) == Some(*p1)))
+                    .min_by_key(|p| state::proc_stat(*p).map_or(u64::MAX, |(_, start)| start))
+                    .into_iter()
                     .collect()
             };
             for pid in targets {

@@ -8,8 +8,12 @@
 //! record written; the payload is held until `start`. The supervisor's pid is the one
 //! in `--pid-file`: it is reparented to the shim (a child subreaper) when `create` exits,
 //! and exits with the payload's status, which is how the shim learns it.
+//! `exec` (`exec.rs`) asks that supervisor for a further process of the container's cell
+//! (its pid 1 spawns it, so it has the payload's confinement); a terminal's master goes
+//! to the `--console-socket` as runc's does.
 
 mod commands;
+mod exec;
 mod resources;
 mod state;
 mod supervise;
@@ -93,10 +97,32 @@ pub enum OciCommand {
     },
     /// What this runtime supports (the runtime-spec's features document).
     Features,
-    /// Not supported: a cell runs the one payload its contract was compiled for.
+    /// Run a further process in a running container's cell (its confinement, its
+    /// cgroup and ceilings), from process.json (exec.rs).
     Exec {
+        #[arg(long, short = 'p')]
+        process: Option<PathBuf>,
+        #[arg(long = "pid-file")]
+        pid_file: Option<PathBuf>,
+        #[arg(long = "console-socket")]
+        console_socket: Option<PathBuf>,
+        #[arg(long, short = 'd')]
+        detach: bool,
+        id: String,
+        /// runc's command-line form of the process (without --process): refused.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        command: Vec<String>,
+    },
+    /// The copy of a detached exec that waits for its command (internal).
+    #[command(name = "__exec-wait", hide = true)]
+    ExecWait {
+        #[arg(long)]
+        word: PathBuf,
+        #[arg(long)]
+        process: Option<PathBuf>,
+        #[arg(long = "console-socket")]
+        console_socket: Option<PathBuf>,
+        id: String,
     },
     /// Change a running container's memory, pids and CPU limits: lower them, or raise
     /// them again up to its contract's ceilings (`--resources FILE`, `-` for stdin: the
@@ -124,6 +150,8 @@ pub enum OciCommand {
     Supervise {
         #[arg(long)]
         bundle: PathBuf,
+        #[arg(long = "console-socket")]
+        console_socket: Option<PathBuf>,
         id: String,
     },
 }
@@ -258,6 +286,15 @@ mod tests {
         assert!(matches!(
             parse("airlock-runc state c1"),
             Ok(OciCommand::State { .. })
+        ));
+        // go-runc's exec: --process first, then its options, then the id.
+        assert!(matches!(
+            parse("airlock-runc --root /r exec --process /tmp/p.json --pid-file /b/e.pid --console-socket /tmp/c.sock --detach c1"),
+            Ok(OciCommand::Exec { detach: true, ref id, console_socket: Some(_), process: Some(_), .. }) if id == "c1"
+        ));
+        assert!(matches!(
+            parse("airlock-runc --root /r create --bundle /b --pid-file /b/p --console-socket /tmp/c.sock c1"),
+            Ok(OciCommand::Create { console_socket: Some(_), .. })
         ));
     }
 

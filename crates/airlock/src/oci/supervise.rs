@@ -1,10 +1,11 @@
 //! The container's supervisor: the process `create` starts and whose pid the shim gets.
 //! It is a single-threaded `airlock run` of the bundle: config.json -> terms
 //! (airlock_oci::bundle, pure) -> the platform's contract narrowed by them -> plan ->
-//! `Engine::run_here`. Once the begin record exists (the engine's `on_recorded` hook) it
-//! tells `create` the container is created and holds the payload until `start`
-//! connects to its socket; then the cell runs it, and this process completes the record
-//! (with the container's identity) and exits with the payload's exit code.
+//! `Engine::run_container_here` (`run_here` with the container's doors: exec.rs). Once
+//! the begin record exists (the engine's `on_recorded` hook) it tells `create` the
+//! container is created and holds the payload until `start` connects to its socket;
+//! then the cell runs it, and this process completes the record (with the container's
+//! identity) and exits with the payload's exit code.
 //!
 //! Its stdio are the container's (the shim's pipes): it writes nothing of its own there;
 //! its errors go to `--log` and, before the container is created, to `create`.
@@ -57,7 +58,12 @@ fn tell(notifier: &Notifier, word: &str) {
     }
 }
 
-pub fn supervise(globals: &Globals, bundle: &Path, id: &str) -> ExitCode {
+pub fn supervise(
+    globals: &Globals,
+    bundle: &Path,
+    console_socket: Option<&Path>,
+    id: &str,
+) -> ExitCode {
     let started = Instant::now();
     // Its stderr is the container's: errors go to --log and to create, which reports them.
     let log = Log {
@@ -88,7 +94,9 @@ pub fn supervise(globals: &Globals, bundle: &Path, id: &str) -> ExitCode {
         Ok(engine) => engine,
         Err(err) => return fail(format!("container {id}: {err}")),
     };
-    let (terms, plan, class) = match plan(bundle, id, &config) {
+    let planned = plan(bundle, id, &config)
+        .and_then(|planned| terminal_matches(planned, console_socket.is_some()));
+    let (terms, plan, class) = match planned {
         Ok(both) => both,
         Err(Stop::Recorded(error)) => return fail(format!("container {id} refused: {error}")),
         Err(Stop::Refuse(argv, error)) => {
@@ -109,6 +117,14 @@ pub fn supervise(globals: &Globals, bundle: &Path, id: &str) -> ExitCode {
         Ok(listener) => listener,
         Err(err) => return fail(format!("container {id}: the start socket: {err}")),
     };
+    let doors = match super::exec::doors(&dir, console_socket) {
+        Ok(doors) => doors,
+        Err(err) => return fail(format!("container {id}: {err}")),
+    };
+    let facts = super::exec::ExecFacts::of(&plan, &class, &terms);
+    if let Err(err) = facts.save(&dir) {
+        return fail(format!("container {id}: exec.json: {err}"));
+    }
     let stored = Stored {
         id: id.to_owned(),
         bundle: bundle.to_path_buf(),
@@ -122,12 +138,29 @@ pub fn supervise(globals: &Globals, bundle: &Path, id: &str) -> ExitCode {
         limits: Some(plan.limits),
         isolation: plan.isolation,
     };
-    let request = match request(plan, class, started) {
+    let request = match request(plan, class, started, console_socket.is_some()) {
         Ok(request) => request,
         Err(err) => return fail(format!("container {id}: {err}")),
     };
     let hook = held_start(dir, stored, start_listener, notifier.clone(), log);
-    run(&engine, request, hook, &terms, &notifier, id)
+    run(&engine, (request, doors), hook, &terms, &notifier, id)
+}
+
+/// A terminal needs the console socket its master goes to, and a console socket a
+/// terminal, as runc's `create` says.
+fn terminal_matches(
+    planned: (ContainerTerms, CellPlan, String),
+    console: bool,
+) -> Result<(ContainerTerms, CellPlan, String), Stop> {
+    let argv = planned.0.argv.clone();
+    let refuse = |error: &str| Err(Stop::Refuse(argv, error.to_owned()));
+    match (planned.0.terminal, console) {
+        (true, false) => refuse("config.json process.terminal: a terminal needs --console-socket"),
+        (false, true) => refuse(
+            "--console-socket without config.json process.terminal: there is no terminal to send",
+        ),
+        _ => Ok(planned),
+    }
 }
 
 /// The engine's hook once the begin record exists: the state is written, `create` told,
@@ -176,14 +209,14 @@ fn held_start(
 /// The run, its record completed with the container's identity; the payload's exit code.
 fn run(
     engine: &Engine,
-    mut request: RunRequest,
+    (mut request, doors): (RunRequest, airlock_cell::exec_door::ContainerDoors),
     hook: airlock_engine::RecordedHook,
     terms: &ContainerTerms,
     notifier: &Notifier,
     id: &str,
 ) -> ExitCode {
     request.on_recorded = Some(hook);
-    let mut finished = match engine.run_here(request) {
+    let mut finished = match engine.run_container_here(request, doors) {
         Ok(finished) => finished,
         Err(refused) => {
             let error = refused.report.error.unwrap_or_default();
@@ -380,9 +413,18 @@ fn bundle_image(terms: &ContainerTerms, config_json: &[u8]) -> ResolvedImage {
     }
 }
 
-fn request(plan: CellPlan, class: String, started: Instant) -> Result<RunRequest, String> {
+fn request(
+    plan: CellPlan,
+    class: String,
+    started: Instant,
+    console: bool,
+) -> Result<RunRequest, String> {
     let credentials = airlock_cell::credential_env(&plan).map_err(|e| e.to_string())?;
-    let stdin_fd = std::io::stdin().as_fd().try_clone_to_owned().ok();
+    // With a console the terminal's master is the shim's: its input comes from there.
+    let stdin_fd = match console {
+        true => None,
+        false => std::io::stdin().as_fd().try_clone_to_owned().ok(),
+    };
     let (stdin, _) = classify_stdin(stdin_fd, plan.terminal).map_err(|e| format!("stdin: {e}"))?;
     Ok(RunRequest {
         plan,

@@ -89,6 +89,28 @@ impl Containerd {
             .unwrap()
     }
 
+    /// `ctr ARGS` on a terminal of its own (`script` from util-linux): what `-t` needs.
+    pub fn ctr_on_a_terminal(&self, args: &[&str]) -> Output {
+        let mut line = format!(
+            "/usr/bin/ctr --address {} -n {}",
+            self.path("c.sock").display(),
+            self.namespace
+        );
+        for arg in args {
+            line.push_str(&format!(" '{}'", arg.replace('\'', "'\\''")));
+        }
+        Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// The runtime's state root containerd's shim passes for this test's namespace.
+    pub fn runtime_root(&self) -> PathBuf {
+        Path::new("/run/containerd/runc").join(&self.namespace)
+    }
+
     pub fn runtime(&self) -> String {
         self.path("bin/airlock-runc").display().to_string()
     }
@@ -118,7 +140,7 @@ impl Containerd {
         std::fs::copy("/usr/bin/busybox", tree.join("bin/busybox")).unwrap();
         for applet in [
             "sh", "cat", "echo", "id", "sleep", "ls", "grep", "mount", "touch", "seq", "true",
-            "unshare", "head", "tail", "wget", "ip", "ping", "kill", "dd",
+            "unshare", "head", "tail", "wget", "ip", "ping", "kill", "dd", "tty",
         ] {
             symlink("busybox", tree.join("bin").join(applet)).unwrap();
         }
@@ -217,11 +239,12 @@ impl Containerd {
         detail["events"].as_array().cloned().unwrap_or_default()
     }
 
-    /// The record of container `id`.
+    /// The record of container `id` (not one of its execs', which name its run as their
+    /// session).
     pub fn record_of(&self, id: &str) -> Value {
         self.records()
             .into_iter()
-            .find(|r| r["result"]["container"]["id"] == id)
+            .find(|r| r["result"]["container"]["id"] == id && r["session_id"].is_null())
             .unwrap_or_else(|| panic!("no record of container {id}: {:#?}", self.records()))
     }
 

@@ -124,6 +124,13 @@ struct Sandbox {
 
 fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, CellError> {
     let started = options.started;
+    if options.doors.is_some() {
+        // Fail closed: a container's exec and console are the native cell's (pid 1 spawns
+        // further commands); runsc's are not wired.
+        return Err(CellError::Unsupported(
+            "a container's exec and console socket are not built for the gVisor tier".into(),
+        ));
+    }
     let binary = preflight(plan)?;
     let env = command_environment(plan, options.credentials, &[])?;
     // A sandbox outlives a supervisor killed with SIGKILL (runsc's processes are not

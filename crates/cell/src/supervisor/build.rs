@@ -107,6 +107,18 @@ pub struct Cell<'a> {
     prepared: Option<(Option<CellMounts>, Vec<PathBuf>)>,
 }
 
+/// What the cell's pid 1 serves once its first command runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pid1Role {
+    /// That command only (a one-shot run).
+    OneShot,
+    /// That command, the container's init, and further commands (EXEC) until it ends:
+    /// an OCI runtime's container.
+    Container,
+    /// Further commands until CLOSE, whichever ends (a session).
+    Session,
+}
+
 /// Clones the cell, writes its maps, creates and joins its cgroup, and releases it.
 pub fn build<'a>(
     plan: &'a CellPlan,
@@ -114,7 +126,7 @@ pub fn build<'a>(
     started: Instant,
     artifacts: Option<ArtifactRequest>,
     mut caller_terminal: Option<CallerTerminal>,
-    session: bool,
+    role: Pid1Role,
     host_ids: HostIdRange,
 ) -> Result<Cell<'a>, CellError> {
     let Preflight {
@@ -137,7 +149,7 @@ pub fn build<'a>(
         (host, lease.slot_fd()),
         (plan, clones_in_cell, &ceilings),
         artifacts.is_some(),
-        session,
+        role,
         payload_cpus.as_ref(),
         caller_terminal.as_mut(),
     )?;
@@ -229,6 +241,7 @@ pub fn build<'a>(
         artifacts,
         parked: false,
         on_suspected_escape: None,
+        door: None,
     };
     Ok(Cell {
         supervision,
@@ -558,7 +571,7 @@ fn spawn_cell(
     (host, slot): (HostIdentity, Option<RawFd>),
     (plan, clones_in_cell, ceilings): (&CellPlan, bool, &Ceilings),
     has_artifacts: bool,
-    session: bool,
+    role: Pid1Role,
     payload_cpus: Option<&sys::CpuSet>,
     caller_terminal: Option<&mut CallerTerminal>,
 ) -> Result<SpawnedCell, CellError> {
@@ -619,7 +632,8 @@ fn spawn_cell(
                 sync: Pid1Channel::new(sync_child),
                 null,
                 has_artifacts,
-                session,
+                session: role == Pid1Role::Session,
+                serves_execs: role == Pid1Role::Container,
                 setup_cpu,
                 window,
                 clones_in_cell,

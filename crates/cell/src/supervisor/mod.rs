@@ -18,6 +18,7 @@ mod serve;
 mod session;
 mod supervise;
 
+pub(crate) use build::give_pipes_to_cell;
 pub use deadline::TERM_GRACE;
 pub use serve::{serve_cell, ServeMode, ServeOptions};
 
@@ -91,6 +92,10 @@ pub struct RunOptions<'a> {
     /// The completion sequence's step when the verdict is `suspected_escape`: the
     /// writable paths are copied there before the cell is destroyed (crate::evidence).
     pub on_suspected_escape: Option<crate::evidence::OnSuspectedEscape>,
+    /// An OCI runtime's container: further commands while the payload runs, and the
+    /// console socket its terminal goes to (see [`crate::exec_door`]). `None` for
+    /// everything else.
+    pub doors: Option<crate::exec_door::ContainerDoors>,
 }
 
 impl RunOptions<'_> {
@@ -108,6 +113,7 @@ impl RunOptions<'_> {
             credentials: &[],
             host_ids,
             on_suspected_escape: None,
+            doors: None,
         }
     }
 }
@@ -319,21 +325,32 @@ fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, 
     };
     let artifacts = wanted_artifacts(plan, options.artifacts.as_ref());
     let started = options.started;
+    let role = match options.doors {
+        Some(_) => build::Pid1Role::Container,
+        None => build::Pid1Role::OneShot,
+    };
     let mut cell = build::build(
         plan,
         preflight,
         started,
         artifacts,
         caller_terminal,
-        false,
+        role,
         options.host_ids,
     )?;
     cell.supervision.on_suspected_escape = options.on_suspected_escape.clone();
+    cell.supervision.door =
+        (options.doors.take()).map(|doors| crate::exec_door::Door::new(doors, options.credentials));
     // Opened while the cell finishes its setup; an error kills the cell like any other.
     let io = match CommandIo::open(plan, cell.supervision.host, stdin, sinks) {
         Ok(io) => io,
         Err(err) => return Err(cell.abandon(err)),
     };
+    // A container's console gets the payload's terminal before the container is
+    // reported created (its caller waits for it first).
+    if let Err(err) = cell.supervision.await_console(&mut options.egress) {
+        return Err(cell.abandon(err));
+    }
     let (recorded, recorded_ms) = match options.before_start.take() {
         None => (Ok(String::new()), 0.0),
         Some(hook) => (

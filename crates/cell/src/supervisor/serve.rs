@@ -116,8 +116,11 @@ fn serve(
     // A credential without a value refuses the cell before it is built.
     command_environment(plan, credentials, &[])?;
     let artifacts = wanted_artifacts(plan, artifacts.as_ref());
-    let session = matches!(mode, ServeMode::Session { .. });
-    let mut cell = build::build(plan, preflight, started, artifacts, None, session, host_ids)?;
+    let role = match mode {
+        ServeMode::Session { .. } => build::Pid1Role::Session,
+        ServeMode::OneShot => build::Pid1Role::OneShot,
+    };
+    let mut cell = build::build(plan, preflight, started, artifacts, None, role, host_ids)?;
     cell.supervision.on_suspected_escape = on_suspected_escape;
     match cell.supervision.wait_parked(egress, control)? {
         Parking::Parked => {}

@@ -322,6 +322,8 @@ impl Session<'_> {
             | FromCell::Listeners(_)
             | FromCell::Terminal
             | FromCell::Parked => {}
+            // Only a container's further commands have terminals of their own.
+            FromCell::CommandTerminal { .. } => {}
         }
     }
 

@@ -9,6 +9,7 @@ use super::{CommandIo, EgressSession};
 use crate::artifacts::{self, ArtifactRequest};
 use crate::control::{SupervisorControl, ToEngine, ToSupervisor};
 use crate::error::CellError;
+use crate::exec_door::{CellSide, Door};
 use crate::output::{OutputCapture, Stream};
 use crate::protocol::{self, CellChannel, CellCommand, FromCell};
 use crate::report::ExitInfo;
@@ -19,6 +20,8 @@ use airlock_contract::CellPlan;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+/// The fixed entries of the supervision loop's poll; a container's door's follow.
+const DOOR_ENTRIES: usize = 10;
 /// Longest we wait for the cell's pipes to close after its pid 1 is gone.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// Bytes read from the payload's stdout or stderr at a time (a full pipe).
@@ -150,6 +153,8 @@ pub struct Supervision<'a> {
     pub parked: bool,
     /// Where a suspected escape's writable paths go (crate::evidence), if anywhere.
     pub on_suspected_escape: Option<crate::evidence::OnSuspectedEscape>,
+    /// A container's further commands and console socket (crate::exec_door).
+    pub door: Option<Door>,
 }
 
 /// A `poll` entry waiting for input on `fd` (negative fds are ignored by poll).
@@ -289,7 +294,7 @@ impl Supervision<'_> {
         loop {
             let timeout = self.loop_timeout();
             let relay = self.stdin_relay.as_ref().map(StdinRelay::interest);
-            let mut fds = [
+            let mut fds = vec![
                 poll_in(raw(&self.stdout)),
                 poll_in(raw(&self.stderr)),
                 poll_in(self.sync_raw()),
@@ -311,7 +316,15 @@ impl Supervision<'_> {
                     revents: 0,
                 },
             ];
+            // A container's door: its listener and clients, after the fixed entries.
+            fds.extend(
+                self.door
+                    .as_ref()
+                    .map(Door::poll_entries)
+                    .unwrap_or_default(),
+            );
             sys::poll(&mut fds, timeout).map_err(|e| CellError::io("poll", e))?;
+            self.serve_door(&fds[DOOR_ENTRIES..]);
             if readable(&fds[0]) {
                 self.pump(Stream::Stdout, &mut buf);
             }
@@ -359,6 +372,9 @@ impl Supervision<'_> {
                     self.read_message(egress)?;
                 }
                 self.reap_pid1();
+                // A container's further commands died with the cell: their clients
+                // learn it now (EOF), not when this process exits.
+                self.door = None;
                 self.drain(&mut buf);
                 // Restored before anything else is printed.
                 drop(self.caller_terminal.take());
@@ -366,6 +382,49 @@ impl Supervision<'_> {
             }
             self.enforce_deadline();
         }
+    }
+
+    /// A container's door after a poll: new clients, their commands and signals.
+    fn serve_door(&mut self, entries: &[libc::pollfd]) {
+        if let Some(mut door) = self.door.take() {
+            let cell = CellSide {
+                plan: self.plan,
+                host: self.host,
+                sync: self.sync.as_ref(),
+            };
+            door.on_ready(entries, &cell);
+            self.door = Some(door);
+        }
+    }
+
+    /// Until the payload's terminal went to the container's console socket (a plan with
+    /// a terminal and a door with a console): the runtime's caller waits for it before it
+    /// starts the container, so it is sent before the container is reported created. The
+    /// cell's setup messages before it (the egress listeners) are handled on the way.
+    pub fn await_console(
+        &mut self,
+        egress: &mut Option<&mut dyn EgressSession>,
+    ) -> Result<(), CellError> {
+        let wanted = self.plan.terminal && self.door.as_ref().is_some_and(Door::has_console);
+        while wanted && !self.door.as_ref().is_some_and(Door::console_sent) {
+            if let Some(failure) = &self.observed.launch_failure {
+                return Err(CellError::Protocol {
+                    message: format!("{}: {}", failure.stage, failure.message),
+                });
+            }
+            let mut fds = [poll_in(self.sync_raw()), poll_in(self.pidfd.as_raw_fd())];
+            sys::poll(&mut fds, -1).map_err(|e| CellError::io("poll", e))?;
+            if readable(&fds[0]) {
+                self.read_message(egress)?;
+            } else if fds[1].revents != 0 || self.sync.is_none() {
+                return Err(CellError::Protocol {
+                    message: "the cell ended before its terminal was sent to the console \
+                              socket"
+                        .into(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// How the payload ended, once pid 1 reported it.
@@ -528,13 +587,21 @@ impl Supervision<'_> {
             }
         };
         self.sync = Some(sync);
+        if let (Some(door), Some(id)) = (self.door.as_mut(), further_command(&message)) {
+            if door.owns(id) {
+                door.on_cell(message, fds);
+                return Ok(());
+            }
+        }
         match message {
             FromCell::Failed(failure) => self.observed.launch_failure = Some(failure),
             FromCell::Listeners(announced) => self.start_egress(&announced, fds, egress),
             FromCell::Terminal => {
-                self.terminal = fds.pop();
+                self.terminal = self.payload_terminal(fds.pop());
                 self.relay_into_terminal();
             }
+            // Only the door's commands have terminals of their own.
+            FromCell::CommandTerminal { .. } => {}
             FromCell::Parked => self.parked = true,
             FromCell::CommandStarted { .. } => {
                 self.observed.exec_done_at = Some(Instant::now());
@@ -548,6 +615,27 @@ impl Supervision<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The payload's terminal master: the supervisor's, or the container's console
+    /// socket's. A console that cannot take it ends the cell (its caller would wait for
+    /// it forever).
+    fn payload_terminal(&mut self, master: Option<OwnedFd>) -> Option<OwnedFd> {
+        let Some(door) = self.door.as_mut() else {
+            return master;
+        };
+        match door.payload_terminal(master?) {
+            Ok(kept) => kept,
+            Err(error) => {
+                self.observed.launch_failure = Some(protocol::LaunchFailure {
+                    stage: "console".into(),
+                    message: error,
+                    unavailable: false,
+                });
+                self.destroy("its terminal could not be sent to the console socket");
+                None
+            }
+        }
     }
 
     pub fn start_egress(
@@ -600,6 +688,21 @@ impl Supervision<'_> {
             let mounts = std::mem::take(&mut self.observed.output_mounts);
             self.observed.artifacts = Some(artifacts::collect(&mounts, self.plan, request));
         }
+    }
+}
+
+/// The further command a cell's message is about, if it is about one.
+fn further_command(message: &FromCell) -> Option<u64> {
+    match message {
+        FromCell::CommandTerminal { id }
+        | FromCell::CommandStarted { id }
+        | FromCell::ExecFailed { id, .. }
+        | FromCell::CommandEnded { id, .. } => Some(*id),
+        FromCell::Failed(_)
+        | FromCell::Listeners(_)
+        | FromCell::Terminal
+        | FromCell::Parked
+        | FromCell::Ended(_) => None,
     }
 }
 

@@ -417,7 +417,7 @@ fn doctor_reports_runsc_and_runs_the_tier_end_to_end() {
 /// to it: its sandbox keeps running until `airlock doctor` (or the next gVisor run) reaps
 /// it. Afterwards nothing of it is left.
 #[test]
-fn doctor_reaps_the_sandbox_of_a_supervisor_killed_mid_run() {
+fn a_sandbox_dies_with_its_killed_supervisor_and_doctor_reaps_the_rest() {
     require_cells!();
     let _serial = serial();
     let dir = tempdir();
@@ -454,8 +454,17 @@ fn doctor_reaps_the_sandbox_of_a_supervisor_killed_mid_run() {
     child.kill().unwrap();
     child.wait().unwrap();
     let dir_of_cell = cell_dir().expect("the dead supervisor's cell directory");
-    // Its sandbox outlives it: that is what doctor is for.
-    assert!(!host::processes_with(&format!("/run/airlock-gvisor/{prefix}")).is_empty());
+    // Its sandbox dies with it (`runsc run` has the parent-death signal and starts the
+    // sandbox attached); its directory, tmpfs and cgroup are doctor's to reap.
+    let gone_by = Instant::now() + Duration::from_secs(5);
+    while !host::processes_with(&format!("/run/airlock-gvisor/{prefix}")).is_empty() {
+        assert!(
+            Instant::now() < gone_by,
+            "the sandbox outlived its supervisor: {:?}",
+            host::processes_with(&format!("/run/airlock-gvisor/{prefix}"))
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let out = Command::new(airlock_bin())
         .args(["doctor", "--json"])
         .output()

@@ -866,6 +866,33 @@ pub fn clear_supplementary_groups() -> io::Result<()> {
     check(unsafe { libc::setgroups(0, std::ptr::null()) }).map(drop)
 }
 
+/// Makes the child `command` spawns get SIGKILL when the thread that spawned it dies
+/// (`PR_SET_PDEATHSIG`, set in the child before its exec); a child whose spawner is
+/// already gone exits at once instead of running unwatched.
+pub fn kill_with_spawner(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getpid takes no arguments and cannot fail.
+    let spawner = unsafe { libc::getpid() };
+    let arm = move || {
+        // SAFETY: between fork and exec only async-signal-safe calls are made here
+        // (prctl, getppid, _exit), nothing is allocated, and PR_SET_PDEATHSIG takes a
+        // signal number, no pointer.
+        unsafe {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != spawner {
+                libc::_exit(1);
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: `arm` is async-signal-safe, as pre_exec requires (see above).
+    unsafe {
+        command.pre_exec(arm);
+    }
+}
+
 pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
     // SAFETY: the prctl options used by airlock take integer arguments only.
     check(unsafe {

@@ -133,8 +133,8 @@ fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport
     }
     let binary = preflight(plan)?;
     let env = command_environment(plan, options.credentials, &[])?;
-    // A sandbox outlives a supervisor killed with SIGKILL (runsc's processes are not
-    // tied to it by a parent-death signal): the next run reaps it, as `doctor` does.
+    // A supervisor killed with SIGKILL takes its sandbox with it (runsc.rs) but leaves
+    // its directory, tmpfs and cgroups: the next run reaps them, as `doctor` does.
     let _ = health::reap_leftovers();
     let mut sandbox = Sandbox::prepare(plan, &binary, options, env)?;
     let prepared_ms = ms_since(started);

@@ -153,6 +153,9 @@ impl Runsc {
             .stdin(Stdio::from(stdin))
             .stdout(Stdio::from(stdout))
             .stderr(Stdio::from(stderr));
+        // `run` starts the sandbox and its gofer attached (they die with it): so the whole
+        // sandbox dies with the supervisor, even one killed with SIGKILL.
+        crate::sys::kill_with_spawner(&mut command);
         command.spawn().map_err(|e| {
             // The binary cannot even be started (ENOEXEC, EACCES, ...): no tier.
             unavailable(format!("starting {} run: {e}", self.binary.display()))

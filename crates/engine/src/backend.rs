@@ -166,5 +166,43 @@ mod tests {
             None,
             "the factory clones native cells only"
         );
+        assert_eq!(engine.live_cells(), 0, "its unit of capacity is given back");
+    }
+
+    /// A gVisor run takes a unit of the engine's `max_cells` as a cloned cell does: with
+    /// none free it is refused (`capacity_exceeded`, recorded) before runsc is asked for
+    /// anything.
+    #[test]
+    fn a_gvisor_run_counts_against_the_engines_capacity() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = EngineConfig::new(dir.path().to_path_buf(), Default::default());
+        config.max_cells = 0;
+        let engine = Engine::new(config);
+        let refused = engine
+            .run(crate::RunRequest {
+                plan: gvisor_plan(),
+                workload_class: "test".into(),
+                credentials: Vec::new(),
+                stdin: airlock_cell::PayloadStdin::Null,
+                artifacts: None,
+                stdout: None,
+                stderr: None,
+                started: std::time::Instant::now(),
+                tenant: None,
+                on_recorded: None,
+                caller: None,
+            })
+            .err()
+            .expect("no capacity left: refused");
+        assert_eq!(refused.report.status, ResultClass::CapacityExceeded);
+        let error = refused.report.error.clone().unwrap_or_default();
+        assert!(error.contains("engine.capacity"), "{error}");
+        let store = airlock_store::Store::open(dir.path()).unwrap();
+        let record = store
+            .show_run(&refused.report.run_id)
+            .unwrap()
+            .expect("its record");
+        assert_eq!(record.run.status, "capacity_exceeded", "{:?}", record.run);
+        assert_eq!(engine.live_cells(), 0);
     }
 }

@@ -4,10 +4,10 @@
 //! read by its pid 1) once the record is committed; for a cell built on demand the
 //! record is written while the supervisor builds the cell.
 
-use crate::factory::{CellFactory, CellHost};
+use crate::factory::{CellFactory, CellHost, LiveCell};
 use crate::host::{HostMode, HostRequest};
 use crate::inputs;
-use crate::lifecycle::{CommandLatency, FinishedRun, RecordedRefusal, RunRequest};
+use crate::lifecycle::{CommandLatency, FinishedRun, RecordedRefusal, Refusal, RunRequest};
 use crate::pool::PlanShape;
 use crate::{Engine, EngineError};
 use airlock_cell::control::{CommandFds, CommandSpec, EngineControl, ToEngine};
@@ -28,7 +28,12 @@ impl Engine {
     /// (see [`Engine::keep_warm`]); otherwise a cell is built for the request.
     pub fn run(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
         if !crate::backend::Backend::of(&request.plan).clones_in_caller() {
-            // Nothing to clone: supervised by this thread (backend.rs).
+            // Nothing to clone: supervised by this thread (backend.rs), counted against
+            // the engine's capacity as a cloned cell is.
+            let _counted = match LiveCell::take(&self.live, self.config.max_cells) {
+                Ok(counted) => counted,
+                Err(err) => return Err(Box::new(self.over_capacity(&request, &err))),
+            };
             return self.run_here(request);
         }
         let (request, mut broker) = self.with_broker(request)?;
@@ -159,6 +164,18 @@ impl Engine {
         Ok(finished)
     }
 
+    /// The recorded refusal of a run the engine has no capacity for.
+    fn over_capacity(&self, request: &RunRequest, err: &EngineError) -> RecordedRefusal {
+        self.refuse(Refusal {
+            argv: &request.plan.argv,
+            workload_class: &request.workload_class,
+            status: err.class(),
+            error: err.to_string(),
+            plan: Some(&request.plan),
+            tenant: request.tenant.as_deref(),
+        })
+    }
+
     /// Asks the factory (started on first use) for a supervisor process, counted against
     /// the engine's capacity while it lives.
     pub(crate) fn spawn_host(&self, request: HostRequest) -> Result<CellHost, EngineError> {
@@ -167,7 +184,7 @@ impl Engine {
 
     pub(crate) fn factory(&self) -> Result<Arc<CellFactory>, EngineError> {
         let started = self.factory.get_or_init(|| {
-            CellFactory::start(&self.config.program, &self.config)
+            CellFactory::start(&self.config.program, &self.config, Arc::clone(&self.live))
                 .map(Arc::new)
                 .map_err(|e| e.to_string())
         });

@@ -72,8 +72,22 @@ pub struct CellHost {
     _counted: LiveCell,
 }
 
-/// One unit of the engine's capacity, given back when the host is dropped.
-struct LiveCell(Arc<AtomicUsize>);
+/// One unit of the engine's capacity, given back when the host (or a gVisor run) is
+/// dropped.
+pub(crate) struct LiveCell(Arc<AtomicUsize>);
+
+impl LiveCell {
+    /// Takes one unit of `live`, or refuses when all `max_cells` are in use.
+    pub(crate) fn take(live: &Arc<AtomicUsize>, max_cells: usize) -> Result<LiveCell, EngineError> {
+        let taken = live.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+            (n < max_cells).then_some(n + 1)
+        });
+        match taken {
+            Ok(_) => Ok(LiveCell(Arc::clone(live))),
+            Err(_) => Err(EngineError::Capacity { max_cells }),
+        }
+    }
+}
 
 impl Drop for LiveCell {
     fn drop(&mut self) {
@@ -85,7 +99,12 @@ impl CellFactory {
     /// Starts `program FACTORY_ARG` (a binary that calls [`run_factory_if_requested`]),
     /// its stdin the factory's end of the socket, and configures it. Safe from any
     /// thread: the standard library spawns with exec.
-    pub fn start(program: &Path, config: &EngineConfig) -> Result<CellFactory, EngineError> {
+    /// `live` counts every cell of the engine against `max_cells`, the gVisor tier's too.
+    pub fn start(
+        program: &Path,
+        config: &EngineConfig,
+        live: Arc<AtomicUsize>,
+    ) -> Result<CellFactory, EngineError> {
         let io = |context: &str| {
             let context = context.to_string();
             move |source| EngineError::Factory { context, source }
@@ -101,7 +120,7 @@ impl CellFactory {
         let factory = CellFactory {
             sock: Mutex::new(ours),
             child: Mutex::new(child),
-            live: Arc::new(AtomicUsize::new(0)),
+            live,
             max_cells: config.max_cells,
         };
         let configure = ToFactory::Configure {
@@ -150,22 +169,7 @@ impl CellFactory {
 
     /// Takes one unit of capacity, or refuses when every one is in use.
     fn count_one(&self) -> Result<LiveCell, EngineError> {
-        let taken = self
-            .live
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < self.max_cells).then_some(n + 1)
-            });
-        match taken {
-            Ok(_) => Ok(LiveCell(Arc::clone(&self.live))),
-            Err(_) => Err(EngineError::Capacity {
-                max_cells: self.max_cells,
-            }),
-        }
-    }
-
-    /// Cells alive now: parked, running or serving a session.
-    pub fn live(&self) -> usize {
-        self.live.load(Ordering::SeqCst)
+        LiveCell::take(&self.live, self.max_cells)
     }
 
     /// The factory's pid (for tests and `doctor`).

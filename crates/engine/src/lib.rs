@@ -96,6 +96,8 @@ pub struct Engine {
     config: EngineConfig,
     /// Started on the first run, session or pool that needs it.
     factory: OnceLock<Result<Arc<CellFactory>, String>>,
+    /// Cells alive now, of either tier: counted against `max_cells`.
+    live: Arc<std::sync::atomic::AtomicUsize>,
     pools: pool::Pools,
     stores: Arc<stores::StorePool>,
 }
@@ -106,6 +108,7 @@ impl Engine {
             stores: Arc::new(stores::StorePool::new(config.store_location())),
             config,
             factory: OnceLock::new(),
+            live: Arc::default(),
             pools: pool::Pools::default(),
         }
     }
@@ -152,10 +155,7 @@ impl Engine {
 
     /// Cells alive now (parked, running, or in a session).
     pub fn live_cells(&self) -> usize {
-        match self.factory.get() {
-            Some(Ok(factory)) => factory.live(),
-            _ => 0,
-        }
+        self.live.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 

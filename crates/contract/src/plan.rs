@@ -221,7 +221,16 @@ pub enum NetworkPlan {
     /// the cell, which then creates no network namespace of its own. The namespace must
     /// be one (nsfs, of type network) and not the host's; the pod's CNI and
     /// NetworkPolicy, not airlock's proxy, govern what it reaches.
-    Pod { namespace: PathBuf },
+    Pod {
+        namespace: PathBuf,
+        /// The pod's ipc namespace, joined the same way (an application container of a
+        /// pod: CRI names the sandbox's); `None`: the cell creates its own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ipc: Option<PathBuf>,
+        /// The pod's uts namespace (its host name), as `ipc`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uts: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,6 +10,7 @@
 //! and exits with the payload's status, which is how the shim learns it.
 
 mod commands;
+mod pod;
 mod resources;
 mod state;
 mod supervise;

@@ -389,20 +389,35 @@ fn the_supervisor_holds_the_pods_network_ipc_and_uts_and_keeps_the_hosts_others(
     let cell = cell_processes(&containerd, "t2", supervisor);
     let of = |pid: u32, kind: &str| namespace_of(&format!("/proc/{pid}/ns/{kind}"));
     for pid in &cell {
-        assert_eq!(of(*pid, "net"), pod_ns, "cell process {pid}: the pod's network");
+        assert_eq!(
+            of(*pid, "net"),
+            pod_ns,
+            "cell process {pid}: the pod's network"
+        );
         for kind in ["ipc", "uts"] {
             assert_eq!(of(*pid, kind), of(supervisor, kind), "{kind} of {pid}");
-            assert_ne!(of(*pid, kind), namespace_of(&format!("/proc/self/ns/{kind}")));
+            assert_ne!(
+                of(*pid, kind),
+                namespace_of(&format!("/proc/self/ns/{kind}"))
+            );
         }
     }
-    assert_eq!(of(supervisor, "net"), pod_ns, "the supervisor holds the pod's network");
+    assert_eq!(
+        of(supervisor, "net"),
+        pod_ns,
+        "the supervisor holds the pod's network"
+    );
     for kind in ["user", "mnt", "pid"] {
         assert_eq!(
             of(supervisor, kind),
             namespace_of(&format!("/proc/self/ns/{kind}")),
             "the supervisor keeps the host's {kind} namespace"
         );
-        assert_ne!(of(cell[0], kind), of(supervisor, kind), "the cell's own {kind}");
+        assert_ne!(
+            of(cell[0], kind),
+            of(supervisor, kind),
+            "the cell's own {kind}"
+        );
     }
     stop_and_check(&containerd, "t2");
 }
@@ -424,8 +439,11 @@ impl PodFiles {
         std::fs::create_dir_all(&sandbox).unwrap();
         std::fs::write(sandbox.join("hosts"), POD_HOSTS).unwrap();
         std::fs::write(sandbox.join("hostname"), "pod-a\n").unwrap();
-        std::fs::write(sandbox.join("resolv.conf"), "nameserver 10.96.0.10\nsearch pods.test\n")
-            .unwrap();
+        std::fs::write(
+            sandbox.join("resolv.conf"),
+            "nameserver 10.96.0.10\nsearch pods.test\n",
+        )
+        .unwrap();
         let logs = containerd.path("kubelet/pods/0b5e9a4c/containers/app");
         std::fs::create_dir_all(&logs).unwrap();
         let termination_log = logs.join("5d41402a");
@@ -523,7 +541,13 @@ fn a_pods_application_container_shares_the_sandboxs_namespaces_and_reads_its_fil
     let files = PodFiles::create(&containerd, "sbx1");
     let with_ns = pod.with_ns();
     let out = containerd.run(
-        &["-d", "--annotation", "airlock.dev/contract=pod", "--with-ns", &with_ns],
+        &[
+            "-d",
+            "--annotation",
+            "airlock.dev/contract=pod",
+            "--with-ns",
+            &with_ns,
+        ],
         "sbx1",
         &["/bin/sh", "-c", "sleep 600"],
     );
@@ -638,7 +662,13 @@ fn an_application_containers_host_namespaces_and_other_mounts_are_refused() {
     let files = PodFiles::create(&containerd, "sbx2");
     let with_ns = pod.with_ns();
     let out = containerd.run(
-        &["-d", "--annotation", "airlock.dev/contract=pod", "--with-ns", &with_ns],
+        &[
+            "-d",
+            "--annotation",
+            "airlock.dev/contract=pod",
+            "--with-ns",
+            &with_ns,
+        ],
         "sbx2",
         &["/bin/sh", "-c", "sleep 600"],
     );

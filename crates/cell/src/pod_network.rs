@@ -125,11 +125,12 @@ fn join(kind: Kind, path: &Path, joined: &mut Joined) -> Result<(), CellError> {
     };
     let target = File::open(path).map_err(|e| refused(format!("cannot be opened: {e}")))?;
     let found = sys::namespace_type(target.as_fd()).ok();
-    let hosts = host_namespaces(kind)
-        .map_err(|(path, e)| CellError::io(path.display().to_string(), e))?;
+    let hosts =
+        host_namespaces(kind).map_err(|(path, e)| CellError::io(path.display().to_string(), e))?;
     check(kind, found, identity(&target).map_err(refused)?, &hosts).map_err(refused)?;
     let own_path = own_path(kind);
-    let own = File::open(&own_path).map_err(|e| CellError::io(own_path.display().to_string(), e))?;
+    let own =
+        File::open(&own_path).map_err(|e| CellError::io(own_path.display().to_string(), e))?;
     sys::setns(target.as_fd(), kind.flag).map_err(|e| {
         refused(format!(
             "cannot be joined ({e}): joining a pod's namespace needs root"
@@ -169,14 +170,10 @@ fn hold_one(cell_pid1: u32, kind: Kind, held: &mut Joined) -> Result<(), CellErr
         });
     }
     let own_path = own_path(kind);
-    let own = File::open(&own_path)
-        .map_err(|e| CellError::io(own_path.display().to_string(), e))?;
-    sys::setns(target.as_fd(), kind.flag).map_err(|e| {
-        CellError::io(
-            format!("joining the cell's {} namespace", kind.label),
-            e,
-        )
-    })?;
+    let own =
+        File::open(&own_path).map_err(|e| CellError::io(own_path.display().to_string(), e))?;
+    sys::setns(target.as_fd(), kind.flag)
+        .map_err(|e| CellError::io(format!("joining the cell's {} namespace", kind.label), e))?;
     held.own.push((kind, own));
     Ok(())
 }

@@ -341,9 +341,10 @@ fn namespace_path(spec: &Spec, kind: LinuxNamespaceType) -> Result<Option<PathBu
         .filter(|ns| ns.typ() == kind)
         .find_map(|ns| ns.path().clone());
     match path {
-        Some(path) if !path.is_absolute() => {
-            refuse(namespace_field(kind, &path), "a namespace path must be absolute")
-        }
+        Some(path) if !path.is_absolute() => refuse(
+            namespace_field(kind, &path),
+            "a namespace path must be absolute",
+        ),
         path => Ok(path),
     }
 }
@@ -563,7 +564,10 @@ fn mounts(mounts: &[Mount], pod: &CriPod) -> Result<SpecMounts, SpecRefusal> {
             Some(CriMount::CellOwn) => continue,
             None => {}
         }
-        if source.components().any(|c| c == std::path::Component::ParentDir) {
+        if source
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+        {
             return refuse(
                 field,
                 "a bind mount's source must not contain `..` (it could name any host path)",

@@ -246,10 +246,7 @@ fn joining_a_pid_mount_or_user_namespace_is_refused_naming_the_kind() {
         );
         assert!(err.rule.contains(says), "{err}");
     }
-    for (kind, path) in [
-        ("user", "/proc/1/ns/user"),
-        ("cgroup", "/proc/1/ns/cgroup"),
-    ] {
+    for (kind, path) in [("user", "/proc/1/ns/user"), ("cgroup", "/proc/1/ns/cgroup")] {
         let mut spec = base();
         spec["linux"]["namespaces"]
             .as_array_mut()
@@ -293,7 +290,11 @@ fn application(sandbox: &str) -> Value {
             "rw",
         ),
         bind(format!("{cri}/{sandbox}/hostname"), "/etc/hostname", "rw"),
-        bind(format!("{cri}/{sandbox}/resolv.conf"), "/etc/resolv.conf", "rw"),
+        bind(
+            format!("{cri}/{sandbox}/resolv.conf"),
+            "/etc/resolv.conf",
+            "rw",
+        ),
         bind(
             format!("/run/containerd/io.containerd.grpc.v1.cri/sandboxes/{sandbox}/shm"),
             "/dev/shm",
@@ -311,9 +312,18 @@ fn application(sandbox: &str) -> Value {
 #[test]
 fn a_pods_application_container_joins_its_ipc_and_uts_and_takes_cris_files_read_only() {
     let t = terms(application("abc123")).unwrap();
-    assert_eq!(t.network_namespace.as_deref(), Some(Path::new("/proc/4242/ns/net")));
-    assert_eq!(t.ipc_namespace.as_deref(), Some(Path::new("/proc/4242/ns/ipc")));
-    assert_eq!(t.uts_namespace.as_deref(), Some(Path::new("/proc/4242/ns/uts")));
+    assert_eq!(
+        t.network_namespace.as_deref(),
+        Some(Path::new("/proc/4242/ns/net"))
+    );
+    assert_eq!(
+        t.ipc_namespace.as_deref(),
+        Some(Path::new("/proc/4242/ns/ipc"))
+    );
+    assert_eq!(
+        t.uts_namespace.as_deref(),
+        Some(Path::new("/proc/4242/ns/uts"))
+    );
     let cri = "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/abc123";
     let etc: Vec<(String, &str)> = t
         .pod_etc_files
@@ -323,7 +333,10 @@ fn a_pods_application_container_joins_its_ipc_and_uts_and_takes_cris_files_read_
     assert_eq!(
         etc,
         [
-            ("/var/lib/kubelet/pods/0b5e9a4c-uid/etc-hosts".to_owned(), "hosts"),
+            (
+                "/var/lib/kubelet/pods/0b5e9a4c-uid/etc-hosts".to_owned(),
+                "hosts"
+            ),
             (format!("{cri}/hostname"), "hostname"),
             (format!("{cri}/resolv.conf"), "resolv.conf"),
         ]
@@ -337,6 +350,26 @@ fn a_pods_application_container_joins_its_ipc_and_uts_and_takes_cris_files_read_
     let pod = t.pod_input().unwrap();
     assert_eq!(pod.ipc, Some(Path::new("/proc/4242/ns/ipc")));
     assert_eq!(pod.etc_files.len(), 3);
+    apply_terms(&mut pod_contract(), &t, "x").unwrap();
+}
+
+#[test]
+fn a_pods_sandbox_container_takes_its_shm_and_resolv_conf_binds_as_cri_makes_them() {
+    let mut spec = with_network("/var/run/netns/cni-1");
+    spec["annotations"] = json!({"io.kubernetes.cri.sandbox-id": "sbx9"});
+    let cri = "io.containerd.grpc.v1.cri/sandboxes/sbx9";
+    spec["mounts"].as_array_mut().unwrap().extend([
+        json!({"destination": "/dev/shm", "type": "bind",
+               "source": format!("/run/containerd/{cri}/shm"),
+               "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}),
+        json!({"destination": "/etc/resolv.conf", "type": "bind",
+               "source": format!("/var/lib/containerd/{cri}/resolv.conf"),
+               "options": ["rbind", "ro"]}),
+    ]);
+    let t = terms(spec).unwrap();
+    assert!(t.inputs.is_empty(), "{:?}", t.inputs);
+    assert_eq!(t.pod_etc_files.len(), 1);
+    assert_eq!(t.pod_etc_files[0].1, "resolv.conf");
     apply_terms(&mut pod_contract(), &t, "x").unwrap();
 }
 
@@ -384,10 +417,19 @@ fn cris_mounts_are_recognised_only_at_their_destinations_from_this_pods_director
         ("/etc/resolv.conf", format!("{cri}/other/resolv.conf")),
         ("/etc/motd", format!("{cri}/abc123/resolv.conf")),
         ("/etc/hosts", format!("{cri}/abc123/resolv.conf")),
-        ("/etc/hostname", format!("{cri}/abc123/../../../../../etc/hostname")),
-        ("/etc/hosts", "/var/lib/kubelet/pods/u/etc-hosts/../../../pki/x".into()),
+        (
+            "/etc/hostname",
+            format!("{cri}/abc123/../../../../../etc/hostname"),
+        ),
+        (
+            "/etc/hosts",
+            "/var/lib/kubelet/pods/u/etc-hosts/../../../pki/x".into(),
+        ),
         ("/dev/shm", "/dev/shm".into()),
-        ("/dev/termination-log", "/var/lib/kubelet/pods/u/containers/other/1".into()),
+        (
+            "/dev/termination-log",
+            "/var/lib/kubelet/pods/u/containers/other/1".into(),
+        ),
         ("/etc/hosts", "/etc/hosts".into()),
     ] {
         assert_eq!(is(dst, &src), None, "{dst} from {src}");

@@ -72,9 +72,7 @@ pub fn hold() -> Result<(), String> {
 /// record is completed.
 pub fn release() -> Result<(), String> {
     match std::mem::replace(&mut *lock(), Holding::Nothing) {
-        Holding::Held(joined) => joined
-            .leave()
-            .map_err(|e| format!("pod namespaces: {e}")),
+        Holding::Held(joined) => joined.leave().map_err(|e| format!("pod namespaces: {e}")),
         Holding::Nothing | Holding::Planned(_) => Ok(()),
     }
 }
@@ -101,7 +99,9 @@ fn cell_pid1() -> Result<u32, String> {
     let userns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/user")).ok();
     match (userns("self"), userns(&pid1.to_string())) {
         (Some(own), Some(cell)) if own != cell => Ok(pid1),
-        _ => Err(format!("child {pid1} is not a cell (no user namespace of its own)")),
+        _ => Err(format!(
+            "child {pid1} is not a cell (no user namespace of its own)"
+        )),
     }
 }
 
@@ -110,8 +110,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pod_cells_supervisor_holds_its_network_ipc_and_uts_and_a_deny_cells_not_its_network(
-    ) {
+    fn a_pod_cells_supervisor_holds_its_network_ipc_and_uts_and_a_deny_cells_not_its_network() {
         let names = |kinds: &[Kind]| kinds.iter().map(|k| k.name).collect::<Vec<_>>();
         assert_eq!(names(&[NETWORK, IPC, UTS]), ["net", "ipc", "uts"]);
         let mut plan = airlock_contract::compile(

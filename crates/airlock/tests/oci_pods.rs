@@ -646,6 +646,23 @@ fn a_pods_application_container_shares_the_sandboxs_namespaces_and_reads_its_fil
     assert_eq!(network["uts"], format!("/proc/{supervisor}/ns/uts"));
     containerd.assert_nothing_left("app", &record);
     stop_and_check(&containerd, "sbx1");
+    // No process of either container is left in the pod's namespaces: only the
+    // test's server is in its network.
+    let pod_ns = namespace_of(&pod.path());
+    let in_pod: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|pid: &u32| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                .is_ok_and(|m| (m.dev(), m.ino()) == pod_ns)
+        })
+        .collect();
+    assert_eq!(in_pod, [pod.server.id()], "processes in the pod's network");
+    let path = pod.path();
+    drop(pod);
+    assert!(!Path::new(&path).exists(), "{path} left");
 }
 
 /// Refused for an application container: the host's (the test's, i.e. the supervisor's

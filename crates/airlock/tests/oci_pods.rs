@@ -427,8 +427,11 @@ fn the_supervisor_holds_the_pods_network_ipc_and_uts_and_keeps_the_hosts_others(
 struct PodFiles {
     sandbox: PathBuf,
     termination_log: PathBuf,
+    /// kubelet's projected service-account volume (a read-only bind under CRI).
+    token: PathBuf,
 }
 
+const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 const POD_HOSTS: &str = "127.0.0.1\tlocalhost\n10.0.0.5\tpod-a.pods.test pod-a\n";
 
 impl PodFiles {
@@ -448,9 +451,14 @@ impl PodFiles {
         std::fs::create_dir_all(&logs).unwrap();
         let termination_log = logs.join("5d41402a");
         std::fs::write(&termination_log, "").unwrap();
+        let token = containerd
+            .path("kubelet/pods/0b5e9a4c/volumes/kubernetes.io~projected/kube-api-access-x");
+        std::fs::create_dir_all(&token).unwrap();
+        std::fs::write(token.join("token"), "pod-token\n").unwrap();
         PodFiles {
             sandbox,
             termination_log,
+            token,
         }
     }
 
@@ -464,6 +472,10 @@ impl PodFiles {
             bind(&self.sandbox.join("hostname"), "/etc/hostname"),
             bind(&self.sandbox.join("resolv.conf"), "/etc/resolv.conf"),
             bind(&self.termination_log, "/dev/termination-log"),
+            format!(
+                "type=bind,src={},dst={TOKEN_DIR},options=rbind:ro",
+                self.token.display()
+            ),
         ]
     }
 }
@@ -505,6 +517,8 @@ cat /etc/hosts /etc/resolv.conf /etc/hostname
 echo "10.6.6.6 evil" >> /etc/hosts 2>/dev/null && echo "HOSTS WRITTEN"
 echo x > /etc/resolv.conf 2>/dev/null && echo "RESOLV WRITTEN"
 echo bye > /dev/termination-log 2>/dev/null && echo "TERMINATION LOG WRITTEN"
+cat /var/run/secrets/kubernetes.io/serviceaccount/token
+echo x > /var/run/secrets/kubernetes.io/serviceaccount/token 2>/dev/null && echo "TOKEN WRITTEN"
 hostname other 2>/dev/null && echo "HOSTNAME CHANGED"
 grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status
 ls "/proc/$SERVER_PID" >/dev/null 2>&1 && echo "HOST PID SEEN"
@@ -593,6 +607,7 @@ fn a_pods_application_container_shares_the_sandboxs_namespaces_and_reads_its_fil
         &format!("ipc={sandbox_ipc} uts={sandbox_uts}"),
         "10.0.0.5\tpod-a.pods.test pod-a",
         "nameserver 10.96.0.10",
+        "pod-token",
         "CapEff:\t0000000000000000",
         "CapBnd:\t0000000000000000",
         "NoNewPrivs:\t1",
@@ -624,6 +639,7 @@ fn a_pods_application_container_shares_the_sandboxs_namespaces_and_reads_its_fil
         "HOSTS WRITTEN",
         "RESOLV WRITTEN",
         "TERMINATION LOG WRITTEN",
+        "TOKEN WRITTEN",
         "HOSTNAME CHANGED",
         "HOST PID SEEN",
         "HOST PID SIGNALLED",

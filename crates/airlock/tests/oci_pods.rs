@@ -791,3 +791,38 @@ fn an_application_containers_host_namespaces_and_other_mounts_are_refused() {
     }
     stop_and_check(&containerd, "sbx2");
 }
+
+/// A container with a network of its own (the default contract, `deny`): its supervisor
+/// holds its cell's ipc and uts but stays in the host's network, so a container given
+/// that supervisor's `/proc/<pid>/ns/net` as a pod's network is refused as host
+/// networking (a loopback-only cell is not shared), while its ipc and uts are the cell's.
+#[test]
+fn a_deny_cells_supervisor_keeps_the_hosts_network_which_is_never_joined() {
+    require_cells!();
+    let containerd = Containerd::start("poddeny");
+    std::fs::write(containerd.path("contracts/pod.yaml"), POD_CONTRACT).unwrap();
+    let out = containerd.run(&["-d"], "own", &["/bin/sh", "-c", "sleep 600"]);
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("own", "RUNNING");
+    let supervisor = supervisor_of(&containerd, "own");
+    let cell = cell_processes(&containerd, "own", supervisor);
+    let of = |pid: u32, kind: &str| namespace_of(&format!("/proc/{pid}/ns/{kind}"));
+    assert_eq!(of(supervisor, "net"), namespace_of("/proc/self/ns/net"));
+    assert_ne!(of(cell[0], "net"), of(supervisor, "net"));
+    for kind in ["ipc", "uts"] {
+        assert_eq!(of(supervisor, kind), of(cell[0], kind), "{kind}");
+    }
+    let network = format!("network:/proc/{supervisor}/ns/net");
+    let error = refused(
+        &containerd,
+        "joiner",
+        &[
+            "--annotation",
+            "airlock.dev/contract=pod",
+            "--with-ns",
+            &network,
+        ],
+    );
+    assert!(error.contains("host networking"), "{error}");
+    stop_and_check(&containerd, "own");
+}

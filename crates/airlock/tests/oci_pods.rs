@@ -764,6 +764,16 @@ fn an_application_containers_host_namespaces_and_other_mounts_are_refused() {
             "(/data/hosts)".into(),
         ),
     ];
+    // The pod's file a symlink (to a host secret): never followed.
+    let linked = PodFiles::create(&containerd, "sbx-link");
+    let secret = containerd.path("host-secret");
+    std::fs::write(&secret, "host secret\n").unwrap();
+    std::fs::remove_file(linked.sandbox.join("hosts")).unwrap();
+    std::os::unix::fs::symlink(&secret, linked.sandbox.join("hosts")).unwrap();
+    cases.push((
+        application_args(supervisor, "sbx-link", &linked),
+        "must be a regular file (a link is never followed)".into(),
+    ));
     let mut pid = base.clone();
     pid.extend(["--with-ns".into(), format!("pid:/proc/{supervisor}/ns/pid")]);
     cases.push((pid, "linux.namespaces[pid].path".into()));

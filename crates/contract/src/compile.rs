@@ -237,7 +237,7 @@ fn pod_etc_files(input: &CompileInput) -> Vec<EtcEntry> {
     let files = input.pod_network.map_or(&[][..], |pod| pod.etc_files);
     files
         .iter()
-        .map(|(source, name)| EtcEntry::Contract {
+        .map(|(source, name)| EtcEntry::Pod {
             source: source.clone(),
             target: Path::new("/etc").join(name),
         })
@@ -1227,7 +1227,7 @@ resources:
                 uts: Some("/proc/7/ns/uts".into()),
             }
         );
-        assert!(plan.etc.contains(&EtcEntry::Contract {
+        assert!(plan.etc.contains(&EtcEntry::Pod {
             source: "/pods/u/etc-hosts".into(),
             target: "/etc/hosts".into(),
         }));

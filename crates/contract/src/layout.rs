@@ -481,7 +481,7 @@ pub fn generated_etc_files(plan: &CellPlan) -> Vec<(&'static str, String)> {
         ));
     }
     // A pod's own files (its hosts, hostname and resolv.conf, which airlock's OCI runtime
-    // takes from CRI) replace the generated ones: entries of `plan.etc` (compile.rs).
+    // takes from CRI) replace the generated ones: `EtcEntry::Pod` entries (compile.rs).
     files.retain(|(name, _)| !replaced_by_entry(plan, name));
     files
 }
@@ -490,7 +490,7 @@ fn replaced_by_entry(plan: &CellPlan, name: &str) -> bool {
     let path = Path::new("/etc").join(name);
     plan.etc
         .iter()
-        .any(|entry| matches!(entry, EtcEntry::Contract { target, .. } if *target == path))
+        .any(|entry| matches!(entry, EtcEntry::Pod { target, .. } if *target == path))
 }
 
 fn rlimits(limits: &Limits) -> Vec<Rlimit> {

@@ -204,6 +204,11 @@ pub enum EtcEntry {
     /// A contract's `filesystem.etc_files` entry: host `source` (followed if a symlink)
     /// at `target`; it must exist.
     Contract { source: PathBuf, target: PathBuf },
+    /// A Kubernetes pod's own file (its `hosts`, `hostname`, `resolv.conf`: what CRI
+    /// mounts; airlock's OCI runtime only) at `target`, replacing the generated one. A
+    /// symlink is never followed (as for a read-only input): the pod's files are regular
+    /// files of kubelet's and containerd's directories.
+    Pod { source: PathBuf, target: PathBuf },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

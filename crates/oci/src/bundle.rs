@@ -485,8 +485,7 @@ pub enum CriMount {
 /// CRI plugin's or kubelet's directory of this pod, `..` never): containerd's
 /// `<root>/io.containerd.grpc.v1.cri/sandboxes/<sandbox id>/{hosts,hostname,resolv.conf}`
 /// and `<state>/io.containerd.grpc.v1.cri/sandboxes/<sandbox id>/shm`
-/// (pkg/cri/server/container_create_linux.go, `containerMounts`, and the sandbox's own
-/// spec), kubelet's `<kubelet root>/pods/<pod uid>/etc-hosts` and
+/// (the CRI plugin's `containerMounts` of containerd 1.6, and the sandbox's own spec), kubelet's `<kubelet root>/pods/<pod uid>/etc-hosts` and
 /// `<kubelet root>/pods/<pod uid>/containers/<container>/<file>` (its termination log).
 /// `None`: not one of them; the general rules apply.
 pub fn cri_mount(destination: &Path, source: &Path, pod: &CriPod) -> Option<CriMount> {

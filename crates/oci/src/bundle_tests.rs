@@ -246,7 +246,11 @@ fn joining_a_pid_mount_or_user_namespace_is_refused_naming_the_kind() {
         );
         assert!(err.rule.contains(says), "{err}");
     }
-    for (kind, path) in [("user", "/proc/1/ns/user"), ("cgroup", "/proc/1/ns/cgroup")] {
+    for (kind, path) in [
+        ("user", "/proc/1/ns/user"),
+        ("cgroup", "/proc/1/ns/cgroup"),
+        ("time", "/proc/1/ns/time"),
+    ] {
         let mut spec = base();
         spec["linux"]["namespaces"]
             .as_array_mut()

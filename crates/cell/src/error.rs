@@ -60,10 +60,14 @@ pub enum CellError {
     /// What a serving cell was asked cannot be done with this plan or in this state.
     #[error("{0}")]
     Unsupported(String),
-    /// The plan's pod network namespace cannot be joined as it is (not a network
-    /// namespace, the host's, unreadable): see pod_network.rs.
-    #[error("pod network namespace {}: {rule}", .path.display())]
-    PodNetwork { path: PathBuf, rule: String },
+    /// One of the plan's pod namespaces (network, ipc, uts) cannot be joined as it is
+    /// (not a namespace of that type, the host's, unreadable): see pod_network.rs.
+    #[error("pod {kind} namespace {}: {rule}", .path.display())]
+    PodNamespace {
+        kind: &'static str,
+        path: PathBuf,
+        rule: String,
+    },
     /// A range of host ids that would reach the host's own users or beyond 2^31 (the CLI
     /// checks the configuration's bounds first; see host_identity.rs).
     #[error("host id range of {count} ids from {base}: {rule}")]
@@ -80,7 +84,7 @@ impl CellError {
             CellError::Unavailable { .. } => ResultClass::SandboxUnavailable,
             CellError::MissingCredential { .. }
             | CellError::AbovePlan { .. }
-            | CellError::PodNetwork { .. } => ResultClass::PolicyDenied,
+            | CellError::PodNamespace { .. } => ResultClass::PolicyDenied,
             CellError::Cgroup { .. }
             | CellError::Seccomp(_)
             | CellError::Launch { .. }

@@ -268,7 +268,11 @@ fn prepare(setup: &ChildSetup<'_>) -> Result<(sys::BackgroundDetach, Option<Owne
         sys::unshare(libc::CLONE_NEWNET).map_err(|e| Stage::errno("net_namespace", e))?;
         sys::loopback_up().map_err(|e| Stage::errno("loopback", e))?;
     }
-    sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
+    // A pod's uts namespace (joined at the clone) keeps the pod's host name, which the
+    // cell has no power to change anyway.
+    if !matches!(plan.network, NetworkPlan::Pod { uts: Some(_), .. }) {
+        sys::sethostname(&plan.hostname).map_err(|e| Stage::errno("hostname", e))?;
+    }
     // The supervisor may already be gone (the death signal only covers later deaths):
     // waiting for its go-ahead settles it - EOF means it died.
     let mut devices = match receive(setup)? {

@@ -34,7 +34,7 @@ mod landlock_policy;
 mod launcher;
 pub mod output;
 pub mod peer;
-mod pod_network;
+pub mod pod_network;
 mod preflight;
 mod privilege;
 pub mod process;

@@ -130,6 +130,30 @@ fn restricted_clone(path: &Path, attrs: u64, follow: bool) -> Result<Source, Sta
     restricted_clone_with_owner(path, attrs, follow).map(|(source, _)| source)
 }
 
+/// A pod's own file (CRI's `hosts`, `hostname`, `resolv.conf`), cloned restricted: a
+/// regular file, checked on the descriptor that is cloned; a symlink is refused, never
+/// followed (nor mounted as a link, which would show the host path it names).
+fn restricted_clone_file(path: &Path, attrs: u64) -> Result<Source, Stage> {
+    let file = open_path(path, false).map_err(|e| Stage::io("rootfs.open_source", path, e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Stage::io("rootfs.stat_source", path, e))?;
+    if !meta.is_file() {
+        return Err(Stage::new(
+            "rootfs.pod_file",
+            format!(
+                "{}: a pod's /etc file must be a regular file (a link is never followed)",
+                path.display()
+            ),
+        ));
+    }
+    let fd =
+        sys::clone_mount_tree(file.as_fd()).map_err(|e| Stage::io("rootfs.clone_tree", path, e))?;
+    sys::set_mount_attributes(fd.as_fd(), attrs, true)
+        .map_err(|e| Stage::io("rootfs.restrict_tree", path, e))?;
+    Ok(Source::Tree { fd, is_dir: false })
+}
+
 /// [`restricted_clone`], also returning the uid and gid owning `path` (after `follow`).
 fn restricted_clone_with_owner(
     path: &Path,
@@ -374,6 +398,10 @@ fn prepare_etc_entry(
         EtcEntry::Contract { source, target } => Ok(Some(Prepared {
             target: target.clone(),
             source: restricted_clone(source, attrs, true)?,
+        })),
+        EtcEntry::Pod { source, target } => Ok(Some(Prepared {
+            target: target.clone(),
+            source: restricted_clone_file(source, attrs)?,
         })),
     }
 }

@@ -27,10 +27,38 @@ pub struct CompileInput<'a> {
     /// when `image` is not `host`, ignored when it is). With one, `argv` may be empty: the
     /// image's `Entrypoint` + `Cmd` run.
     pub image: Option<&'a ResolvedImage>,
-    /// The pod network namespace the runtime was given (airlock's OCI runtime: the
-    /// bundle's `linux.namespaces[network].path`). Required by `network.mode: pod`,
-    /// refused with any other mode: only the contract decides that a cell joins one.
-    pub pod_network: Option<&'a Path>,
+    /// What the runtime was given of a Kubernetes pod (airlock's OCI runtime: the
+    /// bundle's namespace paths and CRI's files). Required by `network.mode: pod`,
+    /// refused with any other mode: only the contract decides that a cell joins a pod.
+    pub pod_network: Option<PodInput<'a>>,
+}
+
+/// A pod's namespaces and files, as airlock's OCI runtime checked them in the bundle
+/// (crates/oci/src/bundle.rs).
+#[derive(Debug, Clone, Copy)]
+pub struct PodInput<'a> {
+    /// The pod's network namespace (`linux.namespaces[network].path`).
+    pub network: &'a Path,
+    /// The pod's ipc and uts namespaces (an application container's: CRI names the
+    /// sandbox's); `None`: the cell's own.
+    pub ipc: Option<&'a Path>,
+    pub uts: Option<&'a Path>,
+    /// The pod's own `/etc` files (CRI's `hosts`, `hostname`, `resolv.conf`):
+    /// `(host source, name under /etc)`. Each replaces the generated file of that name,
+    /// read-only like every `/etc` entry.
+    pub etc_files: &'a [(PathBuf, String)],
+}
+
+impl<'a> PodInput<'a> {
+    /// A pod's network namespace alone.
+    pub fn network(network: &'a Path) -> PodInput<'a> {
+        PodInput {
+            network,
+            ipc: None,
+            uts: None,
+            etc_files: &[],
+        }
+    }
 }
 
 impl<'a> CompileInput<'a> {
@@ -99,7 +127,10 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
             Some(image) => crate::etc::image_etc_plan(&checked.etc_files, &image.etc, |path| {
                 host_path(input.base_dir, path)
             }),
-        },
+        }
+        .into_iter()
+        .chain(pod_etc_files(input))
+        .collect(),
         network: network_plan(contract.network.mode, &checked.destinations, input)?,
         limits: limits(contract),
         seccomp: seccomp_plan(&checked, input)?,
@@ -200,6 +231,19 @@ fn seccomp_plan(
     })
 }
 
+/// The pod's own `/etc` files (a pod's `hosts`, `hostname`, `resolv.conf`): read-only
+/// entries of the cell's `/etc` that replace the generated ones (layout.rs).
+fn pod_etc_files(input: &CompileInput) -> Vec<EtcEntry> {
+    let files = input.pod_network.map_or(&[][..], |pod| pod.etc_files);
+    files
+        .iter()
+        .map(|(source, name)| EtcEntry::Pod {
+            source: source.clone(),
+            target: Path::new("/etc").join(name),
+        })
+        .collect()
+}
+
 /// The cell's network. A pod network is joined only when the contract says so
 /// (`network.mode: pod`, the platform's decision) and the runtime names one; any other
 /// pairing is refused (policy_denied: a container asks for what its contract does not
@@ -210,14 +254,29 @@ fn network_plan(
     input: &CompileInput,
 ) -> Result<NetworkPlan, ContractError> {
     let refused = |message: String| Err(ContractError::invalid("network.mode", message));
-    match (mode, input.pod_network) {
+    match (mode, input.pod_network.map(|pod| pod.network)) {
         (NetworkMode::Deny, None) => Ok(NetworkPlan::Deny),
         (NetworkMode::Allowlist, None) => Ok(NetworkPlan::Allowlist {
             destinations: destinations.to_vec(),
         }),
-        (NetworkMode::Pod, Some(namespace)) if namespace.is_absolute() => Ok(NetworkPlan::Pod {
-            namespace: namespace.to_path_buf(),
-        }),
+        (NetworkMode::Pod, Some(namespace)) if namespace.is_absolute() => {
+            let pod = input.pod_network.as_ref();
+            let joined = |path: Option<&Path>| match path {
+                Some(path) if !path.is_absolute() => Err(ContractError::invalid(
+                    "network.mode",
+                    format!(
+                        "the pod namespace {} is not an absolute path",
+                        path.display()
+                    ),
+                )),
+                path => Ok(path.map(Path::to_path_buf)),
+            };
+            Ok(NetworkPlan::Pod {
+                namespace: namespace.to_path_buf(),
+                ipc: joined(pod.and_then(|p| p.ipc))?,
+                uts: joined(pod.and_then(|p| p.uts))?,
+            })
+        }
         (NetworkMode::Pod, Some(namespace)) => refused(format!(
             "the pod network namespace {} is not an absolute path",
             namespace.display()
@@ -1122,7 +1181,7 @@ resources:
         compile(
             &contract,
             &CompileInput {
-                pod_network: namespace.map(Path::new),
+                pod_network: namespace.map(|n| PodInput::network(Path::new(n))),
                 ..CompileInput::new(Path::new("/jobs/42"), &argv(&["true"]))
             },
         )
@@ -1134,11 +1193,52 @@ resources:
         assert_eq!(
             plan.network,
             NetworkPlan::Pod {
-                namespace: PathBuf::from("/var/run/netns/cni-1")
+                namespace: PathBuf::from("/var/run/netns/cni-1"),
+                ipc: None,
+                uts: None,
             }
         );
         assert_eq!(env_value(&plan, "HTTP_PROXY"), None);
         assert!(plan.network.transparent_endpoints().is_empty());
+    }
+
+    #[test]
+    fn a_pods_ipc_uts_and_files_are_in_the_plan_and_its_files_replace_the_generated_ones() {
+        let contract = parse_contract("network: { mode: pod }\n", ContractFormat::Yaml).unwrap();
+        let files = [(PathBuf::from("/pods/u/etc-hosts"), "hosts".to_owned())];
+        let plan = compile(
+            &contract,
+            &CompileInput {
+                pod_network: Some(PodInput {
+                    network: Path::new("/proc/7/ns/net"),
+                    ipc: Some(Path::new("/proc/7/ns/ipc")),
+                    uts: Some(Path::new("/proc/7/ns/uts")),
+                    etc_files: &files,
+                }),
+                ..CompileInput::new(Path::new("/jobs/42"), &argv(&["true"]))
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            plan.network,
+            NetworkPlan::Pod {
+                namespace: "/proc/7/ns/net".into(),
+                ipc: Some("/proc/7/ns/ipc".into()),
+                uts: Some("/proc/7/ns/uts".into()),
+            }
+        );
+        assert!(plan.etc.contains(&EtcEntry::Pod {
+            source: "/pods/u/etc-hosts".into(),
+            target: "/etc/hosts".into(),
+        }));
+        let generated: Vec<&str> = crate::layout::generated_etc_files(&plan)
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        assert!(!generated.contains(&"hosts"), "{generated:?}");
+        assert!(generated.contains(&"hostname"), "{generated:?}");
+        let record = serde_json::to_value(&plan.network).unwrap();
+        assert_eq!(record["ipc"], "/proc/7/ns/ipc");
     }
 
     #[test]

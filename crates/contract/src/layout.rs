@@ -3,7 +3,7 @@
 //! masks) in the order the runtime applies them, its rlimits, securebits and Landlock
 //! rules. [`crate::compile`] fills these in; the runtime walks them.
 
-use crate::plan::{CellPlan, Limits, MountPlan, NetworkPlan};
+use crate::plan::{CellPlan, EtcEntry, Limits, MountPlan, NetworkPlan};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -480,7 +480,17 @@ pub fn generated_etc_files(plan: &CellPlan) -> Vec<(&'static str, String)> {
             ),
         ));
     }
+    // A pod's own files (its hosts, hostname and resolv.conf, which airlock's OCI runtime
+    // takes from CRI) replace the generated ones: `EtcEntry::Pod` entries (compile.rs).
+    files.retain(|(name, _)| !replaced_by_entry(plan, name));
     files
+}
+
+fn replaced_by_entry(plan: &CellPlan, name: &str) -> bool {
+    let path = Path::new("/etc").join(name);
+    plan.etc
+        .iter()
+        .any(|entry| matches!(entry, EtcEntry::Pod { target, .. } if *target == path))
 }
 
 fn rlimits(limits: &Limits) -> Vec<Rlimit> {

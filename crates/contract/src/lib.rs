@@ -14,7 +14,7 @@ pub mod seccomp;
 pub mod transparent;
 mod validate;
 
-pub use compile::{compile, contract_sha256, CompileInput};
+pub use compile::{compile, contract_sha256, CompileInput, PodInput};
 pub use contract::*;
 pub use error::{ContractError, ContractFormat, FieldError, FieldErrors};
 pub use etc::{ETC_DENIED, ETC_GENERATED, HOST_ETC_ENTRIES, HOST_ETC_EXCLUDED};

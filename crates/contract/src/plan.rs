@@ -204,6 +204,11 @@ pub enum EtcEntry {
     /// A contract's `filesystem.etc_files` entry: host `source` (followed if a symlink)
     /// at `target`; it must exist.
     Contract { source: PathBuf, target: PathBuf },
+    /// A Kubernetes pod's own file (its `hosts`, `hostname`, `resolv.conf`: what CRI
+    /// mounts; airlock's OCI runtime only) at `target`, replacing the generated one. A
+    /// symlink is never followed (as for a read-only input): the pod's files are regular
+    /// files of kubelet's and containerd's directories.
+    Pod { source: PathBuf, target: PathBuf },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,7 +226,16 @@ pub enum NetworkPlan {
     /// the cell, which then creates no network namespace of its own. The namespace must
     /// be one (nsfs, of type network) and not the host's; the pod's CNI and
     /// NetworkPolicy, not airlock's proxy, govern what it reaches.
-    Pod { namespace: PathBuf },
+    Pod {
+        namespace: PathBuf,
+        /// The pod's ipc namespace, joined the same way (an application container of a
+        /// pod: CRI names the sandbox's); `None`: the cell creates its own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ipc: Option<PathBuf>,
+        /// The pod's uts namespace (its host name), as `ipc`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uts: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

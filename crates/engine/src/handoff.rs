@@ -674,7 +674,7 @@ fn compile_as_peer(
         }
     }
     for entry in &mut plan.etc {
-        if let EtcEntry::Contract { source, target } = entry {
+        if let EtcEntry::Contract { source, target } | EtcEntry::Pod { source, target } = entry {
             pin(source, "etc file", target);
         }
     }

@@ -13,10 +13,15 @@
 //!   them anyway: the default set is accepted and dropped);
 //! - mounts: the kernel file systems every container gets (`/proc`, `/dev`, `/sys`, ...)
 //!   are the cell's own; a bind mount becomes a read-only input, refused when it is
-//!   writable or its source is a sensitive host path;
-//! - namespaces: the cell always creates its own, except the network namespace of a pod
-//!   (`linux.namespaces[network].path`), which it joins only when the platform's contract
-//!   says so (`network.mode: pod`); a path of any other namespace is refused;
+//!   writable or its source is a sensitive host path; CRI's standard mounts of a pod's
+//!   containers (`/etc/hosts`, `/etc/hostname`, `/etc/resolv.conf` from the pod's own
+//!   files, `/dev/shm`, `/dev/termination-log`) are recognised by destination *and*
+//!   source ([`cri_mount`]): the three files become read-only `/etc` entries even when
+//!   the spec says rw, the other two are the cell's own;
+//! - namespaces: the cell always creates its own, except a pod's network, ipc and uts
+//!   namespaces (`linux.namespaces[...].path`: CRI gives an application container the
+//!   sandbox's), which it joins only when the platform's contract says so
+//!   (`network.mode: pod`); a path of any other namespace is refused;
 //! - `linux.devices`, `hooks` and `linux.sysctl` are refused;
 //! - `process.terminal` is the contract's `terminal` (the runtime needs a console socket);
 //! - resources and `RLIMIT_NOFILE` are ceilings: the lower of the spec's and the contract's;
@@ -36,6 +41,12 @@ pub const CONTRACT_ANNOTATION: &str = "airlock.dev/contract";
 pub const CRI_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 pub const CRI_POD: &str = "io.kubernetes.cri.sandbox-name";
 pub const CRI_CONTAINER: &str = "io.kubernetes.cri.container-name";
+/// The pod sandbox's id, which names the pod's directories of the CRI plugin.
+pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// The CRI plugin's directory under containerd's root and under its state directory
+/// (`/var/lib/containerd/...`, `/run/containerd/...`): a pod's files are in
+/// `sandboxes/<sandbox id>/` of it.
+const CRI_PLUGIN_DIR: &str = "io.containerd.grpc.v1.cri";
 
 /// A part of the spec airlock refuses: the field, and the rule it breaks.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -94,8 +105,16 @@ pub struct ContainerTerms {
     /// joined ([`apply_terms`]), the cell whether it is a network namespace and not the
     /// host's (crates/cell/src/pod_network.rs).
     pub network_namespace: Option<PathBuf>,
+    /// The pod's ipc and uts namespaces to join (CRI gives an application container
+    /// `/proc/<sandbox pid>/ns/{ipc,uts}`); allowed as the network's ([`apply_terms`]),
+    /// checked by the cell as the network's.
+    pub ipc_namespace: Option<PathBuf>,
+    pub uts_namespace: Option<PathBuf>,
     /// Host bind mounts accepted as read-only inputs: `(host source, cell target)`.
     pub inputs: Vec<(PathBuf, PathBuf)>,
+    /// The pod's own `/etc` files CRI mounts ([`cri_mount`]): `(host source, name under
+    /// /etc)`, read-only entries of the cell's `/etc`.
+    pub pod_etc_files: Vec<(PathBuf, String)>,
     pub memory_bytes: Option<u64>,
     pub pids: Option<u64>,
     pub cpu_millis: Option<u64>,
@@ -207,6 +226,8 @@ pub fn container_terms(
         .unwrap_or_default()
         .into_iter()
         .collect();
+    let pod = CriPod::of(&annotations);
+    let mounts = mounts(spec.mounts().as_deref().unwrap_or_default(), &pod)?;
     Ok(ContainerTerms {
         argv,
         env,
@@ -214,9 +235,12 @@ pub fn container_terms(
         user,
         rootfs,
         readonly_root: root.readonly().unwrap_or(false),
-        hostname: spec.hostname().clone().filter(|h| !h.is_empty()),
-        network_namespace: network_namespace(spec)?,
-        inputs: inputs(spec.mounts().as_deref().unwrap_or_default())?,
+        hostname: hostname(spec)?,
+        network_namespace: namespace_path(spec, LinuxNamespaceType::Network)?,
+        ipc_namespace: namespace_path(spec, LinuxNamespaceType::Ipc)?,
+        uts_namespace: namespace_path(spec, LinuxNamespaceType::Uts)?,
+        inputs: mounts.inputs,
+        pod_etc_files: mounts.etc_files,
         memory_bytes,
         pids,
         cpu_millis,
@@ -280,19 +304,14 @@ fn refuse_host_powers(spec: &Spec) -> Result<(), SpecRefusal> {
     Ok(())
 }
 
-/// Why a namespace of `kind` given by path is not joined; `None` for the network
-/// namespace, which is (under a contract that allows it).
+/// Why a namespace of `kind` given by path is not joined; `None` for a pod's network,
+/// ipc and uts namespaces, which are (under a contract that allows it).
 fn joined_namespace_rule(kind: LinuxNamespaceType) -> Option<&'static str> {
     match kind {
-        LinuxNamespaceType::Network => None,
-        // CRI gives a pod's other containers /proc/<sandbox pid>/ns/{ipc,uts}: under
-        // airlock that pid is the sandbox's supervisor, whose ipc and uts namespaces are
-        // the host's (its cell's own are inside its user namespace).
-        LinuxNamespaceType::Ipc | LinuxNamespaceType::Uts => Some(
-            "joining another container's ipc or uts namespace is not supported by \
-             airlock's OCI runtime: the cell creates its own (under airlock the pod \
-             sandbox's /proc/<pid>/ns of these is its supervisor's, the host's)",
-        ),
+        // CRI gives a pod's application containers /proc/<sandbox pid>/ns/{net,ipc,uts}:
+        // under airlock that pid is the sandbox's supervisor, which holds its cell's
+        // (crates/airlock/src/oci/pod.rs).
+        LinuxNamespaceType::Network | LinuxNamespaceType::Ipc | LinuxNamespaceType::Uts => None,
         LinuxNamespaceType::Pid => Some(
             "sharing a pid namespace (shareProcessNamespace, or the host's) would let the \
              container see and signal processes that are not its own; the cell has its \
@@ -313,20 +332,37 @@ fn namespace_field(kind: LinuxNamespaceType, path: &Path) -> String {
     format!("linux.namespaces[{kind}].path ({})", path.display())
 }
 
-/// The network namespace the spec names, an absolute path.
-fn network_namespace(spec: &Spec) -> Result<Option<PathBuf>, SpecRefusal> {
+/// The path of the namespace of `kind` the spec names, an absolute path.
+fn namespace_path(spec: &Spec, kind: LinuxNamespaceType) -> Result<Option<PathBuf>, SpecRefusal> {
     let namespaces = spec.linux().as_ref().and_then(|l| l.namespaces().clone());
     let path = namespaces
         .unwrap_or_default()
         .into_iter()
-        .filter(|ns| ns.typ() == LinuxNamespaceType::Network)
+        .filter(|ns| ns.typ() == kind)
         .find_map(|ns| ns.path().clone());
     match path {
         Some(path) if !path.is_absolute() => refuse(
-            namespace_field(LinuxNamespaceType::Network, &path),
+            namespace_field(kind, &path),
             "a namespace path must be absolute",
         ),
         path => Ok(path),
+    }
+}
+
+/// The spec's host name; none with a joined uts namespace, whose host name is the pod's
+/// (as runc, which refuses to set one there).
+fn hostname(spec: &Spec) -> Result<Option<String>, SpecRefusal> {
+    let hostname = spec.hostname().clone().filter(|h| !h.is_empty());
+    match (hostname, namespace_path(spec, LinuxNamespaceType::Uts)?) {
+        (Some(_), Some(path)) => refuse(
+            "hostname",
+            format!(
+                "a container joining the uts namespace {} has the pod's host name; it \
+                 cannot set its own",
+                path.display()
+            ),
+        ),
+        (hostname, _) => Ok(hostname),
     }
 }
 
@@ -405,10 +441,90 @@ fn open_files(spec: &Spec) -> Option<u64> {
         .map(|r| r.hard().min(r.soft()))
 }
 
-/// The mounts: the cell's own kernel file systems, read-only host binds as inputs,
-/// anything else refused.
-fn inputs(mounts: &[Mount]) -> Result<Vec<(PathBuf, PathBuf)>, SpecRefusal> {
-    let mut inputs = Vec::new();
+/// The spec's mounts as the cell takes them.
+#[derive(Debug, Default)]
+struct SpecMounts {
+    inputs: Vec<(PathBuf, PathBuf)>,
+    etc_files: Vec<(PathBuf, String)>,
+}
+
+/// The pod a CRI container belongs to, from its annotations: what its standard mounts'
+/// sources must name. A container without them (started by `ctr`) has none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CriPod {
+    pub sandbox_id: Option<String>,
+    pub container: Option<String>,
+}
+
+impl CriPod {
+    fn of(annotations: &BTreeMap<String, String>) -> CriPod {
+        let get = |key: &str| annotations.get(key).filter(|v| !v.is_empty()).cloned();
+        CriPod {
+            sandbox_id: get(CRI_SANDBOX_ID),
+            container: get(CRI_CONTAINER),
+        }
+    }
+}
+
+/// What one of CRI's standard mounts of a pod's container becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CriMount {
+    /// The pod's own file of this name under `/etc`, read-only (even when the spec says
+    /// rw: the container reads its hosts, host name and resolver, it never writes them).
+    EtcFile(&'static str),
+    /// Not mounted: the cell's own. `/dev/shm` (the sandbox's shm tmpfs under runc: a
+    /// cell has its own, counted in its memory) and `/dev/termination-log` (kubelet's
+    /// file: the cell's `/dev` has none, so kubelet reads an empty message).
+    CellOwn,
+}
+
+/// One of CRI's standard mounts, recognised by its destination *and* its source (the
+/// CRI plugin's or kubelet's directory of this pod, `..` never): containerd's
+/// `<root>/io.containerd.grpc.v1.cri/sandboxes/<sandbox id>/{hosts,hostname,resolv.conf}`
+/// and `<state>/io.containerd.grpc.v1.cri/sandboxes/<sandbox id>/shm`
+/// (the CRI plugin's `containerMounts` of containerd 1.6, and the sandbox's own spec), kubelet's `<kubelet root>/pods/<pod uid>/etc-hosts` and
+/// `<kubelet root>/pods/<pod uid>/containers/<container>/<file>` (its termination log).
+/// `None`: not one of them; the general rules apply.
+pub fn cri_mount(destination: &Path, source: &Path, pod: &CriPod) -> Option<CriMount> {
+    let names: Vec<&str> = source
+        .components()
+        .map(|c| c.as_os_str().to_str().unwrap_or("\0"))
+        .collect();
+    if !source.is_absolute() || names.iter().any(|n| *n == ".." || *n == "\0") {
+        return None;
+    }
+    let sandbox = |file: &str| {
+        let id = pod.sandbox_id.as_deref()?;
+        names
+            .ends_with(&[CRI_PLUGIN_DIR, "sandboxes", id, file])
+            .then_some(())
+    };
+    let kubelet_hosts = || {
+        let n = names.len();
+        (n >= 4 && names[n - 3] == "pods" && names[n - 1] == "etc-hosts").then_some(())
+    };
+    let termination_log = || {
+        let (n, container) = (names.len(), pod.container.as_deref()?);
+        (n >= 6 && names[n - 5] == "pods" && names[n - 3] == "containers")
+            .then_some(())
+            .filter(|()| names[n - 2] == container)
+    };
+    match destination.to_str()? {
+        "/etc/hosts" => sandbox("hosts")
+            .or_else(kubelet_hosts)
+            .map(|()| CriMount::EtcFile("hosts")),
+        "/etc/hostname" => sandbox("hostname").map(|()| CriMount::EtcFile("hostname")),
+        "/etc/resolv.conf" => sandbox("resolv.conf").map(|()| CriMount::EtcFile("resolv.conf")),
+        "/dev/shm" => sandbox("shm").map(|()| CriMount::CellOwn),
+        "/dev/termination-log" => termination_log().map(|()| CriMount::CellOwn),
+        _ => None,
+    }
+}
+
+/// The mounts: the cell's own kernel file systems, CRI's standard mounts, read-only host
+/// binds as inputs, anything else refused.
+fn mounts(mounts: &[Mount], pod: &CriPod) -> Result<SpecMounts, SpecRefusal> {
+    let mut taken = SpecMounts::default();
     for (n, mount) in mounts.iter().enumerate() {
         let destination = mount.destination();
         let typ = mount.typ().clone().unwrap_or_default();
@@ -436,6 +552,23 @@ fn inputs(mounts: &[Mount]) -> Result<Vec<(PathBuf, PathBuf)>, SpecRefusal> {
         if !source.is_absolute() {
             return refuse(field, "a bind mount's source must be an absolute host path");
         }
+        match cri_mount(destination, source, pod) {
+            Some(CriMount::EtcFile(name)) => {
+                taken.etc_files.push((source.clone(), name.to_owned()));
+                continue;
+            }
+            Some(CriMount::CellOwn) => continue,
+            None => {}
+        }
+        if source
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+        {
+            return refuse(
+                field,
+                "a bind mount's source must not contain `..` (it could name any host path)",
+            );
+        }
         if let Some(sensitive) = sensitive_source(source) {
             return refuse(
                 field,
@@ -453,9 +586,9 @@ fn inputs(mounts: &[Mount]) -> Result<Vec<(PathBuf, PathBuf)>, SpecRefusal> {
                  writable_paths",
             );
         }
-        inputs.push((source.clone(), destination.clone()));
+        taken.inputs.push((source.clone(), destination.clone()));
     }
-    Ok(inputs)
+    Ok(taken)
 }
 
 /// The sensitive path `source` is, or is inside of (`/` itself is the whole host).
@@ -547,6 +680,7 @@ pub fn apply_terms(
         );
     }
     check_pod_network(contract.network.mode, terms.network_namespace.as_deref())?;
+    check_pod_shares(contract.network.mode, terms)?;
     contract.image = format!("oci-bundle:{}", terms.identity.id);
     contract.filesystem.readonly_root |= terms.readonly_root;
     for (source, target) in &terms.inputs {
@@ -589,6 +723,45 @@ pub fn apply_terms(
         contract.seccomp_profile = seccomp_path.to_owned();
     }
     Ok(())
+}
+
+/// A pod's ipc and uts namespaces and its `/etc` files are taken only under a contract
+/// that joins the pod's network (`network.mode: pod`): the same platform decision, since
+/// they are the same pod's. Without it they are refused, naming what was asked.
+fn check_pod_shares(mode: NetworkMode, terms: &ContainerTerms) -> Result<(), SpecRefusal> {
+    if mode == NetworkMode::Pod {
+        return Ok(());
+    }
+    let rule = "is a pod's, taken only under a contract with network.mode pod, which the \
+                platform chooses (docs/kubernetes.md)";
+    let namespaces = [
+        (LinuxNamespaceType::Ipc, &terms.ipc_namespace),
+        (LinuxNamespaceType::Uts, &terms.uts_namespace),
+    ];
+    for (kind, path) in namespaces {
+        if let Some(path) = path {
+            return refuse(namespace_field(kind, path), rule);
+        }
+    }
+    match terms.pod_etc_files.first() {
+        Some((source, name)) => refuse(
+            format!("mounts (/etc/{name} from {})", source.display()),
+            rule,
+        ),
+        None => Ok(()),
+    }
+}
+
+impl ContainerTerms {
+    /// The pod as `CompileInput::pod_network`: `None` without a pod network namespace.
+    pub fn pod_input(&self) -> Option<airlock_contract::PodInput<'_>> {
+        Some(airlock_contract::PodInput {
+            network: self.network_namespace.as_deref()?,
+            ipc: self.ipc_namespace.as_deref(),
+            uts: self.uts_namespace.as_deref(),
+            etc_files: &self.pod_etc_files,
+        })
+    }
 }
 
 /// A pod's network is joined only under a contract that says so (the platform's choice:

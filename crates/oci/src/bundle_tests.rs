@@ -231,11 +231,9 @@ fn an_allow_by_default_seccomp_profile_is_refused_and_a_deny_by_default_one_is_t
 }
 
 #[test]
-fn joining_any_namespace_but_the_network_is_refused_naming_the_kind() {
+fn joining_a_pid_mount_or_user_namespace_is_refused_naming_the_kind() {
     for (at, kind, path, says) in [
         (0, "pid", "/proc/1/ns/pid", "see and signal"),
-        (1, "ipc", "/proc/42/ns/ipc", "ipc or uts"),
-        (2, "uts", "/proc/42/ns/uts", "ipc or uts"),
         (3, "mount", "/proc/1/ns/mnt", "creates its own"),
     ] {
         let mut spec = base();
@@ -248,14 +246,226 @@ fn joining_any_namespace_but_the_network_is_refused_naming_the_kind() {
         );
         assert!(err.rule.contains(says), "{err}");
     }
+    for (kind, path) in [
+        ("user", "/proc/1/ns/user"),
+        ("cgroup", "/proc/1/ns/cgroup"),
+        ("time", "/proc/1/ns/time"),
+    ] {
+        let mut spec = base();
+        spec["linux"]["namespaces"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": kind, "path": path}));
+        let field = refused(spec).field;
+        assert!(
+            field.starts_with(&format!("linux.namespaces[{kind}].path")),
+            "{field}"
+        );
+    }
+}
+
+/// An application container of a pod as the CRI plugin makes it: the sandbox's
+/// namespaces by path, its annotations, and its standard mounts.
+fn application(sandbox: &str) -> Value {
+    let ns = |kind: &str| format!("/proc/4242/ns/{kind}");
+    let cri = "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes";
+    let kubelet = "/var/lib/kubelet/pods/0b5e9a4c-uid";
     let mut spec = base();
-    spec["linux"]["namespaces"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"type": "user", "path": "/proc/1/ns/user"}));
-    assert!(refused(spec)
-        .field
-        .starts_with("linux.namespaces[user].path"));
+    spec["linux"]["namespaces"] = json!([
+        {"type": "pid"}, {"type": "mount"},
+        {"type": "ipc", "path": ns("ipc")},
+        {"type": "uts", "path": ns("uts")},
+        {"type": "network", "path": ns("net")},
+    ]);
+    spec["annotations"] = json!({
+        "io.kubernetes.cri.sandbox-id": sandbox,
+        "io.kubernetes.cri.container-name": "tools",
+    });
+    let bind = |src: String, dst: &str, mode: &str| {
+        json!({"destination": dst, "type": "bind", "source": src,
+               "options": ["rbind", "rprivate", mode]})
+    };
+    let mounts = spec["mounts"].as_array_mut().unwrap();
+    mounts.extend([
+        bind(format!("{kubelet}/etc-hosts"), "/etc/hosts", "rw"),
+        bind(
+            format!("{kubelet}/containers/tools/5d41402a"),
+            "/dev/termination-log",
+            "rw",
+        ),
+        bind(format!("{cri}/{sandbox}/hostname"), "/etc/hostname", "rw"),
+        bind(
+            format!("{cri}/{sandbox}/resolv.conf"),
+            "/etc/resolv.conf",
+            "rw",
+        ),
+        bind(
+            format!("/run/containerd/io.containerd.grpc.v1.cri/sandboxes/{sandbox}/shm"),
+            "/dev/shm",
+            "rw",
+        ),
+        bind(
+            format!("{kubelet}/volumes/kubernetes.io~projected/kube-api-access-x"),
+            "/var/run/secrets/kubernetes.io/serviceaccount",
+            "ro",
+        ),
+    ]);
+    spec
+}
+
+#[test]
+fn a_pods_application_container_joins_its_ipc_and_uts_and_takes_cris_files_read_only() {
+    let t = terms(application("abc123")).unwrap();
+    assert_eq!(
+        t.network_namespace.as_deref(),
+        Some(Path::new("/proc/4242/ns/net"))
+    );
+    assert_eq!(
+        t.ipc_namespace.as_deref(),
+        Some(Path::new("/proc/4242/ns/ipc"))
+    );
+    assert_eq!(
+        t.uts_namespace.as_deref(),
+        Some(Path::new("/proc/4242/ns/uts"))
+    );
+    let cri = "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/abc123";
+    let etc: Vec<(String, &str)> = t
+        .pod_etc_files
+        .iter()
+        .map(|(source, name)| (source.display().to_string(), name.as_str()))
+        .collect();
+    assert_eq!(
+        etc,
+        [
+            (
+                "/var/lib/kubelet/pods/0b5e9a4c-uid/etc-hosts".to_owned(),
+                "hosts"
+            ),
+            (format!("{cri}/hostname"), "hostname"),
+            (format!("{cri}/resolv.conf"), "resolv.conf"),
+        ]
+    );
+    // /dev/shm and the termination log are the cell's own; the token a read-only input.
+    assert_eq!(t.inputs.len(), 1, "{:?}", t.inputs);
+    assert_eq!(
+        t.inputs[0].1,
+        Path::new("/var/run/secrets/kubernetes.io/serviceaccount")
+    );
+    let pod = t.pod_input().unwrap();
+    assert_eq!(pod.ipc, Some(Path::new("/proc/4242/ns/ipc")));
+    assert_eq!(pod.etc_files.len(), 3);
+    apply_terms(&mut pod_contract(), &t, "x").unwrap();
+}
+
+#[test]
+fn a_pods_sandbox_container_takes_its_shm_and_resolv_conf_binds_as_cri_makes_them() {
+    let mut spec = with_network("/var/run/netns/cni-1");
+    spec["annotations"] = json!({"io.kubernetes.cri.sandbox-id": "sbx9"});
+    let cri = "io.containerd.grpc.v1.cri/sandboxes/sbx9";
+    spec["mounts"].as_array_mut().unwrap().extend([
+        json!({"destination": "/dev/shm", "type": "bind",
+               "source": format!("/run/containerd/{cri}/shm"),
+               "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}),
+        json!({"destination": "/etc/resolv.conf", "type": "bind",
+               "source": format!("/var/lib/containerd/{cri}/resolv.conf"),
+               "options": ["rbind", "ro"]}),
+    ]);
+    let t = terms(spec).unwrap();
+    assert!(t.inputs.is_empty(), "{:?}", t.inputs);
+    assert_eq!(t.pod_etc_files.len(), 1);
+    assert_eq!(t.pod_etc_files[0].1, "resolv.conf");
+    apply_terms(&mut pod_contract(), &t, "x").unwrap();
+}
+
+#[test]
+fn a_pods_ipc_uts_and_files_are_refused_without_a_pod_contract() {
+    let mut spec = application("abc123");
+    spec["linux"]["namespaces"][4] = json!({"type": "network"});
+    let t = terms(spec).unwrap();
+    let err = apply_terms(&mut default_contract(), &t, "x").unwrap_err();
+    assert_eq!(err.field, "linux.namespaces[ipc].path (/proc/4242/ns/ipc)");
+    assert!(err.rule.contains("network.mode pod"), "{err}");
+    let mut spec = base();
+    spec["linux"]["namespaces"][2] = json!({"type": "uts", "path": "/proc/1/ns/uts"});
+    let err = apply_terms(&mut default_contract(), &terms(spec).unwrap(), "x").unwrap_err();
+    assert_eq!(err.field, "linux.namespaces[uts].path (/proc/1/ns/uts)");
+    let mut spec = application("abc123");
+    spec["linux"]["namespaces"] = json!([{"type": "pid"}, {"type": "network"}]);
+    let err = apply_terms(&mut default_contract(), &terms(spec).unwrap(), "x").unwrap_err();
+    assert!(err.field.starts_with("mounts (/etc/hosts from "), "{err}");
+}
+
+#[test]
+fn a_host_name_with_a_joined_uts_namespace_is_refused() {
+    let mut spec = application("abc123");
+    spec["hostname"] = json!("mine");
+    let err = refused(spec);
+    assert_eq!(err.field, "hostname");
+    assert!(err.rule.contains("pod's host name"), "{err}");
+}
+
+#[test]
+fn cris_mounts_are_recognised_only_at_their_destinations_from_this_pods_directories() {
+    let pod = CriPod {
+        sandbox_id: Some("abc123".into()),
+        container: Some("tools".into()),
+    };
+    let cri = "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes";
+    let is = |dst: &str, src: &str| cri_mount(Path::new(dst), Path::new(src), &pod);
+    assert_eq!(
+        is("/etc/resolv.conf", &format!("{cri}/abc123/resolv.conf")),
+        Some(CriMount::EtcFile("resolv.conf"))
+    );
+    // Another pod's files, another destination, another file, `..`, no annotation.
+    for (dst, src) in [
+        ("/etc/resolv.conf", format!("{cri}/other/resolv.conf")),
+        ("/etc/motd", format!("{cri}/abc123/resolv.conf")),
+        ("/etc/hosts", format!("{cri}/abc123/resolv.conf")),
+        (
+            "/etc/hostname",
+            format!("{cri}/abc123/../../../../../etc/hostname"),
+        ),
+        (
+            "/etc/hosts",
+            "/var/lib/kubelet/pods/u/etc-hosts/../../../pki/x".into(),
+        ),
+        ("/dev/shm", "/dev/shm".into()),
+        (
+            "/dev/termination-log",
+            "/var/lib/kubelet/pods/u/containers/other/1".into(),
+        ),
+        ("/etc/hosts", "/etc/hosts".into()),
+    ] {
+        assert_eq!(is(dst, &src), None, "{dst} from {src}");
+    }
+    let ctr = CriPod::default();
+    assert_eq!(
+        cri_mount(
+            Path::new("/etc/hosts"),
+            Path::new(&format!("{cri}/abc123/hosts")),
+            &ctr
+        ),
+        None
+    );
+}
+
+#[test]
+fn other_writable_binds_to_cris_destinations_and_dotdot_sources_stay_refused() {
+    let mut spec = application("abc123");
+    // The host's /dev/shm (hostIPC), a host file at /etc/hosts: refused as before.
+    spec["mounts"][11]["source"] = json!("/dev/shm");
+    let err = refused(spec);
+    assert!(err.field.contains("(/dev/shm)"), "{err}");
+    let mut spec = base();
+    spec["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": "/etc/hosts", "type": "bind", "source": "/srv/hosts",
+        "options": ["rbind", "rw"]}));
+    assert!(refused(spec).rule.contains("writable host bind mount"));
+    let mut spec = base();
+    spec["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": "/data", "type": "bind", "source": "/srv/../var/lib/containerd",
+        "options": ["rbind", "ro"]}));
+    assert!(refused(spec).rule.contains("`..`"));
 }
 
 fn with_network(path: &str) -> Value {

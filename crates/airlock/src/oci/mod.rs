@@ -14,6 +14,7 @@
 
 mod commands;
 mod exec;
+mod pod;
 mod resources;
 mod state;
 mod supervise;

@@ -113,6 +113,7 @@ pub fn supervise(
             return fail(format!("container {id} refused (run {run}): {error}"));
         }
     };
+    super::pod::plan(&plan);
     let start_listener = match UnixListener::bind(state::start_socket(&dir)) {
         Ok(listener) => listener,
         Err(err) => return fail(format!("container {id}: the start socket: {err}")),
@@ -175,8 +176,10 @@ fn held_start(
 ) -> airlock_engine::RecordedHook {
     Box::new(move |run_id: &str| {
         stored.run_id = run_id.to_owned();
-        if let Err(err) = state::save(&dir, &stored) {
-            let error = format!("container {}: state: {err}", stored.id);
+        // The pod's namespaces are held before the shim can learn this pid (pod.rs).
+        let saved = state::save(&dir, &stored).map_err(|e| format!("state: {e}"));
+        if let Err(err) = saved.and_then(|()| super::pod::hold()) {
+            let error = format!("container {}: {err}", stored.id);
             log.error(&error);
             tell(&notifier, &format!("error: {error}"));
             std::process::exit(125);
@@ -216,7 +219,12 @@ fn run(
     id: &str,
 ) -> ExitCode {
     request.on_recorded = Some(hook);
-    let mut finished = match engine.run_container_here(request, doors) {
+    let ran = engine.run_container_here(request, doors);
+    if let Err(error) = super::pod::release() {
+        tell(notifier, &format!("error: container {id}: {error}"));
+        return ExitCode::from(125);
+    }
+    let mut finished = match ran {
         Ok(finished) => finished,
         Err(refused) => {
             let error = refused.report.error.unwrap_or_default();
@@ -305,7 +313,7 @@ fn plan(
             argv: &terms.argv,
             seccomp_profile: profile.as_deref(),
             image: Some(&image),
-            pod_network: terms.network_namespace.as_deref(),
+            pod_network: terms.pod_input(),
         },
     )
     .map_err(|e| refused(format!("contract: {e}")))?;

@@ -140,7 +140,8 @@ impl Containerd {
         std::fs::copy("/usr/bin/busybox", tree.join("bin/busybox")).unwrap();
         for applet in [
             "sh", "cat", "echo", "id", "sleep", "ls", "grep", "mount", "touch", "seq", "true",
-            "unshare", "head", "tail", "wget", "ip", "ping", "kill", "dd", "tty",
+            "unshare", "head", "tail", "wget", "ip", "ping", "kill", "dd", "tty", "hostname",
+            "readlink",
         ] {
             symlink("busybox", tree.join("bin").join(applet)).unwrap();
         }

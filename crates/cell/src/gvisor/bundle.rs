@@ -205,7 +205,9 @@ impl CellDir {
         for entry in &plan.etc {
             let (source, target, required) = match entry {
                 EtcEntry::Host { path } => (path.clone(), path.clone(), false),
-                EtcEntry::Contract { source, target } => (source.clone(), target.clone(), true),
+                EtcEntry::Contract { source, target } | EtcEntry::Pod { source, target } => {
+                    (source.clone(), target.clone(), true)
+                }
                 EtcEntry::Image { .. } => continue,
             };
             // A host entry that is a symlink is mirrored as one, as in the native cell

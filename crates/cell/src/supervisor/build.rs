@@ -589,17 +589,24 @@ fn spawn_cell(
     }
     let setup_cpu = payload_cpus.and_then(other_cpu);
     let (rlimits, payload_rlimits) = cell_rlimits(plan, ceilings);
-    // A pod's network namespace is joined for the clone only (pod_network.rs).
+    // A pod's namespaces are joined for the clone only (pod_network.rs), and the clone
+    // does not create those.
     let pod_network = crate::pod_network::enter(&plan.network)?;
+    let joined = crate::pod_network::joined_flags(&plan.network) as libc::c_ulong;
     // pid 1 is a clone of this process, not an exec: without a name of its own its
     // /proc/1/cmdline would show the payload this process's command line, host paths of
     // the contract, the operator config and the state dir among it.
     // Created with the cell's host ids, so that they own its user namespace.
     let cloned = crate::host_identity::clone_owned_by(host, || {
-        sys::clone_single_threaded(single, CELL_NAMESPACES, supervisor_command_line, PID1_NAME)
+        sys::clone_single_threaded(
+            single,
+            CELL_NAMESPACES & !joined,
+            supervisor_command_line,
+            PID1_NAME,
+        )
     });
     let cloned = match pod_network {
-        // The child stays: the pod's network is its own from now on.
+        // The child stays: the pod's namespaces are its own from now on.
         Some(joined) if !matches!(cloned, Ok(Ok(sys::CloneOutcome::Child))) => {
             if let Err(err) = joined.leave() {
                 if let Ok(Ok(sys::CloneOutcome::Parent { pid, pidfd })) = &cloned {

@@ -54,4 +54,4 @@ for name, r in [("ctr run --rm, runc", runc), ("ctr run --rm, airlock-runc", air
 print(f"airlock over runc through containerd: x{airlock['median']/runc['median']:.2f} "
       f"({(airlock['median']-runc['median'])*1000:+.1f} ms)")
 PY
-echo "records written by airlock-runc: $("$W/bin/airlock" runs --state-dir "$W/store" list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')"
+echo "records written by airlock-runc: $("$W/bin/airlock" runs --state-dir "$W/store" list --limit 100000 --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')"

@@ -304,7 +304,7 @@ fn kill(root: &Path, id: &str, signal: &str, all: bool) -> Result<ExitCode, Stri
             }
             // As runc: a paused container is thawed for SIGKILL only (other signals wait).
             if status == Status::Paused && signal == libc::SIGKILL {
-                super::resources::thaw_if_paused(&stored);
+                super::resources::thaw_after_kill(&stored);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -322,13 +322,15 @@ fn delete(root: &Path, id: &str, force: bool) -> Result<ExitCode, String> {
     let dir = state::dir(root, id)?;
     match state::status(&stored) {
         Status::Stopped => {}
-        Status::Running | Status::Paused if force => {
+        status @ (Status::Running | Status::Paused) if force => {
             // The payload is killed; the supervisor completes the record and ends.
             let (_, payload) = cell_processes(&stored);
             for pid in payload {
                 let _ = state::signal(pid, libc::SIGKILL);
             }
-            super::resources::thaw_if_paused(&stored);
+            if status == Status::Paused {
+                super::resources::thaw_after_kill(&stored);
+            }
             wait_gone(&stored, Duration::from_secs(10));
         }
         Status::Created if force => {

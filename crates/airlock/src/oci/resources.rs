@@ -65,12 +65,13 @@ pub fn resume(root: &Path, id: &str) -> Result<ExitCode, String> {
 }
 
 /// After a SIGKILL to a paused container's processes: the cell is thawed, so that they
-/// die (a frozen v1 task acts on no signal) and its pid 1 reaps them and reports.
-pub fn thaw_if_paused(stored: &Stored) {
+/// die (a frozen v1 task acts on no signal) and its pid 1 reaps them and reports. Not
+/// asked whether it is still frozen: on v2 a frozen cell reads `frozen 0` while a killed
+/// task is on its way out and `frozen 1` again once it is gone, so a check made then
+/// would leave the rest frozen for good. Thawing a thawed cell changes nothing.
+pub fn thaw_after_kill(stored: &Stored) {
     if let Ok(cgroup) = cell_cgroup(stored) {
-        if cgroup.is_paused() {
-            let _ = cgroup.resume();
-        }
+        let _ = cgroup.resume();
     }
 }
 

@@ -113,29 +113,44 @@ fn serve_session(setup: ChildSetup<'_>, first: (u64, libc::pid_t)) -> ! {
     let mut commands = vec![first];
     loop {
         reap_commands(&setup, &mut commands);
-        let mut state = [libc::pollfd {
-            fd: setup.sync.as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        if sys::poll(&mut state, SESSION_REAP_MS).unwrap_or(0) == 0 {
-            continue;
-        }
-        match receive(&setup) {
-            Ok((ToCell::Exec(command), fds)) if !command.argv.is_empty() => {
-                spawn_further(&setup, &command, &fds, &mut commands)
-            }
-            Ok((ToCell::Kill { id, signal }, _)) => {
-                if let Some((_, group)) = commands.iter().find(|(c, _)| *c == id) {
-                    let _ = sys::kill(-group, signal);
-                }
-            }
-            Ok((ToCell::Close, _)) => break,
-            // Anything else has no meaning in a running session.
-            Ok(_) | Err(_) => {}
+        if let Served::Close = serve_next_message(&setup, &mut commands) {
+            break;
         }
     }
     end_session(setup)
+}
+
+/// What a serving pid 1 was asked by the supervisor's last message.
+enum Served {
+    Continue,
+    Close,
+}
+
+/// Waits up to [`SESSION_REAP_MS`] for a message from the supervisor and serves it: EXEC
+/// spawns a further command, KILL signals a command's process group; CLOSE is returned
+/// for the caller to decide; anything else has no meaning in a serving cell.
+fn serve_next_message(setup: &ChildSetup<'_>, commands: &mut Vec<(u64, libc::pid_t)>) -> Served {
+    let mut state = [libc::pollfd {
+        fd: setup.sync.as_fd().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    if sys::poll(&mut state, SESSION_REAP_MS).unwrap_or(0) == 0 {
+        return Served::Continue;
+    }
+    match receive(setup) {
+        Ok((ToCell::Exec(command), fds)) if !command.argv.is_empty() => {
+            spawn_further(setup, &command, &fds, commands)
+        }
+        Ok((ToCell::Kill { id, signal }, _)) => {
+            if let Some((_, group)) = commands.iter().find(|(c, _)| *c == id) {
+                let _ = sys::kill(-group, signal);
+            }
+        }
+        Ok((ToCell::Close, _)) => return Served::Close,
+        Ok(_) | Err(_) => {}
+    }
+    Served::Continue
 }
 
 /// Spawns a further command (EXEC) and tracks it; a spawn that fails is reported as the
@@ -171,26 +186,8 @@ fn reap_serving_execs(setup: ChildSetup<'_>, payload: libc::pid_t) -> ! {
         if let Some(status) = reap_around_payload(&setup, payload, &mut commands) {
             break status;
         }
-        let mut state = [libc::pollfd {
-            fd: setup.sync.as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        if sys::poll(&mut state, SESSION_REAP_MS).unwrap_or(0) == 0 {
-            continue;
-        }
-        match receive(&setup) {
-            Ok((ToCell::Exec(command), fds)) if !command.argv.is_empty() => {
-                spawn_further(&setup, &command, &fds, &mut commands)
-            }
-            Ok((ToCell::Kill { id, signal }, _)) => {
-                if let Some((_, group)) = commands.iter().find(|(c, _)| *c == id) {
-                    let _ = sys::kill(-group, signal);
-                }
-            }
-            // Anything else has no meaning while the payload runs.
-            Ok(_) | Err(_) => {}
-        }
+        // CLOSE has no meaning while the payload runs: the container ends with it.
+        let _ = serve_next_message(&setup, &mut commands);
     };
     // Daemons, double forks and the further commands go with the payload.
     let _ = sys::kill(-1, libc::SIGKILL);

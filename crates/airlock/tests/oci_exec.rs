@@ -10,13 +10,9 @@
 
 mod common;
 
-use common::containerd::Containerd;
+use common::containerd::{self, text, Containerd};
 use serde_json::{json, Value};
 use std::process::{Command, Output};
-
-fn text(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn started(containerd: &Containerd, id: &str, script: &str) {
     let out = containerd.run(&["-d"], id, &["/bin/sh", "-c", script]);
@@ -139,15 +135,7 @@ fn an_exec_runs_in_the_containers_cell_with_its_output_status_and_record() {
         !stdout.contains("comm=containerd"),
         "a host process: {stdout}"
     );
-    for line in [
-        "CapEff:\t0000000000000000",
-        "CapPrm:\t0000000000000000",
-        "CapBnd:\t0000000000000000",
-        "NoNewPrivs:\t1",
-        "Seccomp:\t2",
-    ] {
-        assert!(stdout.contains(line), "{line:?} missing: {stdout}");
-    }
+    containerd::assert_has_lines(&stdout, containerd::CONFINED);
     // uid 0 of process.json (what ctr sends for this image) is the container's identity,
     // mapped to an unprivileged host id: never host root.
     let map = stdout

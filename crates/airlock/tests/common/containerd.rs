@@ -337,3 +337,25 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 "#
     )
 }
+
+/// ctr's standard output as text.
+pub fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What the probes print of a cell's `/proc/self/status`: no capability in any set that
+/// matters, no new privileges, seccomp filtering.
+pub const CONFINED: &[&str] = &[
+    "CapEff:\t0000000000000000",
+    "CapPrm:\t0000000000000000",
+    "CapBnd:\t0000000000000000",
+    "NoNewPrivs:\t1",
+    "Seccomp:\t2",
+];
+
+/// Every line of `lines` is in `stdout`.
+pub fn assert_has_lines(stdout: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(stdout.contains(line), "{line:?} missing: {stdout}");
+    }
+}

@@ -24,7 +24,7 @@ impl StoreArgs {
         let config = OperatorConfig::load(self.config.as_deref())?;
         let location = config.store_location(self.state_dir.as_deref())?;
         let store = Store::open_at(&location).with_context(|| match &location.postgres {
-            Some(url) => format!("opening the audit store {}", url.shown()),
+            Some(fleet) => format!("opening the audit store {}", fleet.url.shown()),
             None => format!(
                 "opening the audit store in {}",
                 location.state_dir.display()

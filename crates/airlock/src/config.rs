@@ -146,9 +146,17 @@ pub struct StoreConfig {
     /// A fleet's shared store: runs and the audit chain in this Postgres database instead
     /// of the state directory's SQLite file, e.g.
     /// `postgres://airlock@/airlock?host=/run/postgresql` (a unix socket) or
-    /// `postgres://airlock@127.0.0.1:5432/airlock`. Only unix sockets and loopback
-    /// addresses: this airlock has no TLS. A database that cannot be reached refuses runs.
+    /// `postgres://airlock@127.0.0.1:5432/airlock`. A host that is not a unix socket or a
+    /// loopback address needs verified TLS:
+    /// `?sslmode=verify-full&sslrootcert=/etc/airlock/pg-ca.pem`. A database that cannot
+    /// be reached refuses runs.
     pub url: Option<String>,
+    /// This node's name in the fleet's store: runs are recorded under it, and at start a
+    /// node marks `aborted` only its own runs whose supervisors are gone. Default
+    /// `<hostname>/<machine-id>`; set it where those are not this node's own (a container
+    /// without its own machine id, two nodes on one machine). `[A-Za-z0-9._:/-]`, at most
+    /// 253 characters.
+    pub node: Option<String>,
 }
 
 /// One bounded numeric key: its name, value and inclusive range.
@@ -305,14 +313,25 @@ impl OperatorConfig {
         Ok(engine)
     }
 
-    /// `[store] url`, checked (a Postgres URL naming a unix socket or a loopback address).
-    pub fn store_postgres(&self) -> anyhow::Result<Option<airlock_store::PostgresUrl>> {
-        self.store
-            .url
+    /// `[store] url` and `[store] node`, checked: the fleet's store and this node's name in
+    /// it (`[store] node`, else this machine's default name). A node name is checked even
+    /// without a URL, so a typo does not wait for the day a fleet store is configured.
+    pub fn store_postgres(&self) -> anyhow::Result<Option<airlock_store::FleetStore>> {
+        let node = self
+            .store
+            .node
             .as_deref()
-            .map(airlock_store::PostgresUrl::parse)
-            .transpose()
-            .map_err(Into::into)
+            .map(airlock_store::NodeName::parse)
+            .transpose()?;
+        let Some(url) = self.store.url.as_deref() else {
+            return Ok(None);
+        };
+        let url = airlock_store::PostgresUrl::parse(url)?;
+        let node = match node {
+            Some(node) => node,
+            None => airlock_store::NodeName::of_this_machine()?,
+        };
+        Ok(Some(airlock_store::FleetStore { url, node }))
     }
 
     /// Where runs and the audit chain are: the state directory (`--state-dir`, else the

@@ -9,7 +9,7 @@ mod common;
 #[path = "../../store/tests/pg_server/mod.rs"]
 mod pg_server;
 
-use pg_server::PgServer;
+use pg_server::{PgServer, ServerOptions, TestPki};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -21,10 +21,35 @@ struct Node {
 impl Node {
     /// A node with its own state directory and a configuration naming `url`.
     fn new(url: &str) -> Node {
+        Self::with_config(&format!("[store]\nurl = \"{url}\"\n"))
+    }
+
+    /// A node named `name` in the fleet's store at `url`.
+    fn named(url: &str, name: &str) -> Node {
+        Self::with_config(&format!("[store]\nurl = \"{url}\"\nnode = \"{name}\"\n"))
+    }
+
+    fn with_config(text: &str) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("airlock.toml");
-        std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n")).unwrap();
+        std::fs::write(&config, text).unwrap();
         Node { dir, config }
+    }
+
+    /// `airlock run -- sleep 30` of this node, started and left running.
+    fn start_sleeping_run(&self) -> std::process::Child {
+        Command::new(common::airlock_bin())
+            .arg("run")
+            .arg("--state-dir")
+            .arg(self.state())
+            .arg("--config")
+            .arg(&self.config)
+            .args(["--", "sleep", "30"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
     }
 
     fn state(&self) -> PathBuf {
@@ -138,15 +163,26 @@ fn an_unreachable_fleet_store_refuses_the_run() {
 }
 
 #[test]
-fn a_url_that_would_send_records_in_plaintext_is_refused() {
-    let node = Node::new("postgres://airlock@db.example.internal:5432/fleet");
-    let out = node.airlock("audit", &["verify"]);
-    assert!(!out.status.success(), "{}", text(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("plaintext"),
-        "{}",
-        text(&out)
-    );
+fn a_url_that_would_send_records_unverified_is_refused() {
+    for (url, why) in [
+        (
+            "postgres://airlock@db.fleet.test:5432/fleet",
+            "only over verified TLS",
+        ),
+        (
+            "postgres://airlock@192.0.2.1:5432/fleet?sslmode=require",
+            "sslmode=require: encrypts without checking who answers",
+        ),
+    ] {
+        let node = Node::new(url);
+        let out = node.airlock("audit", &["verify"]);
+        assert!(!out.status.success(), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(why),
+            "{}",
+            text(&out)
+        );
+    }
 }
 
 #[test]
@@ -257,4 +293,147 @@ fn a_sigkilled_airlock_run_leaves_a_verifiable_chain_in_postgres() {
     assert_eq!(pg.psql("fleet", "SELECT count(*) FROM runs"), "1");
     let verify = node.airlock("audit", &["verify"]);
     assert!(verify.status.success(), "{}", text(&verify));
+}
+
+/// The run of node `node` that is `running` in the fleet's database, once there is one.
+fn running_run_of(pg: &PgServer, node: &str, supervisor: &mut std::process::Child) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let running = pg.psql(
+            "fleet",
+            &format!("SELECT run_id FROM runs WHERE status = 'running' AND node = '{node}'"),
+        );
+        if !running.is_empty() {
+            return running;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = supervisor.kill();
+            panic!("the run of {node} never showed as running");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_restarted_node_aborts_its_open_run_and_leaves_another_nodes_running() {
+    require_cells!();
+    let Some(pg) = PgServer::start() else { return };
+    let url = pg.create_db("fleet");
+    let (a, b) = (Node::named(&url, "node-a"), Node::named(&url, "node-b"));
+    // The schema first (any opening migrates), so the polls below can query it.
+    let empty = a.airlock("audit", &["verify"]);
+    assert!(empty.status.success(), "{}", text(&empty));
+    let mut supervisor_a = a.start_sleeping_run();
+    let run_a = running_run_of(&pg, "node-a", &mut supervisor_a);
+    let mut supervisor_b = b.start_sleeping_run();
+    let run_b = running_run_of(&pg, "node-b", &mut supervisor_b);
+    supervisor_a.kill().unwrap(); // SIGKILL, mid-run
+    supervisor_a.wait().unwrap();
+
+    // Node A restarts (any opening of its store): its open run is aborted, by it.
+    let shown = a.airlock("runs", &["show", &run_a, "--json", "--all-users"]);
+    assert!(shown.status.success(), "{}", text(&shown));
+    let detail: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(detail["run"]["status"], "aborted", "{detail}");
+    assert_eq!(detail["run"]["node"], "node-a", "{detail}");
+    let last = detail["events"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["kind"], "run.aborted", "{detail}");
+    assert_eq!(last["body"]["reaped_by"], "node-a", "{detail}");
+    // Node B's run is alive and is not A's to judge.
+    let status_b = format!("SELECT status FROM runs WHERE run_id = '{run_b}'");
+    assert_eq!(pg.psql("fleet", &status_b), "running");
+    let verify = b.airlock("audit", &["verify"]);
+    assert!(verify.status.success(), "{}", text(&verify));
+
+    // Node B's service shows A's aborted run; starting it left B's own live run alone.
+    let config = format!(
+        "[server]\nlisten = [\"unix:SOCK\"]\n[store]\nurl = \"{url}\"\nnode = \"node-b\"\n"
+    );
+    let service = common::served::Served::start(&config, |_| {});
+    let out = service.curl_unix(&["-f", &format!("http://airlock/v1/runs/{run_a}")]);
+    assert!(out.status.success(), "{}\n{}", text(&out), service.log());
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["run"]["status"], "aborted", "{shown}");
+    assert_eq!(pg.psql("fleet", &status_b), "running");
+
+    // B's supervisor dies too; B's next opening aborts its run, and the chain holds.
+    supervisor_b.kill().unwrap();
+    supervisor_b.wait().unwrap();
+    let verify = b.airlock("audit", &["verify"]);
+    assert!(verify.status.success(), "{}", text(&verify));
+    assert_eq!(pg.psql("fleet", &status_b), "aborted");
+}
+
+/// `airlock run` with `url`: the payload ran and its record is `ok` in the database.
+fn assert_a_run_is_recorded(pg: &PgServer, url: &str) {
+    let node = Node::new(url);
+    let out = node.airlock("run", &["--", "/bin/echo", "recorded"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("recorded"));
+    assert_eq!(pg.psql("fleet", "SELECT status FROM runs"), "ok");
+    let verify = node.airlock("audit", &["verify"]);
+    assert!(verify.status.success(), "{}", text(&verify));
+}
+
+#[test]
+fn a_run_is_recorded_over_verified_tls_to_a_network_address() {
+    require_cells!();
+    // This machine's own non-loopback address, reachable only over TLS (hostssl); a
+    // machine without one tests the loopback case (the certificate names 127.0.0.1).
+    let addr = pg_server::non_loopback_ipv4()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|| {
+            eprintln!("no non-loopback IPv4 address: TLS is tested over 127.0.0.1 only");
+            "127.0.0.1".into()
+        });
+    let pki_dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::make(
+        pki_dir.path(),
+        &[format!("IP:{addr}"), "IP:127.0.0.1".into()],
+    );
+    let Some(pg) = PgServer::start_with(ServerOptions {
+        tls_only_addresses: vec![addr.clone()]
+            .into_iter()
+            .filter(|a| a != "127.0.0.1")
+            .collect(),
+        tls: Some(pki.server_files()),
+    }) else {
+        return;
+    };
+    pg.create_db("fleet");
+    let url = format!(
+        "postgres://postgres@{addr}:{}/fleet?sslmode=verify-full&sslrootcert={}",
+        pg.port,
+        pki.ca.display()
+    );
+    // The cell is cloned after the TLS connection is made: rustls starts no thread.
+    assert_a_run_is_recorded(&pg, &url);
+    // A certificate the configured CA did not sign refuses the run before it starts.
+    let other = url.replace(
+        &pki.ca.display().to_string(),
+        &pki.other_ca.display().to_string(),
+    );
+    let node = Node::new(&other);
+    let marker = node.dir.path().join("ran");
+    let script = format!("touch {}", marker.display());
+    let out = node.airlock("run", &["--", "/bin/sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("UnknownIssuer"),
+        "{}",
+        text(&out)
+    );
+    assert!(!marker.exists(), "the payload ran without a record");
+}
+
+#[test]
+fn a_run_is_recorded_through_localhost_by_name() {
+    require_cells!();
+    let Some(pg) = PgServer::start() else { return };
+    pg.create_db("fleet");
+    // `localhost` is resolved on the calling thread (the cell is cloned after it).
+    assert_a_run_is_recorded(
+        &pg,
+        &format!("postgres://postgres@localhost:{}/fleet", pg.port),
+    );
 }

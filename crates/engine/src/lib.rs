@@ -41,9 +41,10 @@ use std::sync::{Arc, OnceLock};
 pub struct EngineConfig {
     /// The audit store's directory.
     pub state_dir: PathBuf,
-    /// A fleet's Postgres database for runs and the audit chain (`[store] url`); `None`:
-    /// they are in the state directory's SQLite file.
-    pub store_postgres: Option<airlock_store::PostgresUrl>,
+    /// A fleet's Postgres database for runs and the audit chain (`[store] url`) and this
+    /// node's name in it (`[store] node`); `None`: they are in the state directory's
+    /// SQLite file.
+    pub store_postgres: Option<airlock_store::FleetStore>,
     /// The egress proxy's configuration (resolvers, host map, exempt CIDRs, ceilings).
     pub egress: airlock_egress::EgressConfig,
     /// The binary started as the cell factory (it calls

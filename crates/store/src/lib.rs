@@ -25,7 +25,9 @@ pub mod approvals;
 mod chain;
 mod error;
 pub mod input_cache;
+mod node;
 mod pg;
+mod pg_tls;
 mod proc_info;
 mod redact;
 mod schema;
@@ -43,7 +45,8 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 pub use error::{ChainBreak, ErrorClass, StoreError};
-pub use pg::PostgresUrl;
+pub use node::NodeName;
+pub use pg::{FleetStore, PostgresUrl};
 pub use redact::{Redactor, REDACTED};
 pub use transcripts::{StoredTranscript, TranscriptRecord};
 
@@ -225,6 +228,10 @@ pub struct RunRecord {
     pub session_id: Option<String>,
     /// The service tenant of the run (migration `RUN_TENANTS`); `None` outside the service.
     pub tenant: Option<String>,
+    /// The fleet node whose supervisor ran it (`[store] node`, migration `RUN_NODES`);
+    /// `None` in a node's own SQLite file and for runs recorded before nodes were.
+    #[serde(default)]
+    pub node: Option<String>,
 }
 
 /// One entry of the audit chain.
@@ -321,7 +328,7 @@ impl RunHandle {
 #[derive(Debug, Clone)]
 pub struct StoreLocation {
     pub state_dir: PathBuf,
-    pub postgres: Option<PostgresUrl>,
+    pub postgres: Option<FleetStore>,
 }
 
 impl StoreLocation {
@@ -444,7 +451,7 @@ const RUN_COLUMNS: &str = "run_id, started_at, finished_at, argv_json, input_sha
     contract_sha256, workload_class, plan_json, status, exit_code, exit_signal, limit_fired, \
     usage_json, startup_ms, wall_ms, stdout_head, stdout_tail, stderr_head, stderr_tail, \
     cleanup_ok, cleanup_leftovers_json, result_json, supervisor_pid, supervisor_start_time, boot_id, \
-    caller_uid, session_id, tenant";
+    caller_uid, session_id, tenant, node";
 
 fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     let argv: Option<String> = r.get(3)?;
@@ -479,6 +486,7 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         caller_uid: r.get(25)?,
         session_id: r.get(26)?,
         tenant: r.get(27)?,
+        node: r.get(28)?,
     })
 }
 
@@ -671,8 +679,8 @@ impl Store {
     /// cannot be reached is an error (fail closed), never a fallback to the local file.
     pub fn open_at(location: &StoreLocation) -> Result<Store> {
         let mut store = Self::open(&location.state_dir)?;
-        if let Some(url) = &location.postgres {
-            store.fleet = Some(Box::new(pg::Fleet::connect(url)?));
+        if let Some(fleet) = &location.postgres {
+            store.fleet = Some(Box::new(pg::Fleet::connect(fleet)?));
         }
         Ok(store)
     }
@@ -882,6 +890,7 @@ impl Store {
             "caller_uid": proc_info::real_uid(),
             "session_id": start.session_id,
             "tenant": start.tenant,
+            "node": self.fleet.as_ref().map(|f| f.node().as_str()),
         }));
         // Columns are taken from the redacted body, so row and audit entry agree.
         let s = |k: &str| body[k].as_str().unwrap_or_default().to_string();
@@ -1031,11 +1040,14 @@ impl Store {
     }
 
     /// Mark as `aborted` every `running` run whose supervisor is gone: another boot,
-    /// pid not alive, or pid alive with a different start time (reused).
+    /// pid not alive, or pid alive with a different start time (reused). In a fleet's
+    /// store only this node's runs are judged (`[store] node`): another node's supervisor
+    /// is not in this process table, so its absence here says nothing. The entry names
+    /// the node that marked it (`reaped_by`).
     pub fn reap_aborted(&self) -> Result<Vec<RunId>> {
         let candidates: Vec<(String, proc_info::ProcessIdentity)> = if let Some(fleet) = &self.fleet
         {
-            fleet.running_here()?
+            fleet.running_of_this_node()?
         } else {
             let mut stmt = self
                 .conn
@@ -1065,7 +1077,10 @@ impl Store {
                 continue;
             };
             let at = now_ms();
-            let body = json!({"finished_at": at, "status": STATUS_ABORTED, "reason": reason});
+            let mut body = json!({"finished_at": at, "status": STATUS_ABORTED, "reason": reason});
+            if let Some(fleet) = &self.fleet {
+                body["reaped_by"] = json!(fleet.node().as_str());
+            }
             if let Some(fleet) = &self.fleet {
                 if fleet.abort(&run_id, at, &body)? {
                     reaped.push(run_id);

@@ -9,12 +9,18 @@
 //! writers across processes and nodes the way SQLite's `BEGIN IMMEDIATE` does: one linear
 //! chain, and each check-then-write (finish only a running run) sees every earlier commit.
 //!
-//! Transport: no TLS is linked, so only a unix socket or a loopback address is accepted
-//! ([`PostgresUrl::parse`]); records are never sent in plaintext over a network.
+//! Nodes: each run records the node whose supervisor runs it (`node.rs`), and a node
+//! reaps only its own runs ([`Fleet::running_of_this_node`]): another node's supervisors
+//! are not in this process table, so their absence here proves nothing.
+//!
+//! Transport ([`PostgresUrl::parse`]): a unix socket or a loopback address may be
+//! plaintext; any other host only with `sslmode=verify-full` and `sslrootcert=` (rustls,
+//! `pg_tls.rs`): records never cross a network in plaintext or to an unverified server.
 
 use std::cell::RefCell;
 use std::io::Write;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -23,6 +29,8 @@ use postgres::{Client, NoTls, Row, Transaction};
 use serde_json::{json, Value};
 
 use crate::chain::{self, ChainCheck, RunSpan};
+use crate::node::NodeName;
+use crate::pg_tls;
 use crate::{
     json_col, kinds, now_ms, parse_json_col, proc_info, AuditEntry, ClassStats, Result, RunDetail,
     RunFilter, RunRecord, StatsFold, StoreError, VerifyReport, ENTRY_COLUMNS, RUN_COLUMNS,
@@ -33,12 +41,15 @@ use std::collections::BTreeMap;
 /// How long connecting may take before the store counts as unreachable (a refusal).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A checked `postgres://` URL: parsed, and naming only unix sockets or loopback
-/// addresses (no TLS). Its text may hold a password: it is never shown; [`Self::shown`]
-/// is the form for messages.
+/// A checked `postgres://` URL: parsed, and with a transport that does not send audit
+/// records over a network unverified ([`PostgresUrl::parse`]). Its text may hold a
+/// password: it is never shown; [`Self::shown`] is the form for messages.
 #[derive(Clone)]
 pub struct PostgresUrl {
     config: postgres::Config,
+    transport: Transport,
+    /// A host given by name, resolved when connecting (see [`PostgresUrl::connect`]).
+    by_name: Option<NamedHost>,
     shown: String,
 }
 
@@ -48,11 +59,225 @@ impl std::fmt::Debug for PostgresUrl {
     }
 }
 
+/// How the connection is carried, decided from the URL's hosts and `sslmode`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Transport {
+    /// Unix sockets and loopback addresses only.
+    Plaintext,
+    /// `sslmode=verify-full`: the chain verified against `sslrootcert`, the name checked.
+    VerifiedTls { root_cert: PathBuf },
+}
+
+/// The one host of a URL given by name, and what its addresses must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NamedHost {
+    name: String,
+    port: u16,
+    /// `localhost` without TLS: every address it resolves to must be a loopback one.
+    loopback_only: bool,
+}
+
+/// What a URL's host entry is, for the transport rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HostKind {
+    Socket,
+    Loopback,
+    /// `localhost` (any case): loopback only if it resolves only to loopback addresses.
+    Localhost,
+    /// An address or a name elsewhere on a network.
+    Network(String),
+}
+
+/// The `sslmode` values of libpq, all of which a URL may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SslMode {
+    Disable,
+    Allow,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(v: &str) -> Option<SslMode> {
+        Some(match v {
+            "disable" => SslMode::Disable,
+            "allow" => SslMode::Allow,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            _ => return None,
+        })
+    }
+}
+
+/// The TLS parameters of a URL, taken out of its query before postgres parses the rest
+/// (it knows neither `verify-*` nor `sslrootcert`).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct TlsParams {
+    sslmode: Option<String>,
+    sslrootcert: Option<String>,
+}
+
+fn split_tls_params(url: &str) -> (String, TlsParams) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), TlsParams::default());
+    };
+    let mut tls = TlsParams::default();
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("sslmode", v)) => tls.sslmode = Some(v.to_string()),
+            Some(("sslrootcert", v)) => tls.sslrootcert = Some(v.to_string()),
+            _ => kept.push(pair),
+        }
+    }
+    if kept.is_empty() {
+        (base.to_string(), tls)
+    } else {
+        (format!("{base}?{}", kept.join("&")), tls)
+    }
+}
+
+fn host_kinds(config: &postgres::Config) -> Vec<HostKind> {
+    let hosts = config.get_hosts().iter().map(|h| match h {
+        Host::Unix(_) => HostKind::Socket,
+        Host::Tcp(name) if name.eq_ignore_ascii_case("localhost") => HostKind::Localhost,
+        Host::Tcp(name) if is_loopback_address(name) => HostKind::Loopback,
+        Host::Tcp(name) => HostKind::Network(name.clone()),
+    });
+    let addrs = config.get_hostaddrs().iter().map(|a| {
+        if a.is_loopback() {
+            HostKind::Loopback
+        } else {
+            HostKind::Network(format!("hostaddr {a}"))
+        }
+    });
+    hosts.chain(addrs).collect()
+}
+
+/// The transport for `mode` and these hosts (pure): the rules of [`PostgresUrl::parse`].
+fn decide_transport(
+    mode: Option<SslMode>,
+    root_cert: Option<&str>,
+    hosts: &[HostKind],
+) -> std::result::Result<Transport, String> {
+    let network = hosts.iter().find_map(|h| match h {
+        HostKind::Network(name) => Some(name.as_str()),
+        _ => None,
+    });
+    match mode {
+        Some(SslMode::VerifyFull) => {
+            if hosts.contains(&HostKind::Socket) {
+                return Err(
+                    "sslmode=verify-full with a unix socket directory: Postgres has no \
+                            TLS over a unix socket (give only TCP hosts, or drop sslmode)"
+                        .into(),
+                );
+            }
+            match root_cert {
+                Some(path) if Path::new(path).is_absolute() => Ok(Transport::VerifiedTls {
+                    root_cert: PathBuf::from(path),
+                }),
+                Some(path) => Err(format!(
+                    "sslrootcert={path}: must be an absolute path (the CA file the server's \
+                     certificate is verified against)"
+                )),
+                None => Err(
+                    "sslmode=verify-full needs sslrootcert=<CA file>: the server's \
+                             certificate is verified against that file only"
+                        .into(),
+                ),
+            }
+        }
+        Some(weak @ (SslMode::Require | SslMode::VerifyCa)) => Err(format!(
+            "sslmode={}: {} - give sslmode=verify-full with sslrootcert=<CA file> (or, on a \
+             unix socket or loopback address, no sslmode)",
+            if weak == SslMode::Require {
+                "require"
+            } else {
+                "verify-ca"
+            },
+            if weak == SslMode::Require {
+                "encrypts without checking who answers"
+            } else {
+                "checks the chain but not that it names the host"
+            }
+        )),
+        None | Some(SslMode::Disable | SslMode::Allow | SslMode::Prefer) => match network {
+            Some(name) => Err(format!(
+                "host {name:?} is not a unix socket directory or a loopback address: audit \
+                 records cross a network only over verified TLS (sslmode=verify-full with \
+                 sslrootcert=<CA file>){}",
+                match mode {
+                    Some(SslMode::Disable) => "; sslmode=disable sends them in plaintext",
+                    Some(_) => "; sslmode=allow/prefer may send them in plaintext",
+                    None => "",
+                }
+            )),
+            None => Ok(Transport::Plaintext),
+        },
+    }
+}
+
+/// The one host given by name, which [`PostgresUrl::connect`] resolves on the calling
+/// thread (postgres would resolve it on a thread of its own, and `airlock run` clones
+/// its cell from a process that must be single-threaded). A URL naming a host without
+/// `hostaddr` has exactly that one host; with `hostaddr` (one per host) nothing is
+/// resolved.
+fn named_host(
+    config: &postgres::Config,
+    kinds: &[HostKind],
+    transport: &Transport,
+) -> std::result::Result<Option<NamedHost>, String> {
+    let names: Vec<&str> = config
+        .get_hosts()
+        .iter()
+        .zip(kinds)
+        .filter_map(|(h, kind)| match (h, kind) {
+            (Host::Tcp(name), HostKind::Localhost) => Some(name.as_str()),
+            (Host::Tcp(name), HostKind::Network(_)) if name.parse::<IpAddr>().is_err() => {
+                Some(name.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    let Some(name) = names.first() else {
+        return Ok(None);
+    };
+    let (hosts, addrs) = (config.get_hosts().len(), config.get_hostaddrs().len());
+    if addrs > 0 {
+        // Where to connect is given: the names are only what the certificate must name.
+        return match addrs == hosts {
+            true => Ok(None),
+            false => Err(format!(
+                "{hosts} hosts and {addrs} hostaddrs: give one hostaddr per host"
+            )),
+        };
+    }
+    if hosts != 1 {
+        return Err(format!(
+            "host {name:?} is a name: a URL naming its host by name (without hostaddr) has \
+             that one host"
+        ));
+    }
+    Ok(Some(NamedHost {
+        name: name.to_string(),
+        port: config.get_ports().first().copied().unwrap_or(5432),
+        loopback_only: *transport == Transport::Plaintext,
+    }))
+}
+
 impl PostgresUrl {
     /// Parse and check `url`. Refused: anything that is not a Postgres connection string,
-    /// one that names no host, and one that names a host that is neither a unix socket
-    /// directory nor a loopback address (this build has no TLS, and audit records must not
-    /// cross a network in plaintext).
+    /// one that names no host, and one whose records could cross a network unverified:
+    /// a host that is neither a unix socket directory nor a loopback address needs
+    /// `sslmode=verify-full` and `sslrootcert=<CA file>` (`disable`, `allow`, `prefer`,
+    /// `require` and `verify-ca` are refused, for every host: this airlock verifies TLS
+    /// fully or does not use it). `localhost` is accepted where loopback is, and must then
+    /// resolve only to loopback addresses ([`Self::connect`]).
     pub fn parse(url: &str) -> Result<PostgresUrl> {
         let invalid = |why: String| StoreError::InvalidUrl(why);
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
@@ -61,7 +286,17 @@ impl PostgresUrl {
                     .into(),
             ));
         }
-        let mut config = postgres::Config::from_str(url)
+        let (rest, tls) = split_tls_params(url);
+        let mode = match tls.sslmode.as_deref() {
+            None => None,
+            Some(m) => Some(SslMode::parse(m).ok_or_else(|| {
+                invalid(format!(
+                    "sslmode={m}: not one of disable, allow, prefer, require, verify-ca, \
+                     verify-full"
+                ))
+            })?),
+        };
+        let mut config = postgres::Config::from_str(&rest)
             .map_err(|e| invalid(format!("not a Postgres connection URL: {e}")))?;
         if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
             return Err(invalid(
@@ -70,65 +305,138 @@ impl PostgresUrl {
                     .into(),
             ));
         }
-        for host in config.get_hosts() {
-            if let Host::Tcp(name) = host {
-                if name.eq_ignore_ascii_case("localhost") {
-                    return Err(invalid(
-                        "host \"localhost\": give 127.0.0.1 or ::1 (or a socket directory); a \
-                         name is resolved on a thread of its own, and `airlock run` clones its \
-                         cell from a process that must be single-threaded"
-                            .into(),
-                    ));
-                }
-                if !is_loopback_address(name) {
-                    return Err(invalid(format!(
-                        "host {name:?} is not a unix socket directory or a loopback address: \
-                         this airlock has no TLS and does not send audit records over a network \
-                         in plaintext (reach the server through a local socket or a tunnel)"
-                    )));
-                }
-            }
+        let kinds = host_kinds(&config);
+        let transport =
+            decide_transport(mode, tls.sslrootcert.as_deref(), &kinds).map_err(invalid)?;
+        let by_name = named_host(&config, &kinds, &transport).map_err(invalid)?;
+        if matches!(transport, Transport::VerifiedTls { .. }) && config.get_hosts().is_empty() {
+            return Err(invalid(
+                "sslmode=verify-full with only hostaddr: give host=<name on the certificate> \
+                 too (hostaddr is where to connect, host what the certificate must name)"
+                    .into(),
+            ));
         }
-        if let Some(addr) = config.get_hostaddrs().iter().find(|a| !a.is_loopback()) {
-            return Err(invalid(format!(
-                "hostaddr {addr} is not a loopback address: this airlock has no TLS and does \
-                 not send audit records over a network in plaintext"
-            )));
-        }
+        config.ssl_mode(match transport {
+            Transport::Plaintext => postgres::config::SslMode::Disable,
+            Transport::VerifiedTls { .. } => postgres::config::SslMode::Require,
+        });
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         config.application_name("airlock");
-        let shown = shown(&config);
-        Ok(PostgresUrl { config, shown })
+        let shown = shown(&config, &transport);
+        Ok(PostgresUrl {
+            config,
+            transport,
+            by_name,
+            shown,
+        })
     }
 
     /// The URL without its password, for messages.
     pub fn shown(&self) -> &str {
         &self.shown
     }
+
+    /// Whether records to this database travel over verified TLS.
+    pub fn uses_tls(&self) -> bool {
+        matches!(self.transport, Transport::VerifiedTls { .. })
+    }
+
+    /// Connect, with TLS when the URL asks for it. A host given by name is resolved here,
+    /// on the calling thread, and tried address by address; `localhost` without TLS is
+    /// refused if any of its addresses is not a loopback one (a hosts file or resolver
+    /// could point it elsewhere, and the records would leave the machine in plaintext).
+    fn connect(&self) -> std::result::Result<Client, String> {
+        let Some(named) = &self.by_name else {
+            return self.connect_with(&self.config);
+        };
+        let addrs = resolve(named)?;
+        let mut last = None;
+        for addr in addrs {
+            let mut config = self.config.clone();
+            config.hostaddr(addr);
+            match self.connect_with(&config) {
+                Ok(client) => return Ok(client),
+                Err(e) => last = Some(format!("{addr}: {e}")),
+            }
+        }
+        Err(last.unwrap_or_else(|| format!("host {:?} resolves to no address", named.name)))
+    }
+
+    fn connect_with(&self, config: &postgres::Config) -> std::result::Result<Client, String> {
+        let connected = match &self.transport {
+            Transport::Plaintext => config.connect(NoTls),
+            Transport::VerifiedTls { root_cert } => {
+                config.connect(pg_tls::VerifiedTls::from_ca_file(root_cert)?)
+            }
+        };
+        connected.map_err(|e| pg_detail(&e))
+    }
 }
 
-/// An address literal of the loopback network (no name: see [`PostgresUrl::parse`]).
+/// The addresses of a named host, resolved by the C library on this thread; for
+/// `localhost` without TLS, only if every one is a loopback address.
+fn resolve(named: &NamedHost) -> std::result::Result<Vec<IpAddr>, String> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<IpAddr> = (named.name.as_str(), named.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("host {:?} cannot be resolved: {e}", named.name))?
+        .map(|a| a.ip())
+        .collect();
+    if named.loopback_only {
+        if let Some(away) = addrs.iter().find(|a| !a.is_loopback()) {
+            return Err(format!(
+                "host {:?} resolves to {away}, which is not a loopback address: without TLS \
+                 records go only to unix sockets and loopback addresses",
+                named.name
+            ));
+        }
+    }
+    Ok(addrs)
+}
+
+/// An address literal of the loopback network.
 fn is_loopback_address(name: &str) -> bool {
     name.trim_matches(['[', ']'])
         .parse::<IpAddr>()
         .is_ok_and(|a| a.is_loopback())
 }
 
-fn shown(config: &postgres::Config) -> String {
-    let hosts: Vec<String> = config
+fn shown(config: &postgres::Config, transport: &Transport) -> String {
+    let names: Vec<String> = config
         .get_hosts()
         .iter()
         .map(|h| match h {
             Host::Tcp(name) => name.clone(),
             Host::Unix(dir) => dir.display().to_string(),
         })
-        .chain(config.get_hostaddrs().iter().map(IpAddr::to_string))
         .collect();
+    let addrs: Vec<String> = config
+        .get_hostaddrs()
+        .iter()
+        .map(IpAddr::to_string)
+        .collect();
+    // With both, the names are what certificates must name and the addresses where to
+    // connect: shown as the URL gives them.
+    let (hosts, hostaddr) = match (names.is_empty(), addrs.is_empty()) {
+        (true, _) => (addrs, None),
+        (false, true) => (names, None),
+        (false, false) => (names, Some(addrs.join(","))),
+    };
+    let mut query: Vec<String> = hostaddr
+        .map(|a| format!("hostaddr={a}"))
+        .into_iter()
+        .collect();
+    if let Transport::VerifiedTls { root_cert } = transport {
+        query.push(format!(
+            "sslmode=verify-full&sslrootcert={}",
+            root_cert.display()
+        ));
+    }
     let ports: Vec<String> = config.get_ports().iter().map(u16::to_string).collect();
     format!(
-        "postgres://{}@{}{}/{}",
+        "postgres://{}@{}{}/{}{}",
         config.get_user().unwrap_or(""),
         hosts.join(","),
         if ports.is_empty() {
@@ -136,14 +444,20 @@ fn shown(config: &postgres::Config) -> String {
         } else {
             format!(":{}", ports.join(","))
         },
-        config.get_dbname().unwrap_or("")
+        config.get_dbname().unwrap_or(""),
+        if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", query.join("&"))
+        }
     )
 }
 
 /// Postgres migrations, tracked in `airlock_schema.version`, applied under an advisory
 /// lock so nodes starting together apply each exactly once. Append-only. Version 1 is
 /// SQLite's runs and audit chain as of its migration `RUN_TENANTS` (the same columns).
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY NOT NULL,
     started_at BIGINT NOT NULL,
@@ -193,24 +507,50 @@ INSERT INTO chain_head (id, seq, hash)
 CREATE INDEX runs_running ON runs (status) WHERE status = 'running';
 CREATE INDEX runs_started ON runs (started_at);
 CREATE INDEX audit_log_run ON audit_log (run_id, seq);
-"#];
+"#,
+    RUN_NODES,
+];
+/// Version 2: the fleet node whose supervisor runs each run (`node.rs`), so a restarted
+/// node reaps only its own runs; NULL for runs recorded before it (SQLite's `RUN_NODES`).
+const RUN_NODES: &str = r#"
+ALTER TABLE runs ADD COLUMN node TEXT;
+CREATE INDEX runs_running_node ON runs (node) WHERE status = 'running';
+"#;
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
 /// The advisory lock key of migrations ("airlock" in ASCII).
 const MIGRATION_LOCK: i64 = 0x0061_6972_6c6f_636b;
+
+/// A fleet's shared store as a node opens it: the database, and the name this node's
+/// runs are recorded under (and reaped by).
+#[derive(Debug, Clone)]
+pub struct FleetStore {
+    pub url: PostgresUrl,
+    pub node: NodeName,
+}
 
 /// The connection to a fleet's database. One thread at a time, like a SQLite connection.
 pub(crate) struct Fleet {
     /// `None` only while it is dropped ([`Drop`] below).
     client: RefCell<Option<Client>>,
     shown: String,
+    node: NodeName,
 }
 
 fn pg_err(shown: &str, e: postgres::Error) -> StoreError {
-    let detail = match e.as_db_error() {
+    StoreError::Postgres {
+        target: shown.to_string(),
+        detail: pg_detail(&e),
+    }
+}
+
+/// The server's message and code, or the error with its chain of causes (a TLS failure
+/// says why the certificate was refused only there).
+fn pg_detail(e: &postgres::Error) -> String {
+    match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => {
             let mut s = e.to_string();
-            let mut src = std::error::Error::source(&e);
+            let mut src = std::error::Error::source(e);
             while let Some(inner) = src {
                 s.push_str(": ");
                 s.push_str(&inner.to_string());
@@ -218,10 +558,6 @@ fn pg_err(shown: &str, e: postgres::Error) -> StoreError {
             }
             s
         }
-    };
-    StoreError::Postgres {
-        target: shown.to_string(),
-        detail,
     }
 }
 
@@ -270,16 +606,17 @@ impl Fleet {
 
     /// Connect and migrate. A server that cannot be reached is an error: the caller
     /// refuses the run (there is no fallback to the local store).
-    pub fn connect(url: &PostgresUrl) -> Result<Fleet> {
+    pub fn connect(store: &FleetStore) -> Result<Fleet> {
+        let url = &store.url;
         let shown = url.shown.clone();
-        let client =
-            off_runtime(|| url.config.connect(NoTls)).map_err(|e| StoreError::Unreachable {
-                target: shown.clone(),
-                detail: pg_err(&shown, e).to_string(),
-            })?;
+        let client = off_runtime(|| url.connect()).map_err(|detail| StoreError::Unreachable {
+            target: shown.clone(),
+            detail,
+        })?;
         let fleet = Fleet {
             client: RefCell::new(Some(client)),
             shown,
+            node: store.node.clone(),
         };
         let found = fleet.migrate(LATEST)?;
         if found > LATEST {
@@ -294,6 +631,11 @@ impl Fleet {
 
     pub fn shown(&self) -> &str {
         &self.shown
+    }
+
+    /// The node this connection records runs for.
+    pub fn node(&self) -> &NodeName {
+        &self.node
     }
 
     fn ctx(&self, e: StoreError) -> StoreError {
@@ -380,8 +722,8 @@ impl Fleet {
             tx.execute(
                 "INSERT INTO runs (run_id, started_at, argv_json, input_sha256, contract_sha256,
                     workload_class, plan_json, status, supervisor_pid, supervisor_start_time,
-                    boot_id, caller_uid, session_id, tenant)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    boot_id, caller_uid, session_id, tenant, node)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
                 &[
                     &run_id,
                     &started_at,
@@ -397,6 +739,7 @@ impl Fleet {
                     &int("caller_uid"),
                     &body["session_id"].as_str(),
                     &body["tenant"].as_str(),
+                    &body["node"].as_str(),
                 ],
             )?;
             Ok(())
@@ -463,15 +806,19 @@ impl Fleet {
         })
     }
 
-    /// The running runs whose supervisor ran on this host in this boot. A fleet's other
-    /// nodes have other boot ids: their runs are theirs to reap, never this node's.
-    pub fn running_here(&self) -> Result<Vec<(String, proc_info::ProcessIdentity)>> {
+    /// The running runs this node may judge: its own (any boot: a run of a boot before
+    /// a reboot is stale), and runs recorded before runs had a node (migration 2) whose
+    /// supervisor ran in this boot, as before. Another node's runs are never returned:
+    /// their supervisors are not in this node's process table.
+    pub fn running_of_this_node(&self) -> Result<Vec<(String, proc_info::ProcessIdentity)>> {
         let boot = proc_info::boot_id();
+        let node = self.node.as_str();
         let rows = self.with_client(|client| {
             Ok(client.query(
                 "SELECT run_id, supervisor_pid, supervisor_start_time, boot_id
-                 FROM runs WHERE status = 'running' AND boot_id = $1",
-                &[&boot],
+                 FROM runs WHERE status = 'running'
+                     AND (node = $1 OR (node IS NULL AND boot_id = $2))",
+                &[&node, &boot],
             )?)
         })?;
         Ok(rows
@@ -788,6 +1135,7 @@ fn run_from_row(r: &Row) -> RunRecord {
         caller_uid: r.get::<_, Option<i64>>(25).map(|u| u as u32),
         session_id: r.get(26),
         tenant: r.get(27),
+        node: r.get(28),
     }
 }
 
@@ -814,25 +1162,43 @@ mod tests {
     use crate::GENESIS_HASH;
 
     #[test]
-    fn only_sockets_and_loopback_are_accepted() {
+    fn without_tls_only_sockets_and_loopback_are_accepted() {
         for ok in [
             "postgres://airlock@/airlock?host=/run/postgresql",
             "postgres://airlock@127.0.0.1:5433/airlock",
             "postgresql://airlock:pw@127.0.0.2/airlock",
             "postgres://airlock@[::1]:5432/airlock",
+            "postgres://airlock@127.0.0.1/airlock?sslmode=disable",
+            "postgres://airlock@/airlock?host=/run/postgresql&sslmode=prefer",
         ] {
-            PostgresUrl::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+            let url = PostgresUrl::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+            assert!(!url.uses_tls(), "{ok}");
         }
         for (bad, why) in [
             (
                 "postgres://airlock@db.internal/airlock",
-                "not a unix socket",
+                "only over verified TLS",
             ),
             ("postgres://airlock@10.0.0.5/airlock", "not a unix socket"),
-            ("postgres://airlock@/airlock?hostaddr=10.0.0.5", "hostaddr"),
+            (
+                "postgres://airlock@/airlock?hostaddr=10.0.0.5",
+                "hostaddr 10.0.0.5",
+            ),
             ("postgres://airlock@/airlock", "names no host"),
-            ("postgres://airlock@localhost/airlock", "give 127.0.0.1"),
             ("mysql://x@/y", "must start with postgres://"),
+            (
+                "postgres://airlock@10.0.0.5/airlock?sslmode=disable",
+                "sslmode=disable sends them in plaintext",
+            ),
+            (
+                "postgres://airlock@10.0.0.5/airlock?sslmode=allow",
+                "may send them in plaintext",
+            ),
+            (
+                "postgres://airlock@10.0.0.5/airlock?sslmode=prefer",
+                "may send them in plaintext",
+            ),
+            ("postgres://airlock@127.0.0.1/a?sslmode=bogus", "not one of"),
         ] {
             let err = PostgresUrl::parse(bad).unwrap_err().to_string();
             assert!(err.contains(why), "{bad}: {err}");
@@ -840,10 +1206,114 @@ mod tests {
     }
 
     #[test]
+    fn a_network_host_needs_verify_full_with_a_ca_file() {
+        let url = PostgresUrl::parse(
+            "postgres://airlock@db.fleet.test:5432/airlock?sslmode=verify-full\
+             &sslrootcert=/etc/airlock/pg-ca.pem&connect_timeout=3",
+        )
+        .unwrap();
+        assert!(url.uses_tls());
+        assert_eq!(
+            url.by_name
+                .as_ref()
+                .map(|n| (n.name.as_str(), n.loopback_only)),
+            Some(("db.fleet.test", false))
+        );
+        assert_eq!(
+            url.config.get_connect_timeout(),
+            Some(&Duration::from_secs(3))
+        );
+        let by_address = "postgres://airlock@192.0.2.7/airlock?sslmode=verify-full\
+                          &sslrootcert=/ca.pem";
+        assert!(PostgresUrl::parse(by_address).unwrap().by_name.is_none());
+        for (bad, why) in [
+            (
+                "postgres://airlock@10.0.0.5/airlock?sslmode=require",
+                "sslmode=require: encrypts without checking who answers",
+            ),
+            (
+                "postgres://airlock@10.0.0.5/airlock?sslmode=verify-ca&sslrootcert=/ca.pem",
+                "sslmode=verify-ca: checks the chain but not that it names the host",
+            ),
+            (
+                "postgres://airlock@127.0.0.1/airlock?sslmode=require",
+                "give sslmode=verify-full",
+            ),
+            (
+                "postgres://airlock@10.0.0.5/airlock?sslmode=verify-full",
+                "needs sslrootcert=<CA file>",
+            ),
+            (
+                "postgres://airlock@10.0.0.5/airlock?sslmode=verify-full&sslrootcert=ca.pem",
+                "must be an absolute path",
+            ),
+            (
+                "postgres://airlock@/airlock?host=/run/postgresql&sslmode=verify-full\
+                 &sslrootcert=/ca.pem",
+                "no TLS over a unix socket",
+            ),
+            (
+                "postgres://airlock@/airlock?hostaddr=10.0.0.5&sslmode=verify-full\
+                 &sslrootcert=/ca.pem",
+                "give host=<name on the certificate>",
+            ),
+            (
+                "postgres://airlock@a.fleet.test,b.fleet.test/airlock?sslmode=verify-full\
+                 &sslrootcert=/ca.pem",
+                "has that one host",
+            ),
+        ] {
+            let err = PostgresUrl::parse(bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn localhost_is_resolved_and_must_be_loopback_only() {
+        let url = PostgresUrl::parse("postgres://airlock@localhost:5433/airlock").unwrap();
+        let named = url.by_name.clone().unwrap();
+        assert!(named.loopback_only && named.port == 5433);
+        // This machine's localhost is loopback (whatever mix of 127.0.0.1 and ::1).
+        let addrs = resolve(&named).unwrap();
+        assert!(!addrs.is_empty() && addrs.iter().all(IpAddr::is_loopback));
+        // A name that resolves elsewhere (an address literal stands in for a hosts file
+        // entry pointing localhost away) is refused by the same check.
+        let away = NamedHost {
+            name: "192.0.2.9".into(),
+            ..named
+        };
+        let err = resolve(&away).unwrap_err();
+        assert!(err.contains("not a loopback address"), "{err}");
+    }
+
+    #[test]
+    fn tls_parameters_are_taken_out_of_the_query() {
+        let (rest, tls) =
+            split_tls_params("postgres://a@h/d?sslmode=verify-full&host=/x&sslrootcert=/ca.pem");
+        assert_eq!(rest, "postgres://a@h/d?host=/x");
+        assert_eq!(tls.sslmode.as_deref(), Some("verify-full"));
+        assert_eq!(tls.sslrootcert.as_deref(), Some("/ca.pem"));
+        assert_eq!(
+            split_tls_params("postgres://a@h/d?sslmode=disable").0,
+            "postgres://a@h/d"
+        );
+    }
+
+    #[test]
     fn the_password_is_never_shown() {
         let url = PostgresUrl::parse("postgres://airlock:s3cret@127.0.0.1:5433/runs").unwrap();
         assert_eq!(url.shown(), "postgres://airlock@127.0.0.1:5433/runs");
         assert!(!format!("{url:?}").contains("s3cret"));
+        let tls = PostgresUrl::parse(
+            "postgres://airlock:s3cret@db.fleet.test:5433/runs?hostaddr=192.0.2.7\
+             &sslmode=verify-full&sslrootcert=/etc/airlock/pg-ca.pem",
+        )
+        .unwrap();
+        assert_eq!(
+            tls.shown(),
+            "postgres://airlock@db.fleet.test:5433/runs?hostaddr=192.0.2.7\
+             &sslmode=verify-full&sslrootcert=/etc/airlock/pg-ca.pem"
+        );
     }
 
     #[test]

@@ -134,6 +134,13 @@ const RUN_TENANTS: &str = r#"
 ALTER TABLE runs ADD COLUMN tenant TEXT;
 "#;
 
+/// The fleet node that ran each run (crates/store/src/node.rs): the same column as a
+/// fleet's Postgres (its migration 2), so both backends have one set of columns. NULL in
+/// a node's own file, whose runs are all this node's, and for runs recorded before it.
+const RUN_NODES: &str = r#"
+ALTER TABLE runs ADD COLUMN node TEXT;
+"#;
+
 pub const MIGRATIONS: &[&str] = &[
     V1,
     V2,
@@ -142,6 +149,7 @@ pub const MIGRATIONS: &[&str] = &[
     APPROVALS_AND_REVIEWS,
     AGENT_TRANSCRIPTS,
     RUN_TENANTS,
+    RUN_NODES,
 ];
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
 

@@ -445,7 +445,7 @@ fn deleting_or_inserting_a_run_row_is_detected() {
                 contract_sha256, workload_class, plan_json, status, exit_code, exit_signal,
                 limit_fired, usage_json, startup_ms, wall_ms, stdout_head, stdout_tail,
                 stderr_head, stderr_tail, cleanup_ok, cleanup_leftovers_json, result_json,
-                supervisor_pid, supervisor_start_time, boot_id, caller_uid, session_id, tenant
+                supervisor_pid, supervisor_start_time, boot_id, caller_uid, session_id, tenant, node
                 FROM runs LIMIT 1",
             [],
         )

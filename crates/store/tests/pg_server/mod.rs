@@ -89,10 +89,162 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A test CA and a server certificate it signed, made with the openssl CLI, and a second
+/// CA that signed nothing of this server's.
+pub struct TestPki {
+    pub ca: PathBuf,
+    pub other_ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+}
+
+/// Run openssl with `args` in `dir`; panics with its output when it fails.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("the openssl CLI (apt-get install openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TestPki {
+    /// In `dir`: `ca.pem` (and `other-ca.pem`), and `server.pem`/`server.key` for the
+    /// DNS names and IP addresses `names` (`DNS:...`/`IP:...` entries of subjectAltName).
+    pub fn make(dir: &Path, names: &[String]) -> TestPki {
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ];
+        for ca in ["ca", "other-ca"] {
+            let (key, pem, subject) = (
+                format!("{ca}.key"),
+                format!("{ca}.pem"),
+                format!("/CN=airlock test {ca}"),
+            );
+            let mut args = vec!["req", "-x509"];
+            args.extend(ec);
+            args.extend([
+                "-keyout",
+                &key,
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-subj",
+                &subject,
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ]);
+            openssl(dir, &args);
+        }
+        let mut args = vec!["req"];
+        args.extend(ec);
+        args.extend([
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=airlock test database",
+        ]);
+        openssl(dir, &args);
+        std::fs::write(
+            dir.join("server.ext"),
+            format!(
+                "subjectAltName={}\nbasicConstraints=CA:FALSE\n\
+                 keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+                names.join(",")
+            ),
+        )
+        .unwrap();
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.pem",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
+            ],
+        );
+        TestPki {
+            ca: dir.join("ca.pem"),
+            other_ca: dir.join("other-ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server.key"),
+        }
+    }
+}
+
+/// This machine's first IPv4 address that is not a loopback one (`ip -4 -o addr`), if it
+/// has one: a test can then reach its own Postgres over a real non-loopback address.
+pub fn non_loopback_ipv4() -> Option<std::net::Ipv4Addr> {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let cidr = l.split_whitespace().skip_while(|w| *w != "inet").nth(1)?;
+            cidr.split('/').next()?.parse::<std::net::Ipv4Addr>().ok()
+        })
+        .find(|a| !a.is_loopback())
+}
+
+/// How a server is started beyond the defaults.
+#[derive(Default)]
+pub struct ServerOptions {
+    /// More TCP addresses to listen on (beside 127.0.0.1), each reachable only over TLS
+    /// (`hostssl` in pg_hba.conf).
+    pub tls_only_addresses: Vec<String>,
+    /// `ssl=on` with this server certificate.
+    pub tls: Option<TlsFiles>,
+}
+
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestPki {
+    pub fn server_files(&self) -> TlsFiles {
+        TlsFiles {
+            cert: self.server_cert.clone(),
+            key: self.server_key.clone(),
+        }
+    }
+}
+
 impl PgServer {
     /// Start a fresh server; `None` only when the binaries are missing and skipping was
     /// asked for ([`bin_or_skip`]).
     pub fn start() -> Option<PgServer> {
+        Self::start_with(ServerOptions::default())
+    }
+
+    /// [`Self::start`] with `options`.
+    pub fn start_with(options: ServerOptions) -> Option<PgServer> {
         let bin = bin_or_skip()?;
         let dir = std::env::temp_dir().join(format!(
             "airlock-pg-{}-{}",
@@ -139,6 +291,7 @@ impl PgServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let tls_args = server.install_tls(&data, &options);
         let log = std::fs::File::create(server.dir.join("server.log")).unwrap();
         if is_root() {
             let (_, uid, gid) = server_account();
@@ -154,7 +307,15 @@ impl PgServer {
             .arg("-k")
             .arg(&server.dir)
             .args(["-p", &server.port.to_string()])
-            .args(["-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!(
+                "listen_addresses={}",
+                std::iter::once("127.0.0.1".to_string())
+                    .chain(options.tls_only_addresses.iter().cloned())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ))
+            .args(&tls_args)
             // Small and fast: many tests start one at once, and nothing here must survive a crash.
             .args([
                 "-c",
@@ -172,6 +333,57 @@ impl PgServer {
         server.server = Some(child);
         server.wait_ready();
         Some(server)
+    }
+
+    /// The certificate and key in the data directory (the server's user owns them, the
+    /// key is 0600: Postgres refuses a key others can read), `hostssl` lines for the extra
+    /// addresses; the server's arguments for them.
+    fn install_tls(&self, data: &Path, options: &ServerOptions) -> Vec<String> {
+        use std::io::Write;
+        use std::os::unix::fs::PermissionsExt;
+        let mut hba = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("pg_hba.conf"))
+            .unwrap();
+        for addr in &options.tls_only_addresses {
+            writeln!(hba, "hostssl all all {addr}/32 trust").unwrap();
+        }
+        let Some(tls) = &options.tls else {
+            return Vec::new();
+        };
+        let (cert, key) = (data.join("server.crt"), data.join("server.key"));
+        std::fs::copy(&tls.cert, &cert).unwrap();
+        std::fs::copy(&tls.key, &key).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        if is_root() {
+            let (_, uid, gid) = server_account();
+            let status = Command::new("chown")
+                .arg(format!("{uid}:{gid}"))
+                .arg(&cert)
+                .arg(&key)
+                .status()
+                .unwrap();
+            assert!(status.success(), "chown of the test server's certificate");
+        }
+        vec![
+            "-c".into(),
+            "ssl=on".into(),
+            "-c".into(),
+            format!("ssl_cert_file={}", cert.display()),
+            "-c".into(),
+            format!("ssl_key_file={}", key.display()),
+        ]
+    }
+
+    /// The `psql` output of `sql` on `db` (see [`Self::psql`]), as a user of the server.
+    pub fn tls_connections(&self, db: &str, application: &str) -> String {
+        self.psql(
+            db,
+            &format!(
+                "SELECT s.ssl, a.client_addr FROM pg_stat_ssl s JOIN pg_stat_activity a \
+                 ON a.pid = s.pid WHERE a.application_name = '{application}' AND a.datname = '{db}'"
+            ),
+        )
     }
 
     fn as_server_user(&self, program: &Path) -> Command {

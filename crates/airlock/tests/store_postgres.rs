@@ -1,8 +1,11 @@
 //! A fleet's store end to end: `[store] url` pointing at a real Postgres this test starts
 //! (crates/store/tests/pg_server), `airlock run` writing its record there (not in the
 //! state directory's file), `airlock runs show` and `airlock audit verify` reading it,
-//! tampering in Postgres named by `audit verify`, and a database that cannot be reached
-//! refusing the run. Needs root (cells) and Debian's `postgresql` (.ci/run installs it).
+//! tampering in Postgres named by `audit verify`, a database that cannot be reached
+//! refusing the run, two named nodes (`[store] node`) of which a SIGKILLed and restarted
+//! one aborts only its own open run, and records sent over verified TLS to this machine's
+//! non-loopback address (a test CA made with the openssl CLI) or through `localhost`.
+//! Needs root (cells) and Debian's `postgresql` (.ci/run installs it).
 
 mod common;
 

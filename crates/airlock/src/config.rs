@@ -401,6 +401,28 @@ mod tests {
     }
 
     #[test]
+    fn the_fleet_store_names_its_node_and_refuses_an_odd_name() {
+        let url = "postgres://airlock@127.0.0.1:5432/fleet";
+        let named = config(&format!("[store]\nurl = \"{url}\"\nnode = \"worker-3\"\n"));
+        let fleet = named.store_postgres().unwrap().unwrap();
+        assert_eq!(fleet.node.as_str(), "worker-3");
+        // A bad name is refused at load, with or without a URL.
+        for text in [
+            format!("[store]\nurl = \"{url}\"\nnode = \"worker 3\"\n"),
+            "[store]\nnode = \"\"\n".to_string(),
+        ] {
+            let err = config(&text).check().unwrap_err().to_string();
+            assert!(err.contains("store node name"), "{text}: {err}");
+        }
+        // Without `node`: this machine's name (where it has a machine id).
+        if std::path::Path::new("/etc/machine-id").exists() {
+            let default = config(&format!("[store]\nurl = \"{url}\"\n"));
+            let node = default.store_postgres().unwrap().unwrap().node;
+            assert_eq!(node, airlock_store::NodeName::of_this_machine().unwrap());
+        }
+    }
+
+    #[test]
     fn host_ids_stay_above_the_hosts_users_and_at_or_below_2_pow_31_minus_1() {
         let err = config("[host_ids]\nbase = 0\n").check().unwrap_err();
         assert_eq!(

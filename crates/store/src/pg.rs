@@ -86,6 +86,8 @@ enum HostKind {
     Localhost,
     /// An address or a name elsewhere on a network.
     Network(String),
+    /// Only `hostaddr`s, no host: no name a certificate could be checked against.
+    AddressOnly,
 }
 
 /// The `sslmode` values of libpq, all of which a URL may name.
@@ -100,15 +102,20 @@ enum SslMode {
 }
 
 impl SslMode {
-    fn parse(v: &str) -> Option<SslMode> {
-        Some(match v {
+    fn parse(v: &str) -> std::result::Result<SslMode, String> {
+        Ok(match v {
             "disable" => SslMode::Disable,
             "allow" => SslMode::Allow,
             "prefer" => SslMode::Prefer,
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            _ => return None,
+            _ => {
+                return Err(format!(
+                    "sslmode={v}: not one of disable, allow, prefer, require, verify-ca, \
+                     verify-full"
+                ))
+            }
         })
     }
 }
@@ -155,7 +162,11 @@ fn host_kinds(config: &postgres::Config) -> Vec<HostKind> {
             HostKind::Network(format!("hostaddr {a}"))
         }
     });
-    hosts.chain(addrs).collect()
+    let address_only = config
+        .get_hosts()
+        .is_empty()
+        .then_some(HostKind::AddressOnly);
+    hosts.chain(addrs).chain(address_only).collect()
 }
 
 /// The transport for `mode` and these hosts (pure): the rules of [`PostgresUrl::parse`].
@@ -174,6 +185,14 @@ fn decide_transport(
                 return Err(
                     "sslmode=verify-full with a unix socket directory: Postgres has no \
                             TLS over a unix socket (give only TCP hosts, or drop sslmode)"
+                        .into(),
+                );
+            }
+            if hosts.contains(&HostKind::AddressOnly) {
+                return Err(
+                    "sslmode=verify-full with only hostaddr: give host=<name on the \
+                            certificate> too (hostaddr is where to connect, host what the \
+                            certificate must name)"
                         .into(),
                 );
             }
@@ -287,15 +306,12 @@ impl PostgresUrl {
             ));
         }
         let (rest, tls) = split_tls_params(url);
-        let mode = match tls.sslmode.as_deref() {
-            None => None,
-            Some(m) => Some(SslMode::parse(m).ok_or_else(|| {
-                invalid(format!(
-                    "sslmode={m}: not one of disable, allow, prefer, require, verify-ca, \
-                     verify-full"
-                ))
-            })?),
-        };
+        let mode = tls
+            .sslmode
+            .as_deref()
+            .map(SslMode::parse)
+            .transpose()
+            .map_err(invalid)?;
         let mut config = postgres::Config::from_str(&rest)
             .map_err(|e| invalid(format!("not a Postgres connection URL: {e}")))?;
         if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
@@ -309,13 +325,6 @@ impl PostgresUrl {
         let transport =
             decide_transport(mode, tls.sslrootcert.as_deref(), &kinds).map_err(invalid)?;
         let by_name = named_host(&config, &kinds, &transport).map_err(invalid)?;
-        if matches!(transport, Transport::VerifiedTls { .. }) && config.get_hosts().is_empty() {
-            return Err(invalid(
-                "sslmode=verify-full with only hostaddr: give host=<name on the certificate> \
-                 too (hostaddr is where to connect, host what the certificate must name)"
-                    .into(),
-            ));
-        }
         config.ssl_mode(match transport {
             Transport::Plaintext => postgres::config::SslMode::Disable,
             Transport::VerifiedTls { .. } => postgres::config::SslMode::Require,

@@ -141,3 +141,46 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RustlsStream<S> {
         Pin::new(&mut *self.0).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(path: &Path) -> String {
+        match VerifiedTls::from_ca_file(path) {
+            Ok(_) => panic!("{} was accepted as a CA file", path.display()),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn a_ca_file_that_cannot_serve_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let err = refusal(&missing);
+        assert!(
+            err.contains("missing.pem") && err.contains("cannot be read"),
+            "{err}"
+        );
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "no certificate here\n").unwrap();
+        assert!(refusal(&empty).contains("holds no certificate"));
+    }
+
+    #[test]
+    fn a_name_the_certificate_cannot_be_checked_against_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(&ca, cert.pem()).unwrap();
+        let mut tls = VerifiedTls::from_ca_file(&ca).unwrap();
+        let refused = MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(&mut tls, "").err();
+        assert!(refused.is_some(), "an empty host name");
+        MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(&mut tls, "db.fleet.test")
+            .unwrap();
+    }
+}

@@ -400,6 +400,7 @@ fn a_run_is_recorded_over_verified_tls_to_a_network_address() {
             .filter(|a| a != "127.0.0.1")
             .collect(),
         tls: Some(pki.server_files()),
+        scram: false,
     }) else {
         return;
     };

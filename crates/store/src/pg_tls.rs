@@ -97,21 +97,102 @@ where
         let connector = tokio_rustls::TlsConnector::from(self.config);
         Box::pin(async move {
             let tls = connector.connect(self.name, stream).await?;
-            Ok(RustlsStream(Box::new(tls)))
+            let end_point = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|leaf| end_point_hash(leaf));
+            Ok(RustlsStream {
+                tls: Box::new(tls),
+                end_point,
+            })
         })
     }
 }
 
 /// A TLS stream to the server. Boxed: a rustls connection is large.
-pub(crate) struct RustlsStream<S>(Box<tokio_rustls::client::TlsStream<S>>);
+pub(crate) struct RustlsStream<S> {
+    tls: Box<tokio_rustls::client::TlsStream<S>>,
+    /// `tls-server-end-point` of the server's certificate, when its hash is known.
+    end_point: Option<Vec<u8>>,
+}
 
 impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
-    /// No channel binding: the server is authenticated by the verified chain and name,
-    /// and SCRAM falls back to its plain form (the server's `tls-server-end-point` would
-    /// need the certificate's signature hash, which rustls does not expose).
+    /// SCRAM with channel binding (`SCRAM-SHA-256-PLUS`) binds the password exchange to
+    /// this TLS session, so even a certificate wrongly issued for the host cannot relay
+    /// it; without a known hash SCRAM runs unbound (the verified chain and name still
+    /// authenticate the server).
     fn channel_binding(&self) -> ChannelBinding {
-        ChannelBinding::none()
+        match &self.end_point {
+            Some(hash) => ChannelBinding::tls_server_end_point(hash.clone()),
+            None => ChannelBinding::none(),
+        }
     }
+}
+
+/// `tls-server-end-point` (RFC 5929, 4.1): the certificate hashed with its signature's
+/// hash function (SHA-256 for MD5 and SHA-1); `None` for another signature (RSA-PSS,
+/// Ed25519), for which it is not defined here.
+fn end_point_hash(cert_der: &[u8]) -> Option<Vec<u8>> {
+    use sha2::Digest;
+    let (cert, _) = der_element(cert_der, DER_SEQUENCE)?;
+    let (_tbs, rest) = der_element(cert, DER_SEQUENCE)?;
+    let (algorithm, _) = der_element(rest, DER_SEQUENCE)?;
+    let (oid, _) = der_element(algorithm, DER_OID)?;
+    Some(match signature_hash(oid)? {
+        Hash::Sha256 => sha2::Sha256::digest(cert_der).to_vec(),
+        Hash::Sha384 => sha2::Sha384::digest(cert_der).to_vec(),
+        Hash::Sha512 => sha2::Sha512::digest(cert_der).to_vec(),
+    })
+}
+
+const DER_SEQUENCE: u8 = 0x30;
+const DER_OID: u8 = 0x06;
+
+enum Hash {
+    Sha256,
+    Sha384,
+    Sha512,
+}
+
+/// The hash of a signature algorithm (its OID's DER content), as the end point uses it.
+fn signature_hash(oid: &[u8]) -> Option<Hash> {
+    const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
+    const ECDSA_SHA2: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03];
+    // ecdsa-with-SHA1 is 1.2.840.10045.4.1, one arc shorter than the SHA-2 ones.
+    const ECDSA_SHA1: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x01];
+    let (last, head) = oid.split_last()?;
+    match (head, last) {
+        (RSA, 4 | 5 | 11) | (ECDSA_SHA2, 2) => Some(Hash::Sha256),
+        (RSA, 12) | (ECDSA_SHA2, 3) => Some(Hash::Sha384),
+        (RSA, 13) | (ECDSA_SHA2, 4) => Some(Hash::Sha512),
+        _ if oid == ECDSA_SHA1 => Some(Hash::Sha256),
+        _ => None,
+    }
+}
+
+/// One DER element of `tag` at the start of `input`: its content and what follows.
+fn der_element(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+    let (&found, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    if found != tag {
+        return None;
+    }
+    let (len, rest) = match first {
+        short @ 0..=0x7f => (usize::from(short), rest),
+        long => {
+            let n = usize::from(long & 0x7f);
+            if n == 0 || n > 4 || rest.len() < n {
+                return None;
+            }
+            let len = rest[..n]
+                .iter()
+                .fold(0usize, |len, &b| (len << 8) | usize::from(b));
+            (len, &rest[n..])
+        }
+    };
+    (rest.len() >= len).then(|| rest.split_at(len))
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RustlsStream<S> {
@@ -120,7 +201,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RustlsStream<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.0).poll_read(cx, buf)
+        Pin::new(&mut *self.tls).poll_read(cx, buf)
     }
 }
 
@@ -130,15 +211,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RustlsStream<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.0).poll_write(cx, buf)
+        Pin::new(&mut *self.tls).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.0).poll_flush(cx)
+        Pin::new(&mut *self.tls).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.0).poll_shutdown(cx)
+        Pin::new(&mut *self.tls).poll_shutdown(cx)
     }
 }
 
@@ -165,6 +246,28 @@ mod tests {
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "no certificate here\n").unwrap();
         assert!(refusal(&empty).contains("holds no certificate"));
+    }
+
+    #[test]
+    fn the_end_point_is_the_certificate_hashed_with_its_signature_hash() {
+        use sha2::Digest;
+        let p256 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let p384 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+        let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let cert = |key: &rcgen::KeyPair| {
+            rcgen::CertificateParams::new(vec!["db.fleet.test".to_string()])
+                .unwrap()
+                .self_signed(key)
+                .unwrap()
+                .der()
+                .to_vec()
+        };
+        let (a, b, c) = (cert(&p256), cert(&p384), cert(&ed));
+        assert_eq!(end_point_hash(&a), Some(sha2::Sha256::digest(&a).to_vec()));
+        assert_eq!(end_point_hash(&b), Some(sha2::Sha384::digest(&b).to_vec()));
+        assert_eq!(end_point_hash(&c), None, "not defined for Ed25519 here");
+        assert_eq!(end_point_hash(&a[..40]), None, "truncated");
+        assert_eq!(end_point_hash(b"not DER"), None);
     }
 
     #[test]

@@ -808,6 +808,11 @@ backend_test!(stats_per_workload_class, |fx| {
 /// the tests connect to (the non-loopback one; 127.0.0.1 on a machine without one, and
 /// then only the loopback case is covered).
 fn tls_server(pki_dir: &Path) -> Option<(PgServer, TestPki, String)> {
+    tls_server_with(pki_dir, false)
+}
+
+/// [`tls_server`]; `scram`: clients of the non-loopback address log in with a password.
+fn tls_server_with(pki_dir: &Path, scram: bool) -> Option<(PgServer, TestPki, String)> {
     let addr = pg_server::non_loopback_ipv4().map(|a| a.to_string());
     let target = addr.clone().unwrap_or_else(|| {
         eprintln!("no non-loopback IPv4 address: TLS is tested over 127.0.0.1 only");
@@ -819,6 +824,7 @@ fn tls_server(pki_dir: &Path) -> Option<(PgServer, TestPki, String)> {
     let server = PgServer::start_with(pg_server::ServerOptions {
         tls_only_addresses: addr.into_iter().collect(),
         tls: Some(pki.server_files()),
+        scram,
     })?;
     server.psql("postgres", "CREATE DATABASE airlock");
     Some((server, pki, target))
@@ -864,6 +870,39 @@ fn verify_full_connects_over_tls_and_records_a_run() {
         assert_eq!(status_of(&store, &h.run_id()), "ok");
         store.verify().unwrap();
     }
+}
+
+#[test]
+fn a_password_login_over_tls_is_bound_to_the_tls_session() {
+    let pki_dir = tempfile::tempdir().unwrap();
+    let Some((pg, pki, addr)) = tls_server_with(pki_dir.path(), true) else {
+        return;
+    };
+    if addr == "127.0.0.1" {
+        return; // the loopback address logs in by trust (initdb's pg_hba.conf)
+    }
+    pg.psql(
+        "postgres",
+        "ALTER USER postgres PASSWORD 'fleet-test-password'",
+    );
+    // channel_binding=require: the login fails unless SCRAM-SHA-256-PLUS was used.
+    let url = format!(
+        "postgres://postgres:fleet-test-password@{addr}:{}/airlock?channel_binding=require\
+         &sslmode=verify-full&sslrootcert={}",
+        pg.port,
+        pki.ca.display()
+    );
+    let store = Store::open_at(&tls_location(pki_dir.path(), &url)).unwrap();
+    let h = store.begin_run(start("scram"), vec![]).unwrap();
+    store.finish_run(&h, end("ok")).unwrap();
+    store.verify().unwrap();
+    // The wrong password is refused (the server did ask for one).
+    let wrong = url.replace("fleet-test-password", "not-the-password");
+    let err = Store::open_at(&tls_location(pki_dir.path(), &wrong)).unwrap_err();
+    assert!(
+        err.to_string().contains("password authentication failed"),
+        "{err}"
+    );
 }
 
 #[test]

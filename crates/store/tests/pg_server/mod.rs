@@ -220,6 +220,8 @@ pub struct ServerOptions {
     pub tls_only_addresses: Vec<String>,
     /// `ssl=on` with this server certificate.
     pub tls: Option<TlsFiles>,
+    /// Clients of `tls_only_addresses` authenticate with a SCRAM password (else: trust).
+    pub scram: bool,
 }
 
 pub struct TlsFiles {
@@ -346,7 +348,12 @@ impl PgServer {
             .open(data.join("pg_hba.conf"))
             .unwrap();
         for addr in &options.tls_only_addresses {
-            writeln!(hba, "hostssl all all {addr}/32 trust").unwrap();
+            let method = if options.scram {
+                "scram-sha-256"
+            } else {
+                "trust"
+            };
+            writeln!(hba, "hostssl all all {addr}/32 {method}").unwrap();
         }
         let Some(tls) = &options.tls else {
             return Vec::new();

@@ -372,6 +372,11 @@ fn child_process() {
         for t in threads {
             t.join().unwrap();
         }
+    } else if mode == "open" {
+        match Store::open_at(&location) {
+            Ok(_) => println!("OPENED"),
+            Err(e) => println!("OPEN_ERROR={e}"),
+        }
     } else if mode == "hang" {
         let store = Store::open_at(&location).expect("open");
         let h = store.begin_run(start("child"), vec![]).expect("begin");
@@ -983,4 +988,53 @@ fn localhost_by_name_reaches_a_loopback_server() {
     let h = store.begin_run(start("local"), vec![]).unwrap();
     store.finish_run(&h, end("ok")).unwrap();
     store.verify().unwrap();
+}
+
+#[test]
+fn localhost_resolving_elsewhere_is_refused() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root (a mount namespace with its own /etc/hosts)");
+        return;
+    }
+    // A child whose /etc/hosts (in a mount namespace of its own: the machine's file is
+    // untouched) maps localhost to a TEST-NET address: without TLS that is refused
+    // before anything is sent there.
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, "192.0.2.77 localhost\n").unwrap();
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount --bind "$1" /etc/hosts && shift && exec "$@""#)
+        .arg("sh")
+        .arg(&hosts)
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "open")
+        .env("AIRLOCK_STORE_DIR", dir.path().join("state"))
+        .env(
+            "AIRLOCK_STORE_URL",
+            "postgres://airlock@localhost:5432/airlock",
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("resolves to 192.0.2.77, which is not a loopback address"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0")
 }

@@ -1000,13 +1000,27 @@ fn localhost_resolving_elsewhere_is_refused() {
     // untouched) maps localhost to a TEST-NET address: without TLS that is refused
     // before anything is sent there.
     let dir = tempfile::tempdir().unwrap();
-    let hosts = dir.path().join("hosts");
-    std::fs::write(&hosts, "192.0.2.77 localhost\n").unwrap();
+    let out = open_with_hosts(
+        dir.path(),
+        "192.0.2.77 localhost\n",
+        "postgres://airlock@localhost:5432/airlock",
+    );
+    assert!(
+        out.contains("resolves to 192.0.2.77, which is not a loopback address"),
+        "{out}"
+    );
+}
+
+/// The output of a child (mode `open`) that opens the store at `url` with `hosts` as
+/// its /etc/hosts, in a mount namespace of its own (the machine's file is untouched).
+fn open_with_hosts(dir: &Path, hosts: &str, url: &str) -> String {
+    let file = dir.join("hosts");
+    std::fs::write(&file, hosts).unwrap();
     let out = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
         .arg(r#"mount --bind "$1" /etc/hosts && shift && exec "$@""#)
         .arg("sh")
-        .arg(&hosts)
+        .arg(&file)
         .arg(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -1015,19 +1029,44 @@ fn localhost_resolving_elsewhere_is_refused() {
             "--test-threads=1",
         ])
         .env(CHILD_ENV, "open")
-        .env("AIRLOCK_STORE_DIR", dir.path().join("state"))
-        .env(
-            "AIRLOCK_STORE_URL",
-            "postgres://airlock@localhost:5432/airlock",
-        )
+        .env("AIRLOCK_STORE_DIR", dir.join("state"))
+        .env("AIRLOCK_STORE_URL", url)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.contains("resolves to 192.0.2.77, which is not a loopback address"),
-        "{stdout}\n{}",
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn a_network_host_by_name_is_resolved_and_verified() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root (a mount namespace with its own /etc/hosts)");
+        return;
+    }
+    let pki_dir = tempfile::tempdir().unwrap();
+    let Some((pg, pki, addr)) = tls_server(pki_dir.path()) else {
+        return;
+    };
+    // db.fleet.test resolves (in the child's own /etc/hosts) to the server's address; no
+    // hostaddr: airlock resolves the name itself and checks the certificate names it.
+    let url = format!(
+        "postgres://postgres@db.fleet.test:{}/airlock?sslmode=verify-full&sslrootcert={}",
+        pg.port,
+        pki.ca.display()
     );
+    let out = open_with_hosts(pki_dir.path(), &format!("{addr} db.fleet.test\n"), &url);
+    assert!(out.contains("OPENED"), "{out}");
+    assert_eq!(
+        pg.psql("airlock", "SELECT version FROM airlock_schema"),
+        "2"
+    );
+    // Another name that resolves to the same server is not on its certificate: refused.
+    let other = url.replace("db.fleet.test", "db.other.test");
+    let out = open_with_hosts(pki_dir.path(), &format!("{addr} db.other.test\n"), &other);
+    assert!(out.contains("not valid for name"), "{out}");
 }
 
 fn is_root() -> bool {

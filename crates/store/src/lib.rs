@@ -1080,8 +1080,6 @@ impl Store {
             let mut body = json!({"finished_at": at, "status": STATUS_ABORTED, "reason": reason});
             if let Some(fleet) = &self.fleet {
                 body["reaped_by"] = json!(fleet.node().as_str());
-            }
-            if let Some(fleet) = &self.fleet {
                 if fleet.abort(&run_id, at, &body)? {
                     reaped.push(run_id);
                 }

@@ -9,7 +9,10 @@
 //! redacted like the store's records). After `Finished` the client writes its result file
 //! itself (as itself, where it asked), tells the service whether that worked
 //! ([`HandoffDelivery`]), and the service completes the record (a failed delivery is part
-//! of it, as for a local run) and sends `Completed` with the exit code.
+//! of it, as for a local run) and sends `Completed` with the exit code. A client that
+//! asked for no result file ([`HandoffRequest::result_file`]) has nothing to deliver:
+//! `Finished` comes without the plan and says `delivery: false`, and `Completed` follows
+//! once the record is complete, with no delivery in between.
 //!
 //! The service never trusts the client's view of the run: it parses and compiles the
 //! contract itself, and every host path the contract names (the seccomp profile, the

@@ -627,6 +627,7 @@ fn hand_off(args: &RunArgs) -> Option<ExitCode> {
         workload_class: args.workload_class.clone(),
         wall_time_ms: None,
         credential_values,
+        result_file: args.result.is_some(),
     };
     // Raw before the payload may start; restored (dropped) before anything is printed.
     let mut terminal = match raw_terminal_for(parsed.as_ref()) {
@@ -684,12 +685,13 @@ fn handed_off(
     stream: &std::os::unix::net::UnixStream,
     reply: HandoffReply,
 ) -> ExitCode {
-    let (mut report, plan, inputs) = match reply {
+    let (mut report, plan, inputs, delivery) = match reply {
         HandoffReply::Finished {
             report,
             plan,
             inputs,
-        } => (*report, plan, inputs),
+            delivery,
+        } => (*report, plan, inputs, delivery),
         HandoffReply::Refused { report, plan } => {
             print_problems(&report);
             let record = result_record(&report, plan.as_deref(), None);
@@ -704,8 +706,11 @@ fn handed_off(
     };
     // The service redacted the report and the plan already.
     print_problems(&report);
-    let record = result_record(&report, plan.as_deref(), inputs.as_ref());
-    let failure = write_result(args, &record, &[]).err();
+    // Without a result file the record is not built at all (the plan was not sent).
+    let failure = args.result.as_ref().and_then(|_| {
+        let record = result_record(&report, plan.as_deref(), inputs.as_ref());
+        write_result(args, &record, &[]).err()
+    });
     if let Some(err) = &failure {
         eprintln!("airlock: {err}");
         report.mark_delivery_failed(err.clone());
@@ -719,7 +724,9 @@ fn handed_off(
             report.exit_code
         );
     }
-    if handoff::send_delivery(stream, &HandoffDelivery { failure }).is_err() {
+    // A service that does not wait for a delivery (no result file was asked for, so
+    // nothing can have failed) completes the record and answers without one.
+    if delivery && handoff::send_delivery(stream, &HandoffDelivery { failure }).is_err() {
         return service_died(args, None);
     }
     print_summary(&report, &[]);

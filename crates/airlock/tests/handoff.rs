@@ -667,3 +667,54 @@ fn a_client_that_dies_mid_run_takes_its_run_in_the_service_with_it() {
         String::from_utf8_lossy(&left.stdout)
     );
 }
+
+#[test]
+fn without_a_result_file_the_run_ends_alike_and_its_record_is_complete_when_the_client_exits() {
+    require_cells!();
+    // Without --result the client has nothing to deliver: the service completes the
+    // record without waiting for a delivery and answers `Completed` only after its
+    // commit (the exit code, stdout and stderr as in the client's process).
+    let service = Service::start();
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let marker = format!("handoff-no-result-{}", std::process::id());
+    let script = format!("echo out; echo err >&2; exit 3; : {marker}");
+    let run = |via: Via<'_>| {
+        let mut cmd = Command::new(common::airlock_bin());
+        cmd.current_dir(dir.path()).arg("run");
+        match via {
+            Via::Service(socket) => cmd.env("AIRLOCK_SOCKET", socket),
+            Via::Local(state) => cmd
+                .env_remove("AIRLOCK_SOCKET")
+                .arg("--state-dir")
+                .arg(state),
+        };
+        cmd.args(["--", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let handed = run(Via::Service(&service.socket));
+    // Read at once: the record must be complete by the time the client has exited.
+    let listed = Command::new(common::airlock_bin())
+        .args(["runs", "list", "--json", "--state-dir"])
+        .arg(service.state_dir())
+        .output()
+        .unwrap();
+    let local = run(Via::Local(state.path()));
+    assert_eq!(service.peers().len(), 1, "not handed over");
+    assert_eq!(handed.status.code(), Some(3), "{handed:?}");
+    assert_eq!(local.status.code(), handed.status.code());
+    assert_eq!(handed.stdout, b"out\n");
+    assert_eq!(
+        regex_free_uuid_mask(&String::from_utf8_lossy(&handed.stderr)),
+        regex_free_uuid_mask(&String::from_utf8_lossy(&local.stderr)),
+    );
+    let runs: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let record = (runs.as_array().into_iter().flatten())
+        .find(|r| r["argv"].to_string().contains(&marker))
+        .unwrap_or_else(|| panic!("no record: {runs}"));
+    assert_eq!(record["status"], "task_error", "{record}");
+    assert_eq!(record["exit_code"], 3, "{record}");
+    assert!(!record["finished_at"].is_null(), "{record}");
+}

@@ -1109,3 +1109,182 @@ fn a_body_that_does_not_arrive_in_time_is_answered_408_and_starts_no_cell() {
         "nothing ran for the stalled body"
     );
 }
+
+/// A `curl` posting `body` to `path` as alice, left streaming until the test kills it
+/// (a client that goes away mid-stream: its socket closes with the process).
+fn streaming_client(server: &Server, path: &str, body: &str) -> Child {
+    Command::new("curl")
+        .args(["-sS", "-N", "-H", &format!("Authorization: Bearer {ALICE}")])
+        .args(["-H", "content-type: application/json"])
+        .args(["--data-binary", body])
+        .arg(format!("http://127.0.0.1:{}{path}", server.port))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Kills `client` once `sleep {marker}` runs; asserts the payload is gone within 2 s.
+/// Returns the cell's cgroup directories, as the payload's `/proc/<pid>/cgroup` named
+/// them.
+fn disconnect_and_expect_the_payload_killed(mut client: Child, marker: &str) -> Vec<PathBuf> {
+    let payload = format!("sleep {marker}");
+    wait_until("the payload to start", || process_with(&payload));
+    let cgroups = cell_cgroups_of(&common::host::processes_with(&payload));
+    assert!(!cgroups.is_empty(), "no cell cgroup for {payload}");
+    client.kill().unwrap();
+    let _ = client.wait();
+    let gone = Instant::now();
+    while process_with(&payload) {
+        assert!(
+            gone.elapsed() < Duration::from_secs(2),
+            "the payload outlived its client by 2 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cgroups
+}
+
+/// The cell cgroup directories of the processes `found` describes ("pid N (...): ...",
+/// common::host::processes_with).
+fn cell_cgroups_of(found: &[String]) -> Vec<PathBuf> {
+    let cells = common::host::cell_cgroup_dirs();
+    let pids = found.iter().filter_map(|line| {
+        let pid = line.strip_prefix("pid ")?.split_whitespace().next()?;
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
+    });
+    let mut dirs: Vec<PathBuf> = pids
+        .flat_map(|cgroup| {
+            let in_cells: Vec<PathBuf> = cells
+                .iter()
+                .filter(|dir| {
+                    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+                    cgroup
+                        .lines()
+                        .any(|l| l.contains(&format!("/airlock/{name}")))
+                })
+                .cloned()
+                .collect();
+            in_cells
+        })
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// The record of alice's only run with `argv`, once it is complete.
+fn completed_run(server: &Server, argv: &[&str]) -> Value {
+    let mut record = Value::Null;
+    wait_until("the run's record to be completed", || {
+        let (_, body) = server.tcp(ALICE, "GET", "/v1/runs?limit=20", None);
+        record = json(&body)["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["argv"] == serde_json::json!(argv))
+            .cloned()
+            .unwrap_or(Value::Null);
+        record["status"] != "running" && !record.is_null()
+    });
+    record
+}
+
+#[test]
+fn a_client_that_disconnects_mid_stream_cancels_its_run_and_the_record_says_so() {
+    require_cells!();
+    let server = Server::start();
+    for (n, path) in ["/v1/runs", "/v1/runs?wait=true"].iter().enumerate() {
+        let marker = format!("{}.{}", 400 + std::process::id() % 100, 8100 + n);
+        let argv = ["sleep", marker.as_str()];
+        let client = streaming_client(&server, path, &run_body(&argv));
+        let cgroups = disconnect_and_expect_the_payload_killed(client, &marker);
+        let record = completed_run(&server, &argv);
+        // The class of a cell destroyed because its caller went away, as for a
+        // hand-off client (crates/cell/src/supervisor/classify.rs).
+        assert_eq!(record["status"], "runtime_fault", "{path}: {record}");
+        let error = record["result"]["error"].as_str().unwrap_or_default();
+        assert!(error.contains("the caller went away"), "{path}: {record}");
+        assert_eq!(record["cleanup_ok"], true, "{path}: {record}");
+        // The cell is destroyed: its cgroups are gone.
+        wait_until("the cell's cgroups to be removed", || {
+            cgroups.iter().all(|dir| !dir.exists())
+        });
+    }
+    // A client that stays gets its run as before.
+    let (code, body) = server.tcp(ALICE, "POST", "/v1/runs", Some(&run_body(&["true"])));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        frames(&body).last().unwrap()["record"]["status"],
+        "ok",
+        "{body}"
+    );
+    let (_, body) = server.tcp(ALICE, "GET", "/v1/audit/verify", None);
+    assert_eq!(json(&body)["ok"], true, "{body}");
+}
+
+#[test]
+fn a_client_that_disconnects_from_a_session_command_kills_it_and_the_session_stays() {
+    require_cells!();
+    let server = Server::start();
+    let (code, body) = server.tcp(
+        ALICE,
+        "POST",
+        "/v1/sessions",
+        Some(r#"{"contract": "small"}"#),
+    );
+    assert_eq!(code, 201, "{body}");
+    let base = format!(
+        "/v1/sessions/{}",
+        json(&body)["session_id"].as_str().unwrap()
+    );
+    let marker = format!("{}.{}", 400 + std::process::id() % 100, 8200);
+    let exec = serde_json::json!({"argv": ["sleep", marker]}).to_string();
+    let client = streaming_client(&server, &format!("{base}/exec"), &exec);
+    let cgroups = disconnect_and_expect_the_payload_killed(client, &marker);
+    let command = format!("{base}/commands/1");
+    let mut view = Value::Null;
+    wait_until("the command's end", || {
+        view = json(&server.tcp(ALICE, "GET", &command, None).1);
+        view["running"] == false
+    });
+    assert_eq!(view["record"]["exit"]["signal"], 9, "{view}");
+    // The session stays, and serves the next command.
+    let (code, body) = server.tcp(
+        ALICE,
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"argv": ["true"]}"#),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        frames(&body).last().unwrap()["record"]["status"],
+        "ok",
+        "{body}"
+    );
+    // A background command has no streaming client: it is not affected.
+    let background = serde_json::json!({"argv": ["sleep", "0.3"], "background": true});
+    let (code, body) = server.tcp(
+        ALICE,
+        "POST",
+        &format!("{base}/exec"),
+        Some(&background.to_string()),
+    );
+    assert_eq!(code, 202, "{body}");
+    let id = json(&body)["command_id"].as_u64().unwrap();
+    wait_until("the background command's end", || {
+        let view = json(
+            &server
+                .tcp(ALICE, "GET", &format!("{base}/commands/{id}"), None)
+                .1,
+        );
+        view["running"] == false && view["record"]["status"] == "ok"
+    });
+    // The session's cell lived until here.
+    assert!(cgroups.iter().all(|dir| dir.exists()), "{cgroups:?}");
+    let (code, _) = server.tcp(ALICE, "DELETE", &base, None);
+    assert_eq!(code, 200);
+    wait_until("the session's cgroups to be removed", || {
+        cgroups.iter().all(|dir| !dir.exists())
+    });
+}

@@ -153,12 +153,11 @@ impl Engine {
                 (report, inputs)
             }
         };
-        if parked {
-            self.pools.refill();
-        }
         let mut report = report;
         crate::broker_session::finish_broker(broker, &mut report);
         let mut finished = FinishedRun::new(report, plan, inputs, secrets, record);
+        // A claimed cell's replacement is built once the run is answered (PoolRefill).
+        finished.refill = parked.then(|| self.pools.refill_on_drop());
         finished.latency = latency;
         finished.evidence_dir = evidence_dir;
         Ok(finished)

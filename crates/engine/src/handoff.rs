@@ -9,7 +9,10 @@
 //! redacted like the store's records). After `Finished` the client writes its result file
 //! itself (as itself, where it asked), tells the service whether that worked
 //! ([`HandoffDelivery`]), and the service completes the record (a failed delivery is part
-//! of it, as for a local run) and sends `Completed` with the exit code.
+//! of it, as for a local run) and sends `Completed` with the exit code. A client that
+//! asked for no result file ([`HandoffRequest::result_file`]) has nothing to deliver:
+//! `Finished` comes without the plan and says `delivery: false`, and `Completed` follows
+//! once the record is complete, with no delivery in between.
 //!
 //! The service never trusts the client's view of the run: it parses and compiles the
 //! contract itself, and every host path the contract names (the seccomp profile, the
@@ -76,6 +79,16 @@ pub struct HandoffRequest {
     /// client's process would, and its records redact them alike.
     #[serde(default)]
     pub credential_values: Vec<(String, String)>,
+    /// Whether the client writes a result file (`--result`). Without one it has nothing
+    /// to deliver: the service completes the record without waiting for a
+    /// [`HandoffDelivery`] and sends `Finished` without the plan (the result file is the
+    /// only use of it). A client that does not say (an older one) writes one.
+    #[serde(default = "yes")]
+    pub result_file: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Service -> client.
@@ -88,12 +101,18 @@ pub enum HandoffReply {
         report: Box<RunReport>,
         plan: Option<Box<CellPlan>>,
     },
-    /// The run is over; its record waits for the client's [`HandoffDelivery`].
+    /// The run is over; its record waits for the client's [`HandoffDelivery`], unless
+    /// `delivery` is false (the client asked for no result file: `Completed` follows
+    /// without one).
     Finished {
         report: Box<RunReport>,
-        /// `None` only if it could not be redacted.
+        /// `None` if it could not be redacted, or was not asked for (no result file).
         plan: Option<Box<CellPlan>>,
         inputs: Option<InputContents>,
+        /// Whether the service waits for a [`HandoffDelivery`] (a service that does not
+        /// say, an older one, does).
+        #[serde(default = "yes")]
+        delivery: bool,
     },
     /// The record is complete (`error`: it could not be, exit 125).
     Completed {
@@ -443,19 +462,19 @@ pub fn serve_connection(
         };
         return write_frame(&stream, &reply, &[]);
     }
+    // The next warm cell is built once the client has its answer (PoolRefill).
+    let _refill = finished.take_refill();
+    let delivery = request.result_file;
     let reply = HandoffReply::Finished {
         report: Box::new(redacted_report(&finished.report, &finished.secrets)),
-        plan: redacted_plan(&finished.plan, &finished.secrets),
+        plan: delivery
+            .then(|| redacted_plan(&finished.plan, &finished.secrets))
+            .flatten(),
         inputs: finished.inputs.take(),
+        delivery,
     };
-    let delivered = write_frame(&stream, &reply, &[])
-        .and_then(|()| read_frame::<HandoffDelivery>(&stream, MAX_REQUEST_BYTES, 0));
-    let failure = match delivered {
-        Ok(Some((delivery, _))) => delivery.failure,
-        // The client went away before it said: its result file is not known to exist.
-        Ok(None) | Err(_) => Some("the client went away before its result was delivered".into()),
-    };
-    if let Some(failure) = failure {
+    let sent = write_frame(&stream, &reply, &[]);
+    if let Some(failure) = delivery_failure(&stream, sent, delivery) {
         finished.report.mark_delivery_failed(failure);
     }
     let completed = match engine.complete(finished) {
@@ -473,6 +492,26 @@ pub fn serve_connection(
     // A client gone by now loses nothing: the record is complete.
     let _ = write_frame(&stream, &completed, &[]);
     Ok(())
+}
+
+/// Why the client's result was not delivered, once `Finished` was `sent`: the send
+/// failed (the client went away), or its [`HandoffDelivery`] says, when it has a result
+/// file to deliver. A client without one has nothing more to say.
+fn delivery_failure(
+    stream: &UnixStream,
+    sent: Result<(), EngineError>,
+    delivery: bool,
+) -> Option<String> {
+    let gone = || Some("the client went away before its result was delivered".to_string());
+    match (sent, delivery) {
+        (Err(_), _) => gone(),
+        (Ok(()), false) => None,
+        (Ok(()), true) => match read_frame::<HandoffDelivery>(stream, MAX_REQUEST_BYTES, 0) {
+            Ok(Some((delivery, _))) => delivery.failure,
+            // Its result file is not known to exist.
+            Ok(None) | Err(_) => gone(),
+        },
+    }
 }
 
 /// `report` with every secret replaced as the store's records replace it (its output's
@@ -778,7 +817,24 @@ mod tests {
             workload_class: "default".into(),
             wall_time_ms,
             credential_values: vec![("API_TOKEN".into(), "value".into())],
+            result_file: false,
         }
+    }
+
+    #[test]
+    fn an_older_peer_that_does_not_say_delivers_a_result_and_waits_for_it() {
+        let mut json = serde_json::to_value(request(None)).unwrap();
+        json.as_object_mut().unwrap().remove("result_file");
+        let parsed: HandoffRequest = serde_json::from_value(json).unwrap();
+        assert!(parsed.result_file);
+        let finished = serde_json::json!({"Finished": {
+            "report": RunReport::refused("r", ResultClass::Ok, String::new()),
+            "plan": null, "inputs": null}});
+        let parsed: HandoffReply = serde_json::from_value(finished).unwrap();
+        assert!(matches!(
+            parsed,
+            HandoffReply::Finished { delivery: true, .. }
+        ));
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub use error::EngineError;
 pub use lifecycle::{
     CommandLatency, FinishedRun, RecordedHook, RecordedRefusal, Refusal, RunRequest,
 };
-pub use pool::{PlanShape, PoolStatus};
+pub use pool::{PlanShape, PoolRefill, PoolStatus};
 pub use session::{AfterClose, CommandRequest, CommandStatus, Session, SessionRequest};
 
 use factory::CellFactory;

@@ -63,6 +63,9 @@ pub struct FinishedRun {
     /// (the directory exists only then, with its `writable-manifest.json`).
     pub evidence_dir: Option<PathBuf>,
     record: Result<(Store, RunHandle), String>,
+    /// For a run on a parked cell: wakes the pool's refill when dropped (with this run,
+    /// or later: [`FinishedRun::take_refill`]).
+    pub(crate) refill: Option<crate::pool::PoolRefill>,
 }
 
 /// The milestones of a command sent to a parked cell, as the engine saw them.
@@ -96,7 +99,14 @@ impl FinishedRun {
             latency: None,
             evidence_dir: None,
             record,
+            refill: None,
         }
+    }
+
+    /// The pool refill this run holds, for a caller that answers its client after
+    /// [`Engine::complete`] and wants the next cell built only then.
+    pub fn take_refill(&mut self) -> Option<crate::pool::PoolRefill> {
+        self.refill.take()
     }
 
     /// Why no audit record exists, if none does: then nothing ran (the payload never

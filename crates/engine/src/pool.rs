@@ -108,9 +108,9 @@ impl Pools {
         state.pools.get_mut(shape)?.parked.pop_front()
     }
 
-    /// Wakes the refill thread: a claimed run is over.
-    pub fn refill(&self) {
-        self.shared.1.notify_all();
+    /// A guard that wakes the refill thread when dropped (see [`PoolRefill`]).
+    pub fn refill_on_drop(&self) -> PoolRefill {
+        PoolRefill(Arc::clone(&self.shared))
     }
 
     pub fn status(&self) -> Vec<PoolStatus> {
@@ -141,6 +141,20 @@ impl Pools {
         if let Some(refill) = self.refill.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = refill.join();
         }
+    }
+}
+
+/// Wakes the refill thread when dropped: a claimed run is over, and its caller has
+/// answered. Held by the run's [`crate::FinishedRun`] (dropped when its record is
+/// complete, or taken by a caller that answers its client later) because building the
+/// next cell (a clone, its namespaces and mounts: milliseconds of CPU on a 2-vCPU host)
+/// otherwise competes with the run's end for the CPU: the reply, the finish record and
+/// the waiting client (docs/benchmarks.md, 2026-12-02 third round).
+pub struct PoolRefill(Arc<(Mutex<PoolState>, Condvar)>);
+
+impl Drop for PoolRefill {
+    fn drop(&mut self) {
+        self.0 .1.notify_all();
     }
 }
 

@@ -305,27 +305,32 @@ pub fn spawn_stdin_writer(fd: OwnedFd, data: Vec<u8>) {
     });
 }
 
-/// The NDJSON body of a log: its frames as they come, from the start frame on.
-pub fn ndjson_body(log: Arc<OutputLog>, first: Option<Frame>, follow: bool) -> axum::body::Body {
+/// The NDJSON body of a log: its frames as they come, from the start frame on. `held`
+/// lives as long as the body: the server drops a response's body when its client goes
+/// away, so a guard held here learns of a disconnect (see `runs::Hangup` and
+/// `sessions::KillOnDisconnect`).
+pub fn ndjson_body<H: Send + 'static>(
+    log: Arc<OutputLog>,
+    first: Option<Frame>,
+    follow: bool,
+    held: H,
+) -> axum::body::Body {
     let first = first.map(|f| f.line()).unwrap_or_default();
     let stream = futures_util::stream::unfold(
-        (log, 0usize, first, false),
-        move |(log, mut cursor, first, done)| async move {
-            if done {
-                return None;
-            }
+        (log, 0usize, first, held),
+        move |(log, mut cursor, first, held)| async move {
             if !first.is_empty() {
                 let chunk = axum::body::Bytes::from(first);
                 return Some((
                     Ok::<_, std::convert::Infallible>(chunk),
-                    (log, cursor, Vec::new(), false),
+                    (log, cursor, Vec::new(), held),
                 ));
             }
             loop {
                 match log.next(&mut cursor) {
                     Next::Frames(frames) => {
                         let bytes: Vec<u8> = frames.iter().flat_map(Frame::line).collect();
-                        return Some((Ok(bytes.into()), (log, cursor, Vec::new(), false)));
+                        return Some((Ok(bytes.into()), (log, cursor, Vec::new(), held)));
                     }
                     Next::Done => return None,
                     Next::Wait if !follow => return None,

@@ -120,6 +120,7 @@ async fn start_run(
     let (stdout, stderr) = output_pipes(&log)?;
     let (stdin, stdin_relay) = stdin.into_payload()?;
     let (begun, begun_rx) = tokio::sync::oneshot::channel::<String>();
+    let (hangup, watched) = Hangup::pair()?;
     let request = RunRequest {
         plan,
         workload_class: class.clone(),
@@ -133,7 +134,7 @@ async fn start_run(
         on_recorded: Some(Box::new(move |run_id| {
             let _ = begun.send(run_id.to_string());
         })),
-        caller: None,
+        caller: Some(watched),
     };
     let guard = state.work.enter();
     let task_state = Arc::clone(&state);
@@ -163,14 +164,34 @@ async fn start_run(
         log.set_run_id(run_id);
     }
     if query.wait {
+        // This future is dropped when the client goes away, and `hangup` with it.
         let ended = wait_ended(&log).await;
+        drop(hangup);
         return Ok(Json(ended.record).into_response());
     }
     let start = run_id.map(|run_id| Frame::Start {
         run_id,
         command_id: None,
     });
-    Ok(ndjson(output::ndjson_body(log, start, true)))
+    Ok(ndjson(output::ndjson_body(log, start, true, hangup)))
+}
+
+/// The service's end of a socket pair whose other end the run's supervisor watches
+/// (`RunRequest::caller`): held by the request's future and then by its response body,
+/// both of which the server drops when the client disconnects. Its close is the
+/// hang-up on which the supervisor destroys the cell (`runtime_fault`, "the caller went
+/// away", as for a hand-off client that goes away); the run's record is still completed
+/// by its blocking task. A run that ended first is not affected.
+struct Hangup {
+    _held: std::os::unix::net::UnixStream,
+}
+
+impl Hangup {
+    fn pair() -> Result<(Hangup, OwnedFd), ApiError> {
+        let (held, watched) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| ApiError::internal("server.socketpair", e.to_string()))?;
+        Ok((Hangup { _held: held }, OwnedFd::from(watched)))
+    }
 }
 
 /// What runs after a class run's record is complete (the policy layer's).

@@ -424,7 +424,46 @@ pub async fn exec(
         run_id,
         command_id: Some(command_id),
     };
-    Ok(ndjson(output::ndjson_body(log, Some(start), true)))
+    let on_disconnect = KillOnDisconnect {
+        session: Arc::clone(&entry.session),
+        id: command_id,
+        log: Arc::clone(&log),
+    };
+    Ok(ndjson(output::ndjson_body(
+        log,
+        Some(start),
+        true,
+        on_disconnect,
+    )))
+}
+
+/// A foreground command belongs to the request that streams it: held by its response
+/// body, which the server drops when the client goes away, this kills the command if
+/// it has not ended by then (its log has no end yet). The session stays: it outlives
+/// its callers by design (the supervisor refuses to watch a session command's caller).
+/// A background command has no such body and is not affected.
+struct KillOnDisconnect {
+    session: Arc<Session>,
+    id: u64,
+    log: Arc<OutputLog>,
+}
+
+impl Drop for KillOnDisconnect {
+    fn drop(&mut self) {
+        if self.log.ended().is_some() {
+            return;
+        }
+        let (session, id) = (Arc::clone(&self.session), self.id);
+        // The signal is a round trip on the session's control socket: off the runtime's
+        // threads.
+        let kill = move || {
+            let _ = session.signal(id, CommandSignal::Kill);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(kill)),
+            Err(_) => kill(),
+        }
+    }
 }
 
 /// A class session's command against its class's command policy, before it reaches
@@ -606,10 +645,12 @@ pub async fn command_output(
     Query(query): Query<FollowQuery>,
 ) -> Result<Response, ApiError> {
     let (_, command) = command_of(&state, &tenant, &id, cid)?;
+    // A reader of a command's output does not own it: its disconnect changes nothing.
     Ok(ndjson(output::ndjson_body(
         Arc::clone(&command.log),
         None,
         query.follow,
+        (),
     )))
 }
 

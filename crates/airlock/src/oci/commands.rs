@@ -19,6 +19,8 @@ pub struct Globals {
     pub root: PathBuf,
     pub log: Option<PathBuf>,
     pub log_format: String,
+    /// `--systemd-cgroup`: how `linux.cgroupsPath` is read.
+    pub systemd_cgroup: bool,
 }
 
 pub fn dispatch(globals: &Globals, command: OciCommand) -> Result<ExitCode, String> {
@@ -165,6 +167,9 @@ fn spawn_supervisor(
             "--bundle",
         ])
         .arg(&bundle);
+    if globals.systemd_cgroup {
+        command.arg("--systemd-cgroup");
+    }
     if let Some(console) = console_socket {
         let console = std::path::absolute(console).map_err(|e| format!("--console-socket: {e}"))?;
         command.arg("--console-socket").arg(console);

@@ -21,13 +21,16 @@ const UPDATE_FAILED_EVENT: &str = "container.update_failed";
 /// The cgroup of a container's cell.
 pub fn cell_cgroup(stored: &Stored) -> Result<CellCgroup, String> {
     let layout = CgroupLayout::detect().map_err(|e| format!("container {}: {e}", stored.id))?;
-    CellCgroup::of_supervisor(&layout, stored.pid, stored.pid_start).ok_or_else(|| {
-        format!(
-            "container {}: its cell has no cgroup (it ended, or its ceilings are rlimits \
+    // A container with `linux.cgroupsPath` has its cell below the supervisor's cgroup.
+    CellCgroup::of_supervisor(&layout, stored.pid, stored.pid_start)
+        .or_else(|| CellCgroup::of_container_supervisor(&layout, stored.pid, stored.pid_start))
+        .ok_or_else(|| {
+            format!(
+                "container {}: its cell has no cgroup (it ended, or its ceilings are rlimits \
              only, without which pause, resume, update and stats cannot be done)",
-            stored.id
-        )
-    })
+                stored.id
+            )
+        })
 }
 
 /// Whether a running container's cell is frozen (what `state` reports as paused).

@@ -165,10 +165,12 @@ fn terminal_matches(
     }
 }
 
+/// The terms, the plan and the workload class of a container.
+type Planned = (ContainerTerms, CellPlan, String);
+
 /// The container's own cgroup, from `linux.cgroupsPath` read with `--systemd-cgroup`
 /// (airlock_oci::cgroups_path); `None` (airlock's own `/airlock/<name>`) without one.
 /// The gVisor tier's sandbox joins airlock's own cgroup only: refused with one.
-type Planned = (ContainerTerms, CellPlan, String);
 fn with_cgroup(
     planned: Planned,
     systemd: bool,

@@ -150,7 +150,8 @@ impl ContainerCgroup {
         match container.build(layout, path, limits) {
             Ok(cells) => Ok((container, cells)),
             Err(err) => {
-                container.remove_created();
+                // The supervisor may have entered some hierarchies already.
+                container.leave();
                 Err(err)
             }
         }

@@ -787,3 +787,51 @@ fn cgroups_paths_outside_the_root_the_root_a_foreign_or_a_live_containers_are_re
         assert!(!dir.exists(), "left: {}", dir.display());
     }
 }
+
+/// `--systemd-cgroup` (ctr's `--runc-systemd-cgroup`, containerd's `SystemdCgroup`):
+/// `slice:prefix:name` is the scope in the slice expanded as systemd does, made by
+/// airlock itself (no D-Bus).
+#[test]
+fn a_systemd_cgroups_path_is_the_scope_in_its_expanded_slice() {
+    require_cells!();
+    let containerd = Containerd::start("cgpath-systemd");
+    let top = format!("airlockcgtest{}", std::process::id());
+    // Removes the slices whatever happens.
+    let _slices = TestCgroup {
+        top: format!("{top}.slice"),
+    };
+    let cgroups_path = format!("{top}-pod1.slice:airlock:c1");
+    let scope = format!("/{top}.slice/{top}-pod1.slice/airlock-c1.scope");
+    let out = containerd.run(
+        &["-d", "--runc-systemd-cgroup", "--cgroup", &cgroups_path],
+        "c1",
+        &["/bin/sleep", "600"],
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("c1", "RUNNING");
+    let state = containerd.state_root().join("c1/state.json");
+    let stored: Value = serde_json::from_slice(&std::fs::read(state).unwrap()).unwrap();
+    let supervisor = stored["pid"].as_u64().unwrap() as u32;
+    let roots = common::containerd::cgroup_hierarchies();
+    for root in &roots {
+        assert_eq!(cgroup_of(supervisor, root), scope, "{}", root.display());
+        let cell = procs(&root.join(&scope[1..]).join("cell"));
+        assert!(!cell.is_empty(), "the cell in {}", root.display());
+    }
+    // Without the flag the same text is a cgroupfs path: relative, refused.
+    let said = refused(&containerd, "c2", &cgroups_path);
+    assert!(said.contains("relative cgroup path"), "{said}");
+
+    let kill = containerd.ctr(&["task", "kill", "-s", "SIGKILL", "c1"]);
+    assert!(kill.status.success(), "{}", common::output_text(&kill));
+    containerd.wait_status("c1", "STOPPED");
+    let _ = containerd.ctr(&["task", "delete", "c1"]);
+    let delete = containerd.ctr(&["container", "delete", "c1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("c1");
+    containerd.assert_nothing_left("c1", &record);
+    for root in &roots {
+        let slice = root.join(format!("{top}.slice"));
+        assert!(!slice.exists(), "left: {}", slice.display());
+    }
+}

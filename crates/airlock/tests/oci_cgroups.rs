@@ -835,3 +835,40 @@ fn a_systemd_cgroups_path_is_the_scope_in_its_expanded_slice() {
         assert!(!slice.exists(), "left: {}", slice.display());
     }
 }
+
+/// A supervisor SIGKILLed cannot remove its container cgroup (its cell dies with it):
+/// the runtime's `delete` does, when it is airlock's and empty. Its parents, which the
+/// dead supervisor may or may not have made, are left (the test's guard removes them).
+#[test]
+fn delete_removes_the_container_cgroup_a_killed_supervisor_left() {
+    require_cells!();
+    let containerd = Containerd::start("cgpath-killed");
+    let cgroup = TestCgroup::new("killed");
+    let out = containerd.run(
+        &["-d", "--cgroup", &cgroup.path("c1")],
+        "c1",
+        &["/bin/sleep", "600"],
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("c1", "RUNNING");
+    let state = containerd.state_root().join("c1/state.json");
+    let stored: Value = serde_json::from_slice(&std::fs::read(state).unwrap()).unwrap();
+    let supervisor = stored["pid"].as_u64().unwrap() as i32;
+    // The supervisor of this test's own container, by its pid-file pid.
+    let killed = std::process::Command::new("/bin/kill")
+        .args(["-KILL", &supervisor.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    containerd.wait_status("c1", "STOPPED");
+    for dir in cgroup.dirs("c1") {
+        assert!(dir.join("cell").exists(), "left by the killed supervisor");
+    }
+    let delete = containerd.ctr(&["task", "delete", "c1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let delete = containerd.ctr(&["container", "delete", "c1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    for dir in cgroup.dirs("c1") {
+        assert!(!dir.exists(), "left after delete: {}", dir.display());
+    }
+}

@@ -275,6 +275,46 @@ fn exempt_from_oom_killer() -> bool {
 /// payload cannot lower it again: Landlock leaves `/proc` read-only in the cell.
 pub const CELL_OOM_SCORE_ADJ: &str = "1000";
 
+/// Removes the container cgroup at `path` and its `cell` leaf when a supervisor could
+/// not (it was SIGKILLed: its cell died with it). Only a container cgroup that is airlock's
+/// (a `cell` leaf and no other child) and empty is removed; its parents are left, since
+/// what the dead supervisor created of them is unknown. A missing one, or one that holds
+/// a process (then it is not this stopped container's: its cell died with its
+/// supervisor; it may be a live container's with the same path, which this one was
+/// refused), is left alone.
+pub fn remove_abandoned(
+    layout: &CgroupLayout,
+    path: &ContainerCgroupPath,
+) -> Result<(), CellError> {
+    for root in layout.roots() {
+        let container = root.join(path.as_path());
+        let cell = container.join(CELL_LEAF);
+        let in_use = has_process(&container) || has_process(&cell);
+        if !cell.is_dir() || has_other_child(&container) || in_use {
+            continue;
+        }
+        for dir in [&cell, &container] {
+            super::remove_dir_patiently(dir).map_err(|source| CellError::Cgroup {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn has_process(dir: &Path) -> bool {
+    fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|procs| !procs.trim().is_empty())
+}
+
+fn has_other_child(container: &Path) -> bool {
+    fs::read_dir(container).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_type().is_ok_and(|t| t.is_dir()) && e.file_name() != CELL_LEAF)
+    })
+}
+
 /// The plan's limits with room for the supervisor's tasks.
 fn with_supervisor(limits: &Limits) -> Limits {
     Limits {
@@ -423,6 +463,26 @@ mod tests {
         );
         assert_eq!(read(&busy.join("cgroup.procs")), "4242\n");
         assert!(!busy.join("memory.max").exists(), "nothing written");
+    }
+
+    #[test]
+    fn an_abandoned_container_cgroup_is_removed_only_when_airlocks_and_empty() {
+        let (root, layout) = v2_fixture();
+        let abandoned = root.path().join("pods/c1");
+        fs::create_dir_all(abandoned.join(CELL_LEAF)).unwrap();
+        let live = root.path().join("pods/c2");
+        fs::create_dir_all(live.join(CELL_LEAF)).unwrap();
+        touch(&live.join("cgroup.procs"), "4242\n");
+        let foreign = root.path().join("pods/c3");
+        fs::create_dir_all(foreign.join("other")).unwrap();
+        fs::create_dir_all(foreign.join(CELL_LEAF)).unwrap();
+        for name in ["pods/c1", "pods/c2", "pods/c3", "pods/none"] {
+            remove_abandoned(&layout, &path(name)).unwrap();
+        }
+        assert!(!abandoned.exists(), "airlock's and empty: removed");
+        assert!(root.path().join("pods").exists(), "its parent is left");
+        assert!(live.join(CELL_LEAF).exists(), "a process in it: left");
+        assert!(foreign.join(CELL_LEAF).exists(), "another child: left");
     }
 
     #[test]

@@ -12,7 +12,7 @@ mod v2;
 pub use crate::counters::CgroupUsage;
 use crate::error::CellError;
 use airlock_contract::Limits;
-pub use container::{ContainerCgroupPath, CELL_LEAF, SUPERVISOR_TASKS};
+pub use container::{remove_abandoned, ContainerCgroupPath, CELL_LEAF, SUPERVISOR_TASKS};
 pub use live::{CgroupStats, LimitChanges};
 use std::fs;
 use std::io::{self, ErrorKind};

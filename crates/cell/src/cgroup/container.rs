@@ -266,8 +266,16 @@ impl ContainerCgroup {
 /// Sets the supervisor's `oom_score_adj` to -1000, so the OOM killer never picks it and
 /// `memory.oom.group` skips it. Lowering it needs CAP_SYS_RESOURCE: without it, `false`
 /// (the cell's tasks are then made the OOM killer's first choice instead).
+#[cfg(not(test))]
 fn exempt_from_oom_killer() -> bool {
     fs::write("/proc/self/oom_score_adj", "-1000").is_ok()
+}
+
+/// Unit tests run against fixture trees: the test process keeps its own score (the
+/// exemption itself is checked by the OCI suites and the pure-v2 VM).
+#[cfg(test)]
+fn exempt_from_oom_killer() -> bool {
+    false
 }
 
 /// What the cell's pid 1 (and so every task of the cell) gets when the supervisor could
@@ -416,6 +424,11 @@ mod tests {
         );
         assert_eq!(read(&container.join("pids.max")), "73", "64 + pid 1 + 8");
         assert!(!container.join(CELL_LEAF).join("memory.max").exists());
+        assert_eq!(
+            read(&container.join("memory.oom.group")),
+            "0",
+            "a supervisor the OOM killer may take: no group kill"
+        );
         assert_eq!(
             read(&container.join("cgroup.procs")),
             std::process::id().to_string(),

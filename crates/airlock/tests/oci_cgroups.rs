@@ -692,6 +692,16 @@ fn an_oom_in_a_container_cgroup_kills_the_payload_not_its_supervisor() {
         !said.contains("LOWERED") && !said.contains("RAISED-TO-0"),
         "BREACH: the payload changed its OOM score: {said}"
     );
+    // containerd's event stream: the shim watches the container cgroup for OOM kills
+    // (what the CRI turns into kubelet's OOMKilled).
+    let events_out = containerd.path("events.out");
+    let mut events = std::process::Command::new("/usr/bin/ctr")
+        .arg("--address")
+        .arg(containerd.path("c.sock"))
+        .args(["events"])
+        .stdout(std::fs::File::create(&events_out).unwrap())
+        .spawn()
+        .unwrap();
     let out = containerd.run(
         &[
             "--annotation",
@@ -707,6 +717,23 @@ fn an_oom_in_a_container_cgroup_kills_the_payload_not_its_supervisor() {
         Some(137),
         "{}",
         common::output_text(&out)
+    );
+    let said_oom = || {
+        std::fs::read_to_string(&events_out)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("/tasks/oom") && l.contains("c1"))
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while !said_oom() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = events.kill();
+    let _ = events.wait();
+    assert!(
+        said_oom(),
+        "containerd saw no OOM of c1: {}",
+        std::fs::read_to_string(&events_out).unwrap_or_default()
     );
     let record = containerd.record_of("c1");
     // A record completed by the supervisor, which survived the OOM.

@@ -899,3 +899,41 @@ fn delete_removes_the_container_cgroup_a_killed_supervisor_left() {
         assert!(!dir.exists(), "left after delete: {}", dir.display());
     }
 }
+
+/// `ctr run --cgroup ""`: no cgroupsPath, so the cell's cgroup is airlock's own
+/// `/airlock/<supervisor pid>-<start>-<ns>` and the supervisor stays where the shim put it.
+#[test]
+fn without_a_cgroups_path_the_cell_is_in_airlocks_own_cgroup() {
+    require_cells!();
+    let containerd = Containerd::start("cgpath-none");
+    let out = containerd.run(&["-d", "--cgroup", ""], "c1", &["/bin/sleep", "600"]);
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("c1", "RUNNING");
+    let state = containerd.state_root().join("c1/state.json");
+    let stored: Value = serde_json::from_slice(&std::fs::read(state).unwrap()).unwrap();
+    let supervisor = stored["pid"].as_u64().unwrap() as u32;
+    let prefix = format!("/airlock/{supervisor}-");
+    for root in common::containerd::cgroup_hierarchies() {
+        let own = cgroup_of(supervisor, &root);
+        assert!(!own.starts_with("/airlock"), "{own}");
+        assert!(
+            !root.join(&containerd.namespace).join("c1").exists(),
+            "no container cgroup"
+        );
+        let cells: Vec<String> = std::fs::read_dir(root.join("airlock"))
+            .unwrap()
+            .flatten()
+            .map(|e| format!("/airlock/{}", e.file_name().to_string_lossy()))
+            .filter(|name| name.starts_with(&prefix))
+            .collect();
+        assert_eq!(cells.len(), 1, "{}: {cells:?}", root.display());
+    }
+    let kill = containerd.ctr(&["task", "kill", "-s", "SIGKILL", "c1"]);
+    assert!(kill.status.success(), "{}", common::output_text(&kill));
+    containerd.wait_status("c1", "STOPPED");
+    let _ = containerd.ctr(&["task", "delete", "c1"]);
+    let delete = containerd.ctr(&["container", "delete", "c1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("c1");
+    containerd.assert_nothing_left("c1", &record);
+}

@@ -144,6 +144,23 @@ echo "$record" | grep -E '"(status|limit_fired)"'
   || fail "cgroupsPath: OOM: status $(status2), oom_kill ${oom:-gone}"
 oci delete c2 || fail "cgroupsPath: delete"
 [ ! -e $CG/kubepods ] && pass "cgroupsPath: nothing airlock created is left" || fail "cgroupsPath: left: $(find $CG/kubepods -type d)"
+# The pids ceiling on v2 is the container cgroup's (16 + pid 1 + 8 for the supervisor);
+# the cell's RLIMIT_NPROC (process_limit + 2, per its user namespace) is a backstop.
+mkdir -p b4
+sed -e "s|\"path\": \"rootfs\"|\"path\": \"$work/rootfs\"|" \
+    -e 's|"args": \[[^]]*\]|"args": ["/bin/sh", "-c", "i=0; while [ $i -lt 60 ]; do sleep 100 \& i=$((i+1)); echo $i; done"]|' \
+    -e 's|"linux": {|"linux": {"cgroupsPath": "/kubepods/burstable/pod1/c4", |' config.json >b4/config.json
+oci create --bundle "$work/b4" c4 >out4.txt 2>err4.txt </dev/null || { cat err4.txt; fail "create c4"; }
+oci start c4 || fail "start c4"
+i=0
+while [ "$(oci state c4 2>/dev/null | grep -o '"status": "[a-z]*"' | cut -d'"' -f4)" != stopped ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+forks=$(tail -n 1 out4.txt)
+record=$("$AIRLOCK" runs list --state-dir "$work/store" --json --limit 1 2>&1)
+echo "fork bomb under process_limit 16: $forks background sleeps started; $(echo "$record" | grep -E '"(status|limit_fired)"' | head -n 2 | tr -d '\n ')"
+[ -n "$forks" ] && [ "$forks" -le 24 ] \
+  && pass "cgroupsPath: a fork bomb stays within the container's pids ceiling" \
+  || fail "cgroupsPath: fork bomb started ${forks:-none}"
+oci delete c4 || fail "delete c4"
 mkdir -p b3
 sed -e "s|\"path\": \"rootfs\"|\"path\": \"$work/rootfs\"|" \
     -e 's|"linux": {|"linux": {"cgroupsPath": "/kubepods/../../x", |' config.json >b3/config.json

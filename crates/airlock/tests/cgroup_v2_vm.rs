@@ -167,6 +167,7 @@ fn the_oci_runtime_pauses_updates_and_reads_a_v2_cell() {
             "cgroupsPath: update writes the container cgroup (pids 8+1+8)",
             "cgroupsPath: an OOM ends the payload, the supervisor records it (capacity_exceeded, memory)",
             "cgroupsPath: nothing airlock created is left",
+            "cgroupsPath: a fork bomb stays within the container's pids ceiling",
             "cgroupsPath: .. refused by name",
         ],
     );

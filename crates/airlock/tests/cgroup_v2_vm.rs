@@ -141,7 +141,8 @@ fn without_landlock_in_the_kernel_doctor_and_run_refuse_alike() {
 }
 
 /// The OCI runtime's `pause`/`resume`, `update` and `events --stats` on v2 (this CI
-/// machine's cells use v1 controllers: tests/oci_cgroups.rs covers those).
+/// machine's cells use v1 controllers: tests/oci_cgroups.rs covers those), and a
+/// container with `linux.cgroupsPath` (its cgroup, its cell leaf, OOM, cleanup).
 #[test]
 fn the_oci_runtime_pauses_updates_and_reads_a_v2_cell() {
     let Some(console) = run_in_vm("scripts/vm/oci-cgroup-v2-checks.sh", &[]) else {
@@ -158,6 +159,16 @@ fn the_oci_runtime_pauses_updates_and_reads_a_v2_cell() {
             "events --stats: runc's event, the lowered limit, tasks and CPU time",
             "a paused container is killed",
             "no cell cgroup left",
+            "cgroupsPath: the supervisor (the shim's pid) is in the container cgroup",
+            "cgroupsPath: the payload is in the cell below it, the supervisor alone above",
+            "cgroupsPath: the ceilings at the container cgroup (pids 16+1+8), no controllers below it, the supervisor exempt from the OOM killer",
+            "cgroupsPath: the container cgroup's memory.current counts the payload's 20 MiB",
+            "cgroupsPath: pause freezes the cell, not the supervisor",
+            "cgroupsPath: update writes the container cgroup (pids 8+1+8)",
+            "cgroupsPath: an OOM ends the payload, the supervisor records it (capacity_exceeded, memory)",
+            "cgroupsPath: nothing airlock created is left",
+            "cgroupsPath: a fork bomb stays within the container's pids ceiling",
+            "cgroupsPath: .. refused by name",
         ],
     );
 }

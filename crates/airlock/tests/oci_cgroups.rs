@@ -464,3 +464,476 @@ fn the_cgroup_commands_refuse_what_has_no_running_cell() {
         .unwrap();
     assert!(!paused.status.success(), "{}", common::output_text(&paused));
 }
+
+/// A cgroupsPath of this test's own (`/airlock-cgtest-<pid>-<name>/pod/<id>`): its top
+/// directory is removed when the test ends, whatever happened.
+struct TestCgroup {
+    top: String,
+}
+
+impl TestCgroup {
+    fn new(name: &str) -> TestCgroup {
+        TestCgroup {
+            top: format!("airlock-cgtest-{}-{name}", std::process::id()),
+        }
+    }
+
+    /// The cgroupsPath of container `id`.
+    fn path(&self, id: &str) -> String {
+        format!("/{}/pod/{id}", self.top)
+    }
+
+    /// Its directory in each hierarchy.
+    fn dirs(&self, id: &str) -> Vec<std::path::PathBuf> {
+        common::containerd::cgroup_hierarchies()
+            .iter()
+            .map(|h| h.join(&self.path(id)[1..]))
+            .collect()
+    }
+
+    fn top_dirs(&self) -> Vec<std::path::PathBuf> {
+        common::containerd::cgroup_hierarchies()
+            .iter()
+            .map(|h| h.join(&self.top))
+            .collect()
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for top in self.top_dirs() {
+            for dir in walk_down(&top).into_iter().rev() {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+    }
+}
+
+fn walk_down(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut all = vec![dir.to_path_buf()];
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            all.extend(walk_down(&entry.path()));
+        }
+    }
+    all
+}
+
+fn procs(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// `/proc/<pid>/cgroup`'s path in the hierarchy at `root` (v2's line when it is the
+/// unified root).
+fn cgroup_of(pid: u32, root: &Path) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let controller = root.file_name().unwrap().to_string_lossy().into_owned();
+    text.lines()
+        .find_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+            let wanted = if controller == "cgroup" {
+                controllers.is_empty()
+            } else {
+                controllers.split(',').any(|c| c == controller)
+            };
+            wanted.then(|| path.to_owned())
+        })
+        .unwrap_or_default()
+}
+
+/// The value of the first of `names` in `ctr task metrics`' table.
+fn metric(table: &str, names: &[&str]) -> Option<u64> {
+    table.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let name = fields.next()?;
+        names.contains(&name).then(|| fields.next()?.parse().ok())?
+    })
+}
+
+fn read_number(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_container_with_a_cgroups_path_runs_there_and_ctr_metrics_count_its_payload() {
+    require_cells!();
+    let containerd = Containerd::start("cgpath");
+    let cgroup = TestCgroup::new("run");
+    std::fs::write(
+        containerd.path("contracts/bounded.yaml"),
+        "resources:\n  memory_mb: 128\n  process_limit: 16\n",
+    )
+    .unwrap();
+    let path = cgroup.path("c1");
+    // tail of an endless stream keeps its last 20 MiB resident.
+    let out = containerd.run(
+        &[
+            "-d",
+            "--annotation",
+            "airlock.dev/contract=bounded",
+            "--cgroup",
+            &path,
+        ],
+        "c1",
+        &["/bin/sh", "-c", "tail -c 20971520 /dev/zero"],
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("c1", "RUNNING");
+    let state = containerd.state_root().join("c1/state.json");
+    let stored: Value = serde_json::from_slice(&std::fs::read(state).unwrap()).unwrap();
+    let supervisor = stored["pid"].as_u64().unwrap() as u32;
+
+    let roots = common::containerd::cgroup_hierarchies();
+    for (root, dir) in roots.iter().zip(cgroup.dirs("c1")) {
+        // The shim's lookup by the pid-file pid finds the container cgroup...
+        assert_eq!(cgroup_of(supervisor, root), path, "{}", root.display());
+        assert_eq!(
+            procs(&dir),
+            vec![supervisor],
+            "only the supervisor in {dir:?}"
+        );
+        // ...and every process of the payload is in its cell, below it.
+        let cell = procs(&dir.join("cell"));
+        assert!(cell.len() >= 2, "pid 1, sh/tail in {dir:?}: {cell:?}");
+        for pid in cell {
+            assert_eq!(cgroup_of(pid, root), format!("{path}/cell"));
+        }
+    }
+
+    // The ceilings sit at the container cgroup (pids: 16 + pid 1 + the supervisor's 8).
+    let v2 = roots.len() == 1;
+    let dirs = cgroup.dirs("c1");
+    let (memory_dir, pids_dir) = (&dirs[0], &dirs[if v2 { 0 } else { 1 }]);
+    let memory_limit = if v2 {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    assert_eq!(read_number(&memory_dir.join(memory_limit)), 128 << 20);
+    assert_eq!(read_number(&pids_dir.join("pids.max")), 16 + 1 + 8);
+    if !v2 {
+        // v1 also gives the cell its exact ceilings.
+        assert_eq!(read_number(&pids_dir.join("cell/pids.max")), 17);
+        assert_eq!(
+            read_number(&memory_dir.join("cell").join(memory_limit)),
+            128 << 20
+        );
+    }
+
+    // ctr task metrics (the shim reads the pid-file pid's cgroup) count the 20 MiB.
+    let until = Instant::now() + Duration::from_secs(30);
+    let usage = loop {
+        let metrics = containerd.ctr(&["task", "metrics", "c1"]);
+        let table = common::output_text(&metrics);
+        let usage = metric(&table, &["memory.usage_in_bytes", "memory.usage"]).unwrap_or(0);
+        if usage >= 20 << 20 {
+            break usage;
+        }
+        assert!(
+            Instant::now() < until,
+            "metrics never showed 20 MiB: {table}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(usage < 128 << 20, "{usage}");
+    let metrics = common::output_text(&containerd.ctr(&["task", "metrics", "c1"]));
+    assert_eq!(
+        metric(&metrics, &["memory.limit_in_bytes", "memory.limit"]),
+        Some(128 << 20),
+        "{metrics}"
+    );
+
+    let kill = containerd.ctr(&["task", "kill", "-s", "SIGKILL", "c1"]);
+    assert!(kill.status.success(), "{}", common::output_text(&kill));
+    containerd.wait_status("c1", "STOPPED");
+    let delete = containerd.ctr(&["task", "delete", "c1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let delete = containerd.ctr(&["container", "delete", "c1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("c1");
+    containerd.assert_nothing_left("c1", &record);
+    // Nothing airlock created is left: the container cgroup nor its parents.
+    for dir in cgroup.top_dirs() {
+        assert!(!dir.exists(), "left: {}", dir.display());
+    }
+}
+
+#[test]
+fn an_oom_in_a_container_cgroup_kills_the_payload_not_its_supervisor() {
+    require_cells!();
+    let containerd = Containerd::start("cgpath-oom");
+    let cgroup = TestCgroup::new("oom");
+    std::fs::write(
+        containerd.path("contracts/small.yaml"),
+        "resources:\n  memory_mb: 32\n",
+    )
+    .unwrap();
+    // The payload cannot undo the score that makes it the OOM killer's choice.
+    let lowered = containerd.run(
+        &["--cgroup", &cgroup.path("c0")],
+        "c0",
+        &[
+            "/bin/sh",
+            "-c",
+            "echo -1000 > /proc/self/oom_score_adj && echo LOWERED; echo 0 > /proc/self/oom_score_adj && echo RAISED-TO-0; true",
+        ],
+    );
+    let said = common::output_text(&lowered);
+    assert!(
+        !said.contains("LOWERED") && !said.contains("RAISED-TO-0"),
+        "BREACH: the payload changed its OOM score: {said}"
+    );
+    // containerd's event stream: the shim watches the container cgroup for OOM kills
+    // (what the CRI turns into kubelet's OOMKilled).
+    let events_out = containerd.path("events.out");
+    let mut events = std::process::Command::new("/usr/bin/ctr")
+        .arg("--address")
+        .arg(containerd.path("c.sock"))
+        .args(["events"])
+        .stdout(std::fs::File::create(&events_out).unwrap())
+        .spawn()
+        .unwrap();
+    let out = containerd.run(
+        &[
+            "--annotation",
+            "airlock.dev/contract=small",
+            "--cgroup",
+            &cgroup.path("c1"),
+        ],
+        "c1",
+        &["/bin/tail", "-c", "67108864", "/dev/zero"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(137),
+        "{}",
+        common::output_text(&out)
+    );
+    let said_oom = || {
+        std::fs::read_to_string(&events_out)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("/tasks/oom") && l.contains("c1"))
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while !said_oom() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = events.kill();
+    let _ = events.wait();
+    assert!(
+        said_oom(),
+        "containerd saw no OOM of c1: {}",
+        std::fs::read_to_string(&events_out).unwrap_or_default()
+    );
+    let record = containerd.record_of("c1");
+    // A record completed by the supervisor, which survived the OOM.
+    assert_eq!(record["status"], "capacity_exceeded", "{record:#}");
+    let hit = record["result"]["limits_hit"].to_string();
+    assert!(hit.contains("memory"), "recorded as an OOM: {record:#}");
+    containerd.assert_nothing_left("c1", &record);
+    for dir in cgroup.top_dirs() {
+        assert!(!dir.exists(), "left: {}", dir.display());
+    }
+}
+
+/// Runs container `id` with `--cgroup path` and returns what ctr said; it must fail.
+fn refused(containerd: &Containerd, id: &str, path: &str) -> String {
+    let out = containerd.run(&["--cgroup", path], id, &["/bin/true"]);
+    let said = common::output_text(&out);
+    assert!(
+        !out.status.success(),
+        "BREACH: cgroupsPath {path} taken: {said}"
+    );
+    eprintln!("{path}: {said}");
+    let _ = containerd.ctr(&["container", "delete", id]);
+    said
+}
+
+#[test]
+fn cgroups_paths_outside_the_root_the_root_a_foreign_or_a_live_containers_are_refused() {
+    require_cells!();
+    let containerd = Containerd::start("cgpath-refusals");
+    let cgroup = TestCgroup::new("refusals");
+
+    let said = refused(&containerd, "r1", &format!("/{}/../../etc", cgroup.top));
+    assert!(
+        said.contains("linux.cgroupsPath") && said.contains("`..`"),
+        "{said}"
+    );
+    let said = refused(&containerd, "r2", "/");
+    assert!(said.contains("root cgroup"), "{said}");
+    let said = refused(&containerd, "r3", "kubepods/r3");
+    assert!(said.contains("relative cgroup path"), "{said}");
+
+    // A cgroup holding a process of the host's.
+    let foreign = cgroup.dirs("foreign");
+    for dir in &foreign {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let mut sleeper = std::process::Command::new("/bin/sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    std::fs::write(foreign[0].join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    let said = refused(&containerd, "r4", &cgroup.path("foreign"));
+    assert!(
+        said.contains("already holds process") && said.contains(&cgroup.top),
+        "{said}"
+    );
+    assert_eq!(procs(&foreign[0]), vec![sleeper.id()], "left as it was");
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+
+    // Another live container's cgroup.
+    let live = cgroup.path("live");
+    let out = containerd.run(&["-d", "--cgroup", &live], "l1", &["/bin/sleep", "600"]);
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("l1", "RUNNING");
+    let said = refused(&containerd, "r5", &live);
+    assert!(said.contains("already holds process"), "{said}");
+    // The live one is untouched and still ends cleanly.
+    let kill = containerd.ctr(&["task", "kill", "-s", "SIGKILL", "l1"]);
+    assert!(kill.status.success(), "{}", common::output_text(&kill));
+    containerd.wait_status("l1", "STOPPED");
+    let _ = containerd.ctr(&["task", "delete", "l1"]);
+    let delete = containerd.ctr(&["container", "delete", "l1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("l1");
+    containerd.assert_nothing_left("l1", &record);
+    for dir in cgroup.dirs("live") {
+        assert!(!dir.exists(), "left: {}", dir.display());
+    }
+}
+
+/// `--systemd-cgroup` (ctr's `--runc-systemd-cgroup`, containerd's `SystemdCgroup`):
+/// `slice:prefix:name` is the scope in the slice expanded as systemd does, made by
+/// airlock itself (no D-Bus).
+#[test]
+fn a_systemd_cgroups_path_is_the_scope_in_its_expanded_slice() {
+    require_cells!();
+    let containerd = Containerd::start("cgpath-systemd");
+    let top = format!("airlockcgtest{}", std::process::id());
+    // Removes the slices whatever happens.
+    let _slices = TestCgroup {
+        top: format!("{top}.slice"),
+    };
+    let cgroups_path = format!("{top}-pod1.slice:airlock:c1");
+    let scope = format!("/{top}.slice/{top}-pod1.slice/airlock-c1.scope");
+    let out = containerd.run(
+        &["-d", "--runc-systemd-cgroup", "--cgroup", &cgroups_path],
+        "c1",
+        &["/bin/sleep", "600"],
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("c1", "RUNNING");
+    let state = containerd.state_root().join("c1/state.json");
+    let stored: Value = serde_json::from_slice(&std::fs::read(state).unwrap()).unwrap();
+    let supervisor = stored["pid"].as_u64().unwrap() as u32;
+    let roots = common::containerd::cgroup_hierarchies();
+    for root in &roots {
+        assert_eq!(cgroup_of(supervisor, root), scope, "{}", root.display());
+        let cell = procs(&root.join(&scope[1..]).join("cell"));
+        assert!(!cell.is_empty(), "the cell in {}", root.display());
+    }
+    // Without the flag the same text is a cgroupfs path: relative, refused.
+    let said = refused(&containerd, "c2", &cgroups_path);
+    assert!(said.contains("relative cgroup path"), "{said}");
+
+    let kill = containerd.ctr(&["task", "kill", "-s", "SIGKILL", "c1"]);
+    assert!(kill.status.success(), "{}", common::output_text(&kill));
+    containerd.wait_status("c1", "STOPPED");
+    let _ = containerd.ctr(&["task", "delete", "c1"]);
+    let delete = containerd.ctr(&["container", "delete", "c1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("c1");
+    containerd.assert_nothing_left("c1", &record);
+    for root in &roots {
+        let slice = root.join(format!("{top}.slice"));
+        assert!(!slice.exists(), "left: {}", slice.display());
+    }
+}
+
+/// A supervisor SIGKILLed cannot remove its container cgroup (its cell dies with it):
+/// the runtime's `delete` does, when it is airlock's and empty. Its parents, which the
+/// dead supervisor may or may not have made, are left (the test's guard removes them).
+#[test]
+fn delete_removes_the_container_cgroup_a_killed_supervisor_left() {
+    require_cells!();
+    let containerd = Containerd::start("cgpath-killed");
+    let cgroup = TestCgroup::new("killed");
+    let out = containerd.run(
+        &["-d", "--cgroup", &cgroup.path("c1")],
+        "c1",
+        &["/bin/sleep", "600"],
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("c1", "RUNNING");
+    let state = containerd.state_root().join("c1/state.json");
+    let stored: Value = serde_json::from_slice(&std::fs::read(state).unwrap()).unwrap();
+    let supervisor = stored["pid"].as_u64().unwrap() as i32;
+    // The supervisor of this test's own container, by its pid-file pid.
+    let killed = std::process::Command::new("/bin/kill")
+        .args(["-KILL", &supervisor.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    containerd.wait_status("c1", "STOPPED");
+    for dir in cgroup.dirs("c1") {
+        assert!(dir.join("cell").exists(), "left by the killed supervisor");
+    }
+    let delete = containerd.ctr(&["task", "delete", "c1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let delete = containerd.ctr(&["container", "delete", "c1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    for dir in cgroup.dirs("c1") {
+        assert!(!dir.exists(), "left after delete: {}", dir.display());
+    }
+}
+
+/// `ctr run --cgroup ""`: no cgroupsPath, so the cell's cgroup is airlock's own
+/// `/airlock/<supervisor pid>-<start>-<ns>` and the supervisor stays where the shim put it.
+#[test]
+fn without_a_cgroups_path_the_cell_is_in_airlocks_own_cgroup() {
+    require_cells!();
+    let containerd = Containerd::start("cgpath-none");
+    let out = containerd.run(&["-d", "--cgroup", ""], "c1", &["/bin/sleep", "600"]);
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("c1", "RUNNING");
+    let state = containerd.state_root().join("c1/state.json");
+    let stored: Value = serde_json::from_slice(&std::fs::read(state).unwrap()).unwrap();
+    let supervisor = stored["pid"].as_u64().unwrap() as u32;
+    let prefix = format!("/airlock/{supervisor}-");
+    for root in common::containerd::cgroup_hierarchies() {
+        let own = cgroup_of(supervisor, &root);
+        assert!(!own.starts_with("/airlock"), "{own}");
+        assert!(
+            !root.join(&containerd.namespace).join("c1").exists(),
+            "no container cgroup"
+        );
+        let cells: Vec<String> = std::fs::read_dir(root.join("airlock"))
+            .unwrap()
+            .flatten()
+            .map(|e| format!("/airlock/{}", e.file_name().to_string_lossy()))
+            .filter(|name| name.starts_with(&prefix))
+            .collect();
+        assert_eq!(cells.len(), 1, "{}: {cells:?}", root.display());
+    }
+    let kill = containerd.ctr(&["task", "kill", "-s", "SIGKILL", "c1"]);
+    assert!(kill.status.success(), "{}", common::output_text(&kill));
+    containerd.wait_status("c1", "STOPPED");
+    let _ = containerd.ctr(&["task", "delete", "c1"]);
+    let delete = containerd.ctr(&["container", "delete", "c1"]);
+    assert!(delete.status.success(), "{}", common::output_text(&delete));
+    let record = containerd.record_of("c1");
+    containerd.assert_nothing_left("c1", &record);
+}

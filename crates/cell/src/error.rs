@@ -68,6 +68,10 @@ pub enum CellError {
         path: PathBuf,
         rule: String,
     },
+    /// A container's cgroup (an OCI spec's `linux.cgroupsPath`) that may not be used
+    /// (cgroup/container.rs).
+    #[error("container cgroup {}: {rule}", .path.display())]
+    ContainerCgroup { path: PathBuf, rule: String },
     /// A range of host ids that would reach the host's own users or beyond 2^31 (the CLI
     /// checks the configuration's bounds first; see host_identity.rs).
     #[error("host id range of {count} ids from {base}: {rule}")]
@@ -84,7 +88,8 @@ impl CellError {
             CellError::Unavailable { .. } => ResultClass::SandboxUnavailable,
             CellError::MissingCredential { .. }
             | CellError::AbovePlan { .. }
-            | CellError::PodNamespace { .. } => ResultClass::PolicyDenied,
+            | CellError::PodNamespace { .. }
+            | CellError::ContainerCgroup { .. } => ResultClass::PolicyDenied,
             CellError::Cgroup { .. }
             | CellError::Seccomp(_)
             | CellError::Launch { .. }

@@ -40,6 +40,9 @@ pub struct ContainerDoors {
     /// descriptor with its name (`/dev/pts/N`) as the message, as runc does; the
     /// supervisor keeps no copy (the payload's terminal output is then not captured).
     pub console: Option<UnixStream>,
+    /// The container's own cgroup (an OCI spec's `linux.cgroupsPath`); `None`: the
+    /// cell's cgroup is airlock's own (crates/cell/src/cgroup/container.rs).
+    pub cgroup: Option<crate::cgroup::ContainerCgroupPath>,
 }
 
 /// One further command.

@@ -127,6 +127,9 @@ pub struct ContainerTerms {
     pub terminal: bool,
     pub selection: Selection,
     pub identity: ContainerIdentity,
+    /// `linux.cgroupsPath` as written: the runtime resolves it with its `--systemd-cgroup`
+    /// flag ([`crate::cgroups_path::container_cgroup`]).
+    pub cgroups_path: Option<String>,
 }
 
 /// Capabilities a container gets by default (containerd's and Docker's set): accepted
@@ -249,6 +252,11 @@ pub fn container_terms(
         seccomp_profile: seccomp_profile(spec)?,
         selection: selection(&annotations)?,
         identity: identity(id, &annotations),
+        cgroups_path: spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.cgroups_path().clone())
+            .map(|p| p.to_string_lossy().into_owned()),
     })
 }
 

@@ -25,6 +25,7 @@
 //!   the ceilings before `runsc run`; runsc joins an existing cgroup without owning it.
 
 pub mod bundle;
+pub mod cgroups_path;
 pub mod exec;
 pub mod update;
 

@@ -19,6 +19,8 @@ pub struct Globals {
     pub root: PathBuf,
     pub log: Option<PathBuf>,
     pub log_format: String,
+    /// `--systemd-cgroup`: how `linux.cgroupsPath` is read.
+    pub systemd_cgroup: bool,
 }
 
 pub fn dispatch(globals: &Globals, command: OciCommand) -> Result<ExitCode, String> {
@@ -43,7 +45,7 @@ pub fn dispatch(globals: &Globals, command: OciCommand) -> Result<ExitCode, Stri
             Ok(ExitCode::SUCCESS)
         }
         OciCommand::Kill { all, id, signal } => kill(root, &id, &signal, all),
-        OciCommand::Delete { force, id } => delete(root, &id, force),
+        OciCommand::Delete { force, id } => delete(globals, &id, force),
         OciCommand::Ps { format, id, .. } => ps(root, &id, &format),
         OciCommand::Features => {
             println!("{:#}", features());
@@ -165,6 +167,9 @@ fn spawn_supervisor(
             "--bundle",
         ])
         .arg(&bundle);
+    if globals.systemd_cgroup {
+        command.arg("--systemd-cgroup");
+    }
     if let Some(console) = console_socket {
         let console = std::path::absolute(console).map_err(|e| format!("--console-socket: {e}"))?;
         command.arg("--console-socket").arg(console);
@@ -317,7 +322,8 @@ fn parent_of(pid: u32) -> Option<u32> {
     rest.split(' ').nth(1)?.parse().ok()
 }
 
-fn delete(root: &Path, id: &str, force: bool) -> Result<ExitCode, String> {
+fn delete(globals: &Globals, id: &str, force: bool) -> Result<ExitCode, String> {
+    let root = globals.root.as_path();
     let stored = state::load(root, id)?;
     let dir = state::dir(root, id)?;
     match state::status(&stored) {
@@ -344,6 +350,7 @@ fn delete(root: &Path, id: &str, force: bool) -> Result<ExitCode, String> {
             ))
         }
     }
+    super::resources::remove_abandoned_cgroup(&stored, globals.systemd_cgroup)?;
     std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -54,6 +54,7 @@ pub fn doors(
     Ok(airlock_cell::exec_door::ContainerDoors {
         exec: Some(exec),
         console,
+        cgroup: None,
     })
 }
 

@@ -42,7 +42,8 @@ pub struct OciCli {
     /// `text` or `json` (`{"level":"error","msg":...}` lines, what the shim reads).
     #[arg(long = "log-format", global = true, default_value = "text")]
     log_format: String,
-    /// Accepted for the shim's sake: the cell's cgroup is airlock's own either way.
+    /// `linux.cgroupsPath` is systemd's `slice:prefix:name` (the scope's directories are
+    /// made by airlock itself, not through systemd: crates/oci/src/cgroups_path.rs).
     #[arg(long = "systemd-cgroup", global = true)]
     systemd_cgroup: bool,
     /// Accepted and ignored, as runc's.
@@ -178,6 +179,7 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
         root: cli.root,
         log: cli.log,
         log_format: cli.log_format,
+        systemd_cgroup: cli.systemd_cgroup,
     };
     match commands::dispatch(&globals, cli.command) {
         Ok(code) => code,

@@ -21,13 +21,45 @@ const UPDATE_FAILED_EVENT: &str = "container.update_failed";
 /// The cgroup of a container's cell.
 pub fn cell_cgroup(stored: &Stored) -> Result<CellCgroup, String> {
     let layout = CgroupLayout::detect().map_err(|e| format!("container {}: {e}", stored.id))?;
-    CellCgroup::of_supervisor(&layout, stored.pid, stored.pid_start).ok_or_else(|| {
-        format!(
-            "container {}: its cell has no cgroup (it ended, or its ceilings are rlimits \
+    // A container with `linux.cgroupsPath` has its cell below the supervisor's cgroup.
+    CellCgroup::of_supervisor(&layout, stored.pid, stored.pid_start)
+        .or_else(|| CellCgroup::of_container_supervisor(&layout, stored.pid, stored.pid_start))
+        .ok_or_else(|| {
+            format!(
+                "container {}: its cell has no cgroup (it ended, or its ceilings are rlimits \
              only, without which pause, resume, update and stats cannot be done)",
-            stored.id
-        )
-    })
+                stored.id
+            )
+        })
+}
+
+/// A stopped container's cgroup (its bundle's `linux.cgroupsPath`) that its supervisor
+/// could not remove (it was killed): removed when it is airlock's and empty
+/// (`airlock_cell::cgroup::remove_abandoned`). Nothing to do when it is gone, as after
+/// every ordinary end.
+pub fn remove_abandoned_cgroup(stored: &Stored, systemd: bool) -> Result<(), String> {
+    let config = stored.bundle.join("config.json");
+    let Ok(bytes) = std::fs::read(&config) else {
+        return Ok(());
+    };
+    let raw = serde_json::from_slice::<oci_spec::runtime::Spec>(&bytes)
+        .ok()
+        .and_then(|spec| spec.linux().as_ref()?.cgroups_path().clone())
+        .map(|p| p.to_string_lossy().into_owned())
+        .filter(|p| !p.is_empty());
+    let Some(raw) = raw else {
+        return Ok(());
+    };
+    // A path that was refused at create has nothing to remove.
+    let Ok(path) = airlock_oci::cgroups_path::container_cgroup(&raw, systemd) else {
+        return Ok(());
+    };
+    let Ok(path) = airlock_cell::cgroup::ContainerCgroupPath::new(path) else {
+        return Ok(());
+    };
+    let layout = CgroupLayout::detect().map_err(|e| format!("container {}: {e}", stored.id))?;
+    airlock_cell::cgroup::remove_abandoned(&layout, &path)
+        .map_err(|e| format!("container {}: delete: {e}", stored.id))
 }
 
 /// Whether a running container's cell is frozen (what `state` reports as paused).

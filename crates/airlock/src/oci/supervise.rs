@@ -95,8 +95,9 @@ pub fn supervise(
         Err(err) => return fail(format!("container {id}: {err}")),
     };
     let planned = plan(bundle, id, &config)
-        .and_then(|planned| terminal_matches(planned, console_socket.is_some()));
-    let (terms, plan, class) = match planned {
+        .and_then(|planned| terminal_matches(planned, console_socket.is_some()))
+        .and_then(|planned| with_cgroup(planned, globals.systemd_cgroup));
+    let ((terms, plan, class), cgroup) = match planned {
         Ok(both) => both,
         Err(Stop::Recorded(error)) => return fail(format!("container {id} refused: {error}")),
         Err(Stop::Refuse(argv, error)) => {
@@ -119,7 +120,7 @@ pub fn supervise(
         Err(err) => return fail(format!("container {id}: the start socket: {err}")),
     };
     let doors = match super::exec::doors(&dir, console_socket) {
-        Ok(doors) => doors,
+        Ok(doors) => airlock_cell::exec_door::ContainerDoors { cgroup, ..doors },
         Err(err) => return fail(format!("container {id}: {err}")),
     };
     let facts = super::exec::ExecFacts::of(&plan, &class, &terms);
@@ -161,6 +162,35 @@ fn terminal_matches(
             "--console-socket without config.json process.terminal: there is no terminal to send",
         ),
         _ => Ok(planned),
+    }
+}
+
+/// The terms, the plan and the workload class of a container.
+type Planned = (ContainerTerms, CellPlan, String);
+
+/// The container's own cgroup, from `linux.cgroupsPath` read with `--systemd-cgroup`
+/// (airlock_oci::cgroups_path); `None` (airlock's own `/airlock/<name>`) without one.
+/// The gVisor tier's sandbox joins airlock's own cgroup only: refused with one.
+fn with_cgroup(
+    planned: Planned,
+    systemd: bool,
+) -> Result<(Planned, Option<airlock_cell::cgroup::ContainerCgroupPath>), Stop> {
+    let Some(raw) = planned.0.cgroups_path.clone().filter(|p| !p.is_empty()) else {
+        return Ok((planned, None));
+    };
+    let refuse = |error: String| Err(Stop::Refuse(planned.0.argv.clone(), error));
+    if planned.1.isolation == airlock_contract::Isolation::Gvisor {
+        return refuse(format!(
+            "config.json linux.cgroupsPath ({raw}): the gVisor tier cannot run in a container cgroup (its sandbox joins airlock's own cgroup; not built)"
+        ));
+    }
+    let path = match airlock_oci::cgroups_path::container_cgroup(&raw, systemd) {
+        Ok(path) => path,
+        Err(refusal) => return refuse(refusal.to_string()),
+    };
+    match airlock_cell::cgroup::ContainerCgroupPath::new(path) {
+        Ok(path) => Ok((planned, Some(path))),
+        Err(err) => refuse(err.to_string()),
     }
 }
 

@@ -265,6 +265,13 @@ impl Containerd {
         assert!(!same, "the supervisor of {id} is still there");
         let cgroups = host::cgroups_of(&supervisor);
         assert!(cgroups.is_empty(), "cgroups left of {id}: {cgroups:?}");
+        // ctr gives every container the cgroupsPath `/<namespace>/<id>`.
+        let own: Vec<PathBuf> = cgroup_hierarchies()
+            .iter()
+            .map(|h| h.join(&self.namespace).join(id))
+            .filter(|d| d.exists())
+            .collect();
+        assert!(own.is_empty(), "container cgroups left of {id}: {own:?}");
         assert_eq!(record["cleanup_ok"], true, "{record:#}");
         let state = Path::new("/run/containerd/runc")
             .join(&self.namespace)
@@ -339,6 +346,20 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 }
 
 /// ctr's standard output as text.
+/// The roots of the hierarchies a container cgroup is made in: the unified one where it
+/// has the controllers (pure v2), else memory, pids, cpu and freezer of v1.
+pub fn cgroup_hierarchies() -> Vec<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup");
+    let unified = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+    if unified.split_whitespace().any(|c| c == "memory") {
+        return vec![root.to_path_buf()];
+    }
+    ["memory", "pids", "cpu", "freezer"]
+        .iter()
+        .map(|h| root.join(h))
+        .collect()
+}
+
 pub fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

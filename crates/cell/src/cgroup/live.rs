@@ -64,6 +64,41 @@ impl CellCgroup {
         dirs.iter().all(|d| d.is_dir()).then(|| CellCgroup {
             layout: layout.clone(),
             dirs,
+            container: None,
+        })
+    }
+
+    /// The cell of a container whose supervisor (process `pid` started at `start_time`)
+    /// lives in its container cgroup (container.rs): the `cell` leaf of the supervisor's
+    /// own cgroup in every hierarchy. `None` when the process is not that supervisor or
+    /// has no such cell. Only limits, counters and the freezer are used through it: it
+    /// is never destroyed (the supervisor does that).
+    pub fn of_container_supervisor(
+        layout: &CgroupLayout,
+        pid: u32,
+        start_time: u64,
+    ) -> Option<CellCgroup> {
+        let own = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        // Read after the cgroups: a pid reused since would show another start time.
+        if crate::sys::process_stat(pid).ok()?.start_time != start_time {
+            return None;
+        }
+        let containers: Vec<PathBuf> = layout
+            .roots()
+            .iter()
+            .map(|root| root.join(super::own_cgroup_in(layout, root, &own)))
+            .collect();
+        let dirs: Vec<PathBuf> = containers
+            .iter()
+            .map(|c| c.join(super::CELL_LEAF))
+            .collect();
+        let at_roots = containers.iter().zip(layout.roots()).any(|(c, r)| *c == r);
+        (!at_roots && dirs.iter().all(|d| d.is_dir())).then(|| CellCgroup {
+            layout: layout.clone(),
+            dirs,
+            container: Some(Box::new(super::container::ContainerCgroup::found(
+                containers,
+            ))),
         })
     }
 
@@ -100,13 +135,25 @@ impl CellCgroup {
         self.layout.backend().is_frozen(&self.dirs)
     }
 
-    /// Writes new limits into the running cell's cgroup.
+    /// Writes new limits into the running cell's cgroup; in a container cgroup, there
+    /// too, with the supervisor's allowance (container.rs).
     pub fn change_limits(&self, changes: &LimitChanges) -> Result<(), CellError> {
-        self.layout.backend().write_changes(&self.dirs, changes)
+        let backend = self.layout.backend();
+        let Some(container) = &self.container else {
+            return backend.write_changes(&self.dirs, changes);
+        };
+        if let CgroupLayout::V1(_) = self.layout {
+            backend.write_changes(&self.dirs, changes)?;
+        }
+        backend.write_changes(
+            &container.dirs,
+            &super::container::changes_with_supervisor(changes),
+        )
     }
 
+    /// The counters where the plan's limits are exact ([`CellCgroup::limit_dirs`]).
     pub fn stats(&self) -> CgroupStats {
-        self.layout.backend().stats(&self.dirs)
+        self.layout.backend().stats(self.limit_dirs())
     }
 }
 

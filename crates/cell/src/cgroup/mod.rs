@@ -4,6 +4,7 @@
 //! the cell's pid 1 in it before releasing it, reads the ceilings' counters afterwards and
 //! removes it.
 
+mod container;
 mod live;
 mod v1;
 mod v2;
@@ -11,6 +12,7 @@ mod v2;
 pub use crate::counters::CgroupUsage;
 use crate::error::CellError;
 use airlock_contract::Limits;
+pub use container::{remove_abandoned, ContainerCgroupPath, CELL_LEAF, SUPERVISOR_TASKS};
 pub use live::{CgroupStats, LimitChanges};
 use std::fs;
 use std::io::{self, ErrorKind};
@@ -80,6 +82,14 @@ impl CgroupLayout {
 
     fn parents(&self) -> Vec<PathBuf> {
         self.backend().parents()
+    }
+
+    /// Each hierarchy's root, in the order of a cell's `dirs`.
+    fn roots(&self) -> Vec<PathBuf> {
+        match self {
+            CgroupLayout::V2(v2) => vec![v2.root.clone()],
+            CgroupLayout::V1(v1) => v1.hierarchies().into_iter().cloned().collect(),
+        }
     }
 
     /// Detects the layout and where this process may create cells in it (see
@@ -402,6 +412,16 @@ fn own_cgroup(own_cgroups: &str, controller: &str) -> Option<PathBuf> {
     })
 }
 
+/// The process's cgroup in the hierarchy at `root` (relative; empty at the root), from
+/// the text of `/proc/self/cgroup`: v2's line has no controllers (`0::/path`).
+fn own_cgroup_in(layout: &CgroupLayout, root: &Path, own_cgroups: &str) -> PathBuf {
+    let controller = match layout {
+        CgroupLayout::V2(_) => "",
+        CgroupLayout::V1(_) => hierarchy_controller(root),
+    };
+    own_cgroup(own_cgroups, controller).unwrap_or_default()
+}
+
 fn swap_enabled() -> bool {
     fs::read_to_string("/proc/swaps")
         .map(|s| s.lines().count() > 1)
@@ -438,6 +458,9 @@ pub struct CellCgroup {
     layout: CgroupLayout,
     /// One directory (v2) or one per controller (v1: memory, pids, cpu, freezer).
     dirs: Vec<PathBuf>,
+    /// The container cgroup the cell is the `cell` leaf of (an OCI spec's
+    /// `linux.cgroupsPath`, container.rs); `None`: a cell of airlock's own parent.
+    container: Option<Box<container::ContainerCgroup>>,
 }
 
 impl CellCgroup {
@@ -451,6 +474,7 @@ impl CellCgroup {
         let cgroup = CellCgroup {
             layout: layout.clone(),
             dirs,
+            container: None,
         };
         let mut created = Vec::new();
         for dir in &cgroup.dirs {
@@ -482,8 +506,38 @@ impl CellCgroup {
         Ok(cgroup)
     }
 
+    /// The cell of a container whose cgroup is `path` (container.rs): the container
+    /// cgroup with the ceilings, this supervisor moved into it, the cell a leaf below.
+    pub fn create_in_container(
+        layout: &CgroupLayout,
+        path: &ContainerCgroupPath,
+        limits: &Limits,
+    ) -> Result<CellCgroup, CellError> {
+        let (container, dirs) = container::ContainerCgroup::create(layout, path, limits)?;
+        Ok(CellCgroup {
+            layout: layout.clone(),
+            dirs,
+            container: Some(Box::new(container)),
+        })
+    }
+
+    /// Where the plan's limits are exact: the cell's own directories, except on v2 in a
+    /// container cgroup, whose cell has no controllers (container.rs).
+    fn limit_dirs(&self) -> &[PathBuf] {
+        match (&self.container, &self.layout) {
+            (Some(container), CgroupLayout::V2(_)) => &container.dirs,
+            _ => &self.dirs,
+        }
+    }
+
     /// Moves `pid` (the cell's pid 1, not yet released) into every hierarchy.
     pub fn add_process(&self, pid: libc::pid_t) -> Result<(), CellError> {
+        if self.container.as_ref().is_some_and(|c| !c.exempt) {
+            write_file(
+                Path::new(&format!("/proc/{pid}/oom_score_adj")),
+                container::CELL_OOM_SCORE_ADJ,
+            )?;
+        }
         let pid = pid.to_string();
         for dir in &self.dirs {
             write_file(&dir.join("cgroup.procs"), &pid)?;
@@ -560,28 +614,36 @@ impl CellCgroup {
         }
     }
 
+    /// The cell's counters. In a container cgroup an OOM or a pids refusal may fire at
+    /// the container's ceiling or (v1) the cell's: both count; peaks are the larger.
     pub fn usage(&self) -> CgroupUsage {
-        self.layout.backend().usage(&self.dirs)
+        let backend = self.layout.backend();
+        let cell = backend.usage(&self.dirs);
+        let Some(container) = &self.container else {
+            return cell;
+        };
+        let outer = backend.usage(&container.dirs);
+        CgroupUsage {
+            memory_peak_bytes: cell.memory_peak_bytes.max(outer.memory_peak_bytes),
+            oom_kills: cell.oom_kills + outer.oom_kills,
+            pids_limit_hits: cell.pids_limit_hits + outer.pids_limit_hits,
+            pids_peak: cell.pids_peak.max(outer.pids_peak),
+        }
     }
 
-    /// Removes the cgroup directories; returns those that could not be removed.
-    pub fn destroy(self) -> Vec<PathBuf> {
-        let mut left = Vec::new();
-        for dir in &self.dirs {
-            let mut attempts = 0;
-            loop {
-                match fs::remove_dir(dir) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == ErrorKind::NotFound => break,
-                    // EBUSY while the last task is still being torn down by the kernel.
-                    Err(_) if attempts < 200 => {
-                        attempts += 1;
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    Err(_) => {
-                        left.push(dir.clone());
-                        break;
-                    }
+    /// Removes the cgroup directories (and what was created of a container cgroup, once
+    /// this supervisor left it); returns those that could not be removed.
+    pub fn destroy(mut self) -> Vec<PathBuf> {
+        let mut left: Vec<PathBuf> = self
+            .dirs
+            .iter()
+            .filter(|dir| remove_dir_patiently(dir).is_err())
+            .cloned()
+            .collect();
+        if let Some(container) = self.container.take() {
+            for dir in container.leave() {
+                if !left.contains(&dir) {
+                    left.push(dir);
                 }
             }
         }
@@ -591,6 +653,23 @@ impl CellCgroup {
     fn remove_dirs(&self, dirs: &[PathBuf]) {
         for dir in dirs {
             let _ = fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Removes a cgroup directory, waiting out the kernel's EBUSY while its last task is
+/// still being torn down; a missing one is removed already.
+fn remove_dir_patiently(dir: &Path) -> io::Result<()> {
+    let mut attempts = 0;
+    loop {
+        match fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(_) if attempts < 200 => {
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -693,6 +772,7 @@ pub fn reap_leftovers(layout: &CgroupLayout) -> Vec<PathBuf> {
         let cgroup = CellCgroup {
             layout: layout.clone(),
             dirs: layout.parents().iter().map(|p| p.join(&name)).collect(),
+            container: None,
         };
         let members = || -> Vec<libc::pid_t> {
             cgroup
@@ -1248,6 +1328,7 @@ mod tests {
             let kept = CellCgroup {
                 layout: layout.clone(),
                 dirs: dirs.clone(),
+                container: None,
             };
             assert_eq!(kept.destroy(), dirs);
             remove_control_files(&dirs);

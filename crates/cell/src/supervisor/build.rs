@@ -8,7 +8,7 @@ use super::deadline::Deadline;
 use super::supervise::{Sinks, Supervision};
 use super::{ms_since, CommandIo, EgressSession, PID1_NAME};
 use crate::artifacts::ArtifactRequest;
-use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout};
+use crate::cgroup::{cgroup_name, CellCgroup, CgroupLayout, ContainerCgroupPath};
 use crate::control::SupervisorControl;
 use crate::error::CellError;
 use crate::host_identity::{HostIdRange, HostIdentity, HostLease, IdentitySource};
@@ -39,6 +39,8 @@ pub struct Preflight {
     supervisor: sys::ProcessStat,
     single: sys::SingleThreaded,
     ceilings: Ceilings,
+    /// An OCI container's own cgroup (`linux.cgroupsPath`), which then holds the cell.
+    container_cgroup: Option<ContainerCgroupPath>,
 }
 
 /// What enforces a cell's ceilings.
@@ -79,7 +81,32 @@ impl Preflight {
             supervisor,
             single,
             ceilings,
+            container_cgroup: None,
         })
+    }
+
+    /// The cell goes into the container cgroup at `path` (cgroup/container.rs); a cell
+    /// without a cgroup of its own cannot (refused, never ignored).
+    pub fn in_container_cgroup(
+        mut self,
+        path: Option<ContainerCgroupPath>,
+    ) -> Result<Preflight, CellError> {
+        if let (Some(path), Ceilings::Rlimits { why }) = (&path, &self.ceilings) {
+            return Err(CellError::ContainerCgroup {
+                path: path.as_path().to_path_buf(),
+                rule: format!("the cell has no cgroup here ({why})"),
+            });
+        }
+        if let (Some(path), false) = (&path, sys::geteuid() == 0) {
+            return Err(CellError::ContainerCgroup {
+                path: path.as_path().to_path_buf(),
+                rule:
+                    "a container cgroup needs root (a user's cells stay in its delegated subtree)"
+                        .into(),
+            });
+        }
+        self.container_cgroup = path;
+        Ok(self)
     }
 }
 
@@ -133,6 +160,7 @@ pub fn build<'a>(
         supervisor,
         single,
         ceilings,
+        container_cgroup,
     } = preflight;
     // Held until the cell is gone (Cell::finish); opened before the clone, so the cell's
     // pid 1 holds the slot too (see host_identity.rs).
@@ -155,7 +183,12 @@ pub fn build<'a>(
     )?;
     // The cgroup is created while the cell builds its network namespace; the cell only
     // runs airlock's setup until it has joined it.
-    let cgroup = match cell_ceilings(&ceilings, plan, &supervisor, spawned.pid) {
+    let cgroup = match cell_ceilings(
+        &ceilings,
+        plan,
+        (&supervisor, container_cgroup.as_ref()),
+        spawned.pid,
+    ) {
         Ok(cgroup) => cgroup,
         Err(err) => {
             kill_and_reap(&spawned.pidfd, spawned.pid);
@@ -457,15 +490,19 @@ impl CellMounts {
 fn cell_ceilings(
     ceilings: &Ceilings,
     plan: &CellPlan,
-    supervisor: &sys::ProcessStat,
+    (supervisor, container): (&sys::ProcessStat, Option<&ContainerCgroupPath>),
     pid: libc::pid_t,
 ) -> Result<CellCeilings, CellError> {
-    match ceilings {
-        Ceilings::Cgroup(layout) => {
+    match (ceilings, container) {
+        (Ceilings::Cgroup(layout), Some(path)) => {
+            CellCgroup::create_in_container(layout, path, &plan.limits).map(CellCeilings::Cgroup)
+        }
+        (Ceilings::Cgroup(layout), None) => {
             CellCgroup::create(layout, &cgroup_name(supervisor.start_time), &plan.limits)
                 .map(CellCeilings::Cgroup)
         }
-        Ceilings::Rlimits { .. } => PidNamespace::of(pid).map(CellCeilings::Rlimits),
+        // Preflight::in_container_cgroup refused a container cgroup without a cgroup.
+        (Ceilings::Rlimits { .. }, _) => PidNamespace::of(pid).map(CellCeilings::Rlimits),
     }
 }
 

@@ -314,7 +314,8 @@ fn wanted_artifacts(plan: &CellPlan, request: Option<&ArtifactRequest>) -> Optio
 }
 
 fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, CellError> {
-    let preflight = Preflight::check(plan)?;
+    let container_cgroup = options.doors.as_mut().and_then(|d| d.cgroup.take());
+    let preflight = Preflight::check(plan)?.in_container_cgroup(container_cgroup)?;
     let env = command_environment(plan, options.credentials, &[])?;
     // Before the clone and any thread: the signals it takes must be blocked everywhere.
     let caller_terminal = enter_caller_terminal(plan, &options.stdin)?;

@@ -103,6 +103,24 @@ pub enum StoreError {
     Unreachable { target: String, detail: String },
     #[error("audit store {target}: {detail}")]
     Postgres { target: String, detail: String },
+    /// Another process table holds this node name in the fleet's store (`pg.rs`, "Node
+    /// claims"): writing as it too would let each judge the other's runs by its own pids.
+    #[error(
+        "audit store {target}: store node name {node:?} is held by {holder} with {} live \
+         database session(s) (server pids {}); this process ({me}) may not write as it: \
+         give each machine (or container) its own [store] node (docs/config.md); if that \
+         holder is gone, its sessions end when the server's TCP keepalive notices, or end \
+         them with SELECT pg_terminate_backend(pid)",
+        .sessions.len(),
+        .sessions.iter().map(i32::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    NodeNameHeld {
+        target: String,
+        node: String,
+        holder: String,
+        me: String,
+        sessions: Vec<i32>,
+    },
 }
 
 impl StoreError {
@@ -126,6 +144,7 @@ impl StoreError {
             StoreError::InvalidUrl(_) => ErrorClass::InvalidInput,
             StoreError::Unreachable { .. } => ErrorClass::Io,
             StoreError::Postgres { .. } => ErrorClass::Io,
+            StoreError::NodeNameHeld { .. } => ErrorClass::Conflict,
         }
     }
 

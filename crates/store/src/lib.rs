@@ -45,7 +45,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 pub use error::{ChainBreak, ErrorClass, StoreError};
-pub use node::NodeName;
+pub use node::{NodeHolder, NodeName};
 pub use pg::{FleetStore, PostgresUrl};
 pub use redact::{Redactor, REDACTED};
 pub use transcripts::{StoredTranscript, TranscriptRecord};
@@ -677,10 +677,28 @@ impl Store {
     /// Open the store at `location`: its state directory's SQLite file, and with a
     /// Postgres URL the fleet's database for runs and the audit chain. A database that
     /// cannot be reached is an error (fail closed), never a fallback to the local file.
+    /// With a fleet store, the node name is claimed for this process's holder (its
+    /// boot and pid namespace) for as long as the store is open: another holder's live
+    /// claim is an error ([`StoreError::NodeNameHeld`]).
     pub fn open_at(location: &StoreLocation) -> Result<Store> {
         let mut store = Self::open(&location.state_dir)?;
         if let Some(fleet) = &location.postgres {
-            store.fleet = Some(Box::new(pg::Fleet::connect(fleet)?));
+            let holder = NodeHolder::of_this_process()?;
+            store.fleet = Some(Box::new(pg::Fleet::connect(fleet, holder)?));
+        }
+        Ok(store)
+    }
+
+    /// [`Store::open_at`] as `holder` claims the node name instead of this process: for
+    /// tests that stand for another machine in-process. The binary never calls it (it
+    /// opens with [`Store::open_at`]), so no configuration or environment can make a
+    /// process claim under another holder's identity; code that links this crate can
+    /// write the database directly anyway.
+    #[doc(hidden)]
+    pub fn open_at_as_holder(location: &StoreLocation, holder: NodeHolder) -> Result<Store> {
+        let mut store = Self::open(&location.state_dir)?;
+        if let Some(fleet) = &location.postgres {
+            store.fleet = Some(Box::new(pg::Fleet::connect(fleet, holder)?));
         }
         Ok(store)
     }
@@ -875,7 +893,7 @@ impl Store {
         } else {
             start.workload_class
         };
-        let body = redactor.value(json!({
+        let mut body = json!({
             "run_id": run_id,
             "started_at": started_at,
             "argv": start.argv,
@@ -891,7 +909,13 @@ impl Store {
             "session_id": start.session_id,
             "tenant": start.tenant,
             "node": self.fleet.as_ref().map(|f| f.node().as_str()),
-        }));
+        });
+        if let Some(fleet) = &self.fleet {
+            // With the boot id, the holder that may judge this run by its pid (node.rs);
+            // only in a fleet's chain, so SQLite's entries stay as they were.
+            body["pid_ns"] = json!(fleet.holder().pid_ns);
+        }
+        let body = redactor.value(body);
         // Columns are taken from the redacted body, so row and audit entry agree.
         let s = |k: &str| body[k].as_str().unwrap_or_default().to_string();
         let argv_json = body["argv"].to_string();
@@ -1041,41 +1065,22 @@ impl Store {
 
     /// Mark as `aborted` every `running` run whose supervisor is gone: another boot,
     /// pid not alive, or pid alive with a different start time (reused). In a fleet's
-    /// store only this node's runs are judged (`[store] node`): another node's supervisor
-    /// is not in this process table, so its absence here says nothing. The entry names
-    /// the node that marked it (`reaped_by`).
+    /// store only this node's runs are judged (`[store] node`), and only by the process
+    /// table that holds the name (`pg.rs`, "Node claims"): its own runs by pid, runs of an
+    /// earlier holder of the name as gone (it had no session left when this one claimed
+    /// the name). Another node's supervisor is not in this process table, so its absence
+    /// here says nothing. The entry names the node that marked it (`reaped_by`).
     pub fn reap_aborted(&self) -> Result<Vec<RunId>> {
-        let candidates: Vec<(String, proc_info::ProcessIdentity)> = if let Some(fleet) = &self.fleet
-        {
-            fleet.running_of_this_node()?
-        } else {
-            let mut stmt = self
-                .conn
-                .prepare_cached(
-                    "SELECT run_id, supervisor_pid, supervisor_start_time, boot_id
-                     FROM runs WHERE status = 'running'",
-                )
-                .map_err(|e| self.ctx(e.into()))?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        proc_info::ProcessIdentity {
-                            pid: r.get(1)?,
-                            start_time: r.get::<_, i64>(2)? as u64,
-                            boot_id: r.get(3)?,
-                        },
-                    ))
-                })
-                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-                .map_err(|e| self.ctx(e.into()))?;
-            rows
+        let stale: Vec<(String, String)> = match &self.fleet {
+            Some(fleet) => fleet.stale_runs_of_this_node()?,
+            None => self
+                .running_supervisors()?
+                .into_iter()
+                .filter_map(|(run_id, sup)| Some((run_id, proc_info::staleness(&sup)?)))
+                .collect(),
         };
         let mut reaped = Vec::new();
-        for (run_id, sup) in candidates {
-            let Some(reason) = proc_info::staleness(&sup) else {
-                continue;
-            };
+        for (run_id, reason) in stale {
             let at = now_ms();
             let mut body = json!({"finished_at": at, "status": STATUS_ABORTED, "reason": reason});
             if let Some(fleet) = &self.fleet {
@@ -1103,6 +1108,31 @@ impl Store {
             }
         }
         Ok(reaped)
+    }
+
+    /// The local file's running runs and their supervisors.
+    fn running_supervisors(&self) -> Result<Vec<(String, proc_info::ProcessIdentity)>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT run_id, supervisor_pid, supervisor_start_time, boot_id
+                 FROM runs WHERE status = 'running'",
+            )
+            .map_err(|e| self.ctx(e.into()))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    proc_info::ProcessIdentity {
+                        pid: r.get(1)?,
+                        start_time: r.get::<_, i64>(2)? as u64,
+                        boot_id: r.get(3)?,
+                    },
+                ))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.ctx(e.into()))?;
+        Ok(rows)
     }
 
     pub fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {

@@ -13,6 +13,17 @@
 //! reaps only its own runs ([`Fleet::running_of_this_node`]): another node's supervisors
 //! are not in this process table, so their absence here proves nothing.
 //!
+//! Node claims ([`Fleet::claim_node`]): a node name is written by one holder at a time,
+//! one process table ([`NodeHolder`]: boot id and pid namespace). The `nodes` table
+//! records each name's holder; every connection of the holder keeps a shared session
+//! advisory lock on the name's row for as long as it is open. That lock is the lease: it
+//! needs no clock and no renewal thread (`airlock run` stays single-threaded), lasts as
+//! long as a short `airlock run` or a long `airlock serve`, and ends when the process
+//! does (its connection closes; a crashed machine's once the server's TCP keepalive ends
+//! its sessions). Another holder's claim is refused while any such session is live;
+//! once none is, it takes the name, and the runs the earlier holder left `running` are
+//! its to mark aborted (that holder can no longer record their ends).
+//!
 //! Transport ([`PostgresUrl::parse`]): a unix socket or a loopback address may be
 //! plaintext; any other host only with `sslmode=verify-full` and `sslrootcert=` (rustls,
 //! `pg_tls.rs`): records never cross a network in plaintext or to an unverified server.
@@ -29,7 +40,7 @@ use postgres::{Client, NoTls, Row, Transaction};
 use serde_json::{json, Value};
 
 use crate::chain::{self, ChainCheck, RunSpan};
-use crate::node::NodeName;
+use crate::node::{self, NodeHolder, NodeName, RunJudgement};
 use crate::pg_tls;
 use crate::{
     json_col, kinds, now_ms, parse_json_col, proc_info, AuditEntry, ClassStats, Result, RunDetail,
@@ -518,6 +529,7 @@ CREATE INDEX runs_started ON runs (started_at);
 CREATE INDEX audit_log_run ON audit_log (run_id, seq);
 "#,
     RUN_NODES,
+    NODE_CLAIMS,
 ];
 /// Version 2: the fleet node whose supervisor runs each run (`node.rs`), so a restarted
 /// node reaps only its own runs; NULL for runs recorded before it (SQLite's `RUN_NODES`).
@@ -525,7 +537,23 @@ const RUN_NODES: &str = r#"
 ALTER TABLE runs ADD COLUMN node TEXT;
 CREATE INDEX runs_running_node ON runs (node) WHERE status = 'running';
 "#;
+/// Version 3: who holds each node name ([`Fleet::claim_node`]), and the pid namespace of
+/// the holder that recorded each run (with `boot_id`, the holder); NULL for runs recorded
+/// before claims, which are judged as before in their own boot only (`node::judge_run`).
+const NODE_CLAIMS: &str = r#"
+CREATE TABLE nodes (
+    id SERIAL PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    boot_id TEXT NOT NULL,
+    pid_ns BIGINT NOT NULL,
+    claimed_at BIGINT NOT NULL
+);
+ALTER TABLE runs ADD COLUMN pid_ns BIGINT;
+"#;
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
+/// The advisory lock class of node names ("air\x01"): (class, nodes.id) is held shared
+/// by every connection of a name's holder; (class, 0) serialises claims.
+const NODE_LOCK_CLASS: i32 = 0x6169_7201;
 /// The advisory lock key of migrations ("airlock" in ASCII).
 const MIGRATION_LOCK: i64 = 0x0061_6972_6c6f_636b;
 
@@ -543,6 +571,7 @@ pub(crate) struct Fleet {
     client: RefCell<Option<Client>>,
     shown: String,
     node: NodeName,
+    holder: NodeHolder,
 }
 
 fn pg_err(shown: &str, e: postgres::Error) -> StoreError {
@@ -615,7 +644,9 @@ impl Fleet {
 
     /// Connect and migrate. A server that cannot be reached is an error: the caller
     /// refuses the run (there is no fallback to the local store).
-    pub fn connect(store: &FleetStore) -> Result<Fleet> {
+    /// The node name is claimed for `holder` before anything is written (see
+    /// [`Fleet::claim_node`]).
+    pub fn connect(store: &FleetStore, holder: NodeHolder) -> Result<Fleet> {
         let url = &store.url;
         let shown = url.shown.clone();
         let client = off_runtime(|| url.connect()).map_err(|detail| StoreError::Unreachable {
@@ -626,6 +657,7 @@ impl Fleet {
             client: RefCell::new(Some(client)),
             shown,
             node: store.node.clone(),
+            holder,
         };
         let found = fleet.migrate(LATEST)?;
         if found > LATEST {
@@ -635,7 +667,77 @@ impl Fleet {
                 supported: LATEST,
             });
         }
+        fleet.claim_node()?;
         Ok(fleet)
+    }
+
+    /// Claim this node's name for this holder, or refuse: the name's row records its
+    /// holder, and each of the holder's connections holds (NODE_LOCK_CLASS, id) shared
+    /// until it closes. The same holder joins; another takes the name only when no
+    /// session holds that lock (every process of the earlier holder is gone). Claims are
+    /// serialised by (NODE_LOCK_CLASS, 0), and the lock is taken before the claim
+    /// commits, so two claimants never both see the name free.
+    fn claim_node(&self) -> Result<()> {
+        let (node, holder) = (self.node.as_str(), &self.holder);
+        let refused = self.with_client(|client| {
+            let mut tx = client.transaction()?;
+            tx.execute("SELECT pg_advisory_xact_lock($1, 0)", &[&NODE_LOCK_CLASS])?;
+            tx.execute(
+                "INSERT INTO nodes (name, boot_id, pid_ns, claimed_at) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (name) DO NOTHING",
+                &[&node, &holder.boot_id, &holder.pid_ns, &now_ms()],
+            )?;
+            let row = tx.query_one(
+                "SELECT id, boot_id, pid_ns FROM nodes WHERE name = $1",
+                &[&node],
+            )?;
+            let id: i32 = row.get(0);
+            let recorded = NodeHolder {
+                boot_id: row.get(1),
+                pid_ns: row.get(2),
+            };
+            if recorded != *holder {
+                let sessions: Vec<i32> = tx
+                    .query(
+                        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+                             AND classid = $1::bigint::oid AND objid = $2::bigint::oid
+                             AND objsubid = 2 ORDER BY pid",
+                        &[&i64::from(NODE_LOCK_CLASS), &i64::from(id)],
+                    )?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                if !sessions.is_empty() {
+                    return Ok(Some((recorded, sessions)));
+                }
+                tx.execute(
+                    "UPDATE nodes SET boot_id = $2, pid_ns = $3, claimed_at = $4 WHERE id = $1",
+                    &[&id, &holder.boot_id, &holder.pid_ns, &now_ms()],
+                )?;
+            }
+            // Session level: held past this commit, until the connection closes.
+            tx.execute(
+                "SELECT pg_advisory_lock_shared($1, $2)",
+                &[&NODE_LOCK_CLASS, &id],
+            )?;
+            tx.commit()?;
+            Ok(None)
+        })?;
+        match refused {
+            None => Ok(()),
+            Some((recorded, sessions)) => Err(StoreError::NodeNameHeld {
+                target: self.shown.clone(),
+                node: node.to_string(),
+                holder: recorded.to_string(),
+                me: holder.to_string(),
+                sessions,
+            }),
+        }
+    }
+
+    /// The holder this connection claimed the node name for.
+    pub fn holder(&self) -> &NodeHolder {
+        &self.holder
     }
 
     pub fn shown(&self) -> &str {
@@ -731,8 +833,9 @@ impl Fleet {
             tx.execute(
                 "INSERT INTO runs (run_id, started_at, argv_json, input_sha256, contract_sha256,
                     workload_class, plan_json, status, supervisor_pid, supervisor_start_time,
-                    boot_id, caller_uid, session_id, tenant, node)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+                    boot_id, caller_uid, session_id, tenant, node, pid_ns)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                    $16)",
                 &[
                     &run_id,
                     &started_at,
@@ -749,6 +852,7 @@ impl Fleet {
                     &body["session_id"].as_str(),
                     &body["tenant"].as_str(),
                     &body["node"].as_str(),
+                    &body["pid_ns"].as_i64(),
                 ],
             )?;
             Ok(())
@@ -815,32 +919,38 @@ impl Fleet {
         })
     }
 
-    /// The running runs this node may judge: its own (any boot: a run of a boot before
-    /// a reboot is stale), and runs recorded before runs had a node (migration 2) whose
-    /// supervisor ran in this boot, as before. Another node's runs are never returned:
-    /// their supervisors are not in this node's process table.
-    pub fn running_of_this_node(&self) -> Result<Vec<(String, proc_info::ProcessIdentity)>> {
-        let boot = proc_info::boot_id();
+    /// The running runs this node may mark aborted, and why: its holder's whose
+    /// supervisor is gone from this process table, an earlier holder's of the name (gone:
+    /// this one could claim it), and runs recorded before runs had a node (migration 2)
+    /// or a holder (migration 3) whose supervisor ran in this boot and is gone, as
+    /// before (`node::judge_run`). Another node's runs are never returned: their
+    /// supervisors are not in this process table.
+    pub fn stale_runs_of_this_node(&self) -> Result<Vec<(String, String)>> {
         let node = self.node.as_str();
         let rows = self.with_client(|client| {
             Ok(client.query(
-                "SELECT run_id, supervisor_pid, supervisor_start_time, boot_id
-                 FROM runs WHERE status = 'running'
-                     AND (node = $1 OR (node IS NULL AND boot_id = $2))",
-                &[&node, &boot],
+                "SELECT run_id, supervisor_pid, supervisor_start_time, boot_id, pid_ns,
+                        node IS NOT NULL
+                 FROM runs WHERE status = 'running' AND (node = $1 OR node IS NULL)",
+                &[&node],
             )?)
         })?;
         Ok(rows
             .iter()
-            .map(|r| {
-                (
-                    r.get(0),
-                    proc_info::ProcessIdentity {
-                        pid: r.get::<_, i64>(1) as u32,
-                        start_time: r.get::<_, i64>(2) as u64,
-                        boot_id: r.get(3),
-                    },
-                )
+            .filter_map(|r| {
+                let sup = proc_info::ProcessIdentity {
+                    pid: r.get::<_, i64>(1) as u32,
+                    start_time: r.get::<_, i64>(2) as u64,
+                    boot_id: r.get(3),
+                };
+                let judged =
+                    node::judge_run(&self.holder, &self.node, r.get(5), &sup.boot_id, r.get(4));
+                let reason = match judged {
+                    RunJudgement::ByProcess => proc_info::staleness(&sup)?,
+                    RunJudgement::HolderGone(why) => why,
+                    RunJudgement::NotOurs => return None,
+                };
+                Some((r.get(0), reason))
             })
             .collect())
     }

@@ -346,6 +346,12 @@ fn child_process() {
             fleet(&u, &node)
         }),
     };
+    // Another machine's process, as far as node claims go: another holder identity
+    // (the library's test door; the binary only ever opens as its own process).
+    let open = |location: &StoreLocation| match std::env::var("AIRLOCK_STORE_PID_NS") {
+        Ok(ns) => Store::open_at_as_holder(location, holder(ns.parse().unwrap())),
+        Err(_) => Store::open_at(location),
+    };
     if let Ok(go) = std::env::var("AIRLOCK_STORE_GO") {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !Path::new(&go).exists() {
@@ -378,7 +384,7 @@ fn child_process() {
             Err(e) => println!("OPEN_ERROR={e}"),
         }
     } else if mode == "hang" {
-        let store = Store::open_at(&location).expect("open");
+        let store = open(&location).expect("open");
         let h = store.begin_run(start("child"), vec![]).expect("begin");
         println!("RUN_ID={}", h.run_id());
         std::thread::sleep(Duration::from_secs(120));
@@ -504,6 +510,159 @@ fn begun_run(child: &mut std::process::Child) -> String {
     }
 }
 
+/// This boot's holder in pid namespace `pid_ns`: another process table, as a container on
+/// this kernel is one (a test's stand-in for another machine: a real one differs in boot
+/// id too, which `node::judge_run`'s tests cover).
+fn holder(pid_ns: i64) -> NodeHolder {
+    NodeHolder {
+        pid_ns,
+        ..NodeHolder::of_this_process().unwrap()
+    }
+}
+
+/// A `hang` child of node `node` whose holder is pid namespace `pid_ns`.
+fn spawn_holder(node: &str, pid_ns: i64, fx: &Fixture) -> std::process::Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child_process",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, "hang")
+    .env("AIRLOCK_STORE_NODE", node)
+    .env("AIRLOCK_STORE_PID_NS", pid_ns.to_string())
+    .env(
+        "AIRLOCK_STORE_URL",
+        fx.server.as_ref().unwrap().url("airlock"),
+    )
+    .env(
+        "AIRLOCK_STORE_DIR",
+        fx.scratch().join(format!("state-{pid_ns}")),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    cmd.spawn().expect("spawn child")
+}
+
+/// The fleet store as node `node` of holder `pid_ns` opens it.
+fn open_holder(fx: &Fixture, node: &str, pid_ns: i64) -> Result<Store> {
+    let mut location = fx.location.clone();
+    location.postgres.as_mut().unwrap().node = NodeName::parse(node).unwrap();
+    Store::open_at_as_holder(&location, holder(pid_ns))
+}
+
+#[test]
+fn a_node_name_held_by_a_live_holder_is_refused_to_another() {
+    let Some(fx) = Fixture::postgres() else {
+        return;
+    };
+    // Machine A holds node "shared" with a run open.
+    let mut a = spawn_holder("shared", 1001, &fx);
+    let run_a = begun_run(&mut a);
+    // Machine B, given the same name, is refused while A lives: by name, holder and fix.
+    let err = open_holder(&fx, "shared", 1002).unwrap_err();
+    assert!(matches!(err, StoreError::NodeNameHeld { .. }), "{err:?}");
+    assert_eq!(err.class(), ErrorClass::Conflict);
+    let msg = err.to_string();
+    for part in [
+        "store node name \"shared\" is held by boot ",
+        "pid namespace 1001 with 1 live database session(s)",
+        "pid namespace 1002) may not write as it",
+        "its own [store] node",
+        "pg_terminate_backend",
+    ] {
+        assert!(msg.contains(part), "{part:?} not in {msg}");
+    }
+    // So is this test process itself (its real pid namespace is not A's).
+    let err = Store::open_at(&open_as_location(&fx, "shared")).unwrap_err();
+    assert!(matches!(err, StoreError::NodeNameHeld { .. }), "{err:?}");
+    // A's run is untouched by anyone else meanwhile.
+    let other = open_holder(&fx, "node-b", 1002).unwrap();
+    assert!(other.reap_aborted().unwrap().is_empty());
+    assert_eq!(status_of(&other, &run_a), STATUS_RUNNING);
+    // A dies (SIGKILL: its session ends with it). B takes the name, and A's run, whose
+    // supervisor can no longer record its end, is B's to mark aborted.
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let b = open_holder(&fx, "shared", 1002).unwrap();
+    assert_eq!(b.reap_aborted().unwrap(), vec![run_a.clone()]);
+    let detail = b.show_run(&run_a).unwrap().unwrap();
+    let aborted = detail.events.last().unwrap();
+    let reason = aborted.body["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("node shared's earlier holder") && reason.contains("pid namespace 1001"),
+        "{reason}"
+    );
+    assert_eq!(aborted.body["reaped_by"], "shared");
+    b.verify().unwrap();
+    // Now B holds it: A, restarted, is refused in turn.
+    let err = open_holder(&fx, "shared", 1001).unwrap_err();
+    assert!(err.to_string().contains("pid namespace 1002 with"), "{err}");
+}
+
+#[test]
+fn a_holders_processes_share_the_name_and_never_reap_each_others_live_runs() {
+    let Some(fx) = Fixture::postgres() else {
+        return;
+    };
+    let mut a = spawn_holder("shared", 1001, &fx);
+    let run_a = begun_run(&mut a);
+    // Another process of A's process table joins and judges A's run by its pid: alive.
+    let a2 = open_holder(&fx, "shared", 1001).unwrap();
+    assert!(a2.reap_aborted().unwrap().is_empty());
+    assert_eq!(status_of(&a2, &run_a), STATUS_RUNNING);
+    let h = a2.begin_run(start("x"), vec![]).unwrap();
+    a2.finish_run(&h, end("ok")).unwrap();
+    a.kill().unwrap();
+    a.wait().unwrap();
+    // One of A's connections is still open: the name stays A's.
+    let err = open_holder(&fx, "shared", 1002).unwrap_err();
+    assert!(matches!(err, StoreError::NodeNameHeld { .. }), "{err:?}");
+    // A's restarted process reaps the dead supervisor's run by its pid, as before.
+    assert_eq!(a2.reap_aborted().unwrap(), vec![run_a.clone()]);
+    assert!(a2
+        .show_run(&run_a)
+        .unwrap()
+        .unwrap()
+        .events
+        .last()
+        .unwrap()
+        .body["reason"]
+        .as_str()
+        .unwrap()
+        .contains("supervisor pid"));
+    a2.verify().unwrap();
+}
+
+#[test]
+fn a_released_name_can_be_taken_by_another_holder() {
+    let Some(fx) = Fixture::postgres() else {
+        return;
+    };
+    let first = open_holder(&fx, "shared", 1001).unwrap();
+    let second = open_holder(&fx, "shared", 1001).unwrap();
+    drop(first);
+    assert!(
+        open_holder(&fx, "shared", 1002).is_err(),
+        "one session is left"
+    );
+    drop(second); // The last of A's connections closes: the claim is released.
+    let b = open_holder(&fx, "shared", 1002).unwrap();
+    let h = b.begin_run(start("x"), vec![]).unwrap();
+    b.finish_run(&h, end("ok")).unwrap();
+    b.verify().unwrap();
+    // Other names are independent of it.
+    open_holder(&fx, "node-c", 1001).unwrap();
+}
+
+/// The fixture's location as node `node`.
+fn open_as_location(fx: &Fixture, node: &str) -> StoreLocation {
+    let mut location = fx.location.clone();
+    location.postgres.as_mut().unwrap().node = NodeName::parse(node).unwrap();
+    location
+}
+
 /// The store as fleet node `node` opens it (its state directory is the fixture's).
 fn open_as(fx: &Fixture, node: &str) -> Store {
     let mut location = fx.location.clone();
@@ -587,7 +746,10 @@ fn a_node_rebooted_since_its_run_began_reaps_it() {
     assert_eq!(store.reap_aborted().unwrap(), vec![h.run_id()]);
     let aborted = store.show_run(&h.run_id()).unwrap().unwrap();
     let reason = aborted.events.last().unwrap().body["reason"].to_string();
-    assert!(reason.contains("rebooted"), "{reason}");
+    assert!(
+        reason.contains("earlier holder (boot an-earlier-boot") && reason.contains("is gone"),
+        "{reason}"
+    );
     // The same run as another node's: not this node's to judge, reboot or not.
     let other = store.begin_run(start("x"), vec![]).unwrap();
     fx.tamper(&format!(
@@ -650,7 +812,7 @@ fn migrations_apply_once_and_a_newer_schema_is_refused() {
             .as_ref()
             .unwrap()
             .psql("airlock", "SELECT version FROM airlock_schema"),
-        "2"
+        "3"
     );
     fx.tamper("UPDATE airlock_schema SET version = 99");
     let err = Store::open_at(&fx.location).unwrap_err();
@@ -669,15 +831,45 @@ fn a_fleet_database_of_version_1_gains_the_node_column() {
     // The database as version 1 left it: no node column.
     fx.tamper(
         "DROP INDEX runs_running_node; ALTER TABLE runs DROP COLUMN node;
+         DROP TABLE nodes; ALTER TABLE runs DROP COLUMN pid_ns;
          UPDATE airlock_schema SET version = 1",
     );
     let store = fx.open();
-    assert_eq!(store.fleet_schema_version().unwrap(), Some(2));
+    assert_eq!(store.fleet_schema_version().unwrap(), Some(3));
     let h = store.begin_run(start("x"), vec![]).unwrap();
     store.finish_run(&h, end("ok")).unwrap();
     let run = store.show_run(&h.run_id()).unwrap().unwrap().run;
     assert_eq!(run.node.as_deref(), Some("node-a"));
     store.verify().unwrap();
+}
+
+#[test]
+fn a_fleet_database_of_version_2_gains_node_claims() {
+    let Some(fx) = Fixture::postgres() else {
+        return;
+    };
+    let store = fx.open();
+    let here = store.begin_run(start("x"), vec![]).unwrap();
+    let away = store.begin_run(start("x"), vec![]).unwrap();
+    drop(store);
+    // The database as version 2 left it: no claims, runs without a holder. One run of
+    // this boot with a dead supervisor, one of another boot (perhaps another machine
+    // that shared the name before claims: not this holder's to judge).
+    fx.tamper(&format!(
+        "DROP TABLE nodes; ALTER TABLE runs DROP COLUMN pid_ns;
+         UPDATE airlock_schema SET version = 2;
+         UPDATE runs SET supervisor_pid = 999999 WHERE run_id = '{}';
+         UPDATE runs SET boot_id = 'another-boot' WHERE run_id = '{}'",
+        here.run_id(),
+        away.run_id()
+    ));
+    let store = fx.open();
+    assert_eq!(store.fleet_schema_version().unwrap(), Some(3));
+    assert_eq!(store.reap_aborted().unwrap(), vec![here.run_id()]);
+    assert_eq!(status_of(&store, &away.run_id()), STATUS_RUNNING);
+    // The name is claimed from now on.
+    let err = open_holder(&fx, "node-a", 1002).unwrap_err();
+    assert!(matches!(err, StoreError::NodeNameHeld { .. }), "{err:?}");
 }
 
 backend_test!(the_store_is_usable_on_an_async_runtimes_thread, |fx| {
@@ -1059,7 +1251,7 @@ fn a_network_host_by_name_is_resolved_and_verified() {
     assert!(out.contains("OPENED"), "{out}");
     assert_eq!(
         pg.psql("airlock", "SELECT version FROM airlock_schema"),
-        "2"
+        "3"
     );
     // Another name that resolves to the same server is not on its certificate: refused.
     let other = url.replace("db.fleet.test", "db.other.test");

@@ -3,8 +3,10 @@
 //! state directory's file), `airlock runs show` and `airlock audit verify` reading it,
 //! tampering in Postgres named by `audit verify`, a database that cannot be reached
 //! refusing the run, two named nodes (`[store] node`) of which a SIGKILLed and restarted
-//! one aborts only its own open run, and records sent over verified TLS to this machine's
-//! non-loopback address (a test CA made with the openssl CLI) or through `localhost`.
+//! one aborts only its own open run, a node name held by a live process table refused to
+//! another (a pid namespace of its own) until its holder dies, and records sent over
+//! verified TLS to this machine's non-loopback address (a test CA made with the openssl
+//! CLI) or through `localhost`.
 //! Needs root (cells) and Debian's `postgresql` (.ci/run installs it).
 
 mod common;
@@ -365,6 +367,80 @@ fn a_restarted_node_aborts_its_open_run_and_leaves_another_nodes_running() {
     let verify = b.airlock("audit", &["verify"]);
     assert!(verify.status.success(), "{}", text(&verify));
     assert_eq!(pg.psql("fleet", &status_b), "aborted");
+}
+
+/// `airlock <args>` of node `node` in a pid namespace of its own (`unshare --pid`): a
+/// process table that cannot see this one's processes, as another machine's cannot. No
+/// test hook: the binary names its holder by its real boot id and pid namespace.
+fn airlock_in_another_pid_namespace(node: &Node, args: &[&str]) -> Output {
+    Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "--"])
+        .arg(common::airlock_bin())
+        .arg(args[0])
+        .arg("--state-dir")
+        .arg(node.dir.path().join("state-elsewhere"))
+        .arg("--config")
+        .arg(&node.config)
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_node_name_held_by_a_live_process_table_is_refused_to_another() {
+    require_cells!();
+    let Some(pg) = PgServer::start() else { return };
+    let url = pg.create_db("fleet");
+    let a = Node::named(&url, "shared");
+    let empty = a.airlock("audit", &["verify"]);
+    assert!(empty.status.success(), "{}", text(&empty));
+    let mut supervisor_a = a.start_sleeping_run();
+    let run_a = running_run_of(&pg, "shared", &mut supervisor_a);
+
+    // Another process table given the same name: refused while A's supervisor lives,
+    // for a run and for an audit command alike, by node, holder and fix; nothing runs.
+    let marker = a.dir.path().join("ran");
+    let script = format!("touch {}", marker.display());
+    for (args, code) in [
+        (&["run", "--", "/bin/sh", "-c", &script][..], 125),
+        (&["audit", "verify"], 1),
+    ] {
+        let out = airlock_in_another_pid_namespace(&a, args);
+        let shown = text(&out);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {shown}");
+        for part in [
+            "store node name \"shared\" is held by boot",
+            "1 live database session(s)",
+            "its own [store] node",
+        ] {
+            assert!(shown.contains(part), "{part:?} not in {shown}");
+        }
+    }
+    assert!(
+        !marker.exists(),
+        "the payload ran under a name held elsewhere"
+    );
+    assert_eq!(pg.psql("fleet", "SELECT count(*) FROM runs"), "1");
+    let status_a = format!("SELECT status FROM runs WHERE run_id = '{run_a}'");
+    assert_eq!(pg.psql("fleet", &status_a), "running");
+
+    // A dies; the other process table takes the name, and A's run, which A can no
+    // longer finish, is its to mark aborted. The chain holds.
+    supervisor_a.kill().unwrap();
+    supervisor_a.wait().unwrap();
+    let verify = airlock_in_another_pid_namespace(&a, &["audit", "verify"]);
+    assert!(verify.status.success(), "{}", text(&verify));
+    assert_eq!(pg.psql("fleet", &status_a), "aborted");
+    let reason = pg.psql(
+        "fleet",
+        &format!(
+            "SELECT body_json FROM audit_log WHERE run_id = '{run_a}' AND kind = 'run.aborted'"
+        ),
+    );
+    assert!(reason.contains("node shared's earlier holder"), "{reason}");
+    let verify = a.airlock("audit", &["verify"]);
+    assert!(verify.status.success(), "{}", text(&verify));
 }
 
 /// `airlock run` with `url`: the payload ran and its record is `ok` in the database.

@@ -155,7 +155,8 @@ pub struct StoreConfig {
     /// node marks `aborted` only its own runs whose supervisors are gone. Default
     /// `<hostname>/<machine-id>`; set it where those are not this node's own (a container
     /// without its own machine id, two nodes on one machine). `[A-Za-z0-9._:/-]`, at most
-    /// 253 characters.
+    /// 253 characters. Held by one process table (boot id, pid namespace) at a time while
+    /// its processes keep the store open: another's claim is refused.
     pub node: Option<String>,
 }
 

@@ -656,6 +656,42 @@ fn a_released_name_can_be_taken_by_another_holder() {
     open_holder(&fx, "node-c", 1001).unwrap();
 }
 
+#[test]
+fn claims_racing_from_two_holders_leave_the_name_to_one() {
+    let Some(fx) = Fixture::postgres() else {
+        return;
+    };
+    drop(open_holder(&fx, "other", 1000).unwrap()); // migrate before the race
+                                                    // Four processes of each of two holders open the store at once and keep it open.
+    let claimed = std::sync::Barrier::new(8);
+    let results: Vec<(i64, bool)> = std::thread::scope(|s| {
+        let threads: Vec<_> = [1001, 1002]
+            .iter()
+            .flat_map(|&ns| std::iter::repeat_n(ns, 4))
+            .map(|ns| {
+                let (fx, claimed) = (&fx, &claimed);
+                s.spawn(move || {
+                    let store = open_holder(fx, "shared", ns);
+                    if let Err(e) = &store {
+                        assert!(matches!(e, StoreError::NodeNameHeld { .. }), "{e:?}");
+                    }
+                    claimed.wait(); // every claim is made while the winners hold theirs
+                    (ns, store.is_ok())
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let winners: Vec<i64> = results.iter().filter(|r| r.1).map(|r| r.0).collect();
+    assert!(!winners.is_empty(), "{results:?}");
+    assert!(winners.iter().all(|&ns| ns == winners[0]), "{results:?}");
+    assert_eq!(
+        winners.len(),
+        4,
+        "the winner's every process joins: {results:?}"
+    );
+}
+
 /// The fixture's location as node `node`.
 fn open_as_location(fx: &Fixture, node: &str) -> StoreLocation {
     let mut location = fx.location.clone();

@@ -192,6 +192,44 @@ impl Runsc {
         Ok(WaitOutcome::Exited(code))
     }
 
+    /// `runsc exec` of the process spec in the file `process` in the running sandbox,
+    /// started and not waited for: `stdio` becomes the command's stdin, stdout and
+    /// stderr; its pid inside the sandbox is written to `internal_pid`. It exits with the
+    /// command's status (128 + the signal for a signal death), and dies with this
+    /// process (a command is never left running without its supervisor).
+    pub fn spawn_exec(
+        &self,
+        process: &Path,
+        internal_pid: &Path,
+        stdio: [OwnedFd; 3],
+    ) -> Result<Child, CellError> {
+        let [stdin, stdout, stderr] = stdio;
+        let mut command = self.command();
+        command
+            .arg("exec")
+            .arg(format!("--process={}", process.display()))
+            .arg(format!("--internal-pid-file={}", internal_pid.display()))
+            .arg(&self.id)
+            .stdin(Stdio::from(stdin))
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr));
+        crate::sys::kill_with_spawner(&mut command);
+        command
+            .spawn()
+            .map_err(|e| unavailable(format!("starting {} exec: {e}", self.binary.display())))
+    }
+
+    /// Signals one process of the container (`pid` as the sandbox sees it).
+    pub fn kill_process(&self, pid: i32, signal: &str) -> Result<(), CellError> {
+        let mut command = self.command();
+        command
+            .arg("kill")
+            .arg(format!("--pid={pid}"))
+            .arg(&self.id)
+            .arg(signal);
+        self.run(command, "kill")
+    }
+
     /// Signals every process of the container (`--all`).
     pub fn kill_all(&self, signal: &str) -> Result<(), CellError> {
         let mut command = self.command();
@@ -228,11 +266,11 @@ impl Runsc {
     }
 }
 
-fn pid_file(bundle: &Path) -> PathBuf {
+pub(super) fn pid_file(bundle: &Path) -> PathBuf {
     bundle.join("sandbox.pid")
 }
 
-fn read_pid(path: &Path) -> Option<libc::pid_t> {
+pub(super) fn read_pid(path: &Path) -> Option<libc::pid_t> {
     std::fs::read_to_string(path)
         .ok()
         .and_then(|text| text.trim().parse().ok())

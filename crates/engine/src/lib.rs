@@ -124,7 +124,7 @@ impl Engine {
         template: airlock_contract::CellPlan,
         size: usize,
     ) -> Result<(), EngineError> {
-        if let Some(why) = backend::Backend::of(&template).refuses_serving() {
+        if let Some(why) = backend::Backend::of(&template).refuses_warm_pool() {
             return Err(EngineError::TierCannotServe(why));
         }
         let factory = self.factory()?;

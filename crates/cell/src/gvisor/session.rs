@@ -159,9 +159,22 @@ fn start_session<'p>(
         }
     };
     let output_mounts = OutputMounts::open_host_dirs(plan, &sandbox.dir.writable);
-    let sandbox_pid = runsc::read_pid(&runsc::pid_file(&sandbox.dir.bundle()));
+    // The engine's "cell pid" is where the cell's file system is seen from the host
+    // (`/proc/<pid>/root`, the service's session file API): the gofer's root is the
+    // container's, the writable paths' host tmpfs bound in it, and its user namespace
+    // maps the payload's ids. The Sentry's own root is an empty directory. No gofer:
+    // the session is refused (its files could not be reached, nor told apart).
+    let Some(gofer) = gofer_of(holder.runsc_pid) else {
+        let _ = sys::kill(holder.runsc_pid, libc::SIGKILL);
+        let _ = sys::wait_child(holder.runsc_pid, false);
+        let _ = sandbox.teardown(plan, None, None);
+        return Err(CellError::Launch {
+            stage: "runsc run".into(),
+            message: "the session's sandbox has no gofer process".into(),
+        });
+    };
     control.send(&ToEngine::Parked {
-        pid: sandbox_pid.unwrap_or(holder.runsc_pid),
+        pid: gofer,
         cgroups: Vec::new(),
         release: false,
     });
@@ -177,6 +190,22 @@ fn start_session<'p>(
         idle_since: Instant::now(),
         ending: None,
     })
+}
+
+/// The gofer `runsc run` started (its child named `runsc-gofer`).
+fn gofer_of(runsc_pid: libc::pid_t) -> Option<libc::pid_t> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .find(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let parent = stat
+                .rsplit_once(')')
+                .and_then(|(_, after)| after.split_whitespace().nth(1)?.parse().ok());
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            parent == Some(runsc_pid) && cmdline.starts_with(b"runsc-gofer\0")
+        })
 }
 
 /// `runsc run` of the holder; returns once the holder said it runs (so `runsc exec`

@@ -651,3 +651,75 @@ fn an_mcp_tool_call_over_stdio_runs_on_gvisor() {
     let text: Value = serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
     assert_ran_on_gvisor(&config, &state, text["run_id"].as_str().unwrap());
 }
+
+/// A session's supervisor killed with SIGKILL takes its sandbox with it (`runsc run` of
+/// the holder and every `runsc exec` have its parent-death signal); what is left on the
+/// host (directory, tmpfs, cgroups) is `airlock doctor`'s to reap, and it does.
+#[test]
+fn a_sessions_sandbox_dies_with_its_killed_supervisor_and_doctor_reaps_the_rest() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve(300);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    exec(
+        &served,
+        &id,
+        &["sleep", "1000"],
+        json!({"background": true}),
+    );
+    let needle = dir.display().to_string();
+    let until = Instant::now() + Duration::from_secs(20);
+    while host::processes_with(&needle).len() < 3 {
+        assert!(Instant::now() < until, "the command never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let supervisor: i32 = name.split('-').next().unwrap().parse().unwrap();
+    // kill(1) of the pid this test found as the session's supervisor (by its cell).
+    let killed = Command::new("kill")
+        .args(["-KILL", &supervisor.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let gone_by = Instant::now() + Duration::from_secs(10);
+    while !host::processes_with(&needle).is_empty() {
+        assert!(
+            Instant::now() < gone_by,
+            "the sandbox outlived its supervisor: {:?}",
+            host::processes_with(&needle)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A supervisor not reaped yet (the factory reaps once a second) still counts as
+    // alive, and doctor leaves a live supervisor's cell alone.
+    while Path::new(&format!("/proc/{supervisor}")).exists() {
+        assert!(Instant::now() < gone_by, "the supervisor was never reaped");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = Command::new(common::airlock_bin())
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let checks: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reaped = checks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["control"] == "gvisor.leftovers")
+        .unwrap()
+        .clone();
+    assert_eq!(reaped["ok"], true, "{reaped}");
+    assert_left_nothing(&dir);
+    // The service recorded the session's end (its supervisor is gone).
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let session = stored_run(&served, &id);
+        if session["run"]["status"] != "running" {
+            assert_eq!(session["run"]["status"], "runtime_fault", "{session}");
+            break;
+        }
+        assert!(Instant::now() < until, "the session's record stayed open");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -164,20 +164,30 @@ fn launch(args: &[String]) -> ! {
 }
 
 fn signal_group(args: &[String]) -> ! {
-    let parsed = (
-        args.first().and_then(|a| a.parse::<i32>().ok()),
-        args.get(1).and_then(|a| a.parse::<i32>().ok()),
-    );
-    let (Some(pgid), Some(signal)) = parsed else {
-        fail(2, "usage: <pgid> <signal>")
+    let (pgid, signal) = match signal_target(args) {
+        Ok(target) => target,
+        Err(why) => fail(2, why),
     };
-    if pgid <= 1 {
-        fail(2, "not a command's process group");
-    }
     match sys::kill(-pgid, signal) {
         Ok(()) => sys::exit_now(0),
         Err(e) => fail(1, &format!("kill -{signal} -{pgid}: {e}")),
     }
+}
+
+/// The process group and signal of the signal role: a command's group only, never
+/// pid 1's (the holder's) nor "every process" (`kill(-1)`), nor anything but a signal.
+fn signal_target(args: &[String]) -> Result<(i32, i32), &'static str> {
+    let number = |at: usize| args.get(at).and_then(|a| a.parse::<i32>().ok());
+    let (Some(pgid), Some(signal)) = (number(0), number(1)) else {
+        return Err("usage: <pgid> <signal>");
+    };
+    if pgid <= 1 {
+        return Err("not a command's process group");
+    }
+    if !(1..=64).contains(&signal) {
+        return Err("not a signal");
+    }
+    Ok((pgid, signal))
 }
 
 fn fail(status: i32, why: &str) -> ! {
@@ -248,6 +258,13 @@ mod tests {
 
     #[test]
     fn a_signal_never_reaches_pid_1_or_every_process() {
-        assert_eq!(signal_argv(7, 15)[2..], ["7".to_string(), "15".to_string()]);
+        let args = |pgid: &str, signal: &str| vec![pgid.to_string(), signal.to_string()];
+        assert_eq!(signal_target(&signal_argv(7, 15)[2..]), Ok((7, 15)));
+        assert!(signal_target(&args("1", "9")).is_err());
+        assert!(signal_target(&args("0", "9")).is_err());
+        assert!(signal_target(&args("-1", "9")).is_err());
+        assert!(signal_target(&args("7", "0")).is_err());
+        assert!(signal_target(&args("7", "x")).is_err());
+        assert!(signal_target(&args("7", "")).is_err());
     }
 }

@@ -188,6 +188,8 @@ fn three_commands_share_the_writable_paths_and_close_leaves_nothing() {
         "added\n10001\n/tmp\n",
         "{third:?}"
     );
+    let piped = exec(&served, &id, &["cat"], json!({"stdin": "piped in"}));
+    assert_eq!(stream(&piped, "stdout"), "piped in", "{piped:?}");
     let mut run_ids: Vec<String> = [&first, &second, &third]
         .iter()
         .map(|f| record(f)["run_id"].as_str().unwrap().to_string())

@@ -219,6 +219,23 @@ impl Runsc {
             .map_err(|e| unavailable(format!("starting {} exec: {e}", self.binary.display())))
     }
 
+    /// `runsc exec`'s own failure, from its `wait4` status: runsc's exit 128 before it
+    /// wrote the command's pid (the command never started: the sandbox is gone, the
+    /// process spec was refused), with what runsc logged. `None`: the status is the
+    /// command's (its own `exit 128` included: its pid was written when it started).
+    pub fn exec_failed(&self, status: Option<i32>, internal_pid: &Path) -> Option<CellError> {
+        let code = status
+            .filter(|s| libc::WIFEXITED(*s))
+            .map(|s| libc::WEXITSTATUS(s))?;
+        if code != RUNSC_FAILED || read_pid(internal_pid).is_some() {
+            return None;
+        }
+        Some(CellError::Launch {
+            stage: "runsc exec".into(),
+            message: format!("exit status: {code}: {}", last_log_line(&self.log)),
+        })
+    }
+
     /// Signals one process of the container (`pid` as the sandbox sees it).
     pub fn kill_process(&self, pid: i32, signal: &str) -> Result<(), CellError> {
         let mut command = self.command();
@@ -432,6 +449,20 @@ mod tests {
             message: "error finding executable".into(),
         };
         assert!(exec_failure(&create, &argv).is_none());
+    }
+
+    #[test]
+    fn an_exec_that_never_started_its_command_is_runscs_failure_not_the_commands() {
+        let exited = |code: i32| Some(code << 8);
+        let (runsc, dir, _tmp) = fake(r#"{"msg":"loading sandbox: file does not exist"}"#, None);
+        let pid = dir.join("exec-1.pid");
+        let err = runsc.exec_failed(exited(128), &pid).expect("runsc failed");
+        assert!(err.to_string().contains("loading sandbox"), "{err}");
+        // Any other status, or the command's own 128 once it started, is the command's.
+        assert!(runsc.exec_failed(exited(3), &pid).is_none());
+        assert!(runsc.exec_failed(Some(libc::SIGKILL), &pid).is_none());
+        std::fs::write(&pid, "7").unwrap();
+        assert!(runsc.exec_failed(exited(128), &pid).is_none());
     }
 
     #[test]

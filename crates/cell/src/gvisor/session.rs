@@ -531,7 +531,14 @@ impl GvisorSession<'_> {
             .flatten()
             .map(|r| r.status);
         command.drain(buf);
-        let report = command.report(&self.sandbox, status, None);
+        let report = match self
+            .sandbox
+            .runsc
+            .exec_failed(status, &command.internal_pid)
+        {
+            Some(err) => RunReport::refused(&command.run_id, err.class(), err.to_string()),
+            None => command.report(&self.sandbox, status, None),
+        };
         if let Some(control) = control {
             control.send(&ToEngine::CommandEnded {
                 id,

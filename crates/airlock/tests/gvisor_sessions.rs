@@ -28,6 +28,11 @@ const KEY: &str = "gvisor-sessions-key";
 
 /// `airlock serve` with one gVisor contract, `gv` (the default contract on gVisor).
 fn serve(idle_timeout_s: u64) -> Served {
+    serve_contract(idle_timeout_s, "isolation: gvisor\n")
+}
+
+/// `airlock serve` with `contract` (YAML) as `gv`.
+fn serve_contract(idle_timeout_s: u64, contract: &str) -> Served {
     let config = format!(
         r#"[server]
 listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
@@ -43,7 +48,7 @@ runs_per_minute = 1000
         key = common::sha256_hex(KEY),
     );
     Served::start(&config, |dir| {
-        std::fs::write(dir.join("gv.yaml"), "isolation: gvisor\n").unwrap();
+        std::fs::write(dir.join("gv.yaml"), contract).unwrap();
     })
 }
 
@@ -724,4 +729,30 @@ fn a_sessions_sandbox_dies_with_its_killed_supervisor_and_doctor_reaps_the_rest(
         assert!(Instant::now() < until, "the session's record stayed open");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The memory ceiling is the whole sandbox's (its kernel included): a command past it
+/// is `capacity_exceeded` (`memory`), and the sandbox, killed by the host's OOM killer,
+/// ends the session; its completion sequence still leaves nothing.
+#[test]
+fn a_command_past_the_memory_ceiling_ends_the_session_and_leaves_nothing() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve_contract(300, "isolation: gvisor\nresources:\n  memory_mb: 128\n");
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let big = exec(
+        &served,
+        &id,
+        &["python3", "-c", "x = bytearray(300 << 20); print(len(x))"],
+        json!({}),
+    );
+    let big = record(&big);
+    assert_eq!(big["status"], "capacity_exceeded", "{big}");
+    assert_eq!(big["limit_fired"], "memory", "{big}");
+    wait_gone(&dir, Duration::from_secs(20));
+    assert_left_nothing(&dir);
+    let session = stored_run(&served, &id);
+    assert_eq!(session["run"]["cleanup_ok"], true, "{session}");
+    assert_eq!(session["run"]["status"], "capacity_exceeded", "{session}");
 }

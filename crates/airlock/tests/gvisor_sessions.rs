@@ -195,6 +195,15 @@ fn three_commands_share_the_writable_paths_and_close_leaves_nothing() {
     );
     let piped = exec(&served, &id, &["cat"], json!({"stdin": "piped in"}));
     assert_eq!(stream(&piped, "stdout"), "piped in", "{piped:?}");
+    // An ended command's process spec and pid file are gone (a long session would fill
+    // the cell directory's tmpfs otherwise).
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("exec-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
     let mut run_ids: Vec<String> = [&first, &second, &third]
         .iter()
         .map(|f| record(f)["run_id"].as_str().unwrap().to_string())

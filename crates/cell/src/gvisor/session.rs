@@ -107,8 +107,9 @@ struct Command {
     /// `runsc exec`'s host pid and pidfd.
     pid: libc::pid_t,
     exit: OwnedFd,
-    /// Where runsc writes the command's pid inside the sandbox (its process group).
-    internal_pid: PathBuf,
+    /// Its process spec and where runsc writes its pid inside the sandbox (its process
+    /// group), in the cell directory: removed when it ends.
+    files: ExecFiles,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
     output: OutputCapture,
@@ -127,8 +128,8 @@ struct GvisorSession<'p> {
     holder: Holder,
     output_mounts: OutputMounts,
     running: Vec<Command>,
-    /// `runsc exec`s of the signal helper not reaped yet.
-    signallers: Vec<libc::pid_t>,
+    /// `runsc exec`s of the signal helper not reaped yet, with their files.
+    signallers: Vec<(libc::pid_t, ExecFiles)>,
     /// Files under the cell directory: process specs and pid files, one set a command.
     files: u64,
     idle_since: Instant,
@@ -453,12 +454,19 @@ impl GvisorSession<'_> {
         let (stdout_read, stdout_write) = pipe()?;
         let (stderr_read, stderr_write) = pipe()?;
         let argv = inside::launch_argv(self.plan, &spec.argv);
-        let (process, internal_pid) = self.process_file(argv, env)?;
+        let files = self.process_file(argv, env)?;
         let child = self.sandbox.runsc.spawn_exec(
-            &process,
-            &internal_pid,
+            &files.process,
+            &files.internal_pid,
             [stdin_end, stdout_write, stderr_write],
-        )?;
+        );
+        let child = match child {
+            Ok(child) => child,
+            Err(err) => {
+                files.remove();
+                return Err(err);
+            }
+        };
         let pid = child.id() as libc::pid_t;
         let exit = sys::pidfd_open(pid).map_err(|e| CellError::io("pidfd of runsc exec", e))?;
         let now = Instant::now();
@@ -467,7 +475,7 @@ impl GvisorSession<'_> {
             run_id: run_id.to_string(),
             pid,
             exit,
-            internal_pid,
+            files,
             stdout: Some(stdout_read),
             stderr: Some(stderr_read),
             output: OutputCapture::new(output_bytes),
@@ -487,7 +495,7 @@ impl GvisorSession<'_> {
         &mut self,
         argv: Vec<String>,
         env: Vec<String>,
-    ) -> Result<(PathBuf, PathBuf), CellError> {
+    ) -> Result<ExecFiles, CellError> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let process =
@@ -511,12 +519,15 @@ impl GvisorSession<'_> {
             .map_err(|e| CellError::io(path.display().to_string(), e))?;
         file.write_all(&json)
             .map_err(|e| CellError::io(path.display().to_string(), e))?;
-        let pid = self
+        let internal_pid = self
             .sandbox
             .dir
             .dir
             .join(format!("exec-{}.pid", self.files));
-        Ok((path, pid))
+        Ok(ExecFiles {
+            process: path,
+            internal_pid,
+        })
     }
 
     /// Command `id`'s `runsc exec` ended: its status, what is left in its pipes, its
@@ -531,11 +542,12 @@ impl GvisorSession<'_> {
             .flatten()
             .map(|r| r.status);
         command.drain(buf);
-        let report = match self
+        let failed = self
             .sandbox
             .runsc
-            .exec_failed(status, &command.internal_pid)
-        {
+            .exec_failed(status, &command.files.internal_pid);
+        command.files.remove();
+        let report = match failed {
             Some(err) => RunReport::refused(&command.run_id, err.class(), err.to_string()),
             None => command.report(&self.sandbox, status, None),
         };
@@ -607,29 +619,37 @@ impl GvisorSession<'_> {
             return;
         };
         let env = command_environment(self.plan, self.credentials, &[]).unwrap_or_default();
-        let Ok((process, internal_pid)) = self.process_file(inside::signal_argv(pgid, signal), env)
-        else {
+        let Ok(files) = self.process_file(inside::signal_argv(pgid, signal), env) else {
             return;
         };
         let stdio = [dev_null(), dev_null(), dev_null()];
-        let [Ok(a), Ok(b), Ok(c)] = stdio else { return };
-        if let Ok(child) = self
+        let [Ok(a), Ok(b), Ok(c)] = stdio else {
+            files.remove();
+            return;
+        };
+        match self
             .sandbox
             .runsc
-            .spawn_exec(&process, &internal_pid, [a, b, c])
+            .spawn_exec(&files.process, &files.internal_pid, [a, b, c])
         {
-            self.signallers.push(child.id() as libc::pid_t);
+            Ok(child) => self.signallers.push((child.id() as libc::pid_t, files)),
+            Err(_) => files.remove(),
         }
     }
 
     fn internal_pid(&self, id: u64) -> Option<i32> {
         let command = self.running.iter().find(|c| c.id == id)?;
-        runsc::read_pid(&command.internal_pid)
+        runsc::read_pid(&command.files.internal_pid)
     }
 
     fn reap_signallers(&mut self) {
-        self.signallers
-            .retain(|pid| !matches!(sys::wait_child(*pid, true), Ok(Some(_)) | Err(_)));
+        self.signallers.retain(|(pid, files)| {
+            let ended = matches!(sys::wait_child(*pid, true), Ok(Some(_)) | Err(_));
+            if ended {
+                files.remove();
+            }
+            !ended
+        });
     }
 
     /// The completion sequence, once: the host ends of the sandbox killed (every
@@ -649,7 +669,7 @@ impl GvisorSession<'_> {
             .running
             .iter()
             .map(|c| c.pid)
-            .chain(self.signallers.iter().copied())
+            .chain(self.signallers.iter().map(|(pid, _)| *pid))
             .chain([self.holder.runsc_pid])
             .collect();
         // The sandbox's own processes die with `runsc run` and become this process's
@@ -696,6 +716,22 @@ impl GvisorSession<'_> {
         let observed = observed_ending(observed, outcome, counters, Vec::new());
         let report = classify(started, observed, OutputCapture::new(0), counters, None);
         super::with_cleanup(report, cleanup, teardown_started, started)
+    }
+}
+
+/// A `runsc exec`'s files in the cell directory: its process spec (0600: the command's
+/// environment) and its pid inside the sandbox. runsc reads the spec when it starts;
+/// both go when the exec ends, so a long session does not fill the cell directory's
+/// tmpfs (about 6 KiB a command, the seccomp program included).
+struct ExecFiles {
+    process: PathBuf,
+    internal_pid: PathBuf,
+}
+
+impl ExecFiles {
+    fn remove(&self) {
+        let _ = std::fs::remove_file(&self.process);
+        let _ = std::fs::remove_file(&self.internal_pid);
     }
 }
 

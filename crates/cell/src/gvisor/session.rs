@@ -49,6 +49,9 @@ const HOLDER_START: Duration = Duration::from_secs(30);
 /// How long a command's pipes are drained once its process ended (a background child
 /// may hold them open for as long as it likes).
 const DRAIN_AFTER_END: Duration = Duration::from_millis(200);
+/// A parked one-shot cell waits for its command as long as the engine keeps it (as a
+/// native parked cell does); its command's own deadline applies once it runs.
+const PARKED_FOR_EVER: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Poll entries per running command: its runsc exec's exit, stdout, stderr, the stdin
 /// relay's source and sink.
 const ENTRIES: usize = 5;
@@ -60,23 +63,29 @@ pub fn serve_gvisor(plan: &CellPlan, options: ServeOptions<'_>) {
     let started = Instant::now();
     let control = SupervisorControl::new(options.control);
     let served = match options.mode {
-        ServeMode::OneShot => Err(CellError::Unavailable {
-            control: "gvisor.warm_cell",
-            reason: "a parked gVisor cell for one-shot runs (a warm pool) is not built: a one-shot gVisor run starts its own sandbox".into(),
-        }),
+        // A parked cell (a warm pool's, or one built for a threaded caller's run): the
+        // same sandbox, ended by its one command.
+        ServeMode::OneShot => start_session(plan, options.credentials, options.host_ids, &control)
+            .map(|mut cell| {
+                cell.one_shot = Some(None);
+                let life = Life {
+                    idle_timeout: PARKED_FOR_EVER,
+                    max_lifetime: PARKED_FOR_EVER,
+                    built: Instant::now(),
+                };
+                cell.serve(&control, life, options.artifacts, started);
+            }),
         ServeMode::Session {
             idle_timeout,
             max_lifetime,
-        } => start_session(plan, options.credentials, options.host_ids, &control).map(
-            |session| {
-                let life = Life {
-                    idle_timeout,
-                    max_lifetime,
-                    built: Instant::now(),
-                };
-                session.serve(&control, life, options.artifacts, started);
-            },
-        ),
+        } => start_session(plan, options.credentials, options.host_ids, &control).map(|session| {
+            let life = Life {
+                idle_timeout,
+                max_lifetime,
+                built: Instant::now(),
+            };
+            session.serve(&control, life, options.artifacts, started);
+        }),
     };
     if let Err(err) = served {
         let mut report = RunReport::refused("", err.class(), err.to_string());
@@ -135,6 +144,14 @@ struct GvisorSession<'p> {
     idle_since: Instant,
     /// Why the session ends, once it does.
     ending: Option<String>,
+    /// A one-shot cell: `Some` once it serves one command only, with that command's
+    /// report once it ended (the cell's final report is the command's).
+    one_shot: Option<Option<Box<RunReport>>>,
+    /// Commands started so far.
+    started: u64,
+    /// A one-shot command's caller, whose hang-up destroys the cell
+    /// ([`CommandSpec::watch_caller`]).
+    caller: Option<OwnedFd>,
 }
 
 /// Prepares the sandbox, starts the holder and tells the engine the session is parked.
@@ -190,6 +207,9 @@ fn start_session<'p>(
         files: 0,
         idle_since: Instant::now(),
         ending: None,
+        one_shot: None,
+        started: 0,
+        caller: None,
     })
 }
 
@@ -305,6 +325,7 @@ impl GvisorSession<'_> {
             let mut fds = vec![
                 poll_in(control.map_or(-1, |c| c.as_fd().as_raw_fd())),
                 poll_in(self.holder.exit.as_raw_fd()),
+                poll_in(raw(&self.caller)),
             ];
             for command in &self.running {
                 let relay = command.relay.as_ref().map(StdinRelay::interest);
@@ -324,7 +345,7 @@ impl GvisorSession<'_> {
             }
             let mut ended = Vec::new();
             for (at, command) in self.running.iter_mut().enumerate() {
-                let entries = &fds[2 + ENTRIES * at..2 + ENTRIES * (at + 1)];
+                let entries = &fds[3 + ENTRIES * at..3 + ENTRIES * (at + 1)];
                 command.pump(&entries[1..], &mut buf);
                 if readable(&entries[0]) {
                     ended.push(command.id);
@@ -338,6 +359,9 @@ impl GvisorSession<'_> {
             }
             if readable(&fds[1]) {
                 self.ending = Some("the sandbox ended on its own".into());
+            }
+            if readable(&fds[2]) {
+                self.ending = Some("the caller went away".into());
             }
             self.enforce(&life);
             self.reap_signallers();
@@ -423,10 +447,15 @@ impl GvisorSession<'_> {
                 message: format!("command {id} is already running"),
             });
         }
-        if spec.watch_caller {
+        if spec.watch_caller && self.one_shot.is_none() {
             // A session outlives its callers by design (idle timeout, maximum lifetime).
             return Err(CellError::Protocol {
                 message: "a session command with a watched caller".into(),
+            });
+        }
+        if self.one_shot.is_some() && self.started > 0 {
+            return Err(CellError::Protocol {
+                message: "a one-shot cell runs one command".into(),
             });
         }
         let (wall_time_ms, output_bytes) = command_limits(self.plan, &spec)?;
@@ -441,6 +470,11 @@ impl GvisorSession<'_> {
         let sinks = Sinks {
             stdout: Some(next()?),
             stderr: Some(next()?),
+        };
+        let caller = if spec.watch_caller {
+            Some(next()?)
+        } else {
+            None
         };
         let (stdin_end, relay) = match source {
             None => (dev_null()?, None),
@@ -469,6 +503,8 @@ impl GvisorSession<'_> {
         };
         let pid = child.id() as libc::pid_t;
         let exit = sys::pidfd_open(pid).map_err(|e| CellError::io("pidfd of runsc exec", e))?;
+        self.started += 1;
+        self.caller = caller;
         let now = Instant::now();
         self.running.push(Command {
             id,
@@ -551,6 +587,12 @@ impl GvisorSession<'_> {
             Some(err) => RunReport::refused(&command.run_id, err.class(), err.to_string()),
             None => command.report(&self.sandbox, status, None),
         };
+        if let Some(only) = self.one_shot.as_mut() {
+            // The cell ends with its command; its report is the cell's final one.
+            *only = Some(Box::new(report));
+            self.ending = Some("its command ended".into());
+            return;
+        }
         if let Some(control) = control {
             control.send(&ToEngine::CommandEnded {
                 id,
@@ -689,7 +731,11 @@ impl GvisorSession<'_> {
         for mut command in std::mem::take(&mut self.running) {
             command.drain(&mut buf);
             let id = command.id;
-            let report = command.report(&self.sandbox, None, Some("the session ended"));
+            let report = command.report(&self.sandbox, None, Some(why));
+            if let Some(only) = self.one_shot.as_mut() {
+                *only = Some(Box::new(report));
+                continue;
+            }
             if let Some(control) = control {
                 control.send(&ToEngine::CommandEnded {
                     id,
@@ -697,10 +743,15 @@ impl GvisorSession<'_> {
                 });
             }
         }
+        let only = self.one_shot.take().flatten();
         let sandbox_died = why == "the sandbox ended on its own";
         let (counters, cleanup, artifacts) =
             self.sandbox
                 .teardown(self.plan, Some(&self.output_mounts), artifacts);
+        if let Some(mut report) = only {
+            report.artifacts = artifacts;
+            return super::with_cleanup(*report, cleanup, teardown_started, started);
+        }
         let observed = Observed {
             exec_done_at: Some(started),
             artifacts,

@@ -765,3 +765,92 @@ fn a_command_past_the_memory_ceiling_ends_the_session_and_leaves_nothing() {
     assert_eq!(session["run"]["cleanup_ok"], true, "{session}");
     assert_eq!(session["run"]["status"], "capacity_exceeded", "{session}");
 }
+
+/// A warm pool of the gVisor tier: a parked sandbox (its holder started, no command)
+/// that a run claims; the run's command is confined exactly as a session's (the same
+/// launcher, process spec and seccomp program), the claimed sandbox is destroyed with
+/// nothing left, and the pool parks a new one.
+#[test]
+fn a_warm_gvisor_cell_runs_a_claimed_command_confined_and_is_replaced() {
+    require_cells!();
+    let _serial = serial();
+    let config = format!(
+        r#"[server]
+listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
+[server.contracts]
+gv = "gv.yaml"
+[server.pools]
+gv = 1
+[server.tenants.alice]
+api_key_sha256 = ["{key}"]
+max_cells = 8
+runs_per_minute = 1000
+"#,
+        key = common::sha256_hex(KEY),
+    );
+    let served = Served::start(&config, |dir| {
+        std::fs::write(dir.join("gv.yaml"), "isolation: gvisor\n").unwrap();
+    });
+    let parked = wait_for_cell(&served, None);
+    let script = "id -u; uname -r; \
+                  unshare --user id -u 2>/dev/null && echo UNSHARED; \
+                  echo breach > /etc/x 2>/dev/null && echo WROTE; \
+                  grep CapEff /proc/self/status; \
+                  echo kept > /tmp/t && cat /tmp/t";
+    let (code, record) = served.call(
+        KEY,
+        "POST",
+        "/v1/runs?wait=true",
+        Some(&json!({"contract": "gv", "argv": ["sh", "-c", script]})),
+    );
+    assert_eq!(code, 200, "{record}\n{}", served.log());
+    assert_eq!(record["status"], "ok", "{record}");
+    let stdout = record["output"]["stdout"]["head"].as_str().unwrap();
+    let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(stdout.starts_with("10001\n"), "{stdout}");
+    assert!(!stdout.contains(host_release.trim()), "{stdout}");
+    assert!(
+        !stdout.contains("UNSHARED"),
+        "the plan's filter was not applied: {stdout}"
+    );
+    assert!(!stdout.contains("WROTE"), "{stdout}");
+    assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
+    assert!(stdout.ends_with("kept\n"), "{stdout}");
+    // The parked sandbox ran it and is gone; the pool parked another.
+    wait_gone(&parked, Duration::from_secs(20));
+    assert_left_nothing(&parked);
+    let next = wait_for_cell(&served, Some(&parked));
+    assert_ne!(next, parked);
+    let stored = stored_run(&served, record["run_id"].as_str().unwrap());
+    assert_eq!(stored["run"]["plan"]["isolation"], "gvisor", "{stored}");
+}
+
+/// The service's one gVisor cell directory other than `not`, once it exists.
+fn wait_for_cell(served: &Served, not: Option<&Path>) -> PathBuf {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let service = served.pid().unwrap();
+        let parent = |pid: u32| -> Option<u32> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (_, after) = stat.rsplit_once(')')?;
+            after.split_whitespace().nth(1)?.parse().ok()
+        };
+        let found = std::fs::read_dir("/run/airlock-gvisor")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| Some(p.as_path()) != not)
+            .find(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                let pid = name.split('-').next().and_then(|p| p.parse().ok());
+                pid.and_then(parent).and_then(parent) == Some(service)
+                    && p.join("bundle/sandbox.pid").exists()
+            });
+        if let Some(dir) = found {
+            return dir;
+        }
+        assert!(Instant::now() < until, "no parked cell: {}", served.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -44,25 +44,12 @@ impl Backend {
             Backend::Gvisor => false,
         }
     }
-
-    /// Why a parked cell of this backend (a warm pool) cannot be kept, if it cannot.
-    /// Sessions are served by both: a gVisor session's supervisor drives one sandbox
-    /// through `runsc exec` (crates/cell/src/gvisor/session.rs) behind the same control
-    /// socket as a native one.
-    pub(crate) fn refuses_warm_pool(self) -> Option<&'static str> {
-        match self {
-            Backend::NativeCell => None,
-            Backend::Gvisor => Some(
-                "gvisor.warm_pool cannot be enforced: a parked gVisor cell for one-shot runs is not built (a one-shot gVisor run starts its own sandbox; sessions are served)",
-            ),
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Engine, EngineConfig, EngineError};
+    use crate::{Engine, EngineConfig};
     use airlock_cell::report::ResultClass;
 
     fn gvisor_plan() -> CellPlan {
@@ -84,24 +71,6 @@ mod tests {
         assert_eq!(Backend::of(&native), Backend::NativeCell);
         assert!(Backend::NativeCell.clones_in_caller());
         assert!(!Backend::Gvisor.clones_in_caller());
-    }
-
-    /// Refused before the cell factory is asked for anything: no native cell is parked
-    /// for a gVisor plan, and the refusal is `sandbox_unavailable`.
-    #[test]
-    fn warm_pools_of_the_gvisor_tier_are_refused_not_served_natively() {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::new(EngineConfig::new(
-            dir.path().to_path_buf(),
-            Default::default(),
-        ));
-        let err = engine
-            .keep_warm(gvisor_plan(), 2)
-            .expect_err("a gVisor pool is refused");
-        assert!(matches!(err, EngineError::TierCannotServe(_)), "{err}");
-        assert_eq!(err.class(), ResultClass::SandboxUnavailable);
-        assert!(err.to_string().contains("gvisor.warm_pool"), "{err}");
-        assert_eq!(engine.factory_pid(), None, "no cell factory was started");
     }
 
     /// A gVisor run through `Engine::run` from a threaded caller (this test harness's

@@ -792,6 +792,8 @@ runs_per_minute = 1000
         std::fs::write(dir.join("gv.yaml"), "isolation: gvisor\n").unwrap();
     });
     let parked = wait_for_cell(&served, None);
+    // Parked for a while: the run's wall time is its own, not the cell's.
+    std::thread::sleep(Duration::from_secs(2));
     let script = "id -u; uname -r; \
                   unshare --user id -u 2>/dev/null && echo UNSHARED; \
                   echo breach > /etc/x 2>/dev/null && echo WROTE; \
@@ -805,6 +807,11 @@ runs_per_minute = 1000
     );
     assert_eq!(code, 200, "{record}\n{}", served.log());
     assert_eq!(record["status"], "ok", "{record}");
+    let wall_ms = record["timings"]["wall_ms"].as_f64().unwrap();
+    assert!(
+        wall_ms < 1500.0,
+        "{wall_ms} ms: the parked time was counted"
+    );
     let stdout = record["output"]["stdout"]["head"].as_str().unwrap();
     let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert!(stdout.starts_with("10001\n"), "{stdout}");

@@ -750,7 +750,11 @@ impl GvisorSession<'_> {
                 .teardown(self.plan, Some(&self.output_mounts), artifacts);
         if let Some(mut report) = only {
             report.artifacts = artifacts;
-            return super::with_cleanup(*report, cleanup, teardown_started, started);
+            // From the command's start, not the cell's (a warm cell waited parked).
+            let ran_ms = report.timings.wall_ms;
+            let mut report = super::with_cleanup(*report, cleanup, teardown_started, started);
+            report.timings.wall_ms = ran_ms + report.timings.teardown_ms;
+            return report;
         }
         let observed = Observed {
             exec_done_at: Some(started),

@@ -129,6 +129,9 @@ enum ConfigCommand {
 
 fn main() -> ExitCode {
     let started = Instant::now();
+    // Started inside a gVisor session's sandbox (its holder, a command's launcher, a
+    // signal to a command's group): that is all this process does.
+    airlock_cell::gvisor::inside::run_inside_sandbox_if_requested();
     // Started as the engine's cell factory: that is all this process does.
     airlock_engine::factory::run_factory_if_requested();
     // The OCI runtime's command line is runc's, not this one's (global options first).

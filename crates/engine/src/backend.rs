@@ -44,25 +44,13 @@ impl Backend {
             Backend::Gvisor => false,
         }
     }
-
-    /// Why a parked cell or a session of this backend cannot be served, if it cannot:
-    /// the gVisor tier runs one-shot runs only, for now (refused, never run natively).
-    pub(crate) fn refuses_serving(self) -> Option<&'static str> {
-        match self {
-            Backend::NativeCell => None,
-            Backend::Gvisor => Some(
-                "gvisor.serving cannot be enforced: sessions and warm cells of the gVisor tier are not built; it runs one-shot runs only",
-            ),
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Engine, EngineConfig, EngineError, SessionRequest};
+    use crate::{Engine, EngineConfig};
     use airlock_cell::report::ResultClass;
-    use std::time::Duration;
 
     fn gvisor_plan() -> CellPlan {
         let mut contract = airlock_contract::default_contract();
@@ -83,34 +71,6 @@ mod tests {
         assert_eq!(Backend::of(&native), Backend::NativeCell);
         assert!(Backend::NativeCell.clones_in_caller());
         assert!(!Backend::Gvisor.clones_in_caller());
-    }
-
-    /// Refused before the cell factory is asked for anything: no native cell is built
-    /// for a gVisor plan, and the refusal is `sandbox_unavailable`.
-    #[test]
-    fn sessions_and_warm_pools_of_the_gvisor_tier_are_refused_not_served_natively() {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::new(EngineConfig::new(
-            dir.path().to_path_buf(),
-            Default::default(),
-        ));
-        let session = engine.open_session(SessionRequest {
-            plan: gvisor_plan(),
-            workload_class: "test".into(),
-            credentials: Vec::new(),
-            artifacts: None,
-            idle_timeout: Duration::from_secs(60),
-            max_lifetime: Duration::from_secs(60),
-            tenant: None,
-            after_close: None,
-        });
-        let err = session.err().expect("a gVisor session is refused");
-        assert!(matches!(err, EngineError::TierCannotServe(_)), "{err}");
-        assert_eq!(err.class(), ResultClass::SandboxUnavailable);
-        assert!(err.to_string().contains("gvisor.serving"));
-        let pool = engine.keep_warm(gvisor_plan(), 2);
-        assert!(matches!(pool, Err(EngineError::TierCannotServe(_))));
-        assert_eq!(engine.factory_pid(), None, "no cell factory was started");
     }
 
     /// A gVisor run through `Engine::run` from a threaded caller (this test harness's

@@ -27,9 +27,12 @@ impl Engine {
     /// any process. A warm cell of the plan's shape is claimed when a pool keeps one
     /// (see [`Engine::keep_warm`]); otherwise a cell is built for the request.
     pub fn run(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
-        if !crate::backend::Backend::of(&request.plan).clones_in_caller() {
+        let pooled = self.pools.keeps(&PlanShape::of(&request.plan));
+        if !crate::backend::Backend::of(&request.plan).clones_in_caller() && !pooled {
             // Nothing to clone: supervised by this thread (backend.rs), counted against
-            // the engine's capacity as a cloned cell is.
+            // the engine's capacity as a cloned cell is. A gVisor plan with a pool of
+            // its shape goes through the factory like a native one: a parked sandbox
+            // runs it (crates/cell/src/gvisor/session.rs, one-shot mode).
             let _counted = match LiveCell::take(&self.live, self.config.max_cells) {
                 Ok(counted) => counted,
                 Err(err) => return Err(Box::new(self.over_capacity(&request, &err))),

@@ -20,10 +20,6 @@ pub enum EngineError {
     Capacity { max_cells: usize },
     #[error("the session's cell could not be built: {0}")]
     SessionFailed(String),
-    /// The plan's isolation tier cannot be served this way (a session or a warm cell of
-    /// the gVisor tier): refused, never served on another tier.
-    #[error("{0}")]
-    TierCannotServe(&'static str),
     #[error("the session is closed")]
     SessionClosed,
     #[error("the session has no command {0}")]
@@ -43,7 +39,6 @@ impl EngineError {
             | EngineError::Factory { .. }
             | EngineError::FactoryProtocol(_) => ResultClass::RuntimeFault,
             EngineError::Capacity { .. } => ResultClass::CapacityExceeded,
-            EngineError::TierCannotServe(_) => ResultClass::SandboxUnavailable,
             EngineError::SessionFailed(_)
             | EngineError::SessionClosed
             | EngineError::NoSuchCommand(_) => ResultClass::RuntimeFault,

@@ -125,9 +125,6 @@ impl Engine {
         template: airlock_contract::CellPlan,
         size: usize,
     ) -> Result<(), EngineError> {
-        if let Some(why) = backend::Backend::of(&template).refuses_serving() {
-            return Err(EngineError::TierCannotServe(why));
-        }
         let factory = self.factory()?;
         self.pools
             .keep(factory, self.evidence_area(), template, size);

@@ -102,6 +102,13 @@ impl Pools {
     /// A parked cell of `shape`, if one is ready. The pool is refilled once the claimed
     /// run is over ([`Pools::refill`]): building its replacement meanwhile would take the
     /// CPU the claimed cell needs to start (this project's VM has two).
+    /// Whether a pool is kept for `shape` (its cells may all be claimed right now).
+    pub fn keeps(&self, shape: &PlanShape) -> bool {
+        let (state, _) = &*self.shared;
+        let state = state.lock().unwrap_or_else(|p| p.into_inner());
+        state.pools.contains_key(shape)
+    }
+
     pub fn claim(&self, shape: &PlanShape) -> Option<CellHost> {
         let (state, _) = &*self.shared;
         let mut state = state.lock().unwrap_or_else(|p| p.into_inner());

@@ -38,6 +38,8 @@ use oci_spec::runtime::{
 };
 use std::path::{Path, PathBuf};
 
+/// The runtime-spec types, for a caller that adjusts a spec made here.
+pub use oci_spec::runtime as spec_types;
 pub use oci_spec::runtime::Spec as RuntimeSpec;
 
 /// The spec's version: what the runsc of Debian 12 reports (`runsc --version`: spec
@@ -102,6 +104,19 @@ pub fn runtime_spec(
     spec.set_annotations(None);
     spec.set_hooks(None);
     Ok(spec)
+}
+
+/// The process of a command `runsc exec` starts in a running sandbox (a session's):
+/// confined exactly as the first payload (its user, no_new_privileges, no capability in
+/// any set, its rlimits and working directory), with its own `args` and environment.
+pub fn exec_process(
+    plan: &CellPlan,
+    args: Vec<String>,
+    env: Vec<String>,
+) -> Result<oci_spec::runtime::Process, OciError> {
+    let mut process = process(plan, env)?;
+    process.set_args(Some(args));
+    Ok(process)
 }
 
 fn process(plan: &CellPlan, env: Vec<String>) -> Result<oci_spec::runtime::Process, OciError> {

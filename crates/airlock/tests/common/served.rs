@@ -75,6 +75,11 @@ impl Served {
         serve
     }
 
+    /// The service's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Ends the service (SIGKILL), keeping its directory and store.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

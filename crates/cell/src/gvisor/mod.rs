@@ -18,10 +18,13 @@
 
 mod bundle;
 pub mod health;
+pub mod inside;
 mod runsc;
+mod session;
 
 pub use bundle::{leftover_cells, STATE_ROOT};
 pub use runsc::{RunscBinary, PLATFORM};
+pub use session::serve_gvisor;
 
 use crate::artifacts::{self, ArtifactReport, OutputMounts};
 use crate::cgroup::{CellCgroup, CgroupLayout, CgroupUsage};
@@ -136,12 +139,14 @@ fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport
     // A supervisor killed with SIGKILL takes its sandbox with it (runsc.rs) but leaves
     // its directory, tmpfs and cgroups: the next run reaps them, as `doctor` does.
     let _ = health::reap_leftovers();
-    let mut sandbox = Sandbox::prepare(plan, &binary, options, env)?;
+    let mut sandbox = Sandbox::prepare(plan, &binary, options.host_ids, env, Pid1::Payload)?;
     let prepared_ms = ms_since(started);
     let ran = sandbox.run(plan, options);
     let teardown_started = Instant::now();
-    let (counters, mut cleanup, artifacts) = sandbox.teardown(plan, &ran, options);
-    let mut report = match ran {
+    let output_mounts = ran.as_ref().ok().map(|run| &run.output_mounts);
+    let (counters, cleanup, artifacts) =
+        sandbox.teardown(plan, output_mounts, options.artifacts.as_ref());
+    let report = match ran {
         Ok(run) => {
             let mut observed = run.observed;
             observed.artifacts = artifacts;
@@ -155,17 +160,28 @@ fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport
         }
         Err(err) => RunReport::refused("", err.class(), err.to_string()),
     };
+    Ok(with_cleanup(report, cleanup, teardown_started, started))
+}
+
+/// The report with what the teardown found: a sandbox that left something behind is
+/// airlock's fault, whatever the payload did.
+fn with_cleanup(
+    mut report: RunReport,
+    cleanup: Teardown,
+    teardown_started: Instant,
+    started: Instant,
+) -> RunReport {
     report.cgroup_version = Some(cleanup.cgroup_version);
     report.host_identity = Some(cleanup.payload_identity);
     report.timings.teardown_ms = ms_since(teardown_started);
     report.timings.wall_ms = ms_since(started);
-    report.cleanup = std::mem::take(&mut cleanup.report);
+    report.cleanup = cleanup.report;
     if !report.cleanup.ok && report.status == crate::report::ResultClass::Ok {
         report.status = crate::report::ResultClass::RuntimeFault;
         report.error = Some("the sandbox left something behind".into());
         report.exit_code = 125;
     }
-    Ok(report)
+    report
 }
 
 /// What the run of the payload left for the classification.
@@ -179,12 +195,23 @@ struct Ran {
     full_mounts: Vec<String>,
 }
 
+/// What the sandbox's first process is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pid1 {
+    /// The plan's payload (a one-shot run).
+    Payload,
+    /// A session's holder ([`inside`]): it keeps the sandbox alive and reaps orphans;
+    /// each command is a `runsc exec` of its own.
+    SessionHolder,
+}
+
 impl Sandbox {
     fn prepare(
         plan: &CellPlan,
         binary: &Path,
-        options: &RunOptions<'_>,
+        host_ids: crate::host_identity::HostIdRange,
         env: Vec<String>,
+        pid1: Pid1,
     ) -> Result<Sandbox, CellError> {
         let layout = CgroupLayout::detect()?;
         let start_time = sys::process_stat(std::process::id())
@@ -192,8 +219,8 @@ impl Sandbox {
             .start_time;
         let name = crate::cgroup::cgroup_name(start_time);
         let leases = [
-            host_identity::lease_for_cell(options.host_ids)?,
-            host_identity::lease_for_cell(options.host_ids)?,
+            host_identity::lease_for_cell(host_ids)?,
+            host_identity::lease_for_cell(host_ids)?,
         ];
         let cgroup = CellCgroup::create(&layout, &name, &sandbox_limits(&plan.limits))?;
         let dir = match CellDir::create(&name) {
@@ -213,14 +240,19 @@ impl Sandbox {
             layout_version: layout.version(),
             seen: Default::default(),
         };
-        if let Err(err) = sandbox.write_bundle(plan, env) {
+        if let Err(err) = sandbox.write_bundle(plan, env, pid1) {
             sandbox.abandon();
             return Err(err);
         }
         Ok(sandbox)
     }
 
-    fn write_bundle(&mut self, plan: &CellPlan, env: Vec<String>) -> Result<(), CellError> {
+    fn write_bundle(
+        &mut self,
+        plan: &CellPlan,
+        env: Vec<String>,
+        pid1: Pid1,
+    ) -> Result<(), CellError> {
         let payload_id = self.leases[1].identity().uid;
         self.dir.mount_writable(plan, payload_id)?;
         let (system, etc_entries) = self.dir.build_root(plan)?;
@@ -234,10 +266,14 @@ impl Sandbox {
             root_host_id: self.leases[0].identity().uid,
             payload_host_id: payload_id,
         };
-        let spec = airlock_oci::runtime_spec(plan, &host, env).map_err(|e| CellError::Launch {
-            stage: "runtime spec".into(),
-            message: e.to_string(),
-        })?;
+        let mut spec =
+            airlock_oci::runtime_spec(plan, &host, env).map_err(|e| CellError::Launch {
+                stage: "runtime spec".into(),
+                message: e.to_string(),
+            })?;
+        if pid1 == Pid1::SessionHolder {
+            inside::make_session_spec(&mut spec, &self.dir.rootfs())?;
+        }
         let json = serde_json::to_vec_pretty(&spec)
             .map_err(|e| CellError::io("runtime spec", std::io::Error::other(e)))?;
         self.dir.write_spec(&json)
@@ -359,8 +395,8 @@ impl Sandbox {
     fn teardown(
         self,
         plan: &CellPlan,
-        ran: &Result<Ran, CellError>,
-        options: &RunOptions<'_>,
+        output_mounts: Option<&OutputMounts>,
+        request: Option<&artifacts::ArtifactRequest>,
     ) -> (CgroupUsage, Teardown, Option<ArtifactReport>) {
         let mut left = Vec::new();
         // Killed and reaped first: runsc's delete waits for its gofer to be gone, and an
@@ -379,9 +415,9 @@ impl Sandbox {
                 left.push(format!("runsc delete: {err}"));
             }
         }
-        let artifacts = match (ran, &options.artifacts) {
-            (Ok(run), Some(request)) if !plan.output_allowlist.is_empty() => {
-                Some(artifacts::collect(&run.output_mounts, plan, request))
+        let artifacts = match (output_mounts, request) {
+            (Some(mounts), Some(request)) if !plan.output_allowlist.is_empty() => {
+                Some(artifacts::collect(mounts, plan, request))
             }
             _ => None,
         };

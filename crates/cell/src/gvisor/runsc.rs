@@ -192,6 +192,61 @@ impl Runsc {
         Ok(WaitOutcome::Exited(code))
     }
 
+    /// `runsc exec` of the process spec in the file `process` in the running sandbox,
+    /// started and not waited for: `stdio` becomes the command's stdin, stdout and
+    /// stderr; its pid inside the sandbox is written to `internal_pid`. It exits with the
+    /// command's status (128 + the signal for a signal death), and dies with this
+    /// process (a command is never left running without its supervisor).
+    pub fn spawn_exec(
+        &self,
+        process: &Path,
+        internal_pid: &Path,
+        stdio: [OwnedFd; 3],
+    ) -> Result<Child, CellError> {
+        let [stdin, stdout, stderr] = stdio;
+        let mut command = self.command();
+        command
+            .arg("exec")
+            .arg(format!("--process={}", process.display()))
+            .arg(format!("--internal-pid-file={}", internal_pid.display()))
+            .arg(&self.id)
+            .stdin(Stdio::from(stdin))
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr));
+        crate::sys::kill_with_spawner(&mut command);
+        command
+            .spawn()
+            .map_err(|e| unavailable(format!("starting {} exec: {e}", self.binary.display())))
+    }
+
+    /// `runsc exec`'s own failure, from its `wait4` status: runsc's exit 128 before it
+    /// wrote the command's pid (the command never started: the sandbox is gone, the
+    /// process spec was refused), with what runsc logged. `None`: the status is the
+    /// command's (its own `exit 128` included: its pid was written when it started).
+    pub fn exec_failed(&self, status: Option<i32>, internal_pid: &Path) -> Option<CellError> {
+        let code = status
+            .filter(|s| libc::WIFEXITED(*s))
+            .map(|s| libc::WEXITSTATUS(s))?;
+        if code != RUNSC_FAILED || read_pid(internal_pid).is_some() {
+            return None;
+        }
+        Some(CellError::Launch {
+            stage: "runsc exec".into(),
+            message: format!("exit status: {code}: {}", last_log_line(&self.log)),
+        })
+    }
+
+    /// Signals one process of the container (`pid` as the sandbox sees it).
+    pub fn kill_process(&self, pid: i32, signal: &str) -> Result<(), CellError> {
+        let mut command = self.command();
+        command
+            .arg("kill")
+            .arg(format!("--pid={pid}"))
+            .arg(&self.id)
+            .arg(signal);
+        self.run(command, "kill")
+    }
+
     /// Signals every process of the container (`--all`).
     pub fn kill_all(&self, signal: &str) -> Result<(), CellError> {
         let mut command = self.command();
@@ -228,11 +283,11 @@ impl Runsc {
     }
 }
 
-fn pid_file(bundle: &Path) -> PathBuf {
+pub(super) fn pid_file(bundle: &Path) -> PathBuf {
     bundle.join("sandbox.pid")
 }
 
-fn read_pid(path: &Path) -> Option<libc::pid_t> {
+pub(super) fn read_pid(path: &Path) -> Option<libc::pid_t> {
     std::fs::read_to_string(path)
         .ok()
         .and_then(|text| text.trim().parse().ok())
@@ -394,6 +449,20 @@ mod tests {
             message: "error finding executable".into(),
         };
         assert!(exec_failure(&create, &argv).is_none());
+    }
+
+    #[test]
+    fn an_exec_that_never_started_its_command_is_runscs_failure_not_the_commands() {
+        let exited = |code: i32| Some(code << 8);
+        let (runsc, dir, _tmp) = fake(r#"{"msg":"loading sandbox: file does not exist"}"#, None);
+        let pid = dir.join("exec-1.pid");
+        let err = runsc.exec_failed(exited(128), &pid).expect("runsc failed");
+        assert!(err.to_string().contains("loading sandbox"), "{err}");
+        // Any other status, or the command's own 128 once it started, is the command's.
+        assert!(runsc.exec_failed(exited(3), &pid).is_none());
+        assert!(runsc.exec_failed(Some(libc::SIGKILL), &pid).is_none());
+        std::fs::write(&pid, "7").unwrap();
+        assert!(runsc.exec_failed(exited(128), &pid).is_none());
     }
 
     #[test]

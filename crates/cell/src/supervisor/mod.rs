@@ -13,10 +13,10 @@ mod build;
 mod ceilings;
 pub(crate) mod classify;
 mod cpu;
-mod deadline;
-mod serve;
+pub(crate) mod deadline;
+pub(crate) mod serve;
 mod session;
-mod supervise;
+pub(crate) mod supervise;
 
 pub(crate) use build::give_pipes_to_cell;
 pub use deadline::TERM_GRACE;

@@ -58,6 +58,10 @@ pub struct ServeOptions<'a> {
 /// terminal is refused. The call returns once the cell is gone; the process then exits
 /// (the egress proxy's thread, if any, is stopped).
 pub fn serve_cell(plan: &CellPlan, options: ServeOptions<'_>) {
+    if plan.isolation == airlock_contract::Isolation::Gvisor {
+        // runsc forks and execs its own processes: nothing is cloned here.
+        return crate::gvisor::serve_gvisor(plan, options);
+    }
     let started = Instant::now();
     let ServeOptions {
         control,
@@ -325,7 +329,7 @@ fn wait_for_run(cell: &Cell<'_>, control: &SupervisorControl) -> Result<Waited, 
 
 /// The command's wall time and output budget: the plan's, or lower ones the command
 /// asks for. A higher one is refused.
-pub(super) fn command_limits(plan: &CellPlan, spec: &CommandSpec) -> Result<(u64, u64), CellError> {
+pub(crate) fn command_limits(plan: &CellPlan, spec: &CommandSpec) -> Result<(u64, u64), CellError> {
     if spec.argv.is_empty() {
         return Err(CellError::Protocol {
             message: "a command without argv".into(),

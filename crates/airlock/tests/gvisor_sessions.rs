@@ -1,0 +1,863 @@
+//! Sessions on the gVisor tier through `airlock serve`'s HTTP API (a contract with
+//! `isolation: gvisor`; crates/cell/src/gvisor/session.rs): one sandbox started once, each
+//! command one `runsc exec` confined like the first payload, writable paths that persist
+//! between commands, deadlines, kills, the idle timeout and the close enforced from
+//! outside, and nothing of the sandbox left afterwards. An attack that exits 0 is a
+//! breach.
+//!
+//! Needs Debian's `runsc` and root. The tests run one at a time: a sandbox costs a few
+//! hundred milliseconds of two cores.
+
+mod common;
+
+use common::host::{self, Supervisor};
+use common::served::Served;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const KEY: &str = "gvisor-sessions-key";
+
+/// `airlock serve` with one gVisor contract, `gv` (the default contract on gVisor).
+fn serve(idle_timeout_s: u64) -> Served {
+    serve_contract(idle_timeout_s, "isolation: gvisor\n")
+}
+
+/// `airlock serve` with `contract` (YAML) as `gv`.
+fn serve_contract(idle_timeout_s: u64, contract: &str) -> Served {
+    let config = format!(
+        r#"[server]
+listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
+session_idle_timeout_s = {idle_timeout_s}
+max_session_idle_timeout_s = {idle_timeout_s}
+[server.contracts]
+gv = "gv.yaml"
+[server.tenants.alice]
+api_key_sha256 = ["{key}"]
+max_cells = 8
+runs_per_minute = 1000
+"#,
+        key = common::sha256_hex(KEY),
+    );
+    Served::start(&config, |dir| {
+        std::fs::write(dir.join("gv.yaml"), contract).unwrap();
+    })
+}
+
+/// Opens a session of the `gv` contract: its id.
+fn open(served: &Served) -> String {
+    let (code, body) = served.call(
+        KEY,
+        "POST",
+        "/v1/sessions",
+        Some(&json!({"contract": "gv"})),
+    );
+    assert_eq!(code, 201, "{body}\n{}", served.log());
+    body["session_id"].as_str().unwrap().to_string()
+}
+
+/// Runs `argv` in session `id` (with `extra` fields in the request): its frames.
+fn exec(served: &Served, id: &str, argv: &[&str], extra: Value) -> Vec<Value> {
+    let mut body = json!({ "argv": argv });
+    if let Value::Object(fields) = extra {
+        body.as_object_mut().unwrap().extend(fields);
+    }
+    let (code, frames) = served.call(KEY, "POST", &format!("/v1/sessions/{id}/exec"), Some(&body));
+    // 202: a background command, answered at once.
+    assert!(
+        code == 200 || code == 202,
+        "{code} {frames}\n{}",
+        served.log()
+    );
+    frames.as_array().cloned().unwrap_or_default()
+}
+
+fn stream(frames: &[Value], kind: &str) -> String {
+    frames
+        .iter()
+        .filter(|f| f["type"] == kind)
+        .map(|f| f["data"].as_str().unwrap_or_default())
+        .collect()
+}
+
+/// The final record of a command's frames.
+fn record(frames: &[Value]) -> Value {
+    frames
+        .iter()
+        .find(|f| f["type"] == "result")
+        .map(|f| f["record"].clone())
+        .unwrap_or_else(|| panic!("no result frame: {frames:?}"))
+}
+
+/// The host directory of the service's one gVisor session: its supervisor is a child of
+/// the service's cell factory (a child of the service).
+fn cell_dir(served: &Served) -> PathBuf {
+    let service = served.pid().unwrap();
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, after) = stat.rsplit_once(')')?;
+        after.split_whitespace().nth(1)?.parse().ok()
+    };
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/run/airlock-gvisor").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.split('-').next().and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        if parent(pid).and_then(parent) == Some(service) {
+            found.push(entry.path());
+        }
+    }
+    assert_eq!(found.len(), 1, "the session's cell directory: {found:?}");
+    found.pop().unwrap()
+}
+
+/// Nothing of the sandbox whose directory was `dir` is left: no directory, no mount, no
+/// runsc process, no cgroup.
+fn assert_left_nothing(dir: &Path) {
+    assert!(!dir.exists(), "{} is left", dir.display());
+    let needle = dir.display().to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&needle)).collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+    let procs = host::processes_with(&needle);
+    assert!(procs.is_empty(), "runsc processes left: {procs:?}");
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let mut parts = name.split('-');
+    let supervisor = Supervisor {
+        pid: parts.next().unwrap().parse().unwrap(),
+        start_time: parts.next().unwrap().parse().unwrap(),
+    };
+    let cgroups = host::cgroups_of(&supervisor);
+    assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
+}
+
+/// Waits until `dir` is gone (the session's completion sequence ran).
+fn wait_gone(dir: &Path, within: Duration) {
+    let until = Instant::now() + within;
+    while dir.exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn close(served: &Served, id: &str) -> Value {
+    let (code, body) = served.call(KEY, "DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(code, 200, "{body}\n{}", served.log());
+    body
+}
+
+/// The record of run `id` in the service's store.
+fn stored_run(served: &Served, id: &str) -> Value {
+    let shown = served.cli(&["runs", "show", id, "--json"]);
+    assert!(shown.status.success(), "{shown:?}");
+    serde_json::from_slice(&shown.stdout).unwrap()
+}
+
+#[test]
+fn three_commands_share_the_writable_paths_and_close_leaves_nothing() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve(300);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let first = exec(
+        &served,
+        &id,
+        &["sh", "-c", "echo from-the-first > /tmp/shared; uname -r"],
+        json!({}),
+    );
+    let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_eq!(record(&first)["status"], "ok", "{first:?}");
+    assert!(
+        !stream(&first, "stdout").contains(host_release.trim()),
+        "the command saw the host's kernel: {first:?}"
+    );
+    let second = exec(&served, &id, &["cat", "/tmp/shared"], json!({}));
+    assert_eq!(stream(&second, "stdout"), "from-the-first\n", "{second:?}");
+    let third = exec(
+        &served,
+        &id,
+        &["sh", "-c", "echo \"$EXTRA\"; id -u; pwd"],
+        json!({"env": {"EXTRA": "added"}}),
+    );
+    assert_eq!(
+        stream(&third, "stdout"),
+        "added\n10001\n/tmp\n",
+        "{third:?}"
+    );
+    let piped = exec(&served, &id, &["cat"], json!({"stdin": "piped in"}));
+    assert_eq!(stream(&piped, "stdout"), "piped in", "{piped:?}");
+    // An ended command's process spec and pid file are gone (a long session would fill
+    // the cell directory's tmpfs otherwise).
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("exec-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let mut run_ids: Vec<String> = [&first, &second, &third]
+        .iter()
+        .map(|f| record(f)["run_id"].as_str().unwrap().to_string())
+        .collect();
+    run_ids.dedup();
+    assert_eq!(run_ids.len(), 3, "each command has its own record");
+    let closed = close(&served, &id);
+    assert_eq!(closed["status"], "ok", "{closed}");
+    assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
+    assert_left_nothing(&dir);
+    // Each command's record names the session; the session's record is complete; the
+    // audit chain verifies.
+    for run_id in &run_ids {
+        let stored = stored_run(&served, run_id);
+        assert_eq!(stored["run"]["session_id"], id.as_str(), "{stored}");
+        assert_eq!(stored["run"]["status"], "ok", "{stored}");
+    }
+    let session = stored_run(&served, &id);
+    assert_eq!(session["run"]["status"], "ok", "{session}");
+    assert_eq!(session["run"]["plan"]["isolation"], "gvisor", "{session}");
+    let verified = served.cli(&["audit", "verify"]);
+    assert!(verified.status.success(), "{verified:?}");
+}
+
+#[test]
+fn a_background_command_is_listed_and_killed_with_its_children_and_the_session_goes_on() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve(300);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let started = exec(
+        &served,
+        &id,
+        &["sh", "-c", "sleep 1000 & echo $! > /tmp/child; wait"],
+        json!({"background": true}),
+    );
+    let command = started
+        .first()
+        .and_then(|f| f["command_id"].as_u64())
+        .or_else(|| {
+            // A background exec answers with one JSON object, not frames.
+            let (_, body) = served.call(KEY, "GET", &format!("/v1/sessions/{id}"), None);
+            body["commands"][0]["command_id"].as_u64()
+        })
+        .unwrap_or_else(|| panic!("no command id: {started:?}"));
+    let (_, listed) = served.call(KEY, "GET", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(listed["commands"][0]["running"], true, "{listed}");
+    // The child's pid is written once the command runs.
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let child = exec(&served, &id, &["cat", "/tmp/child"], json!({}));
+        if !stream(&child, "stdout").trim().is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the background command did not start"
+        );
+    }
+    let (code, body) = served.call(
+        KEY,
+        "POST",
+        &format!("/v1/sessions/{id}/commands/{command}/signal"),
+        Some(&json!({"signal": "KILL"})),
+    );
+    assert!(code == 200 || code == 202 || code == 204, "{code} {body}");
+    let until = Instant::now() + Duration::from_secs(20);
+    let ended = loop {
+        let (_, view) = served.call(
+            KEY,
+            "GET",
+            &format!("/v1/sessions/{id}/commands/{command}"),
+            None,
+        );
+        if view["running"] == false {
+            break view;
+        }
+        assert!(
+            Instant::now() < until,
+            "the killed command still runs: {view}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(ended["record"]["exit"]["signal"], 9, "{ended}");
+    // Its child was in its process group: gone too (reaped by the holder).
+    let check = "c=$(cat /tmp/child); for i in 1 2 3 4 5 6 7 8 9 10; do \
+                 test -e /proc/$c || { echo gone; exit 0; }; sleep 0.3; done; echo ALIVE";
+    let after = exec(&served, &id, &["sh", "-c", check], json!({}));
+    assert_eq!(stream(&after, "stdout"), "gone\n", "{after:?}");
+    assert_eq!(record(&after)["status"], "ok");
+    close(&served, &id);
+    assert_left_nothing(&dir);
+}
+
+#[test]
+fn a_commands_deadline_kills_only_that_command_and_the_session_goes_on() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve(300);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let started = Instant::now();
+    // It ignores SIGTERM: the grace's SIGKILL ends it.
+    let late = exec(
+        &served,
+        &id,
+        &[
+            "sh",
+            "-c",
+            "trap '' TERM; echo before > /tmp/kept; sleep 60",
+        ],
+        json!({"deadline_ms": 1500}),
+    );
+    let took = started.elapsed();
+    let late = record(&late);
+    assert_eq!(late["status"], "capacity_exceeded", "{late}");
+    assert_eq!(late["limit_fired"], "wall_time", "{late}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    let next = exec(&served, &id, &["cat", "/tmp/kept"], json!({}));
+    assert_eq!(stream(&next, "stdout"), "before\n", "{next:?}");
+    assert_eq!(record(&next)["status"], "ok");
+    close(&served, &id);
+    assert_left_nothing(&dir);
+}
+
+#[test]
+fn the_idle_timeout_closes_the_session_from_outside_and_leaves_nothing() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve(2);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let ran = exec(&served, &id, &["true"], json!({}));
+    assert_eq!(record(&ran)["status"], "ok");
+    wait_gone(&dir, Duration::from_secs(30));
+    assert_left_nothing(&dir);
+    let session = stored_run(&served, &id);
+    assert_eq!(session["run"]["status"], "ok", "{session}");
+    assert_eq!(session["run"]["cleanup_ok"], true, "{session}");
+    let notes = session["run"]["result"]["notes"].to_string();
+    // The supervisor's own idle timeout, or the service's reaper (the tenant's, the
+    // same 2 s): both from outside the sandbox.
+    assert!(
+        notes.contains("idle_timeout") || notes.contains("closed by the engine"),
+        "{}\n{}",
+        session["run"]["result"],
+        served.log()
+    );
+    let (code, _) = served.call(
+        KEY,
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(&json!({"argv": ["true"]})),
+    );
+    assert!(code >= 400, "a closed session ran a command");
+}
+
+#[test]
+fn closing_with_a_command_running_ends_it_with_the_session() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve(300);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    exec(
+        &served,
+        &id,
+        &["sleep", "1000"],
+        json!({"background": true}),
+    );
+    let closed = close(&served, &id);
+    assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
+    assert_left_nothing(&dir);
+    let (_, view) = served.call(KEY, "GET", &format!("/v1/sessions/{id}/commands/1"), None);
+    if view["running"] != Value::Null {
+        assert_eq!(view["running"], false, "{view}");
+    }
+}
+
+/// Every way out, from inside one session's commands: host files, privileges, the
+/// seccomp program (which runsc would not apply to an exec'd process: the control shows
+/// the call is the Sentry's to serve without it), writes outside the writable paths and
+/// the network.
+#[test]
+fn a_sessions_commands_cannot_cross_the_boundary() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve(300);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let marker_dir = tempfile::tempdir().unwrap();
+    let marker = marker_dir.path().join("host-marker");
+    std::fs::write(&marker, "MARKER-GVISOR-SESSION").unwrap();
+
+    let files = format!(
+        "for p in /etc/shadow /root/.bashrc {m} /proc/1/root{m} /run/airlock/ids /var/lib; do \
+           if cat \"$p\" 2>/dev/null || test -e \"$p\"; then echo \"READ $p\"; exit 0; fi; \
+         done; exit 1",
+        m = marker.display()
+    );
+    let read = exec(&served, &id, &["sh", "-c", &files], json!({}));
+    assert_eq!(record(&read)["exit_code"], 1, "{read:?}");
+    assert!(!stream(&read, "stdout").contains("MARKER"));
+
+    let status = exec(
+        &served,
+        &id,
+        &[
+            "sh",
+            "-c",
+            "grep -E '^(Uid|Gid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status",
+        ],
+        json!({}),
+    );
+    let status = stream(&status, "stdout");
+    for line in [
+        "CapInh:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "CapEff:\t0000000000000000",
+        "CapBnd:\t0000000000000000",
+    ] {
+        assert!(status.contains(line), "{line} missing:\n{status}");
+    }
+    assert!(
+        status.contains("Uid:\t10001\t10001\t10001\t10001"),
+        "{status}"
+    );
+    // gVisor's /proc/self/status has no NoNewPrivs line: asked with prctl (39 is
+    // PR_GET_NO_NEW_PRIVS); and a setuid-root binary gains nothing.
+    let nnp = exec(
+        &served,
+        &id,
+        &[
+            "python3",
+            "-c",
+            "import ctypes; print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))",
+        ],
+        json!({}),
+    );
+    assert_eq!(stream(&nnp, "stdout"), "1\n", "{nnp:?}");
+    let setuid = exec(&served, &id, &["su", "-c", "id -u", "root"], json!({}));
+    assert_ne!(record(&setuid)["exit_code"], 0, "{setuid:?}");
+    assert!(!stream(&setuid, "stdout").contains('0'), "{setuid:?}");
+
+    // A namespace the plan's seccomp program refuses (EPERM), while gVisor serves it to
+    // an unprivileged process: the control runs the same call in the same sandbox as the
+    // same user without airlock's launcher, and it succeeds.
+    let unshare = exec(
+        &served,
+        &id,
+        &["unshare", "--user", "--map-root-user", "id", "-u"],
+        json!({}),
+    );
+    assert_ne!(record(&unshare)["exit_code"], 0, "{unshare:?}");
+    assert!(
+        stream(&unshare, "stderr").contains("Operation not permitted"),
+        "{unshare:?}"
+    );
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let control = Command::new("runsc")
+        .arg(format!("--root={}", dir.join("state").display()))
+        .args([
+            "--network=none",
+            "--platform=ptrace",
+            "exec",
+            "--user",
+            "10001:10001",
+        ])
+        .arg(&name)
+        .args(["unshare", "--user", "--map-root-user", "id", "-u"])
+        .output()
+        .unwrap();
+    assert!(
+        control.status.success() && String::from_utf8_lossy(&control.stdout).trim() == "0",
+        "control: without the plan's filter the call is served: {control:?}"
+    );
+
+    let writes = "for p in /etc/x /usr/x /x /bin/x /proc/x /dev/x /.airlock-sandbox; do \
+                    if echo breach > \"$p\" 2>/dev/null; then echo \"WROTE $p\"; exit 0; fi; \
+                  done; exit 1";
+    let wrote = exec(&served, &id, &["sh", "-c", writes], json!({}));
+    assert_eq!(record(&wrote)["exit_code"], 1, "{wrote:?}");
+    for host in ["/x", "/etc/x", "/usr/x"] {
+        assert!(!Path::new(host).exists(), "{host} appeared on the host");
+    }
+
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let script = format!(
+        "import socket, sys\n\
+         for a in ['127.0.0.1', '10.0.2.2', '8.8.8.8']:\n\
+         \x20   try:\n\
+         \x20       socket.create_connection((a, {port}), timeout=2).send(b'breach')\n\
+         \x20       print('CONNECTED', a); sys.exit(0)\n\
+         \x20   except OSError as e:\n\
+         \x20       print('refused', a, e)\n\
+         sys.exit(1)\n"
+    );
+    let net = exec(&served, &id, &["python3", "-c", &script], json!({}));
+    assert_eq!(record(&net)["exit_code"], 1, "{net:?}");
+    assert!(listener.accept().is_err(), "a connection arrived");
+
+    close(&served, &id);
+    assert_left_nothing(&dir);
+}
+
+/// The session file API reaches a gVisor session's writable paths (seen from the host
+/// through the gofer's root, where their tmpfs is bound) and nothing else: a client's
+/// file is read by a command, a command's file is read back, a client's rewrite is seen
+/// by the next command, and a planted symlink or a path outside the writable paths
+/// leads nowhere.
+#[test]
+fn the_session_file_api_reaches_the_writable_paths_only() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve(300);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let base = format!("/v1/sessions/{id}");
+    let put = |path: &str, body: &str| {
+        served.call_text(KEY, "PUT", &format!("{base}/files/{path}"), Some(body))
+    };
+    let (code, body) = put("tmp/in.txt", "from the client");
+    assert_eq!(code, 201, "{body}");
+    let ran = exec(
+        &served,
+        &id,
+        &[
+            "sh",
+            "-c",
+            "cat /tmp/in.txt; echo made > /tmp/out.txt; ln -s /etc /tmp/etc-link",
+        ],
+        json!({}),
+    );
+    assert_eq!(stream(&ran, "stdout"), "from the client", "{ran:?}");
+    let (code, body) = served.call_text(KEY, "GET", &format!("{base}/files/tmp/out.txt"), None);
+    assert_eq!((code, body.as_str()), (200, "made\n"));
+    let (code, body) = put("tmp/in.txt", "rewritten");
+    assert_eq!(code, 201, "{body}");
+    let again = exec(&served, &id, &["cat", "/tmp/in.txt"], json!({}));
+    assert_eq!(stream(&again, "stdout"), "rewritten", "{again:?}");
+    let (code, body) = served.call_text(
+        KEY,
+        "GET",
+        &format!("{base}/files/tmp/etc-link/passwd"),
+        None,
+    );
+    assert_eq!(code, 404, "the link resolves inside /tmp: {body}");
+    let (code, body) = served.call_text(KEY, "GET", &format!("{base}/files/etc/passwd"), None);
+    assert_eq!(code, 403, "{body}");
+    assert!(!body.contains("root:"), "{body}");
+    close(&served, &id);
+    assert_left_nothing(&dir);
+}
+
+/// The example tool box with its converter's contract on gVisor (`isolation: gvisor`
+/// added): its tools run in a gVisor session of their own.
+fn gvisor_tools() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tools");
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(examples.join("."))
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let contract = dir.path().join("converter.yaml");
+    let text = std::fs::read_to_string(&contract).unwrap();
+    std::fs::write(&contract, format!("isolation: gvisor\n{text}")).unwrap();
+    dir
+}
+
+/// The session a tool's run belonged to ran on gVisor.
+fn assert_ran_on_gvisor(config: &Path, state: &Path, run_id: &str) {
+    let show = |id: &str| -> Value {
+        let out = Command::new(common::airlock_bin())
+            .args(["runs", "--state-dir"])
+            .arg(state)
+            .args(["show", id, "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?} ({})", config.display());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let run = show(run_id);
+    let session = run["run"]["session_id"]
+        .as_str()
+        .expect("a tool runs in a session");
+    let session = show(session);
+    assert_eq!(session["run"]["plan"]["isolation"], "gvisor", "{session}");
+    assert_eq!(session["run"]["status"], "ok", "{session}");
+}
+
+#[test]
+fn a_tool_call_runs_on_gvisor() {
+    require_cells!();
+    let _serial = serial();
+    let tools = gvisor_tools();
+    let config = tools.path().join("airlock.toml");
+    let state = tools.path().join("state");
+    let out = Command::new(common::airlock_bin())
+        .arg("tool")
+        .arg("--config")
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["call", "csv_to_json", "--input", r#"{"csv": "a,b\n1,2\n"}"#])
+        .output()
+        .unwrap();
+    let reply: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", common::output_text(&out)));
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert_eq!(reply["output"]["rows"][0]["b"], "2", "{reply}");
+    assert_ran_on_gvisor(&config, &state, reply["run_id"].as_str().unwrap());
+}
+
+#[test]
+fn an_mcp_tool_call_over_stdio_runs_on_gvisor() {
+    require_cells!();
+    let _serial = serial();
+    let tools = gvisor_tools();
+    let config = tools.path().join("airlock.toml");
+    let state = tools.path().join("state");
+    let mut mcp = Command::new(common::airlock_bin())
+        .arg("mcp")
+        .arg("--config")
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(&state)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = mcp.stdin.take().unwrap();
+    let requests = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"gvisor-test","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"csv_to_json","arguments":{"csv":"a,b\n1,2\n"}}}"#,
+    ];
+    for request in requests {
+        use std::io::Write;
+        writeln!(stdin, "{request}").unwrap();
+    }
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(mcp.stdout.take().unwrap()));
+    let answer = loop {
+        let line = lines.next().expect("an answer to the call").unwrap();
+        let message: Value = serde_json::from_str(&line).unwrap();
+        if message["id"] == 2 {
+            break message;
+        }
+    };
+    drop(stdin);
+    let _ = mcp.wait();
+    let result = &answer["result"];
+    assert_ne!(result["isError"], true, "{answer}");
+    assert_eq!(result["structuredContent"]["rows"][0]["a"], "1", "{answer}");
+    let text: Value = serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_ran_on_gvisor(&config, &state, text["run_id"].as_str().unwrap());
+}
+
+/// A session's supervisor killed with SIGKILL takes its sandbox with it (`runsc run` of
+/// the holder and every `runsc exec` have its parent-death signal); what is left on the
+/// host (directory, tmpfs, cgroups) is `airlock doctor`'s to reap, and it does.
+#[test]
+fn a_sessions_sandbox_dies_with_its_killed_supervisor_and_doctor_reaps_the_rest() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve(300);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    exec(
+        &served,
+        &id,
+        &["sleep", "1000"],
+        json!({"background": true}),
+    );
+    let needle = dir.display().to_string();
+    let until = Instant::now() + Duration::from_secs(20);
+    while host::processes_with(&needle).len() < 3 {
+        assert!(Instant::now() < until, "the command never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let supervisor: i32 = name.split('-').next().unwrap().parse().unwrap();
+    // kill(1) of the pid this test found as the session's supervisor (by its cell).
+    let killed = Command::new("kill")
+        .args(["-KILL", &supervisor.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let gone_by = Instant::now() + Duration::from_secs(10);
+    while !host::processes_with(&needle).is_empty() {
+        assert!(
+            Instant::now() < gone_by,
+            "the sandbox outlived its supervisor: {:?}",
+            host::processes_with(&needle)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A supervisor not reaped yet (the factory reaps once a second) still counts as
+    // alive, and doctor leaves a live supervisor's cell alone.
+    while Path::new(&format!("/proc/{supervisor}")).exists() {
+        assert!(Instant::now() < gone_by, "the supervisor was never reaped");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = Command::new(common::airlock_bin())
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let checks: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reaped = checks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["control"] == "gvisor.leftovers")
+        .unwrap()
+        .clone();
+    assert_eq!(reaped["ok"], true, "{reaped}");
+    assert_left_nothing(&dir);
+    // The service recorded the session's end (its supervisor is gone).
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let session = stored_run(&served, &id);
+        if session["run"]["status"] != "running" {
+            assert_eq!(session["run"]["status"], "runtime_fault", "{session}");
+            break;
+        }
+        assert!(Instant::now() < until, "the session's record stayed open");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The memory ceiling is the whole sandbox's (its kernel included): a command past it
+/// is `capacity_exceeded` (`memory`), and the sandbox, killed by the host's OOM killer,
+/// ends the session; its completion sequence still leaves nothing.
+#[test]
+fn a_command_past_the_memory_ceiling_ends_the_session_and_leaves_nothing() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve_contract(300, "isolation: gvisor\nresources:\n  memory_mb: 128\n");
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let big = exec(
+        &served,
+        &id,
+        &["python3", "-c", "x = bytearray(300 << 20); print(len(x))"],
+        json!({}),
+    );
+    let big = record(&big);
+    assert_eq!(big["status"], "capacity_exceeded", "{big}");
+    assert_eq!(big["limit_fired"], "memory", "{big}");
+    wait_gone(&dir, Duration::from_secs(20));
+    assert_left_nothing(&dir);
+    let session = stored_run(&served, &id);
+    assert_eq!(session["run"]["cleanup_ok"], true, "{session}");
+    assert_eq!(session["run"]["status"], "capacity_exceeded", "{session}");
+}
+
+/// A warm pool of the gVisor tier: a parked sandbox (its holder started, no command)
+/// that a run claims; the run's command is confined exactly as a session's (the same
+/// launcher, process spec and seccomp program), the claimed sandbox is destroyed with
+/// nothing left, and the pool parks a new one.
+#[test]
+fn a_warm_gvisor_cell_runs_a_claimed_command_confined_and_is_replaced() {
+    require_cells!();
+    let _serial = serial();
+    let config = format!(
+        r#"[server]
+listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
+[server.contracts]
+gv = "gv.yaml"
+[server.pools]
+gv = 1
+[server.tenants.alice]
+api_key_sha256 = ["{key}"]
+max_cells = 8
+runs_per_minute = 1000
+"#,
+        key = common::sha256_hex(KEY),
+    );
+    let served = Served::start(&config, |dir| {
+        std::fs::write(dir.join("gv.yaml"), "isolation: gvisor\n").unwrap();
+    });
+    let parked = wait_for_cell(&served, None);
+    // Parked for a while: the run's wall time is its own, not the cell's.
+    std::thread::sleep(Duration::from_secs(2));
+    let script = "id -u; uname -r; \
+                  unshare --user id -u 2>/dev/null && echo UNSHARED; \
+                  echo breach > /etc/x 2>/dev/null && echo WROTE; \
+                  grep CapEff /proc/self/status; \
+                  echo kept > /tmp/t && cat /tmp/t";
+    let (code, record) = served.call(
+        KEY,
+        "POST",
+        "/v1/runs?wait=true",
+        Some(&json!({"contract": "gv", "argv": ["sh", "-c", script]})),
+    );
+    assert_eq!(code, 200, "{record}\n{}", served.log());
+    assert_eq!(record["status"], "ok", "{record}");
+    let wall_ms = record["timings"]["wall_ms"].as_f64().unwrap();
+    assert!(
+        wall_ms < 1500.0,
+        "{wall_ms} ms: the parked time was counted"
+    );
+    let stdout = record["output"]["stdout"]["head"].as_str().unwrap();
+    let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(stdout.starts_with("10001\n"), "{stdout}");
+    assert!(!stdout.contains(host_release.trim()), "{stdout}");
+    assert!(
+        !stdout.contains("UNSHARED"),
+        "the plan's filter was not applied: {stdout}"
+    );
+    assert!(!stdout.contains("WROTE"), "{stdout}");
+    assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
+    assert!(stdout.ends_with("kept\n"), "{stdout}");
+    // The parked sandbox ran it and is gone; the pool parked another.
+    wait_gone(&parked, Duration::from_secs(20));
+    assert_left_nothing(&parked);
+    let next = wait_for_cell(&served, Some(&parked));
+    assert_ne!(next, parked);
+    let stored = stored_run(&served, record["run_id"].as_str().unwrap());
+    assert_eq!(stored["run"]["plan"]["isolation"], "gvisor", "{stored}");
+}
+
+/// The service's one gVisor cell directory other than `not`, once it exists.
+fn wait_for_cell(served: &Served, not: Option<&Path>) -> PathBuf {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let service = served.pid().unwrap();
+        let parent = |pid: u32| -> Option<u32> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (_, after) = stat.rsplit_once(')')?;
+            after.split_whitespace().nth(1)?.parse().ok()
+        };
+        let found = std::fs::read_dir("/run/airlock-gvisor")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| Some(p.as_path()) != not)
+            .find(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                let pid = name.split('-').next().and_then(|p| p.parse().ok());
+                pid.and_then(parent).and_then(parent) == Some(service)
+                    && p.join("bundle/sandbox.pid").exists()
+            });
+        if let Some(dir) = found {
+            return dir;
+        }
+        assert!(Instant::now() < until, "no parked cell: {}", served.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,270 @@
+//! airlock's own small part inside a gVisor session's sandbox: this binary, bound
+//! read-only at [`HELPER_PATH`], run in one of three roles chosen by its first argument
+//! (entered through [`run_inside_sandbox_if_requested`] first thing in `main`):
+//!
+//! - the session's holder, pid 1 of the sandbox: it says it is up (one line on its
+//!   stdout, so the supervisor knows `runsc exec` can reach the container), then reaps
+//!   the orphans of the session's commands until the sandbox is destroyed;
+//! - a command's launcher, the process `runsc exec` starts: it leads a new session (so
+//!   the command and its children are one process group, killed together), installs
+//!   the plan's seccomp program and execs the command. runsc applies the spec's
+//!   `linux.seccomp` to the container's first process only: Debian 12's runsc
+//!   (20221219) starts an exec'd process without it (measured: `uname` denied to the
+//!   first process ran in an exec'd one). So the filter is installed here, inside the
+//!   Sentry, from the same program the native cell installs (the plan's, by its sha256);
+//! - a signal to a command's process group (`kill(-pgid, sig)`), which `runsc kill`
+//!   cannot send: it signals one process or all of them.
+//!
+//! Each runs as the payload's user with no capabilities and no_new_privs (the process
+//! spec of every `runsc exec` is the first payload's: crates/oci `exec_process`).
+
+use crate::error::CellError;
+use crate::sys;
+use airlock_contract::CellPlan;
+use std::path::{Path, PathBuf};
+
+/// Where this binary is bound (read-only) in a session's sandbox.
+pub const HELPER_PATH: &str = "/.airlock-sandbox";
+const HOLDER_ARG: &str = "--airlock-gvisor-holder";
+const LAUNCH_ARG: &str = "--airlock-gvisor-launch";
+const SIGNAL_ARG: &str = "--airlock-gvisor-signal";
+/// What the holder writes on its stdout once it runs.
+pub const HOLDER_READY: &[u8] = b"airlock-holder-ready\n";
+/// The launcher's exit status when the seccomp program cannot be installed (the
+/// command never ran).
+pub const LAUNCH_FAILED: i32 = 125;
+
+/// The holder's command line.
+pub fn holder_argv() -> Vec<String> {
+    vec![HELPER_PATH.to_string(), HOLDER_ARG.to_string()]
+}
+
+/// The launcher's command line for `argv` under `plan`'s seccomp program.
+pub fn launch_argv(plan: &CellPlan, argv: &[String]) -> Vec<String> {
+    let mut line = vec![
+        HELPER_PATH.to_string(),
+        LAUNCH_ARG.to_string(),
+        encode_program(&plan.seccomp.program),
+        "--".to_string(),
+    ];
+    line.extend(argv.iter().cloned());
+    line
+}
+
+/// The command line that sends `signal` to process group `pgid` inside the sandbox.
+pub fn signal_argv(pgid: i32, signal: i32) -> Vec<String> {
+    vec![
+        HELPER_PATH.to_string(),
+        SIGNAL_ARG.to_string(),
+        pgid.to_string(),
+        signal.to_string(),
+    ]
+}
+
+/// The bundle of a session: the holder as the first process, and this binary bound
+/// read-only (no setuid, no devices) at [`HELPER_PATH`] over an empty mount point in
+/// the root skeleton.
+pub fn make_session_spec(
+    spec: &mut airlock_oci::spec_types::Spec,
+    rootfs: &Path,
+) -> Result<(), CellError> {
+    let binary = this_binary()?;
+    let point = rootfs.join(HELPER_PATH.trim_start_matches('/'));
+    std::fs::write(&point, b"").map_err(|e| CellError::io(point.display().to_string(), e))?;
+    let mount = airlock_oci::spec_types::MountBuilder::default()
+        .destination(HELPER_PATH)
+        .typ("bind")
+        .source(binary)
+        .options(vec![
+            "bind".to_string(),
+            "ro".to_string(),
+            "nosuid".to_string(),
+            "nodev".to_string(),
+        ])
+        .build()
+        .map_err(|e| CellError::Launch {
+            stage: "runtime spec".into(),
+            message: e.to_string(),
+        })?;
+    let mut mounts = spec.mounts().clone().unwrap_or_default();
+    mounts.push(mount);
+    spec.set_mounts(Some(mounts));
+    let Some(process) = spec.process_mut() else {
+        return Err(CellError::Launch {
+            stage: "runtime spec".into(),
+            message: "a spec without a process".into(),
+        });
+    };
+    process.set_args(Some(holder_argv()));
+    Ok(())
+}
+
+/// The file of the running binary (the supervisor is this binary, forked by the
+/// engine's cell factory).
+fn this_binary() -> Result<PathBuf, CellError> {
+    std::fs::read_link("/proc/self/exe").map_err(|e| CellError::io("/proc/self/exe", e))
+}
+
+/// Becomes one of the roles above if `argv[1]` names one; returns otherwise.
+pub fn run_inside_sandbox_if_requested() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some(HOLDER_ARG) => hold(),
+        Some(LAUNCH_ARG) => launch(&args[2..]),
+        Some(SIGNAL_ARG) => signal_group(&args[2..]),
+        _ => {}
+    }
+}
+
+fn hold() -> ! {
+    use std::io::Write;
+    let mut stdout = std::io::stdout();
+    let _ = stdout.write_all(HOLDER_READY).and_then(|()| stdout.flush());
+    loop {
+        match sys::wait_child(-1, false) {
+            Ok(_) => {}
+            // No child now: an orphan may become one later.
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(500)),
+        }
+    }
+}
+
+fn launch(args: &[String]) -> ! {
+    use std::os::unix::process::CommandExt;
+    let (Some(program), Some("--")) = (args.first(), args.get(1).map(String::as_str)) else {
+        fail(LAUNCH_FAILED, "the launcher's arguments are malformed")
+    };
+    let Some(argv) = args.get(2..).filter(|a| !a.is_empty()) else {
+        fail(LAUNCH_FAILED, "no command")
+    };
+    let Some(program) = decode_program(program) else {
+        fail(LAUNCH_FAILED, "the seccomp program is malformed")
+    };
+    // A group of its own: the deadline and kill reach the command's children too.
+    // EPERM: it leads a group already (runsc may start it as one), which is enough.
+    match sys::setsid() {
+        Err(e) if e.raw_os_error() != Some(libc::EPERM) => {
+            fail(LAUNCH_FAILED, &format!("setsid: {e}"))
+        }
+        _ => {}
+    }
+    // Set by the process spec already; asked again because seccomp(2) requires it.
+    if let Err(e) = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1) {
+        fail(LAUNCH_FAILED, &format!("no_new_privs: {e}"));
+    }
+    if let Err(e) = sys::install_seccomp_filter(&program) {
+        fail(
+            LAUNCH_FAILED,
+            &format!("installing the seccomp program: {e}"),
+        );
+    }
+    let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
+    let status = sys::exec_failure_status(err.raw_os_error().unwrap_or(libc::EACCES));
+    fail(status, &format!("{}: {err}", argv[0]))
+}
+
+fn signal_group(args: &[String]) -> ! {
+    let (pgid, signal) = match signal_target(args) {
+        Ok(target) => target,
+        Err(why) => fail(2, why),
+    };
+    match sys::kill(-pgid, signal) {
+        Ok(()) => sys::exit_now(0),
+        Err(e) => fail(1, &format!("kill -{signal} -{pgid}: {e}")),
+    }
+}
+
+/// The process group and signal of the signal role: a command's group only, never
+/// pid 1's (the holder's) nor "every process" (`kill(-1)`), nor anything but a signal.
+fn signal_target(args: &[String]) -> Result<(i32, i32), &'static str> {
+    let number = |at: usize| args.get(at).and_then(|a| a.parse::<i32>().ok());
+    let (Some(pgid), Some(signal)) = (number(0), number(1)) else {
+        return Err("usage: <pgid> <signal>");
+    };
+    if pgid <= 1 {
+        return Err("not a command's process group");
+    }
+    if !(1..=64).contains(&signal) {
+        return Err("not a signal");
+    }
+    Ok((pgid, signal))
+}
+
+fn fail(status: i32, why: &str) -> ! {
+    eprintln!("airlock: {why}");
+    sys::exit_now(status)
+}
+
+/// The program as hex, eight bytes an instruction (code, jt, jf, k; little-endian).
+fn encode_program(program: &[airlock_contract::seccomp::BpfInsn]) -> String {
+    let mut text = String::with_capacity(program.len() * 16);
+    for insn in program {
+        let mut bytes = [0u8; 8];
+        bytes[0..2].copy_from_slice(&insn.code.to_le_bytes());
+        bytes[2] = insn.jt;
+        bytes[3] = insn.jf;
+        bytes[4..8].copy_from_slice(&insn.k.to_le_bytes());
+        for b in bytes {
+            text.push_str(&format!("{b:02x}"));
+        }
+    }
+    text
+}
+
+fn decode_program(text: &str) -> Option<Vec<libc::sock_filter>> {
+    if text.is_empty() || !text.len().is_multiple_of(16) || !text.is_ascii() {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok())
+        .collect();
+    let bytes = bytes?;
+    Some(
+        bytes
+            .chunks(8)
+            .map(|b| libc::sock_filter {
+                code: u16::from_le_bytes([b[0], b[1]]),
+                jt: b[2],
+                jf: b[3],
+                k: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_contract::seccomp::BpfInsn;
+
+    #[test]
+    fn a_program_survives_the_command_line() {
+        let program = [
+            BpfInsn::new(0x20, 0, 0, 4),
+            BpfInsn::new(0x15, 1, 0, 0xc000_003e),
+            BpfInsn::new(0x06, 0, 0, 0x7fff_0000),
+        ];
+        let decoded = decode_program(&encode_program(&program)).unwrap();
+        assert_eq!(decoded.len(), 3);
+        assert_eq!(
+            (decoded[1].code, decoded[1].jt, decoded[1].jf, decoded[1].k),
+            (0x15, 1, 0, 0xc000_003e)
+        );
+        assert!(decode_program("").is_none());
+        assert!(decode_program("zz00000000000000").is_none());
+        assert!(decode_program("0000").is_none());
+    }
+
+    #[test]
+    fn a_signal_never_reaches_pid_1_or_every_process() {
+        let args = |pgid: &str, signal: &str| vec![pgid.to_string(), signal.to_string()];
+        assert_eq!(signal_target(&signal_argv(7, 15)[2..]), Ok((7, 15)));
+        assert!(signal_target(&args("1", "9")).is_err());
+        assert!(signal_target(&args("0", "9")).is_err());
+        assert!(signal_target(&args("-1", "9")).is_err());
+        assert!(signal_target(&args("7", "0")).is_err());
+        assert!(signal_target(&args("7", "x")).is_err());
+        assert!(signal_target(&args("7", "")).is_err());
+    }
+}

@@ -280,6 +280,14 @@ fn cell_processes(stored: &Stored) -> (Vec<u32>, Vec<u32>) {
     (direct, payload)
 }
 
+/// SIGKILL to every process of the payload (pid 1 reports their end).
+fn kill_payload(stored: &Stored) {
+    let (_, payload) = cell_processes(stored);
+    for pid in payload {
+        let _ = state::signal(pid, libc::SIGKILL);
+    }
+}
+
 fn kill(root: &Path, id: &str, signal: &str, all: bool) -> Result<ExitCode, String> {
     let signal = state::parse_signal(signal)?;
     let stored = state::load(root, id)?;
@@ -330,18 +338,18 @@ fn delete(globals: &Globals, id: &str, force: bool) -> Result<ExitCode, String> 
         Status::Stopped => {}
         status @ (Status::Running | Status::Paused) if force => {
             // The payload is killed; the supervisor completes the record and ends.
-            let (_, payload) = cell_processes(&stored);
-            for pid in payload {
-                let _ = state::signal(pid, libc::SIGKILL);
-            }
+            kill_payload(&stored);
             if status == Status::Paused {
                 super::resources::thaw_after_kill(&stored);
             }
-            wait_gone(&stored, Duration::from_secs(10));
+            // `start` answers before pid 1 has spawned the payload: a container deleted
+            // (or paused) meanwhile has no payload to kill yet, and pid 1 spawns it
+            // later (once thawed). Whatever payload appears is killed as it appears.
+            wait_gone(&stored, Duration::from_secs(10), || kill_payload(&stored));
         }
         Status::Created if force => {
             let _ = state::signal(stored.pid, libc::SIGKILL);
-            wait_gone(&stored, Duration::from_secs(10));
+            wait_gone(&stored, Duration::from_secs(10), || {});
         }
         status => {
             return Err(format!(
@@ -355,10 +363,12 @@ fn delete(globals: &Globals, id: &str, force: bool) -> Result<ExitCode, String> 
     Ok(ExitCode::SUCCESS)
 }
 
-/// Waits for the supervisor to end; SIGKILL once `grace` has passed.
-fn wait_gone(stored: &Stored, grace: Duration) {
+/// Waits for the supervisor to end, running `meanwhile` between looks; SIGKILL once
+/// `grace` has passed.
+fn wait_gone(stored: &Stored, grace: Duration, meanwhile: impl Fn()) {
     let until = Instant::now() + grace;
     while state::alive(stored.pid, stored.pid_start) {
+        meanwhile();
         if Instant::now() > until {
             let _ = state::signal(stored.pid, libc::SIGKILL);
         }

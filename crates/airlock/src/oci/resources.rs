@@ -211,6 +211,7 @@ fn record(stored: &Stored, kind: &str, body: Value) -> Result<(), String> {
 pub fn events(root: &Path, id: &str, stats: bool, interval: &str) -> Result<ExitCode, String> {
     let every = parse_interval(interval)?;
     let stored = state::load(root, id)?;
+    let mut streamed = false;
     loop {
         if state::status(&stored) == Status::Stopped {
             return match stats {
@@ -218,11 +219,19 @@ pub fn events(root: &Path, id: &str, stats: bool, interval: &str) -> Result<Exit
                 false => Ok(ExitCode::SUCCESS),
             };
         }
-        let cgroup = cell_cgroup(&stored)?;
+        let cgroup = match cell_cgroup(&stored) {
+            Ok(cgroup) => cgroup,
+            // The cell had a cgroup and has none now: it ended, and its supervisor,
+            // still alive, is completing the record (it removes the cgroup before it
+            // exits). The stream ends with the container, as when it is stopped.
+            Err(_) if streamed => return Ok(ExitCode::SUCCESS),
+            Err(err) => return Err(err),
+        };
         println!("{}", stats_event(id, &cgroup.stats()));
         if stats {
             return Ok(ExitCode::SUCCESS);
         }
+        streamed = true;
         std::thread::sleep(every);
     }
 }

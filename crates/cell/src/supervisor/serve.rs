@@ -163,6 +163,8 @@ fn serve(
     };
     // Parked: what supervising needs is done now, not after the command arrives.
     cell.prepare_supervision();
+    // pid 1 waits for START, which only this process sends: it is alive.
+    cell.supervision.hold_writable_mounts();
     if let ServeMode::Session {
         idle_timeout,
         max_lifetime,

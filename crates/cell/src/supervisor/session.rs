@@ -429,11 +429,10 @@ impl Session<'_> {
             supervision.observed.output_mounts =
                 crate::artifacts::OutputMounts::open(supervision.pid, plan);
         }
-        if self.started == 0 && supervision.on_suspected_escape.is_some() {
-            // Held until the session's end: a suspected escape's evidence is copied
-            // from them before the cell is destroyed.
-            supervision.observed.writable_mounts =
-                crate::evidence::WritableMounts::open(supervision.pid, plan);
+        if self.started == 0 && supervision.observed.writable_mounts.is_empty() {
+            // Held until the session's end (usually since the cell parked): a suspected
+            // escape's evidence is copied from them before the cell is destroyed.
+            supervision.hold_writable_mounts();
         }
         self.started += 1;
         let now = Instant::now();

@@ -558,6 +558,21 @@ impl Supervision<'_> {
         if self.artifacts.is_some() {
             self.observed.output_mounts = artifacts::OutputMounts::open(self.pid, self.plan);
         }
+        if self.observed.writable_mounts.is_empty() {
+            // Not held while parked (a cold run: START was sent before the cell parked):
+            // only reachable while pid 1 lives.
+            self.hold_writable_mounts();
+        }
+    }
+
+    /// Opens the writable paths a suspected escape's evidence is copied from, through
+    /// `/proc/<pid 1>/root`: pid 1 must be alive, its mounts final. A parked cell's are
+    /// (it built its root before parking, and the payload cannot mount), and its pid 1
+    /// waits for START: held then, nothing can race. Read at the payload's
+    /// `CommandStarted`, pid 1 may already be gone with a payload that ended quickly
+    /// while the supervisor waited for a CPU (a zombie's root cannot be opened), and
+    /// the evidence with it.
+    pub fn hold_writable_mounts(&mut self) {
         if self.on_suspected_escape.is_some() {
             self.observed.writable_mounts =
                 crate::evidence::WritableMounts::open(self.pid, self.plan);

@@ -37,7 +37,10 @@ pub struct ChildSetup<'a> {
     pub sync: Pid1Channel,
     /// The null device: pid 1's own stdin, stdout and stderr.
     pub null: OwnedFd,
-    pub has_artifacts: bool,
+    /// pid 1 waits after the payload's end until the supervisor says COLLECTED: its
+    /// root stays reachable through /proc/<pid>/root for the artifacts' collection and a
+    /// suspected escape's evidence.
+    pub waits_for_collection: bool,
     /// A session's pid 1 serves further commands after the first, until CLOSE.
     pub session: bool,
     /// A container's pid 1 (an OCI runtime's cell) serves further commands (EXEC) while
@@ -632,8 +635,9 @@ fn report_end(setup: ChildSetup<'_>, wait_status: i32) -> ! {
         shm_full: rootfs::shm_is_full(),
     };
     setup.sync.payload_ended(ended);
-    if setup.has_artifacts {
-        // The supervisor reads artifacts through /proc/<pid>/root while we are alive:
+    if setup.waits_for_collection {
+        // The supervisor reads artifacts and evidence through /proc/<pid>/root while we
+        // are alive:
         // COLLECTED (or its death) lets us go.
         let _ = setup.sync.recv();
     }

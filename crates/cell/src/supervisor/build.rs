@@ -151,7 +151,10 @@ pub fn build<'a>(
     plan: &'a CellPlan,
     preflight: Preflight,
     started: Instant,
-    artifacts: Option<ArtifactRequest>,
+    (artifacts, on_suspected_escape): (
+        Option<ArtifactRequest>,
+        Option<crate::evidence::OnSuspectedEscape>,
+    ),
     mut caller_terminal: Option<CallerTerminal>,
     role: Pid1Role,
     host_ids: HostIdRange,
@@ -172,11 +175,16 @@ pub fn build<'a>(
     // Decided once, before the clone: in the child, until its maps are written, every id
     // is the overflow id, and its capabilities are those of its new user namespace.
     let clones_in_cell = cell_clones_its_sources();
+    // Artifacts and a suspected escape's evidence are read through pid 1's root after
+    // the payload ended: pid 1 waits for them. Without the wait, a payload that ends at
+    // once can take pid 1 (and its root) with it before a supervisor that waited for a
+    // CPU has opened anything.
+    let pid1_waits_for_collection = artifacts.is_some() || on_suspected_escape.is_some();
     let spawned = spawn_cell(
         (single, &supervisor.command_line),
         (host, lease.slot_fd()),
         (plan, clones_in_cell, &ceilings),
-        artifacts.is_some(),
+        pid1_waits_for_collection,
         role,
         payload_cpus.as_ref(),
         caller_terminal.as_mut(),
@@ -273,7 +281,8 @@ pub fn build<'a>(
         caller: None,
         artifacts,
         parked: false,
-        on_suspected_escape: None,
+        on_suspected_escape,
+        pid1_waits_for_collection,
         door: None,
     };
     Ok(Cell {
@@ -607,7 +616,7 @@ fn spawn_cell(
     (single, supervisor_command_line): (sys::SingleThreaded, &sys::CommandLineArea),
     (host, slot): (HostIdentity, Option<RawFd>),
     (plan, clones_in_cell, ceilings): (&CellPlan, bool, &Ceilings),
-    has_artifacts: bool,
+    waits_for_collection: bool,
     role: Pid1Role,
     payload_cpus: Option<&sys::CpuSet>,
     caller_terminal: Option<&mut CallerTerminal>,
@@ -675,7 +684,7 @@ fn spawn_cell(
                 plan,
                 sync: Pid1Channel::new(sync_child),
                 null,
-                has_artifacts,
+                waits_for_collection,
                 session: role == Pid1Role::Session,
                 serves_execs: role == Pid1Role::Container,
                 setup_cpu,

@@ -334,12 +334,11 @@ fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, 
         plan,
         preflight,
         started,
-        artifacts,
+        (artifacts, options.on_suspected_escape.clone()),
         caller_terminal,
         role,
         options.host_ids,
     )?;
-    cell.supervision.on_suspected_escape = options.on_suspected_escape.clone();
     cell.supervision.door =
         (options.doors.take()).map(|doors| crate::exec_door::Door::new(doors, options.credentials));
     // Opened while the cell finishes its setup; an error kills the cell like any other.

@@ -124,8 +124,15 @@ fn serve(
         ServeMode::Session { .. } => build::Pid1Role::Session,
         ServeMode::OneShot => build::Pid1Role::OneShot,
     };
-    let mut cell = build::build(plan, preflight, started, artifacts, None, role, host_ids)?;
-    cell.supervision.on_suspected_escape = on_suspected_escape;
+    let mut cell = build::build(
+        plan,
+        preflight,
+        started,
+        (artifacts, on_suspected_escape),
+        None,
+        role,
+        host_ids,
+    )?;
     match cell.supervision.wait_parked(egress, control)? {
         Parking::Parked => {}
         Parking::Gone => {

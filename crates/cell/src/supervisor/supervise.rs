@@ -153,6 +153,9 @@ pub struct Supervision<'a> {
     pub parked: bool,
     /// Where a suspected escape's writable paths go (crate::evidence), if anywhere.
     pub on_suspected_escape: Option<crate::evidence::OnSuspectedEscape>,
+    /// pid 1 waits after the payload's end until told the collection is done (it was
+    /// built with artifacts or evidence to collect).
+    pub pid1_waits_for_collection: bool,
     /// A container's further commands and console socket (crate::exec_door).
     pub door: Option<Door>,
 }
@@ -676,17 +679,24 @@ impl Supervision<'_> {
         }
     }
 
-    /// The payload ended and pid 1 waits: collect, then let it go.
+    /// The payload ended and pid 1 waits (when it was built to): hold what a suspected
+    /// escape's evidence needs and collect the artifacts, then let it go.
     pub fn collect_artifacts(&mut self) {
-        let Some(request) = self.artifacts.clone() else {
+        if !self.pid1_waits_for_collection {
             return;
-        };
-        if self.observed.output_mounts.is_empty() {
-            // The payload's exec failed: nothing was held, pid 1 is alive.
-            self.observed.output_mounts = artifacts::OutputMounts::open(self.pid, self.plan);
         }
-        let mounts = std::mem::take(&mut self.observed.output_mounts);
-        self.observed.artifacts = Some(artifacts::collect(&mounts, self.plan, &request));
+        if self.observed.writable_mounts.is_empty() {
+            // Not held yet (a cold run, or an exec that failed): pid 1 is alive.
+            self.hold_writable_mounts();
+        }
+        if let Some(request) = self.artifacts.clone() {
+            if self.observed.output_mounts.is_empty() {
+                // The payload's exec failed: nothing was held, pid 1 is alive.
+                self.observed.output_mounts = artifacts::OutputMounts::open(self.pid, self.plan);
+            }
+            let mounts = std::mem::take(&mut self.observed.output_mounts);
+            self.observed.artifacts = Some(artifacts::collect(&mounts, self.plan, &request));
+        }
         if let Some(sync) = &self.sync {
             let _ = sync.artifacts_collected();
         }

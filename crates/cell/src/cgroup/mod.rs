@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 pub use v1::V1;
 pub use v2::V2;
 
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+pub(crate) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Name of the directory below each hierarchy root that holds airlock's cells.
 const PARENT_NAME: &str = "airlock";
 const CPU_PERIOD_US: u64 = 100_000;
@@ -85,7 +85,7 @@ impl CgroupLayout {
     }
 
     /// Each hierarchy's root, in the order of a cell's `dirs`.
-    fn roots(&self) -> Vec<PathBuf> {
+    pub(crate) fn roots(&self) -> Vec<PathBuf> {
         match self {
             CgroupLayout::V2(v2) => vec![v2.root.clone()],
             CgroupLayout::V1(v1) => v1.hierarchies().into_iter().cloned().collect(),

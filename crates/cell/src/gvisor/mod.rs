@@ -596,7 +596,11 @@ struct RunscCgroups {
 
 impl RunscCgroups {
     fn before(layout: &CgroupLayout, relative: &Path) -> RunscCgroups {
-        let missing = other_hierarchies(layout)
+        RunscCgroups::in_hierarchies(other_hierarchies(layout), relative)
+    }
+
+    fn in_hierarchies(hierarchies: Vec<PathBuf>, relative: &Path) -> RunscCgroups {
+        let missing = hierarchies
             .into_iter()
             .map(|root| {
                 let mut dir = root;
@@ -619,7 +623,8 @@ impl RunscCgroups {
         let mut left = Vec::new();
         for missing in &self.missing {
             for (depth, dir) in missing.iter().enumerate().rev() {
-                let leaf = depth + 1 == missing.len() && dir_is_leaf_of(dir, missing);
+                // The deepest is runsc's cgroup itself; the others are parents.
+                let leaf = depth + 1 == missing.len();
                 match std::fs::remove_dir(dir) {
                     Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -630,11 +635,6 @@ impl RunscCgroups {
         }
         left
     }
-}
-
-/// Whether `dir` is the last of `missing`, i.e. runsc's cgroup itself (not a parent).
-fn dir_is_leaf_of(dir: &Path, missing: &[PathBuf]) -> bool {
-    missing.last().is_some_and(|last| last == dir)
 }
 
 /// The v1 hierarchies mounted under `/sys/fs/cgroup` other than airlock's (none on v2:
@@ -899,6 +899,28 @@ fn advance(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_runsc_made_of_its_path_is_removed_and_what_was_there_is_left() {
+        let root = tempfile::tempdir().unwrap();
+        let (cpuset, blkio) = (root.path().join("cpuset"), root.path().join("blkio"));
+        std::fs::create_dir_all(cpuset.join("kubepods")).unwrap();
+        std::fs::create_dir_all(&blkio).unwrap();
+        let relative = Path::new("kubepods/c1/cell");
+        let made = RunscCgroups::in_hierarchies(vec![cpuset.clone(), blkio.clone()], relative);
+        // runsc makes the whole path; meanwhile a sibling container uses blkio's parent.
+        std::fs::create_dir_all(cpuset.join(relative)).unwrap();
+        std::fs::create_dir_all(blkio.join(relative)).unwrap();
+        std::fs::create_dir_all(blkio.join("kubepods/c2")).unwrap();
+        assert!(made.remove().is_empty());
+        assert!(cpuset.join("kubepods").is_dir(), "there before: left");
+        assert!(!cpuset.join("kubepods/c1").exists());
+        assert!(!blkio.join("kubepods/c1").exists());
+        assert!(
+            blkio.join("kubepods/c2").is_dir(),
+            "a sibling's parent is left"
+        );
+    }
 
     #[test]
     fn the_cpu_of_reaped_processes_adds_to_the_sandbox_process_own() {

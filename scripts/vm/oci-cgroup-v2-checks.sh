@@ -114,10 +114,10 @@ for p in $cellpids; do grep -qx "0::/kubepods/burstable/pod1/c2/cell" /proc/$p/c
   || fail "cgroupsPath: cell $(echo $cellpids), container $(cat $C/cgroup.procs 2>/dev/null)"
 grep -qw memory $CG/kubepods/burstable/pod1/cgroup.subtree_control \
   && [ -z "$(cat $C/cgroup.subtree_control)" ] \
-  && [ "$(cat $C/memory.max)" = 134217728 ] && [ "$(cat $C/pids.max)" = 25 ] \
+  && [ "$(cat $C/memory.max)" = 134217728 ] && [ "$(cat $C/pids.max)" = $((17 + $(ls /proc/$sup/task | wc -l))) ] \
   && [ "$(cat $C/memory.oom.group)" = 1 ] && [ "$(cat /proc/$sup/oom_score_adj)" = -1000 ] \
-  && pass "cgroupsPath: the ceilings at the container cgroup (pids 16+1+8), no controllers below it, the supervisor exempt from the OOM killer" \
-  || fail "cgroupsPath: memory.max $(cat $C/memory.max) pids.max $(cat $C/pids.max) subtree '$(cat $C/cgroup.subtree_control)' oom.group $(cat $C/memory.oom.group) adj $(cat /proc/$sup/oom_score_adj)"
+  && pass "cgroupsPath: the ceilings at the container cgroup (pids 16+1+the supervisor's $(ls /proc/$sup/task | wc -l) tasks), no controllers below it, the supervisor exempt from the OOM killer" \
+  || fail "cgroupsPath: supervisor tasks $(ls /proc/$sup/task | wc -l), memory.max $(cat $C/memory.max) pids.max $(cat $C/pids.max) subtree '$(cat $C/cgroup.subtree_control)' oom.group $(cat $C/memory.oom.group) adj $(cat /proc/$sup/oom_score_adj)"
 i=0
 while [ "$(cat $C/memory.current)" -lt 20971520 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 [ "$(cat $C/memory.current)" -ge 20971520 ] \
@@ -144,8 +144,9 @@ echo "$record" | grep -E '"(status|limit_fired)"'
   || fail "cgroupsPath: OOM: status $(status2), oom_kill ${oom:-gone}"
 oci delete c2 || fail "cgroupsPath: delete"
 [ ! -e $CG/kubepods ] && pass "cgroupsPath: nothing airlock created is left" || fail "cgroupsPath: left: $(find $CG/kubepods -type d)"
-# The pids ceiling on v2 is the container cgroup's (16 + pid 1 + 8 for the supervisor);
-# the cell's RLIMIT_NPROC (process_limit + 2, per its user namespace) is a backstop.
+# The pids ceiling on v2 is the container cgroup's: at START it becomes exact (16 + pid 1
+# + the supervisor's tasks then), so it fires before the cell's RLIMIT_NPROC backstop
+# (process_limit + 2, per its user namespace) and is recorded as the pids ceiling.
 mkdir -p b4
 sed -e "s|\"path\": \"rootfs\"|\"path\": \"$work/rootfs\"|" \
     -e 's|"args": \[[^]]*\]|"args": ["/bin/sh", "-c", "i=0; while [ $i -lt 60 ]; do sleep 100 \& i=$((i+1)); echo $i; done"]|' \
@@ -157,9 +158,12 @@ while [ "$(oci state c4 2>/dev/null | grep -o '"status": "[a-z]*"' | cut -d'"' -
 forks=$(tail -n 1 out4.txt)
 record=$("$AIRLOCK" runs list --state-dir "$work/store" --json --limit 1 2>&1)
 echo "fork bomb under process_limit 16: $forks background sleeps started; $(echo "$record" | grep -E '"(status|limit_fired)"' | head -n 2 | tr -d '\n ')"
-[ -n "$forks" ] && [ "$forks" -le 24 ] \
-  && pass "cgroupsPath: a fork bomb stays within the container's pids ceiling" \
+[ "$forks" = 15 ] \
+  && pass "cgroupsPath: a fork bomb gets exactly the cell's pids ceiling (sh + 15 = process_limit 16)" \
   || fail "cgroupsPath: fork bomb started ${forks:-none}"
+echo "$record" | grep -Eq '"status": ?"capacity_exceeded"' && echo "$record" | grep -Eq '"limit_fired": ?"pids"' \
+  && pass "cgroupsPath: the fork bomb is recorded as the pids ceiling (capacity_exceeded, pids)" \
+  || fail "cgroupsPath: the fork bomb is not recorded as the pids ceiling"
 oci delete c4 || fail "delete c4"
 mkdir -p b3
 sed -e "s|\"path\": \"rootfs\"|\"path\": \"$work/rootfs\"|" \

@@ -937,3 +937,183 @@ fn without_a_cgroups_path_the_cell_is_in_airlocks_own_cgroup() {
     let record = containerd.record_of("c1");
     containerd.assert_nothing_left("c1", &record);
 }
+
+/// Every cgroup hierarchy mounted under /sys/fs/cgroup (runsc makes its path in the ones
+/// airlock does not use too).
+fn all_hierarchies() -> Vec<std::path::PathBuf> {
+    let root = Path::new("/sys/fs/cgroup");
+    if root.join("cgroup.procs").exists() {
+        return vec![root.to_path_buf()];
+    }
+    std::fs::read_dir(root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("cgroup.procs").exists())
+        .collect()
+}
+
+/// Fails unless runsc is installed (the gVisor tier's container tests need it: a host
+/// without it is not one these tests may pass on).
+fn require_runsc() {
+    let found = ["/usr/bin/runsc", "/usr/local/bin/runsc", "/usr/sbin/runsc"]
+        .iter()
+        .any(|p| Path::new(p).exists());
+    assert!(
+        found,
+        "runsc is not installed (the gVisor tier's tests need it)"
+    );
+}
+
+/// A container whose contract selects `isolation: gvisor`, with a cgroupsPath: runsc's
+/// sandbox and gofer sit in the container cgroup's `cell` leaf, the supervisor (and
+/// `runsc run`) in the container cgroup with the ceilings; `ctr task metrics` counts the
+/// payload's memory; the memory ceiling holds and is recorded; nothing is left.
+#[test]
+fn a_gvisor_container_runs_in_its_cgroups_path_within_its_ceilings_and_leaves_nothing() {
+    require_cells!();
+    require_runsc();
+    let containerd = Containerd::start("cgpath-gvisor");
+    let cgroup = TestCgroup::new("gvisor");
+    std::fs::write(
+        containerd.path("contracts/gvisor.yaml"),
+        "isolation: gvisor\nresources:\n  memory_mb: 256\n  process_limit: 16\n  wall_time_seconds: 120\n",
+    )
+    .unwrap();
+    let annotation = ["--annotation", "airlock.dev/contract=gvisor"];
+    let out = containerd.run(
+        &[annotation[0], annotation[1], "--cgroup", &cgroup.path("c0")],
+        "c0",
+        &[
+            "/bin/sh",
+            "-c",
+            "echo hello from $(uname -r); touch /bin/x && echo BREACH-IMAGE-WRITTEN; test -e /usr/lib/os-release && echo BREACH-HOST-USR; true",
+        ],
+    );
+    let said = common::output_text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("hello from 4.4.0"), "gVisor's kernel: {said}");
+    // The image's tree is read-only and the host's system tree is not in the sandbox.
+    assert!(!said.contains("BREACH"), "{said}");
+    let record = containerd.record_of("c0");
+    assert_eq!(record["status"], "ok", "{record:#}");
+    containerd.assert_nothing_left("c0", &record);
+
+    // A long-lived one: where its processes are, and what metrics say.
+    let path = cgroup.path("c1");
+    let out = containerd.run(
+        &["-d", annotation[0], annotation[1], "--cgroup", &path],
+        "c1",
+        &["/bin/sh", "-c", "tail -c 41943040 /dev/zero"],
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    containerd.wait_status("c1", "RUNNING");
+    let state = containerd.state_root().join("c1/state.json");
+    let stored: Value = serde_json::from_slice(&std::fs::read(state).unwrap()).unwrap();
+    let supervisor = stored["pid"].as_u64().unwrap() as u32;
+    let roots = common::containerd::cgroup_hierarchies();
+    let dirs = cgroup.dirs("c1");
+    // `start` lets the supervisor start `runsc run`, which then makes the sandbox.
+    wait_for("the sandbox and its gofer", Duration::from_secs(30), || {
+        dirs.iter().all(|d| procs(&d.join("cell")).len() >= 2)
+    });
+    for (root, dir) in roots.iter().zip(&dirs) {
+        assert_eq!(cgroup_of(supervisor, root), path, "{}", root.display());
+        // The sandbox and its gofer (runsc's processes) in the leaf.
+        let cell = procs(&dir.join("cell"));
+        for pid in &cell {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            assert!(
+                String::from_utf8_lossy(&cmdline).contains("runsc"),
+                "pid {pid} in {dir:?} is not runsc's"
+            );
+        }
+        // Nothing but the supervisor and `runsc run` (its child) at the container cgroup.
+        for pid in procs(dir) {
+            assert!(
+                pid == supervisor || parent_of(pid) == supervisor,
+                "pid {pid} at {dir:?}"
+            );
+        }
+    }
+    let v2 = roots.len() == 1;
+    let memory_limit = if v2 {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    assert_eq!(read_number(&dirs[0].join(memory_limit)), 256 << 20);
+    // A second gVisor container cannot take the live one's cgroup.
+    let taken = containerd.run(
+        &[annotation[0], annotation[1], "--cgroup", &path],
+        "c3",
+        &["/bin/true"],
+    );
+    let said = common::output_text(&taken);
+    assert!(
+        !taken.status.success(),
+        "BREACH: a live container's cgroup taken: {said}"
+    );
+    assert!(said.contains("a container cgroup must be empty"), "{said}");
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = containerd.ctr(&["task", "metrics", "c1"]);
+        let table = common::output_text(&metrics);
+        let usage = metric(&table, &["memory.usage_in_bytes", "memory.usage"]).unwrap_or(0);
+        if usage >= 40 << 20 {
+            assert!(usage <= 256 << 20, "{table}");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "metrics never showed the payload's 40 MiB: {table}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let kill = containerd.ctr(&["task", "kill", "-s", "SIGKILL", "c1"]);
+    assert!(kill.status.success(), "{}", common::output_text(&kill));
+    containerd.wait_status("c1", "STOPPED");
+    for args in [["task", "delete", "c1"], ["container", "delete", "c1"]] {
+        let delete = containerd.ctr(&args);
+        assert!(delete.status.success(), "{}", common::output_text(&delete));
+    }
+    let record = containerd.record_of("c1");
+    containerd.assert_nothing_left("c1", &record);
+
+    // Over the memory ceiling: killed, recorded as the memory ceiling.
+    let out = containerd.run(
+        &[annotation[0], annotation[1], "--cgroup", &cgroup.path("c2")],
+        "c2",
+        &["/bin/tail", "-c", "536870912", "/dev/zero"],
+    );
+    assert!(!out.status.success(), "{}", common::output_text(&out));
+    let record = containerd.record_of("c2");
+    assert_eq!(record["status"], "capacity_exceeded", "{record:#}");
+    let hit = record["result"]["limits_hit"].to_string();
+    assert!(
+        hit.contains("memory"),
+        "recorded as the memory ceiling: {record:#}"
+    );
+    containerd.assert_nothing_left("c2", &record);
+
+    // No runsc process, state or cgroup of these containers anywhere.
+    for hierarchy in all_hierarchies() {
+        let top = hierarchy.join(&cgroup.top);
+        assert!(!top.exists(), "left: {}", top.display());
+    }
+    let runsc_left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("runsc") && c.contains(&cgroup.top))
+        .collect();
+    assert!(runsc_left.is_empty(), "runsc left: {runsc_left:?}");
+}
+
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}

@@ -678,7 +678,6 @@ fn check_isolation(contract: &Contract, errors: &mut Errors) {
             "broker_actions",
             "broker actions",
         ),
-        (contract.image != HOST_IMAGE, "image", "an OCI image root"),
     ];
     for (used, field, what) in unsupported {
         if used {

@@ -63,10 +63,11 @@ pub enum OciError {
 pub struct BundleHost {
     /// The bundle's root directory (the skeleton of mount points).
     pub rootfs: PathBuf,
-    /// The plan's host system directories that are directories on this host, to bind
-    /// (a symlink of merged `/usr` is in the skeleton instead, an absent optional one is
-    /// nowhere).
-    pub system: Vec<PathBuf>,
+    /// `(host source, cell target)` of the system tree's directories to bind: the plan's
+    /// host system directories that are directories on this host (a symlink of merged
+    /// `/usr` is in the skeleton instead, an absent optional one is nowhere), or the
+    /// entries of an OCI image's layer (its symlinks are in the skeleton).
+    pub system: Vec<(PathBuf, PathBuf)>,
     /// `(host source, cell target)` of each `/etc` entry that exists on the host.
     pub etc_entries: Vec<(PathBuf, PathBuf)>,
     /// One host directory (a size-capped tmpfs) per writable path of the plan, in order.
@@ -77,6 +78,9 @@ pub struct BundleHost {
     pub root_host_id: u32,
     /// The host id (uid and gid) the payload's identity maps to.
     pub payload_host_id: u32,
+    /// The sandbox's and gofer's `oom_score_adj` (runsc applies the spec's
+    /// `process.oomScoreAdj` to both); `None`: they inherit runsc's.
+    pub oom_score_adj: Option<i32>,
 }
 
 /// The runtime spec of `plan` on the host paths of `host`; `env` is the payload's exact
@@ -98,7 +102,7 @@ pub fn runtime_spec(
         .root(root)
         .hostname(plan.hostname.clone())
         .mounts(mounts(plan, host)?)
-        .process(process(plan, env)?)
+        .process(process(plan, env, host.oom_score_adj)?)
         .linux(linux(plan, host)?)
         .build()?;
     spec.set_annotations(None);
@@ -114,12 +118,18 @@ pub fn exec_process(
     args: Vec<String>,
     env: Vec<String>,
 ) -> Result<oci_spec::runtime::Process, OciError> {
-    let mut process = process(plan, env)?;
+    // Only the sandbox's processes carry the container's oom_score_adj (runsc applies
+    // it to the sandbox and gofer), not a command inside it.
+    let mut process = process(plan, env, None)?;
     process.set_args(Some(args));
     Ok(process)
 }
 
-fn process(plan: &CellPlan, env: Vec<String>) -> Result<oci_spec::runtime::Process, OciError> {
+fn process(
+    plan: &CellPlan,
+    env: Vec<String>,
+    oom_score_adj: Option<i32>,
+) -> Result<oci_spec::runtime::Process, OciError> {
     let user = UserBuilder::default()
         .uid(plan.identity.uid)
         .gid(plan.identity.gid)
@@ -145,6 +155,7 @@ fn process(plan: &CellPlan, env: Vec<String>) -> Result<oci_spec::runtime::Proce
         .build()?;
     process.set_apparmor_profile(None);
     process.set_selinux_label(None);
+    process.set_oom_score_adj(oom_score_adj);
     Ok(process)
 }
 
@@ -247,8 +258,8 @@ fn mounts(plan: &CellPlan, host: &BundleHost) -> Result<Vec<Mount>, OciError> {
             ],
         )?,
     ];
-    for system in &host.system {
-        mounts.push(bind(system, system, &["ro", "nosuid", "nodev"])?);
+    for (source, target) in &host.system {
+        mounts.push(bind(source, target, &["ro", "nosuid", "nodev"])?);
     }
     for (source, target) in &host.etc_entries {
         mounts.push(bind(source, target, &["ro", "nosuid", "nodev", "noexec"])?);
@@ -267,8 +278,8 @@ fn mounts(plan: &CellPlan, host: &BundleHost) -> Result<Vec<Mount>, OciError> {
                 }
                 mounts.push(bind(dir, target, &options)?);
             }
-            // The host's system directories are `host.system`; an image root and the
-            // broker's socket are refused by validation for this tier.
+            // The system tree (the host's or the image's) is `host.system`; the broker's
+            // socket is refused by validation for this tier.
             MountPlan::HostSystem { .. }
             | MountPlan::ImageSystem { .. }
             | MountPlan::BrokerSocket { .. } => {}

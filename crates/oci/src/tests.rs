@@ -25,7 +25,7 @@ fn plan() -> CellPlan {
 fn host() -> BundleHost {
     BundleHost {
         rootfs: PathBuf::from("/run/airlock-gvisor/c/bundle/rootfs"),
-        system: vec![PathBuf::from("/usr")],
+        system: vec![(PathBuf::from("/usr"), PathBuf::from("/usr"))],
         etc_entries: vec![(
             PathBuf::from("/etc/ld.so.cache"),
             PathBuf::from("/etc/ld.so.cache"),
@@ -34,6 +34,7 @@ fn host() -> BundleHost {
         cgroups_path: PathBuf::from("/airlock/1-2-3"),
         root_host_id: 1_000_000_007,
         payload_host_id: 1_000_000_008,
+        oom_score_adj: None,
     }
 }
 
@@ -110,6 +111,18 @@ fn the_cgroup_is_airlocks_and_the_spec_sets_no_resources_runsc_would_own() {
         Some(Path::new("/airlock/1-2-3"))
     );
     assert!(linux.resources().is_none());
+}
+
+#[test]
+fn the_sandbox_oom_score_is_set_only_when_asked() {
+    let process = spec().process().clone().unwrap();
+    assert_eq!(process.oom_score_adj(), None);
+    let host = BundleHost {
+        oom_score_adj: Some(1000),
+        ..host()
+    };
+    let spec = runtime_spec(&plan(), &host, Vec::new()).unwrap();
+    assert_eq!(spec.process().as_ref().unwrap().oom_score_adj(), Some(1000));
 }
 
 #[test]

@@ -119,7 +119,7 @@ pub fn supervise(
         Ok(listener) => listener,
         Err(err) => return fail(format!("container {id}: the start socket: {err}")),
     };
-    let doors = match super::exec::doors(&dir, console_socket) {
+    let doors = match container_doors(&dir, console_socket, &plan) {
         Ok(doors) => airlock_cell::exec_door::ContainerDoors { cgroup, ..doors },
         Err(err) => return fail(format!("container {id}: {err}")),
     };
@@ -170,7 +170,6 @@ type Planned = (ContainerTerms, CellPlan, String);
 
 /// The container's own cgroup, from `linux.cgroupsPath` read with `--systemd-cgroup`
 /// (airlock_oci::cgroups_path); `None` (airlock's own `/airlock/<name>`) without one.
-/// The gVisor tier's sandbox joins airlock's own cgroup only: refused with one.
 fn with_cgroup(
     planned: Planned,
     systemd: bool,
@@ -179,11 +178,6 @@ fn with_cgroup(
         return Ok((planned, None));
     };
     let refuse = |error: String| Err(Stop::Refuse(planned.0.argv.clone(), error));
-    if planned.1.isolation == airlock_contract::Isolation::Gvisor {
-        return refuse(format!(
-            "config.json linux.cgroupsPath ({raw}): the gVisor tier cannot run in a container cgroup (its sandbox joins airlock's own cgroup; not built)"
-        ));
-    }
     let path = match airlock_oci::cgroups_path::container_cgroup(&raw, systemd) {
         Ok(path) => path,
         Err(refusal) => return refuse(refusal.to_string()),
@@ -192,6 +186,24 @@ fn with_cgroup(
         Ok(path) => Ok((planned, Some(path))),
         Err(err) => refuse(err.to_string()),
     }
+}
+
+/// The container's doors: the exec socket and the console. A gVisor cell gets no exec
+/// socket (runsc's exec is not wired: an exec finds no socket and fails); its console is
+/// refused with its terminal by the tier's preflight.
+fn container_doors(
+    dir: &Path,
+    console_socket: Option<&Path>,
+    plan: &CellPlan,
+) -> Result<airlock_cell::exec_door::ContainerDoors, String> {
+    if plan.isolation == airlock_contract::Isolation::Gvisor {
+        return Ok(airlock_cell::exec_door::ContainerDoors {
+            exec: None,
+            console: None,
+            cgroup: None,
+        });
+    }
+    super::exec::doors(dir, console_socket)
 }
 
 /// The engine's hook once the begin record exists: the state is written, `create` told,

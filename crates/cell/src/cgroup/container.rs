@@ -21,7 +21,9 @@
 //! - v1 has no such rule: the cell also gets the plan's exact limits, and C the same with
 //!   the supervisor's allowance (below); the freezer acts on the cell.
 //! - `pids.max` of C is the cell's plus [`SUPERVISOR_TASKS`] (its own threads: the main
-//!   one, the mount helper, the egress proxy, the store writer, the input hasher).
+//!   one, the mount helper, the egress proxy, the store writer, the input hasher). On v2,
+//!   where it is the cell's only pids ceiling, it is made exact when the payload is let go
+//!   ([`CellCgroup::fix_container_pids`]: the cell's plus the supervisor's tasks then).
 //!
 //! The path's parents are created as runc does, and only the directories created here are
 //! removed at the end (the supervisor first moves back to where it came from). A C that
@@ -453,6 +455,28 @@ mod tests {
         touch(&memory.join("memory.oom_control"), "oom_kill 1\n");
         touch(&memory.join("cell/memory.oom_control"), "oom_kill 2\n");
         assert_eq!(cgroup.usage().oom_kills, 3);
+    }
+
+    #[test]
+    fn v2_fixes_the_container_pids_ceiling_at_the_cells_plus_the_supervisors_tasks_at_start() {
+        let (root, layout) = v2_fixture();
+        let cgroup = CellCgroup::create_in_container(&layout, &path("pods/c1"), &limits()).unwrap();
+        let container = root.path().join("pods/c1");
+        assert_eq!(read(&container.join("pids.max")), "73");
+        // Six tasks in the container cgroup: the cell's parked pid 1 and five threads of
+        // the supervisor.
+        touch(&container.join("pids.current"), "6\n");
+        touch(&container.join("cell/cgroup.threads"), "4242\n");
+        cgroup.fix_container_pids(65).unwrap();
+        assert_eq!(read(&container.join("pids.max")), "70");
+    }
+
+    #[test]
+    fn v1_keeps_the_container_pids_allowance_since_the_cell_has_its_own_ceiling() {
+        let (root, layout) = v1_fixture();
+        let cgroup = CellCgroup::create_in_container(&layout, &path("ns/c1"), &limits()).unwrap();
+        cgroup.fix_container_pids(65).unwrap();
+        assert_eq!(read(&root.path().join("pids/ns/c1/pids.max")), "73");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 pub use v1::V1;
 pub use v2::V2;
 
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+pub(crate) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Name of the directory below each hierarchy root that holds airlock's cells.
 const PARENT_NAME: &str = "airlock";
 const CPU_PERIOD_US: u64 = 100_000;
@@ -85,7 +85,7 @@ impl CgroupLayout {
     }
 
     /// Each hierarchy's root, in the order of a cell's `dirs`.
-    fn roots(&self) -> Vec<PathBuf> {
+    pub(crate) fn roots(&self) -> Vec<PathBuf> {
         match self {
             CgroupLayout::V2(v2) => vec![v2.root.clone()],
             CgroupLayout::V1(v1) => v1.hierarchies().into_iter().cloned().collect(),
@@ -519,6 +519,43 @@ impl CellCgroup {
             dirs,
             container: Some(Box::new(container)),
         })
+    }
+
+    /// v2, in a container cgroup: C's `pids.max` becomes the cell's exact ceiling
+    /// (`cell_pids_max`) plus the tasks C holds now outside the cell (the supervisor's
+    /// threads), so a fork the ceiling refuses is counted in C's `pids.events` and
+    /// classified `pids`, before the cell's `RLIMIT_NPROC` backstop. Called with the cell
+    /// parked at START, after the supervisor started its threads: their number must not
+    /// grow while the payload runs (a thread it could not start would fail the run).
+    /// Elsewhere nothing to do: v1 gives the cell its own `pids.max`.
+    pub fn fix_container_pids(&self, cell_pids_max: u64) -> Result<(), CellError> {
+        let (Some(container), CgroupLayout::V2(_)) = (&self.container, &self.layout) else {
+            return Ok(());
+        };
+        let Some(dir) = container.dirs.first() else {
+            return Ok(());
+        };
+        let number = |path: PathBuf| -> Result<u64, CellError> {
+            let text = fs::read_to_string(&path).map_err(|source| CellError::Cgroup {
+                path: path.clone(),
+                source,
+            })?;
+            Ok(text.trim().parse().unwrap_or(0))
+        };
+        let in_container = number(dir.join("pids.current"))?;
+        let threads = self.dirs[0].join("cgroup.threads");
+        let in_cell = fs::read_to_string(&threads)
+            .map_err(|source| CellError::Cgroup {
+                path: threads,
+                source,
+            })?
+            .lines()
+            .count() as u64;
+        let outside_cell = in_container.saturating_sub(in_cell);
+        write_file(
+            &dir.join("pids.max"),
+            &(cell_pids_max + outside_cell).to_string(),
+        )
     }
 
     /// Where the plan's limits are exact: the cell's own directories, except on v2 in a

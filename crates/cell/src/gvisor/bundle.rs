@@ -16,7 +16,7 @@
 
 use crate::error::CellError;
 use crate::sys;
-use airlock_contract::{CellPlan, EtcEntry, MountPlan};
+use airlock_contract::{CellPlan, EtcEntry, MountPlan, RootImage};
 use std::ffi::CString;
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -116,6 +116,34 @@ impl CellDir {
 
     /// One tmpfs per writable path of `plan` (its size cap, nosuid, nodev, and noexec
     /// where the plan says), owned by the payload's host id `owner`.
+    /// Where an OCI image's layer is bound for the gofer: runsc's gofer runs as the
+    /// sandbox root's host id, which cannot traverse the directories a layer lives in
+    /// (containerd's state is 0700), but can this cell directory's (0711).
+    fn image(&self) -> PathBuf {
+        self.dir.join("image")
+    }
+
+    /// Binds the plan's image layer (if it has an image root) read-only, nosuid, nodev at
+    /// [`CellDir::image`]; `remove` detaches it.
+    pub fn mount_image(&self, plan: &CellPlan) -> Result<(), CellError> {
+        let Some(layer) = image_layer(plan)? else {
+            return Ok(());
+        };
+        let image = self.image();
+        mkdir(&image, 0o755)?;
+        let failed = |e| CellError::io(format!("binding the image {}", layer.display()), e);
+        sys::mount(Some(layer), &image, None, libc::MS_BIND, None).map_err(failed)?;
+        let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY;
+        sys::mount(
+            None,
+            &image,
+            None,
+            flags | libc::MS_NOSUID | libc::MS_NODEV,
+            None,
+        )
+        .map_err(failed)
+    }
+
     pub fn mount_writable(&mut self, plan: &CellPlan, owner: u32) -> Result<(), CellError> {
         for mount in &plan.mounts {
             let MountPlan::WritableTmpfs {
@@ -151,11 +179,14 @@ impl CellDir {
     /// host mounts, and the generated `/etc` files. Returns the host system directories
     /// to bind and the `/etc` entries that exist on the host.
     #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity)]
     pub fn build_root(
         &self,
         plan: &CellPlan,
-    ) -> Result<(Vec<PathBuf>, Vec<(PathBuf, PathBuf)>), CellError> {
+    ) -> Result<(Vec<(PathBuf, PathBuf)>, Vec<(PathBuf, PathBuf)>), CellError> {
         let rootfs = self.rootfs();
+        let bound = self.image();
+        let image = image_layer(plan)?.map(|_| bound.as_path());
         let mut system = Vec::new();
         for mount in &plan.mounts {
             match mount {
@@ -167,7 +198,7 @@ impl CellDir {
                     }
                     Ok(_) => {
                         mount_point(&rootfs, path, true)?;
-                        system.push(path.clone());
+                        system.push((path.clone(), path.clone()));
                     }
                     Err(_) if *optional => {}
                     Err(e) => return Err(CellError::io(path.display().to_string(), e)),
@@ -176,10 +207,16 @@ impl CellDir {
                     mount_point(&rootfs, target, source.is_dir())?;
                 }
                 MountPlan::WritableTmpfs { target, .. } => mount_point(&rootfs, target, true)?,
-                MountPlan::ImageSystem { .. } | MountPlan::BrokerSocket { .. } => {
+                MountPlan::ImageSystem { path, link } => {
+                    let layer = image.ok_or_else(no_image_layer)?;
+                    if let Some(source) = image_entry(&rootfs, layer, path, link.as_deref())? {
+                        system.push((source, path.clone()));
+                    }
+                }
+                MountPlan::BrokerSocket { .. } => {
                     return Err(CellError::Unavailable {
                         control: "gvisor.mounts",
-                        reason: "an image root or a broker socket on the gVisor tier".into(),
+                        reason: "a broker socket on the gVisor tier".into(),
                     })
                 }
             }
@@ -190,7 +227,7 @@ impl CellDir {
         for (name, text) in airlock_contract::generated_etc_files(plan) {
             write_new(&rootfs.join("etc").join(name), text.as_bytes(), 0o644)?;
         }
-        let etc = self.etc_entries(plan, &rootfs)?;
+        let etc = self.etc_entries(plan, &rootfs, image)?;
         Ok((system, etc))
     }
 
@@ -200,6 +237,7 @@ impl CellDir {
         &self,
         plan: &CellPlan,
         rootfs: &Path,
+        image: Option<&Path>,
     ) -> Result<Vec<(PathBuf, PathBuf)>, CellError> {
         let mut entries = Vec::new();
         for entry in &plan.etc {
@@ -208,7 +246,13 @@ impl CellDir {
                 EtcEntry::Contract { source, target } | EtcEntry::Pod { source, target } => {
                     (source.clone(), target.clone(), true)
                 }
-                EtcEntry::Image { .. } => continue,
+                EtcEntry::Image { path, link } => {
+                    let layer = image.ok_or_else(no_image_layer)?;
+                    if let Some(source) = image_entry(rootfs, layer, path, link.as_deref())? {
+                        entries.push((source, path.clone()));
+                    }
+                    continue;
+                }
             };
             // A host entry that is a symlink is mirrored as one, as in the native cell
             // (`/etc/mtab`, the time zone); a contract's source is followed.
@@ -241,6 +285,12 @@ impl CellDir {
     /// left (a path that could not be removed or unmounted).
     pub fn remove(self) -> Vec<String> {
         let mut left = Vec::new();
+        match sys::umount_detach(&self.image()) {
+            Ok(()) => {}
+            // No image root, or its bind is gone already.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => {}
+            Err(e) => left.push(format!("mount {}: {e}", self.image().display())),
+        }
         for dir in &self.writable {
             match sys::umount_detach(dir) {
                 Ok(()) => {}
@@ -264,6 +314,68 @@ impl CellDir {
 }
 
 /// `cell_path` (absolute) below `rootfs`.
+/// The image's one unpacked layer (a container's rootfs is one); `None` for the host
+/// image. Stacking several layers (an overlayfs the gofer would serve) is not built for
+/// this tier: refused, never run on something else.
+fn image_layer(plan: &CellPlan) -> Result<Option<&Path>, CellError> {
+    match &plan.rootfs.image {
+        RootImage::Host => Ok(None),
+        RootImage::Oci { layers, .. } => match layers.as_slice() {
+            [single] => Ok(Some(single.as_path())),
+            _ => Err(CellError::Unavailable {
+                control: "gvisor.image",
+                reason: format!(
+                    "an OCI image root of {} layers on the gVisor tier (one layer is built)",
+                    layers.len()
+                ),
+            }),
+        },
+    }
+}
+
+fn no_image_layer() -> CellError {
+    CellError::Unavailable {
+        control: "gvisor.image",
+        reason: "an image entry in a plan without an OCI image root".into(),
+    }
+}
+
+/// One entry of the image at `path` (a cell path): a symlink of the image (`link`) made
+/// in the skeleton, else its mount point made and its host source returned, to bind
+/// read-only. The source is refused if any component below the layer is a symlink:
+/// runsc binds a host path following symlinks, and an image's link must never name a
+/// host path.
+fn image_entry(
+    rootfs: &Path,
+    layer: &Path,
+    path: &Path,
+    link: Option<&Path>,
+) -> Result<Option<PathBuf>, CellError> {
+    if let Some(target) = link {
+        symlink(target, &under(rootfs, path))?;
+        return Ok(None);
+    }
+    let mut source = layer.to_path_buf();
+    let mut meta = None;
+    for component in path.components().skip(1) {
+        source.push(component);
+        let found = fs::symlink_metadata(&source)
+            .map_err(|e| CellError::io(source.display().to_string(), e))?;
+        if found.file_type().is_symlink() {
+            return Err(CellError::Unavailable {
+                control: "gvisor.image",
+                reason: format!(
+                    "{} is a symlink in the image where the plan has none",
+                    source.display()
+                ),
+            });
+        }
+        meta = Some(found);
+    }
+    mount_point(rootfs, path, meta.is_some_and(|m| m.is_dir()))?;
+    Ok(Some(source))
+}
+
 fn under(rootfs: &Path, cell_path: &Path) -> PathBuf {
     rootfs.join(cell_path.strip_prefix("/").unwrap_or(cell_path))
 }

@@ -27,7 +27,7 @@ pub use runsc::{RunscBinary, PLATFORM};
 pub use session::serve_gvisor;
 
 use crate::artifacts::{self, ArtifactReport, OutputMounts};
-use crate::cgroup::{CellCgroup, CgroupLayout, CgroupUsage};
+use crate::cgroup::{CellCgroup, CgroupLayout, CgroupUsage, ContainerCgroupPath};
 use crate::error::CellError;
 use crate::host_identity::{self, HostLease};
 use crate::output::{OutputCapture, Stream};
@@ -40,7 +40,6 @@ use crate::sys;
 use airlock_contract::{CellPlan, Isolation, Limits, NetworkPlan};
 use bundle::CellDir;
 use runsc::{Runsc, WaitOutcome};
-use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -51,6 +50,12 @@ const SANDBOX_BASE_TASKS: u64 = 64;
 /// Host tasks per payload task on the ptrace platform (its stub threads: about 13 per
 /// process measured, see docs/threat-model.md, "Tiers").
 const HOST_TASKS_PER_TASK: u64 = 16;
+/// Tasks allowed in a container cgroup for `runsc run` (a Go process: its threads), which
+/// the supervisor starts in the container cgroup, beside the supervisor's own.
+const RUNSC_RUN_TASKS: u64 = 32;
+/// The sandbox's and gofer's `oom_score_adj` in a container cgroup: the OOM killer takes
+/// them (the Sentry holds the payload's memory) before the supervisor or `runsc run`.
+const SANDBOX_OOM_SCORE_ADJ: i32 = 1000;
 
 /// Runs `plan.argv` on the gVisor tier; never panics on sandbox failures: every outcome,
 /// airlock's own errors included, becomes a [`RunReport`]. A host that cannot run the
@@ -103,8 +108,10 @@ fn ms_since(t: Instant) -> f64 {
 /// The cgroup ceilings of a sandbox: the plan's memory and CPU for the whole sandbox
 /// (its kernel included), and a pids backstop for the host tasks. The payload's own
 /// `process_limit` is `RLIMIT_NPROC` inside gVisor (crates/oci).
-fn sandbox_limits(limits: &Limits) -> Limits {
-    let tasks = SANDBOX_BASE_TASKS + HOST_TASKS_PER_TASK * u64::from(limits.process_limit);
+fn sandbox_limits(limits: &Limits, in_container: bool) -> Limits {
+    let runsc_run = if in_container { RUNSC_RUN_TASKS } else { 0 };
+    let tasks =
+        SANDBOX_BASE_TASKS + HOST_TASKS_PER_TASK * u64::from(limits.process_limit) + runsc_run;
     Limits {
         // `cell_pids_max` adds one for the native cell's pid 1.
         process_limit: u32::try_from(tasks - 1).unwrap_or(u32::MAX),
@@ -120,6 +127,11 @@ struct Sandbox {
     leases: [HostLease; 2],
     name: String,
     layout_version: &'static str,
+    /// The cgroup runsc is given, relative to each hierarchy's root: airlock's
+    /// `/airlock/<name>`, or a container's `<cgroupsPath>/cell`.
+    runsc_cgroup: PathBuf,
+    /// What runsc will make of `runsc_cgroup` in hierarchies airlock does not use.
+    runsc_made: RunscCgroups,
     /// Every host process seen in the sandbox's cgroup, to reap (this process is their
     /// subreaper once their parent is gone).
     seen: std::collections::BTreeSet<libc::pid_t>,
@@ -127,19 +139,25 @@ struct Sandbox {
 
 fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, CellError> {
     let started = options.started;
-    if options.doors.is_some() {
+    let doors = options.doors.take();
+    if doors
+        .as_ref()
+        .is_some_and(|d| d.exec.is_some() || d.console.is_some())
+    {
         // Fail closed: a container's exec and console are the native cell's (pid 1 spawns
         // further commands); runsc's are not wired.
         return Err(CellError::Unsupported(
             "a container's exec and console socket are not built for the gVisor tier".into(),
         ));
     }
+    let container = doors.and_then(|d| d.cgroup);
     let binary = preflight(plan)?;
     let env = command_environment(plan, options.credentials, &[])?;
     // A supervisor killed with SIGKILL takes its sandbox with it (runsc.rs) but leaves
     // its directory, tmpfs and cgroups: the next run reaps them, as `doctor` does.
     let _ = health::reap_leftovers();
-    let mut sandbox = Sandbox::prepare(plan, &binary, options.host_ids, env, Pid1::Payload)?;
+    let mut sandbox =
+        Sandbox::prepare(plan, &binary, options.host_ids, env, Pid1::Payload, container)?;
     let prepared_ms = ms_since(started);
     let ran = sandbox.run(plan, options);
     let teardown_started = Instant::now();
@@ -212,6 +230,7 @@ impl Sandbox {
         host_ids: crate::host_identity::HostIdRange,
         env: Vec<String>,
         pid1: Pid1,
+        container: Option<ContainerCgroupPath>,
     ) -> Result<Sandbox, CellError> {
         let layout = CgroupLayout::detect()?;
         let start_time = sys::process_stat(std::process::id())
@@ -222,7 +241,8 @@ impl Sandbox {
             host_identity::lease_for_cell(host_ids)?,
             host_identity::lease_for_cell(host_ids)?,
         ];
-        let cgroup = CellCgroup::create(&layout, &name, &sandbox_limits(&plan.limits))?;
+        let (cgroup, runsc_cgroup) = sandbox_cgroup(&layout, &name, plan, container.as_ref())?;
+        let runsc_made = RunscCgroups::before(&layout, &runsc_cgroup);
         let dir = match CellDir::create(&name) {
             Ok(dir) => dir,
             Err(err) => {
@@ -238,9 +258,12 @@ impl Sandbox {
             leases,
             name,
             layout_version: layout.version(),
+            runsc_cgroup,
+            runsc_made,
             seen: Default::default(),
         };
-        if let Err(err) = sandbox.write_bundle(plan, env, pid1) {
+        let oom_score_adj = container.map(|_| SANDBOX_OOM_SCORE_ADJ);
+        if let Err(err) = sandbox.write_bundle(plan, env, pid1, oom_score_adj) {
             sandbox.abandon();
             return Err(err);
         }
@@ -252,19 +275,22 @@ impl Sandbox {
         plan: &CellPlan,
         env: Vec<String>,
         pid1: Pid1,
+        oom_score_adj: Option<i32>,
     ) -> Result<(), CellError> {
         let payload_id = self.leases[1].identity().uid;
         self.dir.mount_writable(plan, payload_id)?;
+        self.dir.mount_image(plan)?;
         let (system, etc_entries) = self.dir.build_root(plan)?;
         let host = airlock_oci::BundleHost {
             rootfs: self.dir.rootfs(),
             system,
             etc_entries,
             writable: self.dir.writable.clone(),
-            // Root's cells are under `airlock/` in every hierarchy (crates/cell/src/cgroup).
-            cgroups_path: Path::new("/airlock").join(&self.name),
+            // The cgroup airlock made: runsc joins it and writes no limits of its own.
+            cgroups_path: Path::new("/").join(&self.runsc_cgroup),
             root_host_id: self.leases[0].identity().uid,
             payload_host_id: payload_id,
+            oom_score_adj,
         };
         let mut spec =
             airlock_oci::runtime_spec(plan, &host, env).map_err(|e| CellError::Launch {
@@ -309,8 +335,12 @@ impl Sandbox {
         let run_id = recorded.map_err(CellError::Refused)?;
         let stdin = std::mem::replace(&mut options.stdin, PayloadStdin::Null);
         let (stdin_end, relay) = match stdin {
+            // An empty pipe (its write end closed), never the host's /dev/null: runsc
+            // chowns its stdio to the sandbox's user, and that would be the host's node.
             PayloadStdin::Null => (
-                OwnedFd::from(File::open("/dev/null").map_err(|e| CellError::io("/dev/null", e))?),
+                sys::pipe_cloexec()
+                    .map_err(|e| CellError::io("stdin pipe", e))?
+                    .0,
                 None,
             ),
             PayloadStdin::Relayed(source) => {
@@ -428,7 +458,7 @@ impl Sandbox {
                 .iter()
                 .map(|p| p.display().to_string()),
         );
-        left.extend(remove_runsc_cgroups(&self.name));
+        left.extend(self.runsc_made.remove());
         let dir = self.dir.dir.clone();
         left.extend(self.dir.remove());
         left.extend(mounts_under(&dir));
@@ -562,9 +592,110 @@ fn full_writable_paths(plan: &CellPlan, dirs: &[PathBuf]) -> Vec<String> {
         .collect()
 }
 
-/// Directories runsc made for the sandbox in hierarchies airlock does not use (cpuset,
-/// blkio, devices, ...): runsc creates the cgroup path in every hierarchy it knows and
-/// does not remove the ones of a cgroup it joined.
+/// The sandbox's cgroup and the path runsc is given (relative to each hierarchy's root).
+/// Airlock's own: `/airlock/<name>` with the sandbox's ceilings. A container's
+/// (`linux.cgroupsPath`, crates/cell/src/cgroup/container.rs): the container cgroup C
+/// with the ceilings and this supervisor (and so `runsc run`, its child), and runsc's
+/// sandbox and gofer in the leaf `C/cell`, which airlock made: runsc joins a cgroup that
+/// exists and writes no limits there (on v2 the leaf has no controllers: C holds a
+/// process), so the ceilings are C's, which cover its subtree.
+fn sandbox_cgroup(
+    layout: &CgroupLayout,
+    name: &str,
+    plan: &CellPlan,
+    container: Option<&ContainerCgroupPath>,
+) -> Result<(CellCgroup, PathBuf), CellError> {
+    let limits = sandbox_limits(&plan.limits, container.is_some());
+    match container {
+        None => Ok((
+            CellCgroup::create(layout, name, &limits)?,
+            Path::new("airlock").join(name),
+        )),
+        Some(path) => Ok((
+            CellCgroup::create_in_container(layout, path, &limits)?,
+            path.as_path().join(crate::cgroup::CELL_LEAF),
+        )),
+    }
+}
+
+/// What runsc makes of its cgroup path in the hierarchies airlock does not use (cpuset,
+/// blkio, devices, ...: runsc creates the path in every hierarchy it knows and does not
+/// remove what it made of a cgroup it joined). Found before `runsc run` as the
+/// directories of the path that do not exist yet, removed at teardown deepest first.
+struct RunscCgroups {
+    /// Per hierarchy, the missing directories of the path, shallowest first.
+    missing: Vec<Vec<PathBuf>>,
+}
+
+impl RunscCgroups {
+    fn before(layout: &CgroupLayout, relative: &Path) -> RunscCgroups {
+        RunscCgroups::in_hierarchies(other_hierarchies(layout), relative)
+    }
+
+    fn in_hierarchies(hierarchies: Vec<PathBuf>, relative: &Path) -> RunscCgroups {
+        let missing = hierarchies
+            .into_iter()
+            .map(|root| {
+                let mut dir = root;
+                let mut missing = Vec::new();
+                for component in relative.components() {
+                    dir.push(component);
+                    if !dir.exists() {
+                        missing.push(dir.clone());
+                    }
+                }
+                missing
+            })
+            .collect();
+        RunscCgroups { missing }
+    }
+
+    /// Removes what runsc made; returns what is left of its own cgroup. A parent it made
+    /// that another sandbox or container uses by now (has a child) is left to that one.
+    fn remove(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        for missing in &self.missing {
+            for (depth, dir) in missing.iter().enumerate().rev() {
+                // The deepest is runsc's cgroup itself; the others are parents.
+                let leaf = depth + 1 == missing.len();
+                match std::fs::remove_dir(dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) if leaf => left.push(format!("{}: {e}", dir.display())),
+                    Err(_) => {}
+                }
+            }
+        }
+        left
+    }
+}
+
+/// The v1 hierarchies mounted under `/sys/fs/cgroup` other than airlock's (none on v2:
+/// its single hierarchy is airlock's).
+fn other_hierarchies(layout: &CgroupLayout) -> Vec<PathBuf> {
+    if let CgroupLayout::V2(_) = layout {
+        return Vec::new();
+    }
+    let ours: Vec<PathBuf> = layout
+        .roots()
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .collect();
+    let Ok(entries) = std::fs::read_dir(crate::cgroup::CGROUP_ROOT) else {
+        return Vec::new();
+    };
+    let mut others: Vec<PathBuf> = entries
+        .flatten()
+        .filter_map(|e| std::fs::canonicalize(e.path()).ok())
+        .filter(|root| root.join("cgroup.procs").exists() && !ours.contains(root))
+        .collect();
+    others.sort();
+    others.dedup();
+    others
+}
+
+/// What runsc left of a dead supervisor's sandbox `airlock/<name>` in any hierarchy
+/// (doctor's reaping, health.rs: which of them runsc made is not known any more).
 fn remove_runsc_cgroups(name: &str) -> Vec<String> {
     let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
         return Vec::new();
@@ -803,6 +934,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn what_runsc_made_of_its_path_is_removed_and_what_was_there_is_left() {
+        let root = tempfile::tempdir().unwrap();
+        let (cpuset, blkio) = (root.path().join("cpuset"), root.path().join("blkio"));
+        std::fs::create_dir_all(cpuset.join("kubepods")).unwrap();
+        std::fs::create_dir_all(&blkio).unwrap();
+        let relative = Path::new("kubepods/c1/cell");
+        let made = RunscCgroups::in_hierarchies(vec![cpuset.clone(), blkio.clone()], relative);
+        // runsc makes the whole path; meanwhile a sibling container uses blkio's parent.
+        std::fs::create_dir_all(cpuset.join(relative)).unwrap();
+        std::fs::create_dir_all(blkio.join(relative)).unwrap();
+        std::fs::create_dir_all(blkio.join("kubepods/c2")).unwrap();
+        assert!(made.remove().is_empty());
+        assert!(cpuset.join("kubepods").is_dir(), "there before: left");
+        assert!(!cpuset.join("kubepods/c1").exists());
+        assert!(!blkio.join("kubepods/c1").exists());
+        assert!(
+            blkio.join("kubepods/c2").is_dir(),
+            "a sibling's parent is left"
+        );
+    }
+
+    #[test]
     fn the_cpu_of_reaped_processes_adds_to_the_sandbox_process_own() {
         let usage = |sec, usec| {
             let mut r = sys::zero_rusage();
@@ -836,10 +989,13 @@ mod tests {
             file_size_bytes: 1 << 20,
             shm_bytes: 64 << 20,
         };
-        let sandbox = sandbox_limits(&limits);
+        let sandbox = sandbox_limits(&limits, false);
         assert_eq!(sandbox.cell_pids_max(), 64 + 16 * 32);
         assert_eq!(sandbox.memory_bytes, limits.memory_bytes);
         assert_eq!(sandbox.cpu_millis, limits.cpu_millis);
+        // In a container cgroup `runsc run` (the supervisor's child) counts too.
+        let in_container = sandbox_limits(&limits, true);
+        assert_eq!(in_container.cell_pids_max(), 64 + 16 * 32 + RUNSC_RUN_TASKS);
     }
 
     #[test]

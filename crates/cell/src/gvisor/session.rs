@@ -168,7 +168,7 @@ fn start_session<'p>(
     // The sandbox's processes become this process's once their runsc parent is gone.
     sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
         .map_err(|e| CellError::io("becoming the sandbox's subreaper", e))?;
-    let sandbox = Sandbox::prepare(plan, &binary, host_ids, env, Pid1::SessionHolder)?;
+    let sandbox = Sandbox::prepare(plan, &binary, host_ids, env, Pid1::SessionHolder, None)?;
     let holder = match start_holder(&sandbox) {
         Ok(holder) => holder,
         Err(err) => {

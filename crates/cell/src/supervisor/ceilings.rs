@@ -140,6 +140,14 @@ impl CellCeilings {
         }
     }
 
+    /// See [`CellCgroup::fix_container_pids`].
+    pub fn fix_container_pids(&self, cell_pids_max: u64) -> Result<(), CellError> {
+        match self {
+            CellCeilings::Cgroup(cgroup) => cgroup.fix_container_pids(cell_pids_max),
+            CellCeilings::Rlimits(_) => Ok(()),
+        }
+    }
+
     /// The cgroup's counters; none without one.
     pub fn usage(&self) -> CgroupUsage {
         match self {

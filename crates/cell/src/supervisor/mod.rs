@@ -315,6 +315,7 @@ fn wanted_artifacts(plan: &CellPlan, request: Option<&ArtifactRequest>) -> Optio
 
 fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, CellError> {
     let container_cgroup = options.doors.as_mut().and_then(|d| d.cgroup.take());
+    let in_container = container_cgroup.is_some();
     let preflight = Preflight::check(plan)?.in_container_cgroup(container_cgroup)?;
     let env = command_environment(plan, options.credentials, &[])?;
     // Before the clone and any thread: the signals it takes must be blocked everywhere.
@@ -365,6 +366,15 @@ fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, 
         // No record, no payload: the cell never got START.
         Err(err) => return Err(cell.abandon(CellError::Refused(err))),
     };
+    if in_container {
+        // The mounts' helper thread (else started with the payload) starts now, so every
+        // thread of this supervisor is counted in the container's exact pids ceiling.
+        cell.prepare_supervision();
+        let pids = plan.limits.cell_pids_max();
+        if let Err(err) = cell.supervision.ceilings.fix_container_pids(pids) {
+            return Err(cell.abandon(err));
+        }
+    }
     let command = CellCommand {
         id: 0,
         argv: plan.argv.clone(),

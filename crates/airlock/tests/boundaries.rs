@@ -1540,8 +1540,8 @@ fn artifacts_cannot_smuggle_host_files_out(tier) {
 
 // Egress through the proxies ------------------------------------------------------------
 
-/// Native only: an allowlist is refused on gVisor (docs/threat-model.md, "Tiers"; gvisor.rs's
-/// `what_the_tier_does_not_run_yet_is_refused_before_anything_runs`).
+/// Native only: the gVisor tier's allowlist route has its own cases in gvisor.rs
+/// (`nothing_else_is_reachable_and_killing_the_forwarder_opens_no_route`).
 #[test]
 fn allowlisted_egress_cannot_reach_host_loopback_or_metadata() {
     require_cells!();

@@ -7,8 +7,8 @@
 //! and maps fake names (`api.test`, `evil.test`, ...) with the config's static host map.
 //! Nothing here touches a real network.
 //!
-//! Native cell only: every case needs `network.mode: allowlist`, which the gVisor tier
-//! refuses on this runsc (docs/threat-model.md, "Tiers"; gvisor.rs shows the refusal).
+//! Native cell only: the gVisor tier's allowlist route (a forwarder in the sandbox,
+//! docs/threat-model.md, "Tiers") has its own cases in gvisor.rs.
 
 mod common;
 

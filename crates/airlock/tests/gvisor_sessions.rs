@@ -861,3 +861,27 @@ fn wait_for_cell(served: &Served, not: Option<&Path>) -> PathBuf {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// The allowlist's route on gVisor is built for one-shot runs only: a session of an
+/// allowlisted contract is refused before a sandbox starts, never run without its proxy.
+#[test]
+fn an_allowlisted_session_is_refused_on_this_tier() {
+    require_cells!();
+    let _serial = serial();
+    let served = serve_contract(
+        30,
+        "isolation: gvisor\nnetwork: { mode: allowlist, allowed_domains: [\"api.test:80\"] }\n",
+    );
+    let (code, body) = served.call(
+        KEY,
+        "POST",
+        "/v1/sessions",
+        Some(&json!({"contract": "gv"})),
+    );
+    assert_ne!(code, 201, "{body}\n{}", served.log());
+    assert!(
+        body.to_string().contains("gvisor.network"),
+        "{body}\n{}",
+        served.log()
+    );
+}

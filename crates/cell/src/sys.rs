@@ -1227,7 +1227,7 @@ fn next_message_len(sock: BorrowedFd<'_>) -> io::Result<usize> {
 }
 
 /// Receives one message into `buf` and up to `max_fds` descriptors (marked close-on-exec).
-fn recv_with_fds(
+pub fn recv_with_fds(
     sock: BorrowedFd<'_>,
     buf: &mut [u8],
     max_fds: usize,

@@ -908,8 +908,9 @@ resources:
         for (yaml, field) in [
             ("terminal: true\n", "terminal"),
             (
-                "network: { mode: allowlist, allowed_domains: [a.test] }\n",
-                "network.mode",
+                "network: { mode: allowlist, allowed_domains: [a.test] }\n\
+                 secrets: [{ name: api, env: API_TOKEN }]\n",
+                "secrets",
             ),
             ("broker_actions: [x]\n", "broker_actions"),
             ("seccomp_profile: strict.json\n", "seccomp_profile"),
@@ -922,6 +923,19 @@ resources:
             // The same contract on the native tier is valid.
             compile_yaml(yaml).unwrap();
         }
+    }
+
+    #[test]
+    fn an_allowlist_compiles_for_the_gvisor_tier() {
+        let plan = compile_yaml(
+            "isolation: gvisor\nnetwork: { mode: allowlist, allowed_domains: [a.test] }\n",
+        )
+        .unwrap();
+        assert!(matches!(plan.network, NetworkPlan::Allowlist { .. }));
+        assert_eq!(
+            env_value(&plan, "HTTP_PROXY"),
+            Some("http://127.0.0.1:3128")
+        );
     }
 
     #[test]

@@ -650,8 +650,8 @@ fn check_secrets(contract: &Contract, errors: &mut Errors) {
 /// What the gVisor tier cannot enforce as asked (yet) is an error, never a silently
 /// weaker run: its payload has no pty of a devpts airlock owns, only the default system
 /// call policy is translated for gVisor's kernel (crates/oci/src/seccomp.rs), not a
-/// custom profile, and its egress, broker socket and image root are not built
-/// (docs/threat-model.md, "Tiers").
+/// custom profile, and a pod's network, secrets, broker socket and image root are not
+/// built (docs/threat-model.md, "Tiers").
 fn check_isolation(contract: &Contract, errors: &mut Errors) {
     if contract.isolation != Isolation::Gvisor {
         return;
@@ -664,14 +664,14 @@ fn check_isolation(contract: &Contract, errors: &mut Errors) {
             "a custom seccomp profile (gVisor's Sentry filters the system calls)",
         ),
         (
-            contract.network.mode == NetworkMode::Allowlist,
-            "network.mode",
-            "network.mode allowlist",
-        ),
-        (
             contract.network.mode == NetworkMode::Pod,
             "network.mode",
             "network.mode pod",
+        ),
+        (
+            !contract.secrets.is_empty(),
+            "secrets",
+            "secrets (the proxy's credential injection is not tested on this tier)",
         ),
         (
             !contract.broker_actions.is_empty(),

@@ -465,7 +465,7 @@ fn a_request_may_raise_the_tier_of_a_class_that_requires_none() {
     assert_eq!(plain.isolation, Isolation::Native);
 }
 
-/// [`CLASS`] without its allowlist: the gVisor tier does not run allowlisted egress yet.
+/// [`CLASS`] without its allowlist (these tests are about the tier, not the network).
 fn deny_network_class() -> String {
     CLASS.replace(
         "mode = \"allowlist\"\nallowed_domains = [\"pypi.test:443\"]",

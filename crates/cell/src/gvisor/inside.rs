@@ -13,7 +13,15 @@
 //!   first process ran in an exec'd one). So the filter is installed here, inside the
 //!   Sentry, from the same program the native cell installs (the plan's, by its sha256);
 //! - a signal to a command's process group (`kill(-pgid, sig)`), which `runsc kill`
-//!   cannot send: it signals one process or all of them.
+//!   cannot send: it signals one process or all of them;
+//! - the egress forwarder of an allowlisted sandbox: it listens on the plan's proxy
+//!   addresses on gVisor's own loopback (the sandbox has no other network:
+//!   `--network=none`) and, per accepted connection, asks the supervisor over its stdin
+//!   (a host unix socket: the control channel) for a fresh host socket, passed back with
+//!   `SCM_RIGHTS`, whose other end the supervisor connects to airlock's egress proxy;
+//!   it relays bytes between the two. It decides nothing: the proxy does
+//!   (docs/threat-model.md, "Tiers", says why a payload that kills or replaces it gains
+//!   nothing).
 //!
 //! Each runs as the payload's user with no capabilities and no_new_privs (the process
 //! spec of every `runsc exec` is the first payload's: crates/oci `exec_process`).
@@ -28,6 +36,11 @@ pub const HELPER_PATH: &str = "/.airlock-sandbox";
 const HOLDER_ARG: &str = "--airlock-gvisor-holder";
 const LAUNCH_ARG: &str = "--airlock-gvisor-launch";
 const SIGNAL_ARG: &str = "--airlock-gvisor-signal";
+const FORWARD_ARG: &str = "--airlock-gvisor-forward";
+/// What the forwarder writes on its control channel once every listener is bound.
+pub const FORWARDER_READY: u8 = b'R';
+/// The supervisor's answer to a request for which it has no socket (it carries none).
+pub const NO_ROUTE: u8 = b'N';
 /// What the holder writes on its stdout once it runs.
 pub const HOLDER_READY: &[u8] = b"airlock-holder-ready\n";
 /// The launcher's exit status when the seccomp program cannot be installed (the
@@ -59,6 +72,14 @@ pub fn signal_argv(pgid: i32, signal: i32) -> Vec<String> {
         pgid.to_string(),
         signal.to_string(),
     ]
+}
+
+/// The forwarder's command line: it listens on `addresses`, in order; a connection to
+/// the `i`-th is requested from the supervisor as the byte `i`.
+pub fn forwarder_argv(addresses: &[std::net::SocketAddrV4]) -> Vec<String> {
+    let mut line = vec![HELPER_PATH.to_string(), FORWARD_ARG.to_string()];
+    line.extend(addresses.iter().map(|a| a.to_string()));
+    line
 }
 
 /// The bundle of a session: the holder as the first process, and this binary bound
@@ -112,6 +133,7 @@ pub fn run_inside_sandbox_if_requested() {
         Some(HOLDER_ARG) => hold(),
         Some(LAUNCH_ARG) => launch(&args[2..]),
         Some(SIGNAL_ARG) => signal_group(&args[2..]),
+        Some(FORWARD_ARG) => forward(&args[2..]),
         _ => {}
     }
 }
@@ -190,6 +212,111 @@ fn signal_target(args: &[String]) -> Result<(i32, i32), &'static str> {
     Ok((pgid, signal))
 }
 
+/// The listening addresses of the forwarder role: at most 256 (one request byte each).
+fn forward_addresses(args: &[String]) -> Result<Vec<std::net::SocketAddrV4>, String> {
+    let addresses = args
+        .iter()
+        .map(|a| {
+            a.parse()
+                .map_err(|_| format!("not an IPv4 address and port: {a}"))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    if addresses.is_empty() || addresses.len() > 256 {
+        return Err("the forwarder needs between 1 and 256 addresses".into());
+    }
+    Ok(addresses)
+}
+
+fn forward(args: &[String]) -> ! {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    let addresses = forward_addresses(args).unwrap_or_else(|why| fail(LAUNCH_FAILED, &why));
+    let listeners: Vec<std::net::TcpListener> = addresses
+        .iter()
+        .map(|a| {
+            std::net::TcpListener::bind(a)
+                .unwrap_or_else(|e| fail(LAUNCH_FAILED, &format!("{a}: {e}")))
+        })
+        .collect();
+    // fd 0 is the control channel (`runsc exec`'s stdin: a host unix socket).
+    let control = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(std::os::unix::net::UnixStream::from)
+        .unwrap_or_else(|e| fail(LAUNCH_FAILED, &format!("the control channel: {e}")));
+    if let Err(e) = (&control).write_all(&[FORWARDER_READY]) {
+        fail(LAUNCH_FAILED, &format!("the control channel: {e}"));
+    }
+    let control = std::sync::Arc::new(std::sync::Mutex::new(control));
+    let accepting: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(index, listener)| {
+            let control = control.clone();
+            std::thread::spawn(move || accept_loop(&listener, index as u8, &control))
+        })
+        .collect();
+    for thread in accepting {
+        let _ = thread.join();
+    }
+    // An accept loop ends when the supervisor closed the channel: nothing is carried.
+    fail(1, "the control channel closed")
+}
+
+/// Serves one listener until the control channel fails.
+fn accept_loop(
+    listener: &std::net::TcpListener,
+    index: u8,
+    control: &std::sync::Mutex<std::os::unix::net::UnixStream>,
+) {
+    for connection in listener.incoming() {
+        let Ok(connection) = connection else { continue };
+        match request_route(control, index) {
+            Ok(Some(route)) => {
+                std::thread::spawn(move || relay(connection, route));
+            }
+            // Refused by the supervisor: this connection closes, the others go on.
+            Ok(None) => {}
+            Err(_) => std::process::exit(1),
+        }
+    }
+}
+
+/// Asks the supervisor for the host socket of one connection to listener `index`; `None`
+/// when it has none for it. One request at a time: the answers are not tagged.
+fn request_route(
+    control: &std::sync::Mutex<std::os::unix::net::UnixStream>,
+    index: u8,
+) -> std::io::Result<Option<std::os::unix::net::UnixStream>> {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    let channel = control.lock().unwrap_or_else(|e| e.into_inner());
+    (&*channel).write_all(&[index])?;
+    let mut answer = [0u8; 1];
+    let (n, fds) = sys::recv_with_fds(channel.as_fd(), &mut answer, 1)?;
+    if n == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(fds
+        .into_iter()
+        .next()
+        .map(std::os::unix::net::UnixStream::from))
+}
+
+/// Copies bytes both ways until each side has finished sending.
+fn relay(connection: std::net::TcpStream, route: std::os::unix::net::UnixStream) {
+    let (Ok(connection_2), Ok(route_2)) = (connection.try_clone(), route.try_clone()) else {
+        return;
+    };
+    let upstream = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut &connection_2, &mut &route_2);
+        let _ = route_2.shutdown(std::net::Shutdown::Write);
+    });
+    let _ = std::io::copy(&mut &route, &mut &connection);
+    let _ = connection.shutdown(std::net::Shutdown::Write);
+    let _ = upstream.join();
+}
+
 fn fail(status: i32, why: &str) -> ! {
     eprintln!("airlock: {why}");
     sys::exit_now(status)
@@ -254,6 +381,24 @@ mod tests {
         assert!(decode_program("").is_none());
         assert!(decode_program("zz00000000000000").is_none());
         assert!(decode_program("0000").is_none());
+    }
+
+    #[test]
+    fn the_forwarder_listens_on_the_addresses_it_was_given_and_on_nothing_else() {
+        let addresses: Vec<std::net::SocketAddrV4> = vec![
+            "127.0.0.1:3128".parse().unwrap(),
+            "127.100.0.1:443".parse().unwrap(),
+        ];
+        let line = forwarder_argv(&addresses);
+        assert_eq!(line[..2], [HELPER_PATH, FORWARD_ARG]);
+        assert_eq!(forward_addresses(&line[2..]), Ok(addresses));
+        assert!(forward_addresses(&[]).is_err());
+        assert!(forward_addresses(&["localhost:3128".to_string()]).is_err());
+        assert!(forward_addresses(&["[::1]:3128".to_string()]).is_err());
+        let too_many: Vec<String> = (0..257)
+            .map(|p| format!("127.0.0.1:{}", 2000 + p))
+            .collect();
+        assert!(forward_addresses(&too_many).is_err());
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! cell's classification.
 
 mod bundle;
+mod egress;
 pub mod health;
 pub mod inside;
 mod runsc;
@@ -89,10 +90,13 @@ pub fn preflight(plan: &CellPlan) -> Result<PathBuf, CellError> {
         );
     }
     // Validation refuses these for the tier; a plan that comes another way is refused too.
-    if !matches!(plan.network, NetworkPlan::Deny) {
+    if !matches!(
+        plan.network,
+        NetworkPlan::Deny | NetworkPlan::Allowlist { .. }
+    ) {
         return unavailable(
             "gvisor.network",
-            "only network.mode deny is built for gVisor",
+            "only network.mode deny and allowlist are built for gVisor",
         );
     }
     if plan.terminal || plan.broker.is_some() {
@@ -135,6 +139,11 @@ struct Sandbox {
     /// Every host process seen in the sandbox's cgroup, to reap (this process is their
     /// subreaper once their parent is gone).
     seen: std::collections::BTreeSet<libc::pid_t>,
+    /// runsc processes outside the sandbox's cgroup that teardown kills and reaps: an
+    /// allowlisted run's holder (`runsc run`) and forwarder (`runsc exec`).
+    runsc_children: Vec<libc::pid_t>,
+    /// The files of the forwarder's and the payload's `runsc exec`s.
+    exec_files: Vec<session::ExecFiles>,
 }
 
 fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, CellError> {
@@ -156,14 +165,20 @@ fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport
     // A supervisor killed with SIGKILL takes its sandbox with it (runsc.rs) but leaves
     // its directory, tmpfs and cgroups: the next run reaps them, as `doctor` does.
     let _ = health::reap_leftovers();
-    let mut sandbox =
-        Sandbox::prepare(plan, &binary, options.host_ids, env, Pid1::Payload, container)?;
+    // An allowlisted payload starts only once the egress forwarder listens: a holder is
+    // the first process, the forwarder and the payload are `runsc exec`s.
+    let pid1 = match plan.network {
+        NetworkPlan::Allowlist { .. } => Pid1::SessionHolder,
+        _ => Pid1::Payload,
+    };
+    let mut sandbox = Sandbox::prepare(plan, &binary, options.host_ids, env, pid1, container)?;
     let prepared_ms = ms_since(started);
     let ran = sandbox.run(plan, options);
     let teardown_started = Instant::now();
     let output_mounts = ran.as_ref().ok().map(|run| &run.output_mounts);
     let (counters, cleanup, artifacts) =
         sandbox.teardown(plan, output_mounts, options.artifacts.as_ref());
+    let egress = options.egress.as_mut().map(|session| session.finish());
     let report = match ran {
         Ok(run) => {
             let mut observed = run.observed;
@@ -171,7 +186,7 @@ fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport
             observed.rusage = add_cpu(observed.rusage, cleanup.reaped_usage);
             let observed =
                 observed_ending(observed, run.outcome, counters, run.full_mounts.clone());
-            let mut report = classify::classify(started, observed, run.output, counters, None);
+            let mut report = classify::classify(started, observed, run.output, counters, egress);
             report.timings.prepared_ms = prepared_ms;
             report.timings.recorded_ms = run.recorded_ms;
             report
@@ -261,6 +276,8 @@ impl Sandbox {
             runsc_cgroup,
             runsc_made,
             seen: Default::default(),
+            runsc_children: Vec::new(),
+            exec_files: Vec::new(),
         };
         let oom_score_adj = container.map(|_| SANDBOX_OOM_SCORE_ADJ);
         if let Err(err) = sandbox.write_bundle(plan, env, pid1, oom_score_adj) {
@@ -326,6 +343,10 @@ impl Sandbox {
         // become this process's (its subreaper), which reaps them at teardown.
         sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
             .map_err(|e| CellError::io("becoming the sandbox's subreaper", e))?;
+        let behind_forwarder = matches!(plan.network, NetworkPlan::Allowlist { .. });
+        if behind_forwarder {
+            self.start_egress_route(plan, options)?;
+        }
         let recorded = match options.before_start.take() {
             None => Ok(String::new()),
             Some(hook) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook))
@@ -358,11 +379,20 @@ impl Sandbox {
             released_ms: ms_since(options.started),
             ..Observed::default()
         };
-        let runsc_run = self
-            .runsc
-            .spawn_run(&self.dir.bundle(), [stdin_end, stdout_write, stderr_write])?;
-        // The payload starts inside `runsc run` once the sandbox is up; its start-up is
-        // counted to here and the sandbox's boot is in the wall time.
+        let stdio = [stdin_end, stdout_write, stderr_write];
+        let (runsc_run, payload_files) = if behind_forwarder {
+            let env = command_environment(plan, options.credentials, &[])?;
+            let files = self.exec_files(plan, inside::launch_argv(plan, &plan.argv), env)?;
+            let child = self
+                .runsc
+                .spawn_exec(&files.process, &files.internal_pid, stdio)?;
+            (child, Some(files))
+        } else {
+            (self.runsc.spawn_run(&self.dir.bundle(), stdio)?, None)
+        };
+        // The payload starts inside `runsc run` once the sandbox is up (or in its
+        // `runsc exec` behind the forwarder); its start-up is counted to here and the
+        // sandbox's boot is in the wall time.
         observed.exec_done_at = Some(Instant::now());
         let runsc_pid = runsc_run.id() as libc::pid_t;
         let runsc_exit =
@@ -398,7 +428,11 @@ impl Sandbox {
         observed.ended_at = Some(Instant::now());
         supervision.drain();
         observed.stdin = supervision.relay.take().map(StdinRelay::finish);
-        let outcome = match self.runsc.run_ended(&self.dir.bundle(), status) {
+        let ended = match &payload_files {
+            Some(files) => payload_exec_ended(&self.runsc, status, files),
+            None => self.runsc.run_ended(&self.dir.bundle(), status),
+        };
+        let outcome = match ended {
             Ok(outcome) => outcome,
             Err(err) => {
                 // runsc could not find or load the command: the payload's exec failure
@@ -429,6 +463,15 @@ impl Sandbox {
         request: Option<&artifacts::ArtifactRequest>,
     ) -> (CgroupUsage, Teardown, Option<ArtifactReport>) {
         let mut left = Vec::new();
+        for pid in &self.runsc_children {
+            let _ = sys::kill(*pid, libc::SIGKILL);
+        }
+        for pid in &self.runsc_children {
+            let _ = sys::wait_child(*pid, false);
+        }
+        for files in &self.exec_files {
+            files.remove();
+        }
         // Killed and reaped first: runsc's delete waits for its gofer to be gone, and an
         // unreaped zombie of it would hold the delete for runsc's 5 s timeout.
         let mut seen = self.seen.clone();
@@ -482,6 +525,63 @@ impl Sandbox {
         };
         (counters, teardown, artifacts)
     }
+}
+
+impl Sandbox {
+    /// An allowlisted run's route out, before its payload starts: the proxy on its
+    /// listeners in a private network namespace, the holder, then the forwarder (a
+    /// `runsc exec` whose stdin is the control channel) listening on gVisor's loopback.
+    fn start_egress_route(
+        &mut self,
+        plan: &CellPlan,
+        options: &mut RunOptions<'_>,
+    ) -> Result<(), CellError> {
+        let mut pending = egress::start_route(plan, options.egress.as_deref_mut())?;
+        let holder = session::start_holder(self)?;
+        self.runsc_children.push(holder.runsc_pid);
+        let env = command_environment(plan, options.credentials, &[])?;
+        let argv = inside::forwarder_argv(&egress::forwarded_addresses(plan));
+        let files = self.exec_files(plan, argv, env)?;
+        let channel = pending.sandbox_end().ok_or_else(|| CellError::Protocol {
+            message: "the forwarder's channel was taken".into(),
+        })?;
+        let child = self.runsc.spawn_exec(
+            &files.process,
+            &files.internal_pid,
+            [channel, session::dev_null()?, session::dev_null()?],
+        )?;
+        self.runsc_children.push(child.id() as libc::pid_t);
+        pending.forwarder_ready()
+    }
+
+    /// A `runsc exec` process spec for `argv`, removed at teardown.
+    fn exec_files(
+        &mut self,
+        plan: &CellPlan,
+        argv: Vec<String>,
+        env: Vec<String>,
+    ) -> Result<session::ExecFiles, CellError> {
+        let n = self.exec_files.len() as u64 + 1;
+        let files = session::process_file(plan, self, n, argv, env)?;
+        self.exec_files.push(files.clone());
+        Ok(files)
+    }
+}
+
+/// The payload's end when it ran as a `runsc exec`: its status, or runsc's failure to
+/// start it.
+fn payload_exec_ended(
+    runsc: &Runsc,
+    status: Option<i32>,
+    files: &session::ExecFiles,
+) -> Result<WaitOutcome, CellError> {
+    if let Some(err) = runsc.exec_failed(status, &files.internal_pid) {
+        return Err(err);
+    }
+    Ok(match status.filter(|s| libc::WIFEXITED(*s)) {
+        Some(s) => WaitOutcome::Exited(libc::WEXITSTATUS(s)),
+        None => WaitOutcome::SandboxGone,
+    })
 }
 
 struct Teardown {

@@ -104,8 +104,8 @@ struct Life {
 }
 
 /// The holder's `runsc run` process: its exit is the sandbox's end.
-struct Holder {
-    runsc_pid: libc::pid_t,
+pub(super) struct Holder {
+    pub(super) runsc_pid: libc::pid_t,
     exit: OwnedFd,
 }
 
@@ -162,6 +162,13 @@ fn start_session<'p>(
     control: &SupervisorControl,
 ) -> Result<GvisorSession<'p>, CellError> {
     let binary = preflight(plan)?;
+    if !matches!(plan.network, airlock_contract::NetworkPlan::Deny) {
+        // Fail closed: the egress route (egress.rs) is built for one-shot runs only.
+        return Err(CellError::Unavailable {
+            control: "gvisor.network",
+            reason: "network.mode allowlist on gVisor runs one-shot only, not in a session or a parked cell".into(),
+        });
+    }
     let env = command_environment(plan, credentials, &[])?;
     // A supervisor killed with SIGKILL leaves its directory and cgroups: reaped here.
     let _ = health::reap_leftovers();
@@ -231,7 +238,7 @@ fn gofer_of(runsc_pid: libc::pid_t) -> Option<libc::pid_t> {
 
 /// `runsc run` of the holder; returns once the holder said it runs (so `runsc exec`
 /// finds a running container).
-fn start_holder(sandbox: &Sandbox) -> Result<Holder, CellError> {
+pub(super) fn start_holder(sandbox: &Sandbox) -> Result<Holder, CellError> {
     let null = |write: bool| {
         std::fs::OpenOptions::new()
             .read(!write)
@@ -525,45 +532,14 @@ impl GvisorSession<'_> {
         Ok(())
     }
 
-    /// Writes a `runsc exec` process spec (0600: it holds the command's environment)
-    /// for `argv` to the cell directory; returns it and the path for the internal pid.
+    /// Writes a `runsc exec` process spec for `argv` (see [`process_file`]).
     fn process_file(
         &mut self,
         argv: Vec<String>,
         env: Vec<String>,
     ) -> Result<ExecFiles, CellError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let process =
-            airlock_oci::exec_process(self.plan, argv, env).map_err(|e| CellError::Launch {
-                stage: "runsc exec process spec".into(),
-                message: e.to_string(),
-            })?;
-        let json = serde_json::to_vec(&process)
-            .map_err(|e| CellError::io("process spec", std::io::Error::other(e)))?;
         self.files += 1;
-        let path = self
-            .sandbox
-            .dir
-            .dir
-            .join(format!("exec-{}.json", self.files));
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| CellError::io(path.display().to_string(), e))?;
-        file.write_all(&json)
-            .map_err(|e| CellError::io(path.display().to_string(), e))?;
-        let internal_pid = self
-            .sandbox
-            .dir
-            .dir
-            .join(format!("exec-{}.pid", self.files));
-        Ok(ExecFiles {
-            process: path,
-            internal_pid,
-        })
+        process_file(self.plan, &self.sandbox, self.files, argv, env)
     }
 
     /// Command `id`'s `runsc exec` ended: its status, what is left in its pipes, its
@@ -774,23 +750,58 @@ impl GvisorSession<'_> {
     }
 }
 
+/// Writes a `runsc exec` process spec (0600: it holds the command's environment) for
+/// `argv` to the cell directory, numbered `n`; returns it and the path for the internal
+/// pid.
+pub(super) fn process_file(
+    plan: &CellPlan,
+    sandbox: &Sandbox,
+    n: u64,
+    argv: Vec<String>,
+    env: Vec<String>,
+) -> Result<ExecFiles, CellError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let process = airlock_oci::exec_process(plan, argv, env).map_err(|e| CellError::Launch {
+        stage: "runsc exec process spec".into(),
+        message: e.to_string(),
+    })?;
+    let json = serde_json::to_vec(&process)
+        .map_err(|e| CellError::io("process spec", std::io::Error::other(e)))?;
+    let path = sandbox.dir.dir.join(format!("exec-{n}.json"));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| CellError::io(path.display().to_string(), e))?;
+    file.write_all(&json)
+        .map_err(|e| CellError::io(path.display().to_string(), e))?;
+    let internal_pid = sandbox.dir.dir.join(format!("exec-{n}.pid"));
+    Ok(ExecFiles {
+        process: path,
+        internal_pid,
+    })
+}
+
 /// A `runsc exec`'s files in the cell directory: its process spec (0600: the command's
 /// environment) and its pid inside the sandbox. runsc reads the spec when it starts;
 /// both go when the exec ends, so a long session does not fill the cell directory's
 /// tmpfs (about 6 KiB a command, the seccomp program included).
-struct ExecFiles {
-    process: PathBuf,
-    internal_pid: PathBuf,
+#[derive(Clone)]
+pub(super) struct ExecFiles {
+    pub(super) process: PathBuf,
+    pub(super) internal_pid: PathBuf,
 }
 
 impl ExecFiles {
-    fn remove(&self) {
+    pub(super) fn remove(&self) {
         let _ = std::fs::remove_file(&self.process);
         let _ = std::fs::remove_file(&self.internal_pid);
     }
 }
 
-fn dev_null() -> Result<OwnedFd, CellError> {
+pub(super) fn dev_null() -> Result<OwnedFd, CellError> {
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)

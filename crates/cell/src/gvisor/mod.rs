@@ -156,8 +156,14 @@ fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport
     // A supervisor killed with SIGKILL takes its sandbox with it (runsc.rs) but leaves
     // its directory, tmpfs and cgroups: the next run reaps them, as `doctor` does.
     let _ = health::reap_leftovers();
-    let mut sandbox =
-        Sandbox::prepare(plan, &binary, options.host_ids, env, Pid1::Payload, container)?;
+    let mut sandbox = Sandbox::prepare(
+        plan,
+        &binary,
+        options.host_ids,
+        env,
+        Pid1::Payload,
+        container,
+    )?;
     let prepared_ms = ms_since(started);
     let ran = sandbox.run(plan, options);
     let teardown_started = Instant::now();

@@ -120,6 +120,17 @@ fn cell_dir(served: &Served) -> PathBuf {
     found.pop().unwrap()
 }
 
+fn chown_host_dev_null_to_root() {
+    std::os::unix::fs::chown("/dev/null", Some(0), Some(0)).unwrap();
+}
+
+/// The host's /dev/null is still root's.
+fn assert_host_dev_null_is_roots() {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata("/dev/null").unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (0, 0), "the host's /dev/null was chowned");
+}
+
 /// Nothing of the sandbox whose directory was `dir` is left: no directory, no mount, no
 /// runsc process, no cgroup.
 fn assert_left_nothing(dir: &Path) {
@@ -232,6 +243,9 @@ fn three_commands_share_the_writable_paths_and_close_leaves_nothing() {
 fn a_background_command_is_listed_and_killed_with_its_children_and_the_session_goes_on() {
     require_cells!();
     let _serial = serial();
+    // runsc chowns its stdio to the sandbox's user: the holder's, a command's without
+    // stdin and the signal helper's must never be the host's /dev/null.
+    chown_host_dev_null_to_root();
     let served = serve(300);
     let id = open(&served);
     let dir = cell_dir(&served);
@@ -297,6 +311,7 @@ fn a_background_command_is_listed_and_killed_with_its_children_and_the_session_g
     assert_eq!(record(&after)["status"], "ok");
     close(&served, &id);
     assert_left_nothing(&dir);
+    assert_host_dev_null_is_roots();
 }
 
 #[test]

@@ -595,6 +595,15 @@ pub fn unshare(flags: libc::c_int) -> io::Result<()> {
     check(unsafe { libc::unshare(flags) }).map(drop)
 }
 
+/// Creates the character device `major:minor` at `path` with permission bits `mode`
+/// (the umask applies).
+pub fn make_char_device(path: &Path, mode: u32, major: u32, minor: u32) -> io::Result<()> {
+    let path = cstring(path)?;
+    let device = libc::makedev(major, minor);
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    check(unsafe { libc::mknod(path.as_ptr(), libc::S_IFCHR | mode, device) }).map(drop)
+}
+
 pub fn mount(
     source: Option<&Path>,
     target: &Path,

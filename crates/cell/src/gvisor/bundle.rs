@@ -19,6 +19,7 @@ use crate::sys;
 use airlock_contract::{CellPlan, EtcEntry, MountPlan, RootImage};
 use std::ffi::CString;
 use std::fs;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -38,6 +39,21 @@ pub struct CellDir {
 }
 
 impl CellDir {
+    fn null_device_path(&self) -> PathBuf {
+        self.dir.join("null")
+    }
+
+    /// The cell's own null device, opened for reading and writing: what runsc's
+    /// processes get instead of the host's /dev/null (see [`CellDir::create`]).
+    pub fn open_null(&self) -> Result<OwnedFd, CellError> {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.null_device_path())
+            .map(OwnedFd::from)
+            .map_err(|e| CellError::io("the cell's null device", e))
+    }
+
     pub fn bundle(&self) -> PathBuf {
         self.dir.join("bundle")
     }
@@ -109,6 +125,11 @@ impl CellDir {
         for sub in ["bundle", "bundle/rootfs", "state", "w"] {
             mkdir(&cell.dir.join(sub), 0o711)?;
         }
+        // The null device runsc's processes get where there is no stdio: runsc chowns
+        // its stdio to the sandbox's user, and the host's /dev/null was found owned by
+        // `nobody` after a session's holder had it. This node is the cell's alone.
+        sys::make_char_device(&cell.null_device_path(), 0o600, 1, 3)
+            .map_err(|e| CellError::io("the cell's null device", e))?;
         // The root's own mode (the payload sees it as `/`).
         set_mode(&cell.rootfs(), 0o755)?;
         Ok(cell)

@@ -548,7 +548,7 @@ impl Sandbox {
         let child = self.runsc.spawn_exec(
             &files.process,
             &files.internal_pid,
-            [channel, session::dev_null()?, session::dev_null()?],
+            [channel, self.dir.open_null()?, self.dir.open_null()?],
         )?;
         self.runsc_children.push(child.id() as libc::pid_t);
         pending.forwarder_ready()

@@ -239,19 +239,15 @@ fn gofer_of(runsc_pid: libc::pid_t) -> Option<libc::pid_t> {
 /// `runsc run` of the holder; returns once the holder said it runs (so `runsc exec`
 /// finds a running container).
 pub(super) fn start_holder(sandbox: &Sandbox) -> Result<Holder, CellError> {
-    let null = |write: bool| {
-        std::fs::OpenOptions::new()
-            .read(!write)
-            .write(write)
-            .open("/dev/null")
-            .map(OwnedFd::from)
-            .map_err(|e| CellError::io("/dev/null", e))
-    };
     let (ready_read, ready_write) =
         sys::pipe_cloexec().map_err(|e| CellError::io("the holder's pipe", e))?;
     let child = sandbox.runsc.spawn_run(
         &sandbox.dir.bundle(),
-        [null(false)?, ready_write, null(true)?],
+        [
+            sandbox.dir.open_null()?,
+            ready_write,
+            sandbox.dir.open_null()?,
+        ],
     )?;
     let runsc_pid = child.id() as libc::pid_t;
     let exit = match sys::pidfd_open(runsc_pid) {
@@ -484,7 +480,7 @@ impl GvisorSession<'_> {
             None
         };
         let (stdin_end, relay) = match source {
-            None => (dev_null()?, None),
+            None => (self.sandbox.dir.open_null()?, None),
             Some(source) => {
                 let (relay, end) =
                     StdinRelay::new(source).map_err(|e| CellError::io("stdin pipe", e))?;
@@ -640,7 +636,8 @@ impl GvisorSession<'_> {
         let Ok(files) = self.process_file(inside::signal_argv(pgid, signal), env) else {
             return;
         };
-        let stdio = [dev_null(), dev_null(), dev_null()];
+        let null = || self.sandbox.dir.open_null();
+        let stdio = [null(), null(), null()];
         let [Ok(a), Ok(b), Ok(c)] = stdio else {
             files.remove();
             return;
@@ -799,15 +796,6 @@ impl ExecFiles {
         let _ = std::fs::remove_file(&self.process);
         let _ = std::fs::remove_file(&self.internal_pid);
     }
-}
-
-pub(super) fn dev_null() -> Result<OwnedFd, CellError> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-        .map(OwnedFd::from)
-        .map_err(|e| CellError::io("/dev/null", e))
 }
 
 fn raw(fd: &Option<OwnedFd>) -> i32 {

@@ -128,7 +128,11 @@ fn chown_host_dev_null_to_root() {
 fn assert_host_dev_null_is_roots() {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata("/dev/null").unwrap();
-    assert_eq!((meta.uid(), meta.gid()), (0, 0), "the host's /dev/null was chowned");
+    assert_eq!(
+        (meta.uid(), meta.gid()),
+        (0, 0),
+        "the host's /dev/null was chowned"
+    );
 }
 
 /// Nothing of the sandbox whose directory was `dir` is left: no directory, no mount, no

@@ -411,6 +411,7 @@ fn closing_with_a_command_running_ends_it_with_the_session() {
 fn a_sessions_commands_cannot_cross_the_boundary() {
     require_cells!();
     let _serial = serial();
+    chown_host_dev_null_to_root();
     let served = serve(300);
     let id = open(&served);
     let dir = cell_dir(&served);
@@ -494,6 +495,9 @@ fn a_sessions_commands_cannot_cross_the_boundary() {
         ])
         .arg(&name)
         .args(["unshare", "--user", "--map-root-user", "id", "-u"])
+        // Not the host's /dev/null (output()'s default stdin): runsc chowns its stdio to
+        // the sandbox's user.
+        .stdin(std::process::Stdio::piped())
         .output()
         .unwrap();
     assert!(
@@ -529,6 +533,7 @@ fn a_sessions_commands_cannot_cross_the_boundary() {
 
     close(&served, &id);
     assert_left_nothing(&dir);
+    assert_host_dev_null_is_roots();
 }
 
 /// The session file API reaches a gVisor session's writable paths (seen from the host

@@ -124,15 +124,18 @@ fn serve(
         ServeMode::Session { .. } => build::Pid1Role::Session,
         ServeMode::OneShot => build::Pid1Role::OneShot,
     };
+    // The evidence's writable paths are held once the cell parks (pid 1 alive, waiting
+    // for START), so pid 1 need not wait after its payload for them: only artifacts.
     let mut cell = build::build(
         plan,
         preflight,
         started,
-        (artifacts, on_suspected_escape),
+        (artifacts, None),
         None,
         role,
         host_ids,
     )?;
+    cell.supervision.on_suspected_escape = on_suspected_escape;
     match cell.supervision.wait_parked(egress, control)? {
         Parking::Parked => {}
         Parking::Gone => {

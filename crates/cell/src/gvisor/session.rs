@@ -28,14 +28,14 @@ use crate::artifacts::{ArtifactRequest, OutputMounts};
 use crate::cgroup::CgroupUsage;
 use crate::control::{CommandSpec, SupervisorControl, ToEngine, ToSupervisor};
 use crate::error::CellError;
-use crate::output::{OutputCapture, Stream};
+use crate::output::OutputCapture;
 use crate::protocol::PayloadEnded;
 use crate::report::{CleanupReport, RunReport};
 use crate::stdin_relay::StdinRelay;
 use crate::supervisor::classify::{classify, Observed};
 use crate::supervisor::deadline::{poll_timeout, Deadline, Step};
 use crate::supervisor::serve::command_limits;
-use crate::supervisor::supervise::{poll_in, poll_out, pump_stream, readable, Sinks};
+use crate::supervisor::supervise::{poll_in, poll_out, raw, readable, CommandOutput, Sinks};
 use crate::supervisor::{command_environment, ServeMode, ServeOptions};
 use crate::sys;
 use airlock_contract::CellPlan;
@@ -48,7 +48,6 @@ use std::time::{Duration, Instant};
 const HOLDER_START: Duration = Duration::from_secs(30);
 /// How long a command's pipes are drained once its process ended (a background child
 /// may hold them open for as long as it likes).
-const DRAIN_AFTER_END: Duration = Duration::from_millis(200);
 /// A parked one-shot cell waits for its command as long as the engine keeps it (as a
 /// native parked cell does); its command's own deadline applies once it runs.
 const PARKED_FOR_EVER: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
@@ -549,7 +548,7 @@ impl GvisorSession<'_> {
             .ok()
             .flatten()
             .map(|r| r.status);
-        command.drain(buf);
+        command.output().drain(buf);
         let failed = self
             .sandbox
             .runsc
@@ -702,7 +701,7 @@ impl GvisorSession<'_> {
         }
         let mut buf = Vec::new();
         for mut command in std::mem::take(&mut self.running) {
-            command.drain(&mut buf);
+            command.output().drain(&mut buf);
             let id = command.id;
             let report = command.report(&self.sandbox, None, Some(why));
             if let Some(only) = self.one_shot.as_mut() {
@@ -798,31 +797,10 @@ impl ExecFiles {
     }
 }
 
-fn raw(fd: &Option<OwnedFd>) -> i32 {
-    fd.as_ref().map_or(-1, |f| f.as_raw_fd())
-}
-
 impl Command {
     /// Handles the command's poll entries: stdout, stderr, the relay's source and sink.
     fn pump(&mut self, entries: &[libc::pollfd], buf: &mut Vec<u8>) {
-        if readable(&entries[0]) {
-            pump_stream(
-                &mut self.stdout,
-                Stream::Stdout,
-                &mut self.output,
-                &mut self.sinks,
-                buf,
-            );
-        }
-        if readable(&entries[1]) {
-            pump_stream(
-                &mut self.stderr,
-                Stream::Stderr,
-                &mut self.output,
-                &mut self.sinks,
-                buf,
-            );
-        }
+        self.output().pump([&entries[0], &entries[1]], buf);
         if let Some(relay) = self.relay.as_mut() {
             if readable(&entries[2]) {
                 relay.on_source_ready();
@@ -833,21 +811,12 @@ impl Command {
         }
     }
 
-    /// After the command's process ended: what is left in its pipes, bounded in time.
-    fn drain(&mut self, buf: &mut Vec<u8>) {
-        let until = Instant::now() + DRAIN_AFTER_END;
-        while self.stdout.is_some() || self.stderr.is_some() {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            let mut fds = [poll_in(raw(&self.stdout)), poll_in(raw(&self.stderr))];
-            if sys::poll(&mut fds, left.as_millis() as i32).unwrap_or(0) == 0 {
-                continue;
-            }
-            let none = [poll_in(-1), poll_in(-1)];
-            let entries = [fds[0], fds[1], none[0], none[1]];
-            self.pump(&entries, buf);
+    fn output(&mut self) -> CommandOutput<'_> {
+        CommandOutput {
+            stdout: &mut self.stdout,
+            stderr: &mut self.stderr,
+            capture: &mut self.output,
+            sinks: &mut self.sinks,
         }
     }
 

@@ -6,12 +6,12 @@
 use super::classify::{classify, Observed};
 use super::deadline::{poll_timeout, Deadline, Step};
 use super::serve::{command_io, command_limits};
-use super::supervise::{poll_in, poll_out, pump_stream, readable, Supervision};
+use super::supervise::{poll_in, poll_out, raw, readable, CommandOutput, Supervision};
 use super::{command_environment, ms_since, EgressSession};
 use crate::cgroup::CgroupUsage;
 use crate::control::{CommandSpec, SupervisorControl, ToEngine, ToSupervisor};
 use crate::error::CellError;
-use crate::output::{OutputCapture, Stream};
+use crate::output::OutputCapture;
 use crate::protocol::{CellCommand, ExecFailure, FromCell, PayloadEnded};
 use crate::report::{CleanupReport, RunReport};
 use crate::stdin_relay::StdinRelay;
@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 /// How long a command's pipes are drained once its process ended (a background child
 /// may hold them open for as long as it likes).
-const DRAIN_AFTER_END: Duration = Duration::from_millis(200);
 /// How long pid 1 gets, after CLOSE, to kill everything, report and exit.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
@@ -134,10 +133,6 @@ fn replace_destinations(
     }
 }
 
-fn raw(fd: &Option<OwnedFd>) -> i32 {
-    fd.as_ref().map_or(-1, |f| f.as_raw_fd())
-}
-
 fn raw_sync(supervision: &Supervision<'_>) -> i32 {
     supervision
         .sync
@@ -148,24 +143,7 @@ fn raw_sync(supervision: &Supervision<'_>) -> i32 {
 impl Running {
     /// Handles the command's poll entries: stdout, stderr, the relay's source and sink.
     fn pump(&mut self, entries: &[libc::pollfd], buf: &mut Vec<u8>) {
-        if readable(&entries[0]) {
-            pump_stream(
-                &mut self.stdout,
-                Stream::Stdout,
-                &mut self.output,
-                &mut self.sinks,
-                buf,
-            );
-        }
-        if readable(&entries[1]) {
-            pump_stream(
-                &mut self.stderr,
-                Stream::Stderr,
-                &mut self.output,
-                &mut self.sinks,
-                buf,
-            );
-        }
+        self.output().pump([&entries[0], &entries[1]], buf);
         if let Some(relay) = self.stdin_relay.as_mut() {
             if readable(&entries[2]) {
                 relay.on_source_ready();
@@ -176,36 +154,12 @@ impl Running {
         }
     }
 
-    /// After the command's process ended: what is left in its pipes, bounded in time.
-    fn drain(&mut self, buf: &mut Vec<u8>) {
-        let until = Instant::now() + DRAIN_AFTER_END;
-        while self.stdout.is_some() || self.stderr.is_some() {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            let mut fds = [poll_in(raw(&self.stdout)), poll_in(raw(&self.stderr))];
-            if sys::poll(&mut fds, left.as_millis() as i32).unwrap_or(0) == 0 {
-                continue;
-            }
-            if fds[0].revents != 0 {
-                pump_stream(
-                    &mut self.stdout,
-                    Stream::Stdout,
-                    &mut self.output,
-                    &mut self.sinks,
-                    buf,
-                );
-            }
-            if fds[1].revents != 0 {
-                pump_stream(
-                    &mut self.stderr,
-                    Stream::Stderr,
-                    &mut self.output,
-                    &mut self.sinks,
-                    buf,
-                );
-            }
+    fn output(&mut self) -> CommandOutput<'_> {
+        CommandOutput {
+            stdout: &mut self.stdout,
+            stderr: &mut self.stderr,
+            capture: &mut self.output,
+            sinks: &mut self.sinks,
         }
     }
 
@@ -300,7 +254,7 @@ impl Session<'_> {
             FromCell::CommandEnded { id, wait_status } => {
                 if let Some(at) = self.running.iter().position(|c| c.id == id) {
                     let mut command = self.running.remove(at);
-                    command.drain(&mut Vec::new());
+                    command.output().drain(&mut Vec::new());
                     let report = command.report(supervision, Some(wait_status), None);
                     supervision.observed.command_escaped |=
                         report.status == crate::report::ResultClass::SuspectedEscape;
@@ -512,7 +466,7 @@ impl Session<'_> {
     /// Commands still running when pid 1 went (killed with the session): their reports.
     fn end_unfinished(&mut self, supervision: &Supervision<'_>, buf: &mut Vec<u8>) {
         for mut command in std::mem::take(&mut self.running) {
-            command.drain(buf);
+            command.output().drain(buf);
             let id = command.id;
             let report = command.report(supervision, None, Some("the session ended"));
             self.send(ToEngine::CommandEnded {

@@ -91,6 +91,46 @@ pub fn pump_stream(
     }
 }
 
+/// How long a command's pipes are still read after its process ended (what a background
+/// child holding them writes later is not waited for).
+pub const DRAIN_AFTER_END: Duration = Duration::from_millis(200);
+
+/// A session command's output pipes, its capture and its sinks, borrowed from the
+/// command (native or gVisor) for one pump.
+pub struct CommandOutput<'a> {
+    pub stdout: &'a mut Option<OwnedFd>,
+    pub stderr: &'a mut Option<OwnedFd>,
+    pub capture: &'a mut OutputCapture,
+    pub sinks: &'a mut Sinks,
+}
+
+impl CommandOutput<'_> {
+    /// Reads whichever of stdout and stderr `ready` (their poll entries) says can be read.
+    pub fn pump(&mut self, ready: [&libc::pollfd; 2], buf: &mut Vec<u8>) {
+        if readable(ready[0]) {
+            pump_stream(self.stdout, Stream::Stdout, self.capture, self.sinks, buf);
+        }
+        if readable(ready[1]) {
+            pump_stream(self.stderr, Stream::Stderr, self.capture, self.sinks, buf);
+        }
+    }
+
+    /// After the command's process ended: what is left in its pipes, bounded in time.
+    pub fn drain(&mut self, buf: &mut Vec<u8>) {
+        let until = Instant::now() + DRAIN_AFTER_END;
+        while self.stdout.is_some() || self.stderr.is_some() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let mut fds = [poll_in(raw(self.stdout)), poll_in(raw(self.stderr))];
+            if sys::poll(&mut fds, left.as_millis() as i32).unwrap_or(0) > 0 {
+                self.pump([&fds[0], &fds[1]], buf);
+            }
+        }
+    }
+}
+
 /// Counts `chunk` against the command's `output_bytes` and forwards what the budget
 /// allows.
 pub fn forward_chunk(output: &mut OutputCapture, sinks: &mut Sinks, stream: Stream, chunk: &[u8]) {
@@ -179,7 +219,8 @@ pub fn poll_out(fd: i32) -> libc::pollfd {
     }
 }
 
-fn raw(fd: &Option<OwnedFd>) -> i32 {
+/// The descriptor to poll for `fd`: -1 (ignored by poll) once it is closed.
+pub fn raw(fd: &Option<OwnedFd>) -> i32 {
     fd.as_ref().map_or(-1, |f| f.as_raw_fd())
 }
 

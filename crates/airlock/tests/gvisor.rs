@@ -206,14 +206,7 @@ fn no_network_under_deny_not_even_the_hosts_loopback() {
         "the payload reached a network:\n{}",
         run.describe()
     );
-    let mut buf = [0u8; 16];
-    match listener.accept() {
-        Ok((mut stream, from)) => {
-            let n = stream.read(&mut buf).unwrap_or(0);
-            panic!("a connection from {from} arrived ({:?})", &buf[..n]);
-        }
-        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
-    }
+    assert_no_connection_arrived(&listener);
 }
 
 // The memory ceiling, the deadline (a SIGTERM-ignoring payload and daemon) and the output
@@ -545,13 +538,7 @@ sys.exit(0 if breach else 1)
         run.describe()
     );
     let mut buf = [0u8; 16];
-    match raw.accept() {
-        Ok((mut stream, from)) => {
-            let n = stream.read(&mut buf).unwrap_or(0);
-            panic!("a connection from {from} arrived ({:?})", &buf[..n]);
-        }
-        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
-    }
+    assert_no_connection_arrived(&raw);
     assert!(udp.recv_from(&mut buf).is_err(), "a datagram arrived");
     assert!(unix.accept().is_err(), "a unix connection arrived");
     assert!(!up.log().contains("GET"), "{}", up.log());
@@ -770,4 +757,16 @@ fn a_class_requiring_gvisor_runs_on_gvisor_and_a_request_cannot_lower_it() {
         "it ran:\n{}",
         lowered.describe()
     );
+}
+
+/// Nothing connected to `listener` (non-blocking): a connection is a breach.
+fn assert_no_connection_arrived(listener: &std::net::TcpListener) {
+    match listener.accept() {
+        Ok((mut stream, from)) => {
+            let mut buf = [0u8; 16];
+            let n = stream.read(&mut buf).unwrap_or(0);
+            panic!("a connection from {from} arrived ({:?})", &buf[..n]);
+        }
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
+    }
 }

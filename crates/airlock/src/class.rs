@@ -36,10 +36,7 @@ pub fn load_classes(
     config: &OperatorConfig,
     config_path: Option<&Path>,
 ) -> anyhow::Result<BTreeMap<String, LoadedClass>> {
-    let config_dir = config_path
-        .and_then(|p| std::path::absolute(p).ok())
-        .and_then(|p| p.parent().map(Path::to_path_buf))
-        .unwrap_or_else(crate::current_dir);
+    let config_dir = crate::config_dir(config_path);
     let mut classes = BTreeMap::new();
     for (name, class) in &config.policy.classes {
         let loaded = LoadedClass {

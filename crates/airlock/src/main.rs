@@ -17,7 +17,7 @@ mod tool;
 mod verify;
 
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -292,4 +292,13 @@ fn user_message(err: &anyhow::Error) -> String {
 /// Directory used for relative paths of the default contract.
 fn current_dir() -> PathBuf {
     std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"))
+}
+
+/// The directory a configuration file's relative paths are read against: the file's own,
+/// made absolute first (`airlock.toml`'s parent is the empty path), or the current one.
+fn config_dir(config: Option<&Path>) -> PathBuf {
+    config
+        .and_then(|p| std::path::absolute(p).ok())
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(current_dir)
 }

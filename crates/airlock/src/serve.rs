@@ -29,12 +29,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
 fn start(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = OperatorConfig::load(args.config.as_deref())?;
     let engine = config.engine_config(config.state_dir(args.state_dir.as_deref()))?;
-    let config_dir = args
-        .config
-        .as_deref()
-        .and_then(|p| std::path::absolute(p).ok())
-        .and_then(|p| p.parent().map(PathBuf::from))
-        .unwrap_or_else(crate::current_dir);
+    let config_dir = crate::config_dir(args.config.as_deref());
     let server = std::mem::take(&mut config.server);
     let verifications = std::sync::Arc::new(airlock_server::verification::Verifications::default());
     let state_dir = engine.state_dir.clone();

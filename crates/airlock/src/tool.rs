@@ -133,12 +133,7 @@ fn call(toolbox: &ToolBox, name: &str, input: &str) -> ExitCode {
 /// The registry of the configuration, an engine on its store and the CLI's planner.
 pub fn toolbox(source: &ToolSource) -> anyhow::Result<ToolBox> {
     let config = OperatorConfig::load(source.config.as_deref())?;
-    let base_dir = source
-        .config
-        .as_deref()
-        .and_then(Path::parent)
-        .map(|dir| std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()))
-        .unwrap_or_else(crate::current_dir);
+    let base_dir = crate::config_dir(source.config.as_deref());
     let state_dir = config.state_dir(source.state_dir.as_deref());
     let engine = Arc::new(Engine::new(config.engine_config(state_dir.clone())?));
     toolbox_on(config, &base_dir, state_dir, engine)

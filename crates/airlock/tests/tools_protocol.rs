@@ -101,6 +101,26 @@ fn the_example_tools_answer_with_validated_output() {
     assert_eq!(reply["output"], json!({"printed": "42\n", "error": null}));
 }
 
+/// `airlock tool --config airlock.toml` from the configuration's own directory: its
+/// relative paths are read against that directory, as with an absolute `--config` (the
+/// empty parent of a bare file name once reached the contract compiler as a relative base).
+#[test]
+fn a_relative_config_path_is_read_against_its_own_directory() {
+    require_cells!();
+    let out = Command::new(common::airlock_bin())
+        .current_dir(examples())
+        .args(["tool", "--config", "airlock.toml", "--state-dir"])
+        .arg(common::state_dir())
+        .args(["call", "csv_to_json", "--input", r#"{"csv": "a,b\n1,2\n"}"#])
+        .output()
+        .expect("airlock runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let reply: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("one JSON value ({e}): {}", common::output_text(&out)));
+    assert_eq!(reply["ok"], true, "{reply} {}", common::output_text(&out));
+    assert_eq!(reply["output"]["rows"], json!([{"a": "1", "b": "2"}]));
+}
+
 #[test]
 fn the_database_is_read_only_in_the_cell() {
     require_cells!();

@@ -200,6 +200,52 @@ fn delete_force_ends_a_created_and_a_running_container() {
     failed_with(&rt.oci(&["state", "running"]), "does not exist");
 }
 
+/// `start` answers once the payload runs, as runc's does: a signal sent the moment
+/// `start` returns reaches the payload (it was lost when `start` answered before the
+/// cell's pid 1 had spawned it, and the container ran on). Repeated: the window was a
+/// fraction of a millisecond.
+#[test]
+fn a_signal_right_after_start_reaches_the_payload() {
+    require_cells!();
+    let rt = Runtime::new();
+    let bundle = rt.bundle("b4", "sleep 600");
+    for round in 0..8 {
+        let id = format!("signalled{round}");
+        ok(&rt.create(&bundle, &id));
+        let supervisor = rt.state(&id).unwrap()["pid"].as_u64().unwrap() as u32;
+        ok(&rt.oci(&["start", &id]));
+        // The supervisor's child is the cell's pid 1; the payload is pid 1's child.
+        let grandchildren: Vec<u32> = children(supervisor)
+            .into_iter()
+            .flat_map(children)
+            .collect();
+        assert!(
+            !grandchildren.is_empty(),
+            "round {round}: `start` answered before the payload existed"
+        );
+        ok(&rt.oci(&["kill", &id, "TERM"]));
+        rt.wait_status(&id, "stopped");
+        ok(&rt.oci(&["delete", &id]));
+    }
+}
+
+/// The children of `pid`, all its threads' (the supervisor is threaded).
+fn children(pid: u32) -> Vec<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    tasks
+        .flatten()
+        .flat_map(|task| {
+            let listed = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            listed
+                .split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
 /// A spec that names a host namespace (runtime-tools' linux_ns_path) is refused at create,
 /// with the error in `--log` as the shim reads it, and leaves no state.
 #[test]

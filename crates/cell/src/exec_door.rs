@@ -43,7 +43,14 @@ pub struct ContainerDoors {
     /// The container's own cgroup (an OCI spec's `linux.cgroupsPath`); `None`: the
     /// cell's cgroup is airlock's own (crates/cell/src/cgroup/container.rs).
     pub cgroup: Option<crate::cgroup::ContainerCgroupPath>,
+    /// Called once the payload has started (or failed to, or ended): an OCI runtime's
+    /// `start` answers then, as runc's does, so a `kill` right after it finds the
+    /// payload. `None`: nobody waits for it.
+    pub on_payload_started: Option<PayloadStarted>,
 }
+
+/// See [`ContainerDoors::on_payload_started`].
+pub type PayloadStarted = Box<dyn FnOnce() + Send>;
 
 /// One further command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -217,6 +224,7 @@ pub(crate) struct Door {
     asked: Vec<Asked>,
     /// The payload is command 0; further commands count from 1.
     next_id: u64,
+    on_payload_started: Option<PayloadStarted>,
 }
 
 /// What the door needs of the supervision to start a command.
@@ -239,6 +247,14 @@ impl Door {
             credentials: credentials.to_vec(),
             asked: Vec::new(),
             next_id: 1,
+            on_payload_started: doors.on_payload_started,
+        }
+    }
+
+    /// The payload started, failed to start or ended: whoever waits for it is told, once.
+    pub(crate) fn payload_started(&mut self) {
+        if let Some(tell) = self.on_payload_started.take() {
+            tell();
         }
     }
 

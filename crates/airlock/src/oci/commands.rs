@@ -342,9 +342,9 @@ fn delete(globals: &Globals, id: &str, force: bool) -> Result<ExitCode, String> 
             if status == Status::Paused {
                 super::resources::thaw_after_kill(&stored);
             }
-            // `start` answers before pid 1 has spawned the payload: a container deleted
-            // (or paused) meanwhile has no payload to kill yet, and pid 1 spawns it
-            // later (once thawed). Whatever payload appears is killed as it appears.
+            // A native container's `start` answers once its payload runs (StartAnswer in
+            // supervise.rs); a gVisor container's at once, so its payload may not exist
+            // yet. Whatever payload appears is killed as it appears.
             wait_gone(&stored, Duration::from_secs(10), || kill_payload(&stored));
         }
         Status::Created if force => {

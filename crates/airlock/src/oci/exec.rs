@@ -55,6 +55,7 @@ pub fn doors(
         exec: Some(exec),
         console,
         cgroup: None,
+        on_payload_started: None,
     })
 }
 

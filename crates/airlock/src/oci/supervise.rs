@@ -119,8 +119,13 @@ pub fn supervise(
         Ok(listener) => listener,
         Err(err) => return fail(format!("container {id}: the start socket: {err}")),
     };
+    let answer = StartAnswer::new(plan.isolation);
     let doors = match container_doors(&dir, console_socket, &plan) {
-        Ok(doors) => airlock_cell::exec_door::ContainerDoors { cgroup, ..doors },
+        Ok(doors) => airlock_cell::exec_door::ContainerDoors {
+            cgroup,
+            on_payload_started: answer.on_payload_started(),
+            ..doors
+        },
         Err(err) => return fail(format!("container {id}: {err}")),
     };
     let facts = super::exec::ExecFacts::of(&plan, &class, &terms);
@@ -144,8 +149,66 @@ pub fn supervise(
         Ok(request) => request,
         Err(err) => return fail(format!("container {id}: {err}")),
     };
-    let hook = held_start(dir, stored, start_listener, notifier.clone(), log);
-    run(&engine, (request, doors), hook, &terms, &notifier, id)
+    let hook = held_start(
+        dir,
+        stored,
+        start_listener,
+        notifier.clone(),
+        log,
+        answer.clone(),
+    );
+    let code = run(&engine, (request, doors), hook, &terms, &notifier, id);
+    // A cell that ended without a word about its payload: `start` is answered as
+    // before, the container is stopped now.
+    answer.answer();
+    code
+}
+
+/// `start`'s connection. runc's `start` returns with the container's process running;
+/// here the cell's pid 1 spawns the payload after the supervisor got the start word, so
+/// on the native tier the answer waits for the payload's start (the door's
+/// `on_payload_started`): a `kill` right after `start` finds the payload, where it
+/// found none and was lost. A gVisor cell has no door: answered at once.
+#[derive(Clone)]
+struct StartAnswer {
+    pending: Arc<Mutex<Option<UnixStream>>>,
+    at_payload: bool,
+}
+
+impl StartAnswer {
+    fn new(isolation: airlock_contract::Isolation) -> StartAnswer {
+        StartAnswer {
+            pending: Arc::default(),
+            at_payload: isolation == airlock_contract::Isolation::Native,
+        }
+    }
+
+    fn on_payload_started(&self) -> Option<airlock_cell::exec_door::PayloadStarted> {
+        let answer = self.clone();
+        self.at_payload
+            .then(|| Box::new(move || answer.answer()) as airlock_cell::exec_door::PayloadStarted)
+    }
+
+    /// Answers now, or once the payload has started.
+    fn answer_or_hold(&self, mut stream: UnixStream) {
+        match self.at_payload {
+            true => *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream),
+            false => {
+                let _ = stream.write_all(b"ok");
+            }
+        }
+    }
+
+    fn answer(&self) {
+        let held = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(mut stream) = held {
+            let _ = stream.write_all(b"ok");
+        }
+    }
 }
 
 /// A terminal needs the console socket its master goes to, and a console socket a
@@ -201,6 +264,7 @@ fn container_doors(
             exec: None,
             console: None,
             cgroup: None,
+            on_payload_started: None,
         });
     }
     super::exec::doors(dir, console_socket)
@@ -215,6 +279,7 @@ fn held_start(
     listener: UnixListener,
     notifier: Notifier,
     log: Log,
+    answer: StartAnswer,
 ) -> airlock_engine::RecordedHook {
     Box::new(move |run_id: &str| {
         stored.run_id = run_id.to_owned();
@@ -237,16 +302,13 @@ fn held_start(
                 continue;
             }
             stored.started = true;
-            let saved = state::save(&dir, &stored);
-            let _ = stream.write_all(if saved.is_ok() {
-                b"ok"
-            } else {
-                b"state not saved"
-            });
-            if saved.is_ok() {
-                let _ = std::fs::remove_file(state::start_socket(&dir));
-                return;
+            if state::save(&dir, &stored).is_err() {
+                let _ = stream.write_all(b"state not saved");
+                continue;
             }
+            let _ = std::fs::remove_file(state::start_socket(&dir));
+            answer.answer_or_hold(stream);
+            return;
         }
     })
 }

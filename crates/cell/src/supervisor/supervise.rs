@@ -665,15 +665,26 @@ impl Supervision<'_> {
             FromCell::CommandStarted { .. } => {
                 self.observed.exec_done_at = Some(Instant::now());
                 self.hold_output_mounts();
+                self.tell_payload_started();
             }
-            FromCell::ExecFailed { failure, .. } => self.observed.exec_failure = Some(failure),
+            FromCell::ExecFailed { failure, .. } => {
+                self.observed.exec_failure = Some(failure);
+                self.tell_payload_started();
+            }
             FromCell::CommandEnded { .. } => {}
             FromCell::Ended(ended) => {
                 self.observed.ended = Some(ended);
+                self.tell_payload_started();
                 self.collect_artifacts();
             }
         }
         Ok(())
+    }
+
+    fn tell_payload_started(&mut self) {
+        if let Some(door) = self.door.as_mut() {
+            door.payload_started();
+        }
     }
 
     /// The payload's terminal master: the supervisor's, or the container's console

@@ -91,13 +91,19 @@ impl Tier {
 /// mount there, a process naming it (runsc's sandbox and gofer carry `--root=<its dir>`).
 pub fn assert_sandbox_left_nothing(run: &CellRun) {
     let supervisor = run.supervisor.expect("started by run_supervisor");
+    assert_sandboxes_of_left_nothing(&supervisor, &run.describe());
+    // A run refused before it wrote a result (a contract error) has no cleanup to report.
+    if !run.result.is_null() {
+        assert_eq!(run.result["cleanup"]["ok"], true, "{}", run.describe());
+    }
+}
+
+/// Nothing is left on the host of the gVisor sandboxes `supervisor` (an `airlock run`, or
+/// an `airlock serve` whose runs have all ended) made; `context` goes into the message.
+pub fn assert_sandboxes_of_left_nothing(supervisor: &host::Supervisor, context: &str) {
     let prefix = format!("{}-{}-", supervisor.pid, supervisor.start_time);
-    let cgroups = host::cgroups_of(&supervisor);
-    assert!(
-        cgroups.is_empty(),
-        "cgroups left: {cgroups:?}\n{}",
-        run.describe()
-    );
+    let cgroups = host::cgroups_of(supervisor);
+    assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}\n{context}");
     let dirs: Vec<_> = std::fs::read_dir("/run/airlock-gvisor")
         .map(|d| {
             d.flatten()
@@ -115,10 +121,6 @@ pub fn assert_sandbox_left_nothing(run: &CellRun) {
     assert!(left.is_empty(), "mounts left: {left:?}");
     let procs = host::processes_with(&format!("/run/airlock-gvisor/{prefix}"));
     assert!(procs.is_empty(), "runsc processes left: {procs:?}");
-    // A run refused before it wrote a result (a contract error) has no cleanup to report.
-    if !run.result.is_null() {
-        assert_eq!(run.result["cleanup"]["ok"], true, "{}", run.describe());
-    }
 }
 
 /// `both_tiers! { fn name(tier) { body } }`: a module `name` with the tests `native` and

@@ -42,9 +42,20 @@ impl Tier {
 
     /// [`run_in`] on this tier; a gVisor run is checked to have left nothing behind.
     pub fn run_in(self, dir: &Path, yaml: Option<&str>, extra: &[&str], argv: &[&str]) -> CellRun {
-        let contract = self.contract(yaml);
+        self.run_as_given_in(dir, self.contract(yaml).as_deref(), extra, argv)
+    }
+
+    /// [`Tier::run_in`] with the contract as given: the tier comes from elsewhere (a
+    /// class's `bounds.isolation`). The run is still checked to have run on this tier.
+    pub fn run_as_given_in(
+        self,
+        dir: &Path,
+        contract: Option<&str>,
+        extra: &[&str],
+        argv: &[&str],
+    ) -> CellRun {
         let _one_sandbox = self.serial();
-        let run = run_in(dir, contract.as_deref(), extra, argv);
+        let run = run_in(dir, contract, extra, argv);
         self.assert_ran_on(&run);
         if self == Tier::Gvisor {
             assert_sandbox_left_nothing(&run);

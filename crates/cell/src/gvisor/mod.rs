@@ -161,10 +161,10 @@ struct Sandbox {
     /// Every host process seen in the sandbox's cgroup, to reap (this process is their
     /// subreaper once their parent is gone).
     seen: std::collections::BTreeSet<libc::pid_t>,
-    /// runsc processes outside the sandbox's cgroup that teardown kills and reaps: an
-    /// allowlisted run's holder (`runsc run`) and forwarder (`runsc exec`).
+    /// runsc processes outside the sandbox's cgroup that teardown kills and reaps: the
+    /// holder (`runsc run`) and forwarders (`runsc exec`) of a run with routes out.
     runsc_children: Vec<libc::pid_t>,
-    /// The files of the forwarder's and the payload's `runsc exec`s.
+    /// The files of the forwarders' and the payload's `runsc exec`s.
     exec_files: Vec<session::ExecFiles>,
 }
 

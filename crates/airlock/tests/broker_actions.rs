@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::tier::Tier;
 use common::CellRun;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -67,19 +68,21 @@ const PDF_BYTES: &[u8] = b"%PDF-1.4\n% generated for case 4821\n%%EOF\n";
 
 struct Setup {
     dir: tempfile::TempDir,
+    tier: Tier,
 }
 
 impl Setup {
-    fn new() -> Setup {
+    fn new(tier: Tier) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let storage = dir.path().join("storage");
         std::fs::create_dir(&storage).unwrap();
         let received = dir.path().join("received.json");
         let config = CONFIG
             .replace("STORAGE", &storage.display().to_string())
-            .replace("RECEIVED", &received.display().to_string());
+            .replace("RECEIVED", &received.display().to_string())
+            + &class_bounds(tier, "[policy.classes.casework.bounds]");
         std::fs::write(dir.path().join("airlock.toml"), config).unwrap();
-        Setup { dir }
+        Setup { dir, tier }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -101,14 +104,15 @@ impl Setup {
         argv.extend(probe);
         let (config, state) = (self.config(), self.state());
         let mut extra = vec!["--config", config.as_str(), "--state-dir", state.as_str()];
-        let contract = match how {
+        match how {
+            // The class's bounds put its runs on the tier (`class_bounds`).
             How::Class => {
                 extra.extend(["--class", "casework"]);
-                None
+                self.tier
+                    .run_as_given_in(self.dir.path(), None, &extra, &argv)
             }
-            How::Contract(yaml) => Some(yaml),
-        };
-        common::run_in(self.dir.path(), contract, &extra, &argv)
+            How::Contract(yaml) => self.tier.run_in(self.dir.path(), Some(yaml), &extra, &argv),
+        }
     }
 
     /// The payload's printed report.
@@ -135,6 +139,11 @@ impl Setup {
             .filter(|e| e["kind"] == "broker.action")
             .collect()
     }
+}
+
+/// The bounds table `header` of a class whose runs must use `tier`.
+fn class_bounds(tier: Tier, header: &str) -> String {
+    format!("\n{header}\nisolation = \"{}\"\n", tier.name())
 }
 
 enum How<'a> {
@@ -213,10 +222,10 @@ fn records(run: &CellRun) -> Vec<Value> {
     run.result["broker"].as_array().cloned().unwrap_or_default()
 }
 
-#[test]
-fn a_generated_pdf_lands_in_storage_through_the_broker_while_the_cell_cannot_reach_storage() {
+both_tiers! {
+fn a_generated_pdf_lands_in_storage_through_the_broker_while_the_cell_cannot_reach_storage(tier) {
     require_cells!();
-    let setup = Setup::new();
+    let setup = Setup::new(tier);
     let storage = setup.path("storage");
     // The group directory exists, so the cell's direct write there is a real attempt.
     std::fs::create_dir(storage.join("4821")).unwrap();
@@ -264,16 +273,19 @@ fn a_generated_pdf_lands_in_storage_through_the_broker_while_the_cell_cannot_rea
         common::sha256_hex(&canonical)
     );
 }
+}
 
-#[test]
-fn refused_requests_are_answered_with_their_reason_and_recorded() {
+both_tiers! {
+fn refused_requests_are_answered_with_their_reason_and_recorded(tier) {
     require_cells!();
-    let setup = Setup::new();
+    let setup = Setup::new(tier);
     let contract = "broker_actions: [store_case_document, class_only]\n";
     let lines = [
         store_line("48/21", "report.pdf", PDF_BASE64),
         json!({"action": "class_only", "request": {}}).to_string(),
         json!({"action": "drop_all_tables", "request": {}}).to_string(),
+        // Defined by the operator, but not named by this run's contract.
+        json!({"action": "notify", "request": {"case_id": "4821"}}).to_string(),
         store_line("4821", "../escape.pdf", PDF_BASE64),
         store_line("4821", "big.pdf", &"A".repeat(5000)),
         "this is not json".to_string(),
@@ -284,6 +296,7 @@ fn refused_requests_are_answered_with_their_reason_and_recorded() {
         "broker.schema_invalid",
         "broker.class_not_allowed",
         "broker.unknown_action",
+        "broker.not_named",
         "broker.name_invalid",
         "broker.too_large",
         "broker.malformed",
@@ -305,19 +318,24 @@ fn refused_requests_are_answered_with_their_reason_and_recorded() {
     // None passes unseen: the run's summary line on stderr counts them.
     assert!(
         run.stderr()
-            .contains("broker: 0 granted, 6 denied (broker.class_not_allowed x1"),
+            .contains("broker: 0 granted, 7 denied (broker.class_not_allowed x1"),
         "{}",
         run.describe()
     );
     let stored: Vec<_> = std::fs::read_dir(setup.path("storage")).unwrap().collect();
     assert!(stored.is_empty(), "nothing was stored: {stored:?}");
     assert!(!setup.path("escape.pdf").exists());
+    assert!(
+        !setup.path("received.json").exists(),
+        "the unnamed action's handler never ran"
+    );
+}
 }
 
-#[test]
-fn the_command_handler_gets_the_validated_json_and_its_secret_never_reaches_the_cell() {
+both_tiers! {
+fn the_command_handler_gets_the_validated_json_and_its_secret_never_reaches_the_cell(tier) {
     require_cells!();
-    let setup = Setup::new();
+    let setup = Setup::new(tier);
     let line = r#"{ "request": {"case_id": "4821"}, "action": "notify" }"#.to_string();
     let run = setup.run(
         How::Contract("broker_actions: [notify]\n"),
@@ -356,11 +374,12 @@ fn the_command_handler_gets_the_validated_json_and_its_secret_never_reaches_the_
         "the secret is in a record"
     );
 }
+}
 
-#[test]
-fn a_connection_after_the_run_ended_fails() {
+both_tiers! {
+fn a_connection_after_the_run_ended_fails(tier) {
     require_cells!();
-    let setup = Setup::new();
+    let setup = Setup::new(tier);
     let run = setup.run(How::Contract("broker_actions: [notify]\n"), &[], &[]);
     assert_eq!(run.status(), "ok", "{}", run.describe());
     let socket = run.result["plan"]["mounts"]
@@ -376,30 +395,33 @@ fn a_connection_after_the_run_ended_fails() {
     assert!(!dir.exists(), "{} outlived its run", dir.display());
     assert!(Path::new(&setup.state()).join("broker").is_dir());
 }
+}
 
-#[test]
-fn a_run_whose_contract_names_no_action_has_no_socket_in_its_cell() {
+both_tiers! {
+fn a_run_whose_contract_names_no_action_has_no_socket_in_its_cell(tier) {
     require_cells!();
-    let setup = Setup::new();
+    let setup = Setup::new(tier);
     let script = "import os, json; print(json.dumps([os.path.exists('/run/airlock'), \
                   os.environ.get('AIRLOCK_BROKER')]))";
     let dir = setup.dir.path();
     let (config, state) = (setup.config(), setup.state());
     let extra = ["--config", config.as_str(), "--state-dir", state.as_str()];
-    let run = common::run_in(dir, None, &extra, &["/usr/bin/python3", "-c", script]);
+    let run = tier.run_in(dir, None, &extra, &["/usr/bin/python3", "-c", script]);
     assert_eq!(run.status(), "ok", "{}", run.describe());
     assert_eq!(run.stdout().trim(), "[false, null]", "{}", run.describe());
     assert!(run.result["broker"].is_null(), "{}", run.describe());
 }
+}
 
-#[test]
-fn a_contract_naming_an_action_the_operator_never_defined_is_refused() {
+both_tiers! {
+fn a_contract_naming_an_action_the_operator_never_defined_is_refused(tier) {
     require_cells!();
-    let setup = Setup::new();
+    let setup = Setup::new(tier);
     let run = setup.run(How::Contract("broker_actions: [wire_money]\n"), &[], &[]);
     assert_eq!(run.status(), "policy_denied", "{}", run.describe());
     let error = run.result["error"].as_str().unwrap_or_default();
     assert!(error.contains("wire_money"), "{error}");
+}
 }
 
 fn repo_file(path: &str) -> PathBuf {
@@ -408,13 +430,19 @@ fn repo_file(path: &str) -> PathBuf {
         .join(path)
 }
 
-#[test]
-fn the_example_class_stores_the_example_payloads_pdf_for_case_4821() {
+both_tiers! {
+fn the_example_class_stores_the_example_payloads_pdf_for_case_4821(tier) {
     require_cells!();
     let dir = tempfile::tempdir().unwrap();
     let cases = dir.path().join("cases");
     std::fs::create_dir(&cases).unwrap();
-    let classes = repo_file("examples/classes").canonicalize().unwrap();
+    // The example class, its bounds putting its runs on this tier.
+    let classes = dir.path().join("classes");
+    std::fs::create_dir(&classes).unwrap();
+    let class = std::fs::read_to_string(repo_file("examples/classes/case-documents.toml"))
+        .unwrap()
+        + &class_bounds(tier, "[bounds]");
+    std::fs::write(classes.join("case-documents.toml"), class).unwrap();
     let config = std::fs::read_to_string(repo_file("examples/broker/airlock.toml"))
         .unwrap()
         .replace("/var/lib/airlock-cases", &cases.display().to_string())
@@ -439,10 +467,102 @@ fn the_example_class_stores_the_example_payloads_pdf_for_case_4821() {
         "case-documents",
     ];
     let argv = ["/usr/bin/python3", "-c", script.as_str(), "4821"];
-    let run = common::run_in(dir.path(), None, &extra, &argv);
+    let run = tier.run_as_given_in(dir.path(), None, &extra, &argv);
     assert_eq!(run.status(), "ok", "{}", run.describe());
     let stored = std::fs::read(cases.join("4821/summary-4821.pdf")).unwrap();
     assert!(stored.starts_with(b"%PDF-1.4\n"), "{}", run.describe());
     assert!(stored.ends_with(b"%%EOF\n"));
     assert_eq!(records(&run)[0]["stored_as"], "4821/summary-4821.pdf");
+}
+}
+
+/// gVisor only: this tests the tier's own route to the broker (its unix forwarder, with
+/// `--host-uds=none` kept), which the native cell does not have (it binds the host socket
+/// itself). With the broker's route up, the payload reaches no other host unix socket (a
+/// live 0777 one in a read-only input), nor the broker's host socket by its host path;
+/// it can neither kill the forwarder (the sandbox's root) nor replace its socket, and
+/// the broker still answers afterwards. Every attempt that succeeds prints BREACH; the
+/// script exits 0 only then.
+#[test]
+fn on_gvisor_the_broker_route_reaches_the_broker_and_no_other_host_socket() {
+    require_cells!();
+    let tier = Tier::Gvisor;
+    let setup = Setup::new(tier);
+    // Outside /tmp, which is a writable path of the sandbox.
+    let inputs_dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let host_socket = inputs_dir.path().join("host.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&host_socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&host_socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let broker_dir = Path::new(&setup.state()).join("broker");
+    let script = format!(
+        r#"
+import os, signal, socket, sys, json
+breach = False
+def connect(path):
+    s = socket.socket(socket.AF_UNIX); s.settimeout(2); s.connect(path); return s
+for path in ['{host}']:
+    try:
+        connect(path); print('BREACH host socket', path); breach = True
+    except OSError as e:
+        print('refused', path, e)
+try:
+    print('BREACH broker dir listed', os.listdir('{broker_dir}')); breach = True
+except OSError as e:
+    print('no broker dir', e)
+pids = [p for p in os.listdir('/proc') if p.isdigit()
+        and open('/proc/%s/cmdline' % p, 'rb').read().split(b'\0')[1:2] == [b'--airlock-gvisor-forward-unix']]
+print('forwarders', pids)
+if not pids:
+    print('BREACH no forwarder found'); sys.exit(0)
+for p in pids:
+    try:
+        os.kill(int(p), signal.SIGKILL); print('BREACH killed the forwarder'); breach = True
+    except OSError as e:
+        print('kill refused', e)
+for what, attempt in [('unlink', lambda: os.unlink(os.environ['AIRLOCK_BROKER'])),
+                      ('rename', lambda: os.rename(os.environ['AIRLOCK_BROKER'], '/run/airlock/x')),
+                      ('chmod', lambda: os.chmod('/run/airlock', 0o777))]:
+    try:
+        attempt(); print('BREACH', what); breach = True
+    except OSError as e:
+        print(what, 'refused', e)
+s = connect(os.environ['AIRLOCK_BROKER'])
+s.sendall(b'{{"action": "notify", "request": {{"case_id": "4821"}}}}\n')
+print('reply', s.makefile().readline().strip())
+sys.exit(0 if breach else 1)
+"#,
+        host = host_socket.display(),
+        broker_dir = broker_dir.display(),
+    );
+    let contract = format!(
+        "broker_actions: [notify]\nfilesystem:\n  readonly_inputs:\n    - {}\n",
+        inputs_dir.path().display()
+    );
+    let (config, state) = (setup.config(), setup.state());
+    let extra = ["--config", config.as_str(), "--state-dir", state.as_str()];
+    let run = tier.run_in(
+        setup.dir.path(),
+        Some(&contract),
+        &extra,
+        &["/usr/bin/python3", "-c", &script],
+    );
+    assert_eq!(
+        run.code(),
+        1,
+        "a way around the broker:\n{}",
+        run.describe()
+    );
+    assert!(!run.stdout().contains("BREACH"), "{}", run.describe());
+    assert!(
+        run.stdout().contains("reply {\"ok\": true") || run.stdout().contains("reply {\"ok\":true"),
+        "the broker answered after the attempts: {}",
+        run.describe()
+    );
+    assert!(
+        listener.accept().is_err(),
+        "a connection reached the host socket"
+    );
+    assert_eq!(records(&run).len(), 1, "{}", run.describe());
 }

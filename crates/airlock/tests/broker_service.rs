@@ -1,10 +1,13 @@
 //! Brokered actions of runs made through `airlock serve` (the engine's threaded path: the
 //! cell comes from the factory, the broker thread from the service's engine): the action
 //! is authorized against the run's tenant, the file lands in storage, and the run's record
-//! carries the broker's records (`?wait=true` answers the run's result).
+//! carries the broker's records (`?wait=true` answers the run's result). On the gVisor
+//! tier the service's thread supervises the sandbox itself, and the tier's unix forwarder
+//! carries the socket (crates/cell/src/gvisor/broker.rs).
 
 mod common;
 
+use common::tier::Tier;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -32,18 +35,16 @@ struct Service {
     child: Child,
     dir: tempfile::TempDir,
     port: u16,
+    tier: Tier,
 }
 
 impl Service {
-    fn start() -> Service {
+    fn start(tier: Tier) -> Service {
         let dir = tempfile::tempdir().unwrap();
         let port = common::free_port();
         std::fs::create_dir(dir.path().join("storage")).unwrap();
-        std::fs::write(
-            dir.path().join("brokered.yaml"),
-            "broker_actions: [store_case_document]\n",
-        )
-        .unwrap();
+        let contract = tier.contract(Some("broker_actions: [store_case_document]\n"));
+        std::fs::write(dir.path().join("brokered.yaml"), contract.unwrap()).unwrap();
         let config = format!(
             r#"[server]
 listen = ["tcp:127.0.0.1:{port}"]
@@ -76,7 +77,12 @@ handler = {{ kind = "store_artifact", directory = "{storage}", name_field = "fil
             .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
             .spawn()
             .unwrap();
-        let service = Service { child, dir, port };
+        let service = Service {
+            child,
+            dir,
+            port,
+            tier,
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(Instant::now() < deadline, "no service: {}", service.log());
@@ -113,7 +119,34 @@ handler = {{ kind = "store_artifact", directory = "{storage}", name_field = "fil
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        serde_json::from_str(&text).unwrap_or_else(|_| panic!("{text}\n{}", self.log()))
+        let record: Value =
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("{text}\n{}", self.log()));
+        self.assert_ran_on_its_tier(&record);
+        record
+    }
+
+    /// The run's stored plan names the service's tier; on gVisor, the run having ended
+    /// (`wait=true`), nothing of its sandbox is left while the service lives.
+    fn assert_ran_on_its_tier(&self, record: &Value) {
+        let run_id = record["run_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{record}"));
+        let out = Command::new(common::airlock_bin())
+            .args(["runs", "show", run_id, "--json", "--state-dir"])
+            .arg(self.dir.path().join("state"))
+            .output()
+            .unwrap();
+        let shown: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{}", common::output_text(&out)));
+        assert_eq!(
+            shown["run"]["plan"]["isolation"],
+            self.tier.name(),
+            "{shown}"
+        );
+        if self.tier == Tier::Gvisor {
+            let service = common::host::Supervisor::of(&self.child);
+            common::tier::assert_sandboxes_of_left_nothing(&service, &record.to_string());
+        }
     }
 }
 
@@ -137,10 +170,10 @@ fn reply_of(record: &Value) -> Value {
     serde_json::from_str(stdout.trim()).unwrap_or_else(|_| panic!("{record}"))
 }
 
-#[test]
-fn a_service_run_is_brokered_for_its_tenant_only() {
+both_tiers! {
+fn a_service_run_is_brokered_for_its_tenant_only(tier) {
     require_cells!();
-    let service = Service::start();
+    let service = Service::start(tier);
     let alice = service.run(ALICE, &store_line("notes.txt"));
     assert_eq!(alice["status"], "ok", "{alice}\n{}", service.log());
     assert_eq!(reply_of(&alice)["ok"], true, "{alice}");
@@ -158,4 +191,5 @@ fn a_service_run_is_brokered_for_its_tenant_only() {
     assert_eq!(bob["broker"][0]["reason"], "broker.tenant_not_allowed");
     assert!(!service.storage().join("4821/bob.txt").exists());
     assert!(!Path::new(&service.storage().join("bob.txt")).exists());
+}
 }

@@ -12,6 +12,7 @@ mod common;
 
 use common::logging_upstream::LoggingUpstream;
 use common::test_ca::TestCa;
+use common::tier::Tier;
 use common::CellRun;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -85,8 +86,8 @@ path_prefixes = ["/v1/"]
         }
     }
 
-    fn run(&self, contract: &str, script: &str) -> CellRun {
-        common::run_in(
+    fn run(&self, tier: Tier, contract: &str, script: &str) -> CellRun {
+        tier.run_in(
             self.dir.path(),
             Some(contract),
             &[
@@ -169,8 +170,8 @@ fn authorization(request: &Value) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_tunnel() {
+both_tiers! {
+fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_tunnel(tier) {
     require_cells!();
     let env = Env::new();
     let all = ["api.test", "evil.test", "plain.test"];
@@ -216,7 +217,7 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
          echo '--- files'; grep -rls 'sk-rea[l]' /tmp /etc /proc/[0-9]*/environ 2>/dev/null; \
          echo end"
     );
-    let run = env.run(&contract, &script);
+    let run = env.run(tier, &contract, &script);
     assert_eq!(run.status(), "ok", "{}", run.describe());
     let out = run.stdout();
     let one = |name: &str| {
@@ -334,9 +335,10 @@ fn https_to_a_secret_host_is_intercepted_swapped_and_checked_while_other_hosts_t
         assert!(!text.contains(&env.value), "the value is in the {what}");
     }
 }
+}
 
-#[test]
-fn an_upstream_certificate_the_roots_do_not_sign_is_refused_with_a_reason() {
+both_tiers! {
+fn an_upstream_certificate_the_roots_do_not_sign_is_refused_with_a_reason(tier) {
     require_cells!();
     let env = Env::new();
     let stranger = TestCa::new("someone else's CA");
@@ -349,7 +351,7 @@ fn an_upstream_certificate_the_roots_do_not_sign_is_refused_with_a_reason() {
     let script = format!(
         "curl -sS --max-time 20 -D - -o /dev/null https://rogue.test:{port}/x; echo \"exit=$?\""
     );
-    let run = env.run(&contract, &script);
+    let run = env.run(tier, &contract, &script);
     assert_eq!(run.status(), "ok", "{}", run.describe());
     let out = run.stdout();
     assert!(out.contains("502"), "a clean HTTP error: {out}");
@@ -365,4 +367,5 @@ fn an_upstream_certificate_the_roots_do_not_sign_is_refused_with_a_reason() {
         run.describe()
     );
     assert!(up.requests().is_empty(), "{}", up.raw_log());
+}
 }

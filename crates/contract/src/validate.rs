@@ -650,8 +650,10 @@ fn check_secrets(contract: &Contract, errors: &mut Errors) {
 /// What the gVisor tier cannot enforce as asked (yet) is an error, never a silently
 /// weaker run: its payload has no pty of a devpts airlock owns, only the default system
 /// call policy is translated for gVisor's kernel (crates/oci/src/seccomp.rs), not a
-/// custom profile, and a pod's network, secrets, broker socket and image root are not
-/// built (docs/threat-model.md, "Tiers").
+/// custom profile, and a pod's network and image root are not built (docs/threat-model.md,
+/// "Tiers"). Secrets and broker actions are: the proxy and the broker are the native
+/// cell's, reached through the tier's forwarders (crates/cell/src/gvisor/route.rs), and
+/// the run CA's bundle is an `/etc` entry the bundle binds like any other.
 fn check_isolation(contract: &Contract, errors: &mut Errors) {
     if contract.isolation != Isolation::Gvisor {
         return;
@@ -667,16 +669,6 @@ fn check_isolation(contract: &Contract, errors: &mut Errors) {
             contract.network.mode == NetworkMode::Pod,
             "network.mode",
             "network.mode pod",
-        ),
-        (
-            !contract.secrets.is_empty(),
-            "secrets",
-            "secrets (the proxy's credential injection is not tested on this tier)",
-        ),
-        (
-            !contract.broker_actions.is_empty(),
-            "broker_actions",
-            "broker actions",
         ),
     ];
     for (used, field, what) in unsupported {

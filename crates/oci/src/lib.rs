@@ -279,7 +279,8 @@ fn mounts(plan: &CellPlan, host: &BundleHost) -> Result<Vec<Mount>, OciError> {
                 mounts.push(bind(dir, target, &options)?);
             }
             // The system tree (the host's or the image's) is `host.system`; the broker's
-            // socket is refused by validation for this tier.
+            // socket is no host mount on gVisor: the tier's forwarder binds it inside
+            // the sandbox (crates/cell/src/gvisor/broker.rs).
             MountPlan::HostSystem { .. }
             | MountPlan::ImageSystem { .. }
             | MountPlan::BrokerSocket { .. } => {}

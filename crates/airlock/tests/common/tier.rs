@@ -42,9 +42,20 @@ impl Tier {
 
     /// [`run_in`] on this tier; a gVisor run is checked to have left nothing behind.
     pub fn run_in(self, dir: &Path, yaml: Option<&str>, extra: &[&str], argv: &[&str]) -> CellRun {
-        let contract = self.contract(yaml);
+        self.run_as_given_in(dir, self.contract(yaml).as_deref(), extra, argv)
+    }
+
+    /// [`Tier::run_in`] with the contract as given: the tier comes from elsewhere (a
+    /// class's `bounds.isolation`). The run is still checked to have run on this tier.
+    pub fn run_as_given_in(
+        self,
+        dir: &Path,
+        contract: Option<&str>,
+        extra: &[&str],
+        argv: &[&str],
+    ) -> CellRun {
         let _one_sandbox = self.serial();
-        let run = run_in(dir, contract.as_deref(), extra, argv);
+        let run = run_in(dir, contract, extra, argv);
         self.assert_ran_on(&run);
         if self == Tier::Gvisor {
             assert_sandbox_left_nothing(&run);
@@ -91,13 +102,19 @@ impl Tier {
 /// mount there, a process naming it (runsc's sandbox and gofer carry `--root=<its dir>`).
 pub fn assert_sandbox_left_nothing(run: &CellRun) {
     let supervisor = run.supervisor.expect("started by run_supervisor");
+    assert_sandboxes_of_left_nothing(&supervisor, &run.describe());
+    // A run refused before it wrote a result (a contract error) has no cleanup to report.
+    if !run.result.is_null() {
+        assert_eq!(run.result["cleanup"]["ok"], true, "{}", run.describe());
+    }
+}
+
+/// Nothing is left on the host of the gVisor sandboxes `supervisor` (an `airlock run`, or
+/// an `airlock serve` whose runs have all ended) made; `context` goes into the message.
+pub fn assert_sandboxes_of_left_nothing(supervisor: &host::Supervisor, context: &str) {
     let prefix = format!("{}-{}-", supervisor.pid, supervisor.start_time);
-    let cgroups = host::cgroups_of(&supervisor);
-    assert!(
-        cgroups.is_empty(),
-        "cgroups left: {cgroups:?}\n{}",
-        run.describe()
-    );
+    let cgroups = host::cgroups_of(supervisor);
+    assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}\n{context}");
     let dirs: Vec<_> = std::fs::read_dir("/run/airlock-gvisor")
         .map(|d| {
             d.flatten()
@@ -115,10 +132,6 @@ pub fn assert_sandbox_left_nothing(run: &CellRun) {
     assert!(left.is_empty(), "mounts left: {left:?}");
     let procs = host::processes_with(&format!("/run/airlock-gvisor/{prefix}"));
     assert!(procs.is_empty(), "runsc processes left: {procs:?}");
-    // A run refused before it wrote a result (a contract error) has no cleanup to report.
-    if !run.result.is_null() {
-        assert_eq!(run.result["cleanup"]["ok"], true, "{}", run.describe());
-    }
 }
 
 /// `both_tiers! { fn name(tier) { body } }`: a module `name` with the tests `native` and

@@ -234,11 +234,10 @@ impl CellDir {
                         system.push((source, path.clone()));
                     }
                 }
-                MountPlan::BrokerSocket { .. } => {
-                    return Err(CellError::Unavailable {
-                        control: "gvisor.mounts",
-                        reason: "a broker socket on the gVisor tier".into(),
-                    })
+                // Not a host mount: the sandbox's own tmpfs, where the broker's
+                // forwarder binds the socket (broker.rs); only its mount point is here.
+                MountPlan::BrokerSocket { target, .. } => {
+                    mount_point(&rootfs, super::broker::socket_dir(target)?, true)?
                 }
             }
         }

@@ -5,9 +5,11 @@
 //! listeners), in a private network namespace of their own with only `lo`, so the proxy
 //! is started unchanged and applies its checks, reason codes and records. The forwarder
 //! inside the sandbox ([`super::inside`]) asks over its control channel for one host
-//! socket per connection; the bridge here makes a unix socketpair, passes one end in
-//! and connects the other, from the private namespace, to the listener asked for.
+//! socket per connection; the bridge ([`super::route::bridge`], on a thread that stays in
+//! the private namespace) makes a unix socketpair, passes one end in and connects the
+//! other, from that namespace, to the listener asked for.
 
+use super::route::{self, Pending};
 use crate::error::CellError;
 use crate::protocol::{EgressListeners, ListenersWire};
 use crate::supervisor::EgressSession;
@@ -15,15 +17,13 @@ use crate::sys;
 use airlock_contract::{
     CellPlan, TransparentEndpoint, HTTP_PROXY_PORT, SOCKS_PROXY_PORT, TRANSPARENT_DNS,
 };
-use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
-use std::time::Duration;
 
-/// How long the forwarder may take to bind its listeners.
-const FORWARDER_START: Duration = Duration::from_secs(30);
+/// The control an egress route that cannot be built refuses the run as.
+const CONTROL: &str = "gvisor.network";
 
 /// The TCP addresses the forwarder listens on inside the sandbox, in request-byte order:
 /// the HTTP proxy, the SOCKS proxy, then the plan's transparent endpoints. The resolver
@@ -60,7 +60,12 @@ pub fn start_route(
             let ok = bound.is_ok();
             let _ = bound_tx.send(bound);
             if let (true, Ok(channel)) = (ok, channel_rx.recv()) {
-                bridge(&channel, &thread_addresses);
+                // Request byte `i` is a connection to `addresses[i]` (the proxy's
+                // listener), made from this thread's namespace.
+                route::bridge(&channel, |i| {
+                    let address = thread_addresses.get(usize::from(i))?;
+                    TcpStream::connect(address).ok()
+                });
             }
         })
         .map_err(|e| CellError::io("the egress bridge's thread", e))?;
@@ -70,60 +75,12 @@ pub fn start_route(
         .map_err(|_| refused("the egress bridge's thread ended"))?
         .map_err(|e| refused(&e))?;
     egress.start(listeners).map_err(|e| refused(&e))?;
-    let (ours, theirs) =
-        UnixStream::pair().map_err(|e| CellError::io("the forwarder's channel", e))?;
-    Ok(Pending {
-        ours,
-        theirs: Some(OwnedFd::from(theirs)),
-        to_bridge: channel_tx,
-    })
-}
-
-/// The control channel before the forwarder said it listens.
-pub struct Pending {
-    ours: UnixStream,
-    theirs: Option<OwnedFd>,
-    to_bridge: mpsc::Sender<UnixStream>,
-}
-
-impl Pending {
-    /// The forwarder's stdin (once).
-    pub fn sandbox_end(&mut self) -> Option<OwnedFd> {
-        self.theirs.take()
-    }
-
-    /// Waits for the forwarder's ready byte, then hands the channel to the bridge.
-    pub fn forwarder_ready(self) -> Result<(), CellError> {
-        let Pending {
-            ours, to_bridge, ..
-        } = self;
-        ours.set_read_timeout(Some(FORWARDER_START))
-            .map_err(|e| CellError::io("the forwarder's channel", e))?;
-        let mut ready = [0u8; 1];
-        match (&ours).read(&mut ready) {
-            Ok(1) if ready[0] == super::inside::FORWARDER_READY => {}
-            Ok(_) => return Err(refused("the egress forwarder ended before it listened")),
-            Err(e) => {
-                return Err(refused(&format!(
-                    "the egress forwarder did not listen within {} s: {e}",
-                    FORWARDER_START.as_secs()
-                )))
-            }
-        }
-        ours.set_read_timeout(None)
-            .map_err(|e| CellError::io("the forwarder's channel", e))?;
-        to_bridge
-            .send(ours)
-            .map_err(|_| refused("the egress bridge's thread ended"))
-    }
+    Pending::new(CONTROL, channel_tx)
 }
 
 /// Fail closed: a sandbox whose egress route cannot be built does not run.
 fn refused(why: &str) -> CellError {
-    CellError::Unavailable {
-        control: "gvisor.network",
-        reason: why.to_string(),
-    }
+    route::refused(CONTROL, why)
 }
 
 /// On this thread: a new network namespace with only `lo` up, and the proxy's sockets
@@ -153,46 +110,6 @@ fn bind_in_private_netns(
         dns: OwnedFd::from(dns),
         transparent: endpoints.into_iter().zip(transparent).collect(),
     })
-}
-
-/// Serves the forwarder's requests until its channel closes: per request byte `i`, a
-/// socketpair whose one end goes into the sandbox and whose other end is relayed to a
-/// connection to `addresses[i]` (the proxy's listener) in this thread's namespace.
-fn bridge(channel: &UnixStream, addresses: &[SocketAddrV4]) {
-    // `read`, not `recvmsg`: descriptors a payload holding the channel sends are
-    // discarded, so the channel yields proxy connections and nothing else.
-    let mut request = [0u8; 1];
-    while let Ok(1) = (&*channel).read(&mut request) {
-        let route = addresses
-            .get(usize::from(request[0]))
-            .and_then(|addr| TcpStream::connect(addr).ok())
-            .and_then(|upstream| Some((upstream, UnixStream::pair().ok()?)));
-        let sent = match route {
-            Some((upstream, (ours, theirs))) => {
-                let sent = sys::send_with_fds(channel.as_fd(), b"F", &[theirs.as_raw_fd()]);
-                std::thread::spawn(move || relay(upstream, ours));
-                sent
-            }
-            None => (&*channel).write_all(&[super::inside::NO_ROUTE]),
-        };
-        if sent.is_err() {
-            return;
-        }
-    }
-}
-
-/// Copies bytes both ways until each side has finished sending.
-fn relay(upstream: TcpStream, route: UnixStream) {
-    let (Ok(upstream_2), Ok(route_2)) = (upstream.try_clone(), route.try_clone()) else {
-        return;
-    };
-    let outbound = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut &route_2, &mut &upstream_2);
-        let _ = upstream_2.shutdown(std::net::Shutdown::Write);
-    });
-    let _ = std::io::copy(&mut &upstream, &mut &route);
-    let _ = route.shutdown(std::net::Shutdown::Write);
-    let _ = outbound.join();
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! airlock's own small part inside a gVisor session's sandbox: this binary, bound
-//! read-only at [`HELPER_PATH`], run in one of three roles chosen by its first argument
+//! read-only at [`HELPER_PATH`], run in one of these roles chosen by its first argument
 //! (entered through [`run_inside_sandbox_if_requested`] first thing in `main`):
 //!
 //! - the session's holder, pid 1 of the sandbox: it says it is up (one line on its
@@ -21,10 +21,17 @@
 //!   `SCM_RIGHTS`, whose other end the supervisor connects to airlock's egress proxy;
 //!   it relays bytes between the two. It decides nothing: the proxy does
 //!   (docs/threat-model.md, "Tiers", says why a payload that kills or replaces it gains
-//!   nothing).
+//!   nothing);
+//! - the unix forwarder of a sandbox whose run may ask the broker: the same, for one
+//!   unix socket it binds at the broker's path (its host end is the run's broker
+//!   socket, super::broker).
 //!
 //! Each runs as the payload's user with no capabilities and no_new_privs (the process
-//! spec of every `runsc exec` is the first payload's: crates/oci `exec_process`).
+//! spec of every `runsc exec` is the first payload's: crates/oci `exec_process`), but for
+//! the unix forwarder, which runs as the sandbox's root (still no capabilities and
+//! no_new_privs), so that the payload can neither replace its socket nor signal it.
+//! The forwarders' shared part (the bridge on the supervisor's side, the relay) is
+//! super::route.
 
 use crate::error::CellError;
 use crate::sys;
@@ -37,10 +44,7 @@ const HOLDER_ARG: &str = "--airlock-gvisor-holder";
 const LAUNCH_ARG: &str = "--airlock-gvisor-launch";
 const SIGNAL_ARG: &str = "--airlock-gvisor-signal";
 const FORWARD_ARG: &str = "--airlock-gvisor-forward";
-/// What the forwarder writes on its control channel once every listener is bound.
-pub const FORWARDER_READY: u8 = b'R';
-/// The supervisor's answer to a request for which it has no socket (it carries none).
-pub const NO_ROUTE: u8 = b'N';
+const FORWARD_UNIX_ARG: &str = "--airlock-gvisor-forward-unix";
 /// What the holder writes on its stdout once it runs.
 pub const HOLDER_READY: &[u8] = b"airlock-holder-ready\n";
 /// The launcher's exit status when the seccomp program cannot be installed (the
@@ -80,6 +84,16 @@ pub fn forwarder_argv(addresses: &[std::net::SocketAddrV4]) -> Vec<String> {
     let mut line = vec![HELPER_PATH.to_string(), FORWARD_ARG.to_string()];
     line.extend(addresses.iter().map(|a| a.to_string()));
     line
+}
+
+/// The unix forwarder's command line: it binds a socket at `path` (the broker's, in the
+/// sandbox), and each connection to it is requested from the supervisor as the byte 0.
+pub fn unix_forwarder_argv(path: &Path) -> Vec<String> {
+    vec![
+        HELPER_PATH.to_string(),
+        FORWARD_UNIX_ARG.to_string(),
+        path.display().to_string(),
+    ]
 }
 
 /// The bundle of a session: the holder as the first process, and this binary bound
@@ -134,6 +148,7 @@ pub fn run_inside_sandbox_if_requested() {
         Some(LAUNCH_ARG) => launch(&args[2..]),
         Some(SIGNAL_ARG) => signal_group(&args[2..]),
         Some(FORWARD_ARG) => forward(&args[2..]),
+        Some(FORWARD_UNIX_ARG) => forward_unix(&args[2..]),
         _ => {}
     }
 }
@@ -228,8 +243,6 @@ fn forward_addresses(args: &[String]) -> Result<Vec<std::net::SocketAddrV4>, Str
 }
 
 fn forward(args: &[String]) -> ! {
-    use std::io::Write;
-    use std::os::fd::AsFd;
     let addresses = forward_addresses(args).unwrap_or_else(|why| fail(LAUNCH_FAILED, &why));
     let listeners: Vec<std::net::TcpListener> = addresses
         .iter()
@@ -238,22 +251,15 @@ fn forward(args: &[String]) -> ! {
                 .unwrap_or_else(|e| fail(LAUNCH_FAILED, &format!("{a}: {e}")))
         })
         .collect();
-    // fd 0 is the control channel (`runsc exec`'s stdin: a host unix socket).
-    let control = std::io::stdin()
-        .as_fd()
-        .try_clone_to_owned()
-        .map(std::os::unix::net::UnixStream::from)
-        .unwrap_or_else(|e| fail(LAUNCH_FAILED, &format!("the control channel: {e}")));
-    if let Err(e) = (&control).write_all(&[FORWARDER_READY]) {
-        fail(LAUNCH_FAILED, &format!("the control channel: {e}"));
-    }
-    let control = std::sync::Arc::new(std::sync::Mutex::new(control));
+    let control = control_channel();
     let accepting: Vec<_> = listeners
         .into_iter()
         .enumerate()
         .map(|(index, listener)| {
             let control = control.clone();
-            std::thread::spawn(move || accept_loop(&listener, index as u8, &control))
+            std::thread::spawn(move || {
+                serve_connections(listener.incoming(), index as u8, &control)
+            })
         })
         .collect();
     for thread in accepting {
@@ -263,17 +269,53 @@ fn forward(args: &[String]) -> ! {
     fail(1, "the control channel closed")
 }
 
-/// Serves one listener until the control channel fails.
-fn accept_loop(
-    listener: &std::net::TcpListener,
+/// The unix forwarder (the broker's socket): it runs as the sandbox's root (no
+/// capabilities), so the socket's directory, a tmpfs of the sandbox that is root's and
+/// 0755, lets the payload connect to the socket (0666) but not remove or replace it.
+fn forward_unix(args: &[String]) -> ! {
+    use std::os::unix::fs::PermissionsExt;
+    let [path] = args else {
+        fail(LAUNCH_FAILED, "usage: <socket path>")
+    };
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .unwrap_or_else(|e| fail(LAUNCH_FAILED, &format!("{path}: {e}")));
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)) {
+        fail(LAUNCH_FAILED, &format!("{path}: {e}"));
+    }
+    let control = control_channel();
+    serve_connections(listener.incoming(), 0, &control);
+    fail(1, "the control channel closed")
+}
+
+type Control = std::sync::Arc<std::sync::Mutex<std::os::unix::net::UnixStream>>;
+
+/// fd 0, the control channel (`runsc exec`'s stdin: a host unix socket), once the
+/// forwarder's ready byte is on it: the forwarder listens.
+fn control_channel() -> Control {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    let control = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(std::os::unix::net::UnixStream::from)
+        .unwrap_or_else(|e| fail(LAUNCH_FAILED, &format!("the control channel: {e}")));
+    if let Err(e) = (&control).write_all(&[super::route::FORWARDER_READY]) {
+        fail(LAUNCH_FAILED, &format!("the control channel: {e}"));
+    }
+    std::sync::Arc::new(std::sync::Mutex::new(control))
+}
+
+/// Serves one listener's connections until the control channel fails.
+fn serve_connections<S: super::route::Duplex>(
+    connections: impl Iterator<Item = std::io::Result<S>>,
     index: u8,
     control: &std::sync::Mutex<std::os::unix::net::UnixStream>,
 ) {
-    for connection in listener.incoming() {
+    for connection in connections {
         let Ok(connection) = connection else { continue };
         match request_route(control, index) {
             Ok(Some(route)) => {
-                std::thread::spawn(move || relay(connection, route));
+                std::thread::spawn(move || super::route::relay(connection, route));
             }
             // Refused by the supervisor: this connection closes, the others go on.
             Ok(None) => {}
@@ -301,20 +343,6 @@ fn request_route(
         .into_iter()
         .next()
         .map(std::os::unix::net::UnixStream::from))
-}
-
-/// Copies bytes both ways until each side has finished sending.
-fn relay(connection: std::net::TcpStream, route: std::os::unix::net::UnixStream) {
-    let (Ok(connection_2), Ok(route_2)) = (connection.try_clone(), route.try_clone()) else {
-        return;
-    };
-    let upstream = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut &connection_2, &mut &route_2);
-        let _ = route_2.shutdown(std::net::Shutdown::Write);
-    });
-    let _ = std::io::copy(&mut &route, &mut &connection);
-    let _ = connection.shutdown(std::net::Shutdown::Write);
-    let _ = upstream.join();
 }
 
 fn fail(status: i32, why: &str) -> ! {

@@ -16,10 +16,12 @@
 //! host tmpfs -> counters -> everything removed and checked -> one class, by the native
 //! cell's classification.
 
+mod broker;
 mod bundle;
 mod egress;
 pub mod health;
 pub mod inside;
+mod route;
 mod runsc;
 mod session;
 
@@ -72,8 +74,22 @@ pub fn run_gvisor(plan: &CellPlan, mut options: RunOptions<'_>) -> RunReport {
     }
 }
 
-/// Whether this host can run `plan` on the gVisor tier, and with which runsc binary.
+/// Whether this host can run `plan` in a gVisor session or parked cell, and with which
+/// runsc binary. A broker socket is per run: it is served to one-shot runs only.
 pub fn preflight(plan: &CellPlan) -> Result<PathBuf, CellError> {
+    if plan.broker.is_some() {
+        return Err(CellError::Unavailable {
+            control: "gvisor.broker",
+            reason: "a broker socket on gVisor is served to one-shot runs only, not to a \
+                     session or a parked cell"
+                .to_string(),
+        });
+    }
+    one_shot_preflight(plan)
+}
+
+/// Whether this host can run `plan` once on the gVisor tier, and with which runsc binary.
+fn one_shot_preflight(plan: &CellPlan) -> Result<PathBuf, CellError> {
     let unavailable = |control, reason: &str| {
         Err(CellError::Unavailable {
             control,
@@ -99,10 +115,16 @@ pub fn preflight(plan: &CellPlan) -> Result<PathBuf, CellError> {
             "only network.mode deny and allowlist are built for gVisor",
         );
     }
-    if plan.terminal || plan.broker.is_some() {
-        return unavailable("gvisor.plan", "no terminal or broker socket on gVisor");
+    if plan.terminal {
+        return unavailable("gvisor.plan", "no terminal on gVisor");
     }
     RunscBinary::locate()
+}
+
+/// Whether the plan's payload reaches something outside the sandbox through a
+/// forwarder: the egress proxy (allowlist) or the run's broker.
+fn has_routes(plan: &CellPlan) -> bool {
+    matches!(plan.network, NetworkPlan::Allowlist { .. }) || broker::socket_of(plan).is_some()
 }
 
 fn ms_since(t: Instant) -> f64 {
@@ -139,10 +161,10 @@ struct Sandbox {
     /// Every host process seen in the sandbox's cgroup, to reap (this process is their
     /// subreaper once their parent is gone).
     seen: std::collections::BTreeSet<libc::pid_t>,
-    /// runsc processes outside the sandbox's cgroup that teardown kills and reaps: an
-    /// allowlisted run's holder (`runsc run`) and forwarder (`runsc exec`).
+    /// runsc processes outside the sandbox's cgroup that teardown kills and reaps: the
+    /// holder (`runsc run`) and forwarders (`runsc exec`) of a run with routes out.
     runsc_children: Vec<libc::pid_t>,
-    /// The files of the forwarder's and the payload's `runsc exec`s.
+    /// The files of the forwarders' and the payload's `runsc exec`s.
     exec_files: Vec<session::ExecFiles>,
 }
 
@@ -160,16 +182,18 @@ fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport
         ));
     }
     let container = doors.and_then(|d| d.cgroup);
-    let binary = preflight(plan)?;
+    let binary = one_shot_preflight(plan)?;
     let env = command_environment(plan, options.credentials, &[])?;
     // A supervisor killed with SIGKILL takes its sandbox with it (runsc.rs) but leaves
     // its directory, tmpfs and cgroups: the next run reaps them, as `doctor` does.
     let _ = health::reap_leftovers();
-    // An allowlisted payload starts only once the egress forwarder listens: a holder is
-    // the first process, the forwarder and the payload are `runsc exec`s.
-    let pid1 = match plan.network {
-        NetworkPlan::Allowlist { .. } => Pid1::SessionHolder,
-        _ => Pid1::Payload,
+    // A payload with a route out (egress, the broker) starts only once its forwarders
+    // listen: a holder is the first process, the forwarders and the payload are
+    // `runsc exec`s.
+    let pid1 = if has_routes(plan) {
+        Pid1::SessionHolder
+    } else {
+        Pid1::Payload
     };
     let mut sandbox = Sandbox::prepare(plan, &binary, options.host_ids, env, pid1, container)?;
     let prepared_ms = ms_since(started);
@@ -317,6 +341,9 @@ impl Sandbox {
         if pid1 == Pid1::SessionHolder {
             inside::make_session_spec(&mut spec, &self.dir.rootfs())?;
         }
+        if let Some((_, target)) = broker::socket_of(plan) {
+            broker::add_socket_dir(&mut spec, target)?;
+        }
         let json = serde_json::to_vec_pretty(&spec)
             .map_err(|e| CellError::io("runtime spec", std::io::Error::other(e)))?;
         self.dir.write_spec(&json)
@@ -343,9 +370,9 @@ impl Sandbox {
         // become this process's (its subreaper), which reaps them at teardown.
         sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
             .map_err(|e| CellError::io("becoming the sandbox's subreaper", e))?;
-        let behind_forwarder = matches!(plan.network, NetworkPlan::Allowlist { .. });
+        let behind_forwarder = has_routes(plan);
         if behind_forwarder {
-            self.start_egress_route(plan, options)?;
+            self.start_routes(plan, options)?;
         }
         let recorded = match options.before_start.take() {
             None => Ok(String::new()),
@@ -528,30 +555,82 @@ impl Sandbox {
 }
 
 impl Sandbox {
-    /// An allowlisted run's route out, before its payload starts: the proxy on its
-    /// listeners in a private network namespace, the holder, then the forwarder (a
-    /// `runsc exec` whose stdin is the control channel) listening on gVisor's loopback.
-    fn start_egress_route(
+    /// The routes out of the sandbox, before its payload starts: the holder, then the
+    /// egress route (an allowlisted run) and the broker's (a run naming actions).
+    fn start_routes(
         &mut self,
         plan: &CellPlan,
         options: &mut RunOptions<'_>,
     ) -> Result<(), CellError> {
-        let mut pending = egress::start_route(plan, options.egress.as_deref_mut())?;
+        let egress = match plan.network {
+            NetworkPlan::Allowlist { .. } => {
+                Some(egress::start_route(plan, options.egress.as_deref_mut())?)
+            }
+            _ => None,
+        };
         let holder = session::start_holder(self)?;
         self.runsc_children.push(holder.runsc_pid);
+        if let Some(pending) = egress {
+            self.start_egress_forwarder(plan, options, pending)?;
+        }
+        if let Some((source, target)) = broker::socket_of(plan) {
+            let pending = broker::start_route(source.to_path_buf())?;
+            self.start_broker_forwarder(plan, target, pending)?;
+        }
+        Ok(())
+    }
+
+    /// The egress forwarder (a `runsc exec` of the payload's user whose stdin is the
+    /// control channel), listening on gVisor's loopback where the proxy's listeners are
+    /// natively; the proxy already runs on its listeners in a private network namespace.
+    fn start_egress_forwarder(
+        &mut self,
+        plan: &CellPlan,
+        options: &RunOptions<'_>,
+        mut pending: route::Pending,
+    ) -> Result<(), CellError> {
         let env = command_environment(plan, options.credentials, &[])?;
         let argv = inside::forwarder_argv(&egress::forwarded_addresses(plan));
         let files = self.exec_files(plan, argv, env)?;
-        let channel = pending.sandbox_end().ok_or_else(|| CellError::Protocol {
-            message: "the forwarder's channel was taken".into(),
-        })?;
+        self.spawn_forwarder(&files, pending.sandbox_end()?)?;
+        pending.forwarder_ready()
+    }
+
+    /// The broker's unix forwarder: a `runsc exec` as the sandbox's root (no
+    /// capabilities, no_new_privs, no environment), so that the socket's directory is
+    /// not the payload's to change, and a process the payload cannot signal.
+    fn start_broker_forwarder(
+        &mut self,
+        plan: &CellPlan,
+        target: &Path,
+        mut pending: route::Pending,
+    ) -> Result<(), CellError> {
+        let argv = inside::unix_forwarder_argv(target);
+        let mut process =
+            airlock_oci::exec_process(plan, argv, Vec::new()).map_err(|e| CellError::Launch {
+                stage: "runsc exec process spec".into(),
+                message: e.to_string(),
+            })?;
+        process.set_user(sandbox_root_user());
+        let files =
+            self.keep_exec_files(|sandbox, n| session::write_process_file(sandbox, n, &process))?;
+        self.spawn_forwarder(&files, pending.sandbox_end()?)?;
+        pending.forwarder_ready()
+    }
+
+    /// Starts a forwarder's `runsc exec` with its control channel as stdin.
+    fn spawn_forwarder(
+        &mut self,
+        files: &session::ExecFiles,
+        channel: OwnedFd,
+    ) -> Result<(), CellError> {
         let child = self.runsc.spawn_exec(
             &files.process,
             &files.internal_pid,
             [channel, self.dir.open_null()?, self.dir.open_null()?],
         )?;
         self.runsc_children.push(child.id() as libc::pid_t);
-        pending.forwarder_ready()
+        Ok(())
     }
 
     /// A `runsc exec` process spec for `argv`, removed at teardown.
@@ -561,8 +640,16 @@ impl Sandbox {
         argv: Vec<String>,
         env: Vec<String>,
     ) -> Result<session::ExecFiles, CellError> {
-        let n = self.exec_files.len() as u64 + 1;
-        let files = session::process_file(plan, self, n, argv, env)?;
+        self.keep_exec_files(|sandbox, n| session::process_file(plan, sandbox, n, argv, env))
+    }
+
+    /// The next `runsc exec`'s files, made by `write` (given this sandbox and the exec's
+    /// number), kept for teardown to remove.
+    fn keep_exec_files(
+        &mut self,
+        write: impl FnOnce(&Sandbox, u64) -> Result<session::ExecFiles, CellError>,
+    ) -> Result<session::ExecFiles, CellError> {
+        let files = write(self, self.exec_files.len() as u64 + 1)?;
         self.exec_files.push(files.clone());
         Ok(files)
     }
@@ -582,6 +669,16 @@ fn payload_exec_ended(
         Some(s) => WaitOutcome::Exited(libc::WEXITSTATUS(s)),
         None => WaitOutcome::SandboxGone,
     })
+}
+
+/// The sandbox's root (uid and gid 0 inside its user namespace, mapped to the sandbox
+/// root's host id), with no supplementary groups.
+fn sandbox_root_user() -> airlock_oci::spec_types::User {
+    let mut user = airlock_oci::spec_types::User::default();
+    user.set_uid(0);
+    user.set_gid(0);
+    user.set_additional_gids(None);
+    user
 }
 
 struct Teardown {
@@ -1032,6 +1129,31 @@ fn advance(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_broker_socket_is_refused_to_sessions_and_parked_cells_only() {
+        let mut contract = airlock_contract::default_contract();
+        contract.isolation = Isolation::Gvisor;
+        contract.broker_actions = vec!["notify".into()];
+        let argv = ["/bin/true".to_string()];
+        let mut plan = airlock_contract::compile(
+            &contract,
+            &airlock_contract::CompileInput::new(Path::new("/"), &argv),
+        )
+        .unwrap();
+        plan.mounts.push(airlock_contract::MountPlan::BrokerSocket {
+            source: "/run/x/broker.sock".into(),
+            target: airlock_contract::BROKER_SOCKET.into(),
+        });
+        match preflight(&plan) {
+            Err(CellError::Unavailable { control, .. }) => assert_eq!(control, "gvisor.broker"),
+            other => panic!("a session with a broker socket: {other:?}"),
+        }
+        assert!(
+            has_routes(&plan),
+            "a one-shot run serves it through a forwarder"
+        );
+    }
 
     #[test]
     fn what_runsc_made_of_its_path_is_removed_and_what_was_there_is_left() {

@@ -756,13 +756,22 @@ pub(super) fn process_file(
     argv: Vec<String>,
     env: Vec<String>,
 ) -> Result<ExecFiles, CellError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let process = airlock_oci::exec_process(plan, argv, env).map_err(|e| CellError::Launch {
         stage: "runsc exec process spec".into(),
         message: e.to_string(),
     })?;
-    let json = serde_json::to_vec(&process)
+    write_process_file(sandbox, n, &process)
+}
+
+/// Writes `process` as the `n`-th `runsc exec`'s process spec of `sandbox`.
+pub(super) fn write_process_file(
+    sandbox: &Sandbox,
+    n: u64,
+    process: &airlock_oci::spec_types::Process,
+) -> Result<ExecFiles, CellError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let json = serde_json::to_vec(process)
         .map_err(|e| CellError::io("process spec", std::io::Error::other(e)))?;
     let path = sandbox.dir.dir.join(format!("exec-{n}.json"));
     let mut file = std::fs::OpenOptions::new()

@@ -11,7 +11,9 @@
 mod common;
 
 use common::host::{self, Supervisor};
+use common::route_probe::RouteProbe;
 use common::served::Served;
+use common::upstream::Upstream;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,6 +35,11 @@ fn serve(idle_timeout_s: u64) -> Served {
 
 /// `airlock serve` with `contract` (YAML) as `gv`.
 fn serve_contract(idle_timeout_s: u64, contract: &str) -> Served {
+    serve_with(idle_timeout_s, contract, "")
+}
+
+/// `airlock serve` with `contract` (YAML) as `gv` and `extra` (TOML) in its config.
+fn serve_with(idle_timeout_s: u64, contract: &str, extra: &str) -> Served {
     let config = format!(
         r#"[server]
 listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
@@ -44,7 +51,7 @@ gv = "gv.yaml"
 api_key_sha256 = ["{key}"]
 max_cells = 8
 runs_per_minute = 1000
-"#,
+{extra}"#,
         key = common::sha256_hex(KEY),
     );
     Served::start(&config, |dir| {
@@ -856,6 +863,19 @@ runs_per_minute = 1000
     assert_eq!(stored["run"]["plan"]["isolation"], "gvisor", "{stored}");
 }
 
+/// Waits until the pool `gv` has a parked cell (the service's metrics say so).
+fn wait_parked(served: &Served) {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = served.curl_unix(&["-s", "http://airlock/metrics"]);
+        if String::from_utf8_lossy(&metrics.stdout).contains("airlock_pool_free{pool=\"gv\"} 1") {
+            return;
+        }
+        assert!(Instant::now() < until, "no parked cell: {}", served.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The service's one gVisor cell directory other than `not`, once it exists.
 fn wait_for_cell(served: &Served, not: Option<&Path>) -> PathBuf {
     let until = Instant::now() + Duration::from_secs(30);
@@ -886,26 +906,202 @@ fn wait_for_cell(served: &Served, not: Option<&Path>) -> PathBuf {
     }
 }
 
-/// The allowlist's route on gVisor is built for one-shot runs only: a session of an
-/// allowlisted contract is refused before a sandbox starts, never run without its proxy.
+/// The upstream of the allowlist cases: python's http.server on 127.0.0.2 (exempted
+/// from the private-address rule), named `api.test` and `evil.test` by the operator's
+/// resolver map, serving `hello.txt`.
+struct AllowlistEnv {
+    _www: tempfile::TempDir,
+    upstream: Upstream,
+    token: String,
+}
+
+const UPSTREAM_IP: &str = "127.0.0.2";
+const EGRESS_CONFIG: &str =
+    "[egress]\nresolve = { \"api.test\" = \"127.0.0.2\", \"evil.test\" = \"127.0.0.2\" }\n\
+                             exempt_cidrs = [\"127.0.0.2/32\"]\n";
+
+impl AllowlistEnv {
+    fn start() -> AllowlistEnv {
+        let www = tempfile::tempdir().unwrap();
+        let token = format!("gvisor-session-egress-{}", std::process::id());
+        std::fs::write(www.path().join("hello.txt"), &token).unwrap();
+        let upstream = Upstream::start(www.path(), www.path(), UPSTREAM_IP, None);
+        AllowlistEnv {
+            _www: www,
+            upstream,
+            token,
+        }
+    }
+
+    /// The gVisor contract allowing `api.test` on the upstream's port, with `extra`.
+    fn contract(&self, extra: &str) -> String {
+        format!(
+            "isolation: gvisor\nnetwork:\n  mode: allowlist\n  allowed_domains: [\"api.test:{}\"]\n{extra}",
+            self.upstream.port
+        )
+    }
+
+    fn url(&self, host: &str, path: &str) -> String {
+        format!("http://{host}:{}/{path}", self.upstream.port)
+    }
+}
+
+/// The records of `host` in a report's `egress`.
+fn egress_of(report: &Value, host: &str) -> Vec<Value> {
+    report["egress"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r["host"] == host)
+        .collect()
+}
+
+/// An allowlisted session on gVisor: the egress route (the proxy on its private
+/// listeners, the forwarder inside) lives as long as the sandbox, so two commands both
+/// reach the allowlisted upstream (through the HTTP and the SOCKS proxy); a name not on
+/// the allowlist is denied with the native reason code and never reached; every
+/// connection is in the session's record; closing leaves nothing.
 #[test]
-fn an_allowlisted_session_is_refused_on_this_tier() {
+fn an_allowlisted_sessions_commands_reach_the_upstream_and_another_name_is_denied_as_natively() {
     require_cells!();
     let _serial = serial();
-    let served = serve_contract(
-        30,
-        "isolation: gvisor\nnetwork: { mode: allowlist, allowed_domains: [\"api.test:80\"] }\n",
+    let env = AllowlistEnv::start();
+    let served = serve_with(300, &env.contract(""), EGRESS_CONFIG);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let url = env.url("api.test", "hello.txt");
+    let first = exec(
+        &served,
+        &id,
+        &["curl", "-sS", "--max-time", "20", &url],
+        json!({}),
     );
-    let (code, body) = served.call(
+    assert_eq!(stream(&first, "stdout"), env.token, "{first:?}");
+    let socks = format!("curl -sS --max-time 20 -x \"$ALL_PROXY\" {url}");
+    let second = exec(&served, &id, &["sh", "-c", &socks], json!({}));
+    assert_eq!(stream(&second, "stdout"), env.token, "{second:?}");
+    let evil = env.url("evil.test", "case-denied");
+    let denied = exec(
+        &served,
+        &id,
+        &["curl", "-s", "-i", "--max-time", "20", &evil],
+        json!({}),
+    );
+    let response = stream(&denied, "stdout");
+    assert!(response.contains("HTTP/1.1 403"), "{denied:?}");
+    assert!(
+        response.contains("X-Airlock-Reason: egress.not_allowlisted\r\n"),
+        "{denied:?}"
+    );
+    let closed = close(&served, &id);
+    assert_eq!(closed["status"], "ok", "{closed}");
+    assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
+    assert_left_nothing(&dir);
+    let reached = egress_of(&closed, "api.test");
+    assert_eq!(reached.len(), 2, "{closed}");
+    for record in &reached {
+        assert_eq!(record["decision"], "allowed", "{closed}");
+        assert_eq!(
+            record["address"],
+            format!("{UPSTREAM_IP}:{}", env.upstream.port)
+        );
+    }
+    let refused = egress_of(&closed, "evil.test");
+    assert_eq!(refused.len(), 1, "{closed}");
+    assert_eq!(refused[0]["decision"], "denied", "{closed}");
+    assert_eq!(refused[0]["reason"], "egress.not_allowlisted", "{closed}");
+    let log = env.upstream.log();
+    assert_eq!(log.matches("GET /hello.txt").count(), 2, "{log}");
+    assert!(!log.contains("case-denied"), "{log}");
+    let stored = stored_run(&served, &id);
+    assert_eq!(stored["run"]["status"], "ok", "{stored}");
+    let verified = served.cli(&["audit", "verify"]);
+    assert!(verified.status.success(), "{verified:?}");
+}
+
+/// Nothing but the proxy is reachable from a session's command (common/route_probe.rs):
+/// not the upstream directly, the host's addresses, UDP, a host unix socket; a command
+/// that kills the forwarder opens no route for itself nor for the next command, which
+/// cannot reach the proxy either (the route is the forwarder's, and it is not replaced).
+#[test]
+fn nothing_else_is_reachable_from_a_sessions_commands_even_after_one_kills_the_forwarder() {
+    require_cells!();
+    let _serial = serial();
+    let env = AllowlistEnv::start();
+    let probe = RouteProbe::new(UPSTREAM_IP, env.upstream.port);
+    let served = serve_with(300, &env.contract(&probe.contract_inputs()), EGRESS_CONFIG);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    for (kill, when) in [(true, "the killing command"), (false, "the next command")] {
+        let script = probe.script(kill);
+        let frames = exec(&served, &id, &["python3", "-c", &script], json!({}));
+        let stdout = stream(&frames, "stdout");
+        assert_eq!(record(&frames)["exit_code"], 1, "{when}: {frames:?}");
+        assert!(!stdout.contains("BREACH"), "{when}: {stdout}");
+        assert!(
+            stdout.contains("refused proxy after kill"),
+            "{when}: {stdout}"
+        );
+    }
+    let closed = close(&served, &id);
+    assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
+    assert_left_nothing(&dir);
+    probe.assert_nothing_arrived();
+    assert!(
+        !env.upstream.log().contains("GET"),
+        "{}",
+        env.upstream.log()
+    );
+}
+
+/// A warm pool of an allowlisted gVisor contract: the parked sandbox's route is up before
+/// its command is claimed; the claimed run reaches the upstream, its record has the
+/// connection, and the cell leaves nothing.
+#[test]
+fn a_warm_allowlisted_gvisor_cell_runs_a_claimed_command_through_the_proxy() {
+    require_cells!();
+    let _serial = serial();
+    let env = AllowlistEnv::start();
+    let config = format!(
+        r#"[server]
+listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
+[server.contracts]
+gv = "gv.yaml"
+[server.pools]
+gv = 1
+[server.tenants.alice]
+api_key_sha256 = ["{key}"]
+max_cells = 8
+runs_per_minute = 1000
+{EGRESS_CONFIG}"#,
+        key = common::sha256_hex(KEY),
+    );
+    let contract = env.contract("");
+    let served = Served::start(&config, |dir| {
+        std::fs::write(dir.join("gv.yaml"), &contract).unwrap();
+    });
+    let parked = wait_for_cell(&served, None);
+    // Its directory exists before its route is up: claimed only once it is parked.
+    wait_parked(&served);
+    let url = env.url("api.test", "hello.txt");
+    let (code, record) = served.call(
         KEY,
         "POST",
-        "/v1/sessions",
-        Some(&json!({"contract": "gv"})),
+        "/v1/runs?wait=true",
+        Some(&json!({"contract": "gv", "argv": ["curl", "-sS", "--max-time", "20", url]})),
     );
-    assert_ne!(code, 201, "{body}\n{}", served.log());
-    assert!(
-        body.to_string().contains("gvisor.network"),
-        "{body}\n{}",
-        served.log()
+    assert_eq!(code, 200, "{record}\n{}", served.log());
+    assert_eq!(record["status"], "ok", "{record}");
+    assert_eq!(
+        record["output"]["stdout"]["head"],
+        env.token.as_str(),
+        "{record}"
     );
+    let reached = egress_of(&record, "api.test");
+    assert_eq!(reached.len(), 1, "{record}");
+    assert_eq!(reached[0]["decision"], "allowed", "{record}");
+    wait_gone(&parked, Duration::from_secs(20));
+    assert_left_nothing(&parked);
+    assert_eq!(env.upstream.log().matches("GET /hello.txt").count(), 1);
 }

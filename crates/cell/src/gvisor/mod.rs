@@ -536,10 +536,21 @@ impl Sandbox {
         plan: &CellPlan,
         options: &mut RunOptions<'_>,
     ) -> Result<(), CellError> {
-        let mut pending = egress::start_route(plan, options.egress.as_deref_mut())?;
+        let pending = egress::start_route(plan, options.egress.as_deref_mut())?;
         let holder = session::start_holder(self)?;
         self.runsc_children.push(holder.runsc_pid);
-        let env = command_environment(plan, options.credentials, &[])?;
+        self.start_forwarder(plan, options.credentials, pending)
+    }
+
+    /// The forwarder (a `runsc exec` whose stdin is the route's control channel) in the
+    /// running sandbox; returns once it listens. Teardown kills and reaps it.
+    fn start_forwarder(
+        &mut self,
+        plan: &CellPlan,
+        credentials: &[(String, String)],
+        mut pending: egress::Pending,
+    ) -> Result<(), CellError> {
+        let env = command_environment(plan, credentials, &[])?;
         let argv = inside::forwarder_argv(&egress::forwarded_addresses(plan));
         let files = self.exec_files(plan, argv, env)?;
         let channel = pending.sandbox_end().ok_or_else(|| CellError::Protocol {

@@ -958,8 +958,9 @@ fn egress_of(report: &Value, host: &str) -> Vec<Value> {
 }
 
 /// An allowlisted session on gVisor: the egress route (the proxy on its private
-/// listeners, the forwarder inside) lives as long as the sandbox, so two commands both
-/// reach the allowlisted upstream (through the HTTP and the SOCKS proxy); a name not on
+/// listeners, the forwarder inside) lives as long as the sandbox, so three commands all
+/// reach the allowlisted upstream (through the HTTP proxy, the SOCKS proxy, and the
+/// resolver and a transparent listener for a proxy-unaware client); a name not on
 /// the allowlist is denied with the native reason code and never reached; every
 /// connection is in the session's record; closing leaves nothing.
 #[test]
@@ -981,6 +982,13 @@ fn an_allowlisted_sessions_commands_reach_the_upstream_and_another_name_is_denie
     let socks = format!("curl -sS --max-time 20 -x \"$ALL_PROXY\" {url}");
     let second = exec(&served, &id, &["sh", "-c", &socks], json!({}));
     assert_eq!(stream(&second, "stdout"), env.token, "{second:?}");
+    // A proxy-unaware client: the sandbox's resolver answers the allowlisted name with
+    // its transparent address, as natively.
+    let unaware = format!("getent hosts api.test && curl -sS --max-time 20 --noproxy '*' {url}");
+    let third = exec(&served, &id, &["sh", "-c", &unaware], json!({}));
+    let third_out = stream(&third, "stdout");
+    assert!(third_out.starts_with("127.100.0.1 "), "{third:?}");
+    assert!(third_out.ends_with(&env.token), "{third:?}");
     let evil = env.url("evil.test", "case-denied");
     let denied = exec(
         &served,
@@ -999,7 +1007,7 @@ fn an_allowlisted_sessions_commands_reach_the_upstream_and_another_name_is_denie
     assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
     assert_left_nothing(&dir);
     let reached = egress_of(&closed, "api.test");
-    assert_eq!(reached.len(), 2, "{closed}");
+    assert_eq!(reached.len(), 3, "{closed}");
     for record in &reached {
         assert_eq!(record["decision"], "allowed", "{closed}");
         assert_eq!(
@@ -1012,7 +1020,7 @@ fn an_allowlisted_sessions_commands_reach_the_upstream_and_another_name_is_denie
     assert_eq!(refused[0]["decision"], "denied", "{closed}");
     assert_eq!(refused[0]["reason"], "egress.not_allowlisted", "{closed}");
     let log = env.upstream.log();
-    assert_eq!(log.matches("GET /hello.txt").count(), 2, "{log}");
+    assert_eq!(log.matches("GET /hello.txt").count(), 3, "{log}");
     assert!(!log.contains("case-denied"), "{log}");
     let stored = stored_run(&served, &id);
     assert_eq!(stored["run"]["status"], "ok", "{stored}");

@@ -5,9 +5,14 @@
 //!
 //! Each test runs its own upstream (python3 http.server) on 127.0.0.2, exempted from the
 //! private-address rule by the test's operator config, and its own `--state-dir`.
+//!
+//! Every case runs on both tiers (`both_tiers!`, common/tier.rs): on gVisor the resolver
+//! and the transparent listeners are the sandbox's egress forwarder's, relayed to the
+//! same proxy (crates/cell/src/gvisor/egress.rs), with the same answers and records.
 
 mod common;
 
+use common::tier::Tier;
 use common::upstream::Upstream;
 use common::CellRun;
 use serde_json::Value;
@@ -47,9 +52,10 @@ impl Env {
         Env { dir, config }
     }
 
-    fn run(&self, contract: Option<&str>, argv: &[&str]) -> CellRun {
+    /// `argv` on `tier` (a gVisor sandbox is checked to have left nothing).
+    fn run(&self, tier: Tier, contract: Option<&str>, argv: &[&str]) -> CellRun {
         let state = self.dir.path().join("state");
-        common::run_in(
+        tier.run_in(
             self.dir.path(),
             contract,
             &[
@@ -78,8 +84,8 @@ fn of_protocol(run: &CellRun, protocol: &str) -> Vec<Value> {
         .collect()
 }
 
-#[test]
-fn proxy_unaware_clients_reach_an_allowlisted_name_through_the_transparent_path() {
+both_tiers! {
+fn proxy_unaware_clients_reach_an_allowlisted_name_through_the_transparent_path(tier) {
     require_cells!();
     let env = Env::new("");
     let up = start_upstream(env.dir.path());
@@ -91,7 +97,7 @@ fn proxy_unaware_clients_reach_an_allowlisted_name_through_the_transparent_path(
          python3 -c \"import urllib.request as u; \
          print(u.build_opener(u.ProxyHandler({{}})).open('{url}', timeout=20).read().decode())\""
     );
-    let run = env.run(Some(&allowlist(port)), &["sh", "-c", &script]);
+    let run = env.run(tier, Some(&allowlist(port)), &["sh", "-c", &script]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert_eq!(run.status(), "ok", "{}", run.describe());
     let out = run.stdout();
@@ -128,9 +134,10 @@ fn proxy_unaware_clients_reach_an_allowlisted_name_through_the_transparent_path(
         up.log()
     );
 }
+}
 
-#[test]
-fn resolver_refuses_other_names_records_them_and_forwards_no_query() {
+both_tiers! {
+fn resolver_refuses_other_names_records_them_and_forwards_no_query(tier) {
     require_cells!();
     // A DNS server the proxy is configured to use: a forwarded query would arrive here.
     let stub = UdpSocket::bind("127.0.0.2:0").unwrap();
@@ -158,7 +165,7 @@ r = u.recv(512)
 print("RCODE", r[3] & 15, "ANSWERS", r[6] * 256 + r[7])
 "#
     );
-    let run = env.run(Some(&allowlist(up.port)), &["python3", "-c", &py]);
+    let run = env.run(tier, Some(&allowlist(up.port)), &["python3", "-c", &py]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     let out = run.stdout();
     assert!(!out.contains("RESOLVED"), "{}", run.describe());
@@ -196,9 +203,10 @@ print("RCODE", r[3] & 15, "ANSWERS", r[6] * 256 + r[7])
     }
     assert!(up.log().is_empty(), "{}", up.log());
 }
+}
 
-#[test]
-fn transparent_tcp_to_an_address_not_handed_out_is_refused() {
+both_tiers! {
+fn transparent_tcp_to_an_address_not_handed_out_is_refused(tier) {
     require_cells!();
     let env = Env::new("");
     let up = start_upstream(env.dir.path());
@@ -215,7 +223,7 @@ for target in [("127.100.9.9", {port}), ("127.100.0.2", {port}), ("{FIRST_TRANSP
         print("FAILED", target, type(e).__name__)
 "#
     );
-    let run = env.run(Some(&allowlist(port)), &["python3", "-c", &py]);
+    let run = env.run(tier, Some(&allowlist(port)), &["python3", "-c", &py]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     let out = run.stdout();
     assert!(!out.contains("CONNECTED"), "{}", run.describe());
@@ -223,9 +231,10 @@ for target in [("127.100.9.9", {port}), ("127.100.0.2", {port}), ("{FIRST_TRANSP
     assert!(egress(&run).is_empty(), "{}", run.describe());
     assert!(up.log().is_empty(), "{}", up.log());
 }
+}
 
-#[test]
-fn transparent_tls_for_another_name_or_http_for_another_host_is_refused_like_a_tunnel() {
+both_tiers! {
+fn transparent_tls_for_another_name_or_http_for_another_host_is_refused_like_a_tunnel(tier) {
     require_cells!();
     let env = Env::new("");
     let up = start_upstream(env.dir.path());
@@ -253,7 +262,7 @@ while True:
 print("HTTP-REPLY", reply.split(b"\r\n")[0].decode(), b"egress.host_mismatch" in reply)
 "#
     );
-    let run = env.run(Some(&allowlist(port)), &["python3", "-c", &py]);
+    let run = env.run(tier, Some(&allowlist(port)), &["python3", "-c", &py]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     let out = run.stdout();
     assert!(
@@ -282,9 +291,10 @@ print("HTTP-REPLY", reply.split(b"\r\n")[0].decode(), b"egress.host_mismatch" in
     );
     assert!(up.log().is_empty(), "{}", up.log());
 }
+}
 
-#[test]
-fn deny_mode_has_no_resolver_and_no_transparent_listeners() {
+both_tiers! {
+fn deny_mode_has_no_resolver_and_no_transparent_listeners(tier) {
     require_cells!();
     let env = Env::new("");
     let py = r#"
@@ -305,7 +315,7 @@ for port in (80, 443):
     except OSError as e:
         print("FAILED", port, type(e).__name__)
 "#;
-    let run = env.run(None, &["python3", "-c", py]);
+    let run = env.run(tier, None, &["python3", "-c", py]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     let out = run.stdout();
     assert!(out.contains("RESOLV None"), "{}", run.describe());
@@ -318,4 +328,5 @@ for port in (80, 443):
     assert!(!out.contains("CONNECTED"), "{}", run.describe());
     assert_eq!(out.matches("FAILED").count(), 3, "{}", run.describe());
     assert!(egress(&run).is_empty(), "{}", run.describe());
+}
 }

@@ -7,7 +7,18 @@
 //! inside the sandbox ([`super::inside`]) asks over its control channel for one host
 //! socket per connection; the bridge here makes a unix socketpair, passes one end in
 //! and connects the other, from the private namespace, to the listener asked for.
+//!
+//! The resolver is carried too: once the forwarder listens, it is given one end of a
+//! SOCK_SEQPACKET pair over which it relays the datagrams sent to its UDP
+//! `127.0.0.53:53`, each tagged with its sender; a thread here asks the proxy's resolver
+//! (in the private namespace) one query at a time and sends the answer back, tagged.
+//!
+//! Bounded: at most [`MAX_BRIDGED_CONNECTIONS`] connections are relayed at once (two
+//! threads each); over it a request gets no socket and the forwarder closes that
+//! connection. One resolver query is outstanding at a time, waited for at most
+//! [`RESOLVER_WAIT`]; a message larger than [`inside::MAX_DNS_MESSAGE`] is dropped.
 
+use super::inside;
 use crate::error::CellError;
 use crate::protocol::{EgressListeners, ListenersWire};
 use crate::supervisor::EgressSession;
@@ -19,15 +30,25 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 /// How long the forwarder may take to bind its listeners.
 const FORWARDER_START: Duration = Duration::from_secs(30);
+/// Connections relayed at once per sandbox: above the proxy's default ceiling
+/// (`max_connections`, 32) and the refusals it still answers (64 more), so that the
+/// proxy, not the bridge, decides and records in ordinary use. Each costs the
+/// supervisor two threads and four descriptors; a payload that keeps connections open
+/// (or drives the channel itself) cannot make it spawn more.
+pub const MAX_BRIDGED_CONNECTIONS: usize = 128;
+/// How long the resolver's answer to one query is waited for (it answers from the
+/// plan and the operator's map, without a network round trip of its own).
+const RESOLVER_WAIT: Duration = Duration::from_secs(2);
 
 /// The TCP addresses the forwarder listens on inside the sandbox, in request-byte order:
-/// the HTTP proxy, the SOCKS proxy, then the plan's transparent endpoints. The resolver
-/// (UDP) is not carried: a name is resolved by the proxy (`HTTP_PROXY`, `socks5h`).
+/// the HTTP proxy, the SOCKS proxy, then the plan's transparent endpoints. (The
+/// resolver's UDP address is the forwarder's own: [`TRANSPARENT_DNS`].)
 pub fn forwarded_addresses(plan: &CellPlan) -> Vec<SocketAddrV4> {
     let localhost = |port| SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
     [localhost(HTTP_PROXY_PORT), localhost(SOCKS_PROXY_PORT)]
@@ -50,7 +71,7 @@ pub fn start_route(
         ));
     };
     let (bound_tx, bound_rx) = mpsc::channel();
-    let (channel_tx, channel_rx) = mpsc::channel::<UnixStream>();
+    let (channel_tx, channel_rx) = mpsc::channel::<Route>();
     let thread_addresses = forwarded_addresses(plan);
     let endpoints = plan.network.transparent_endpoints();
     let thread = std::thread::Builder::new()
@@ -59,8 +80,14 @@ pub fn start_route(
             let bound = bind_in_private_netns(&thread_addresses, endpoints);
             let ok = bound.is_ok();
             let _ = bound_tx.send(bound);
-            if let (true, Ok(channel)) = (ok, channel_rx.recv()) {
-                bridge(&channel, &thread_addresses);
+            if let (true, Ok(route)) = (ok, channel_rx.recv()) {
+                // Started from this thread: it is in the private namespace too.
+                let resolver = std::thread::Builder::new()
+                    .name("airlock-gvisor-dns".into())
+                    .spawn(move || relay_queries(&route.resolver));
+                if resolver.is_ok() {
+                    bridge(&route.channel, &thread_addresses);
+                }
             }
         })
         .map_err(|e| CellError::io("the egress bridge's thread", e))?;
@@ -83,7 +110,14 @@ pub fn start_route(
 pub struct Pending {
     ours: UnixStream,
     theirs: Option<OwnedFd>,
-    to_bridge: mpsc::Sender<UnixStream>,
+    to_bridge: mpsc::Sender<Route>,
+}
+
+/// What the bridge's thread serves once the forwarder listens.
+struct Route {
+    channel: UnixStream,
+    /// The supervisor's end of the resolver's SOCK_SEQPACKET pair.
+    resolver: OwnedFd,
 }
 
 impl Pending {
@@ -92,7 +126,8 @@ impl Pending {
         self.theirs.take()
     }
 
-    /// Waits for the forwarder's ready byte, then hands the channel to the bridge.
+    /// Waits for the forwarder's ready byte, gives it its end of the resolver's pair,
+    /// then hands the channel to the bridge.
     pub fn forwarder_ready(self) -> Result<(), CellError> {
         let Pending {
             ours, to_bridge, ..
@@ -112,8 +147,20 @@ impl Pending {
         }
         ours.set_read_timeout(None)
             .map_err(|e| CellError::io("the forwarder's channel", e))?;
+        let (resolver, sandbox_end) =
+            sys::seqpacket_pair().map_err(|e| CellError::io("the resolver's channel", e))?;
+        sys::send_with_fds(
+            ours.as_fd(),
+            &[inside::RESOLVER_ROUTE],
+            &[sandbox_end.as_raw_fd()],
+        )
+        .map_err(|e| refused(&format!("the resolver's channel: {e}")))?;
+        let route = Route {
+            channel: ours,
+            resolver,
+        };
         to_bridge
-            .send(ours)
+            .send(route)
             .map_err(|_| refused("the egress bridge's thread ended"))
     }
 }
@@ -158,22 +205,20 @@ fn bind_in_private_netns(
 /// Serves the forwarder's requests until its channel closes: per request byte `i`, a
 /// socketpair whose one end goes into the sandbox and whose other end is relayed to a
 /// connection to `addresses[i]` (the proxy's listener) in this thread's namespace.
+/// Over [`MAX_BRIDGED_CONNECTIONS`] relayed at once, the answer is [`inside::NO_ROUTE`].
 fn bridge(channel: &UnixStream, addresses: &[SocketAddrV4]) {
+    let bridged = Arc::new(AtomicUsize::new(0));
     // `read`, not `recvmsg`: descriptors a payload holding the channel sends are
     // discarded, so the channel yields proxy connections and nothing else.
     let mut request = [0u8; 1];
     while let Ok(1) = (&*channel).read(&mut request) {
-        let route = addresses
-            .get(usize::from(request[0]))
-            .and_then(|addr| TcpStream::connect(addr).ok())
-            .and_then(|upstream| Some((upstream, UnixStream::pair().ok()?)));
-        let sent = match route {
-            Some((upstream, (ours, theirs))) => {
+        let sent = match open_route(addresses, request[0], &bridged) {
+            Some((theirs, relay)) => {
                 let sent = sys::send_with_fds(channel.as_fd(), b"F", &[theirs.as_raw_fd()]);
-                std::thread::spawn(move || relay(upstream, ours));
+                relay.start();
                 sent
             }
-            None => (&*channel).write_all(&[super::inside::NO_ROUTE]),
+            None => (&*channel).write_all(&[inside::NO_ROUTE]),
         };
         if sent.is_err() {
             return;
@@ -181,15 +226,121 @@ fn bridge(channel: &UnixStream, addresses: &[SocketAddrV4]) {
     }
 }
 
+/// The sandbox's end of a new route to listener `index` and its relay, unless the
+/// listener does not exist, cannot be reached, or the ceiling is reached.
+fn open_route(
+    addresses: &[SocketAddrV4],
+    index: u8,
+    bridged: &Arc<AtomicUsize>,
+) -> Option<(UnixStream, Relay)> {
+    let slot = Slot::take(bridged)?;
+    let upstream = TcpStream::connect(addresses.get(usize::from(index))?).ok()?;
+    let (ours, theirs) = UnixStream::pair().ok()?;
+    let relay = Relay {
+        upstream,
+        route: ours,
+        slot,
+    };
+    Some((theirs, relay))
+}
+
+/// One of the [`MAX_BRIDGED_CONNECTIONS`], held until its relay ends.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(bridged: &Arc<AtomicUsize>) -> Option<Slot> {
+        bridged
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_BRIDGED_CONNECTIONS).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Slot(bridged.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection to relay, with its slot.
+struct Relay {
+    upstream: TcpStream,
+    route: UnixStream,
+    slot: Slot,
+}
+
+impl Relay {
+    /// On a thread of its own; a thread that cannot be made drops the connection (and
+    /// its slot) at once.
+    fn start(self) {
+        let _ = std::thread::Builder::new()
+            .name("airlock-gvisor-relay".into())
+            .spawn(move || {
+                let Relay {
+                    upstream,
+                    route,
+                    slot,
+                } = self;
+                relay(upstream, route);
+                drop(slot);
+            });
+    }
+}
+
+/// Relays the forwarder's resolver queries until its end closes: each message is a
+/// sender tag ([`inside::DNS_TAG`] bytes) and a query, answered by the proxy's resolver
+/// and sent back with the same tag. One at a time; an unanswered or malformed query is
+/// dropped (the client retries, as over UDP).
+fn relay_queries(route: &OwnedFd) {
+    let mut message = [0u8; inside::DNS_TAG + inside::MAX_DNS_MESSAGE + 1];
+    loop {
+        let n = match sys::read(route.as_fd(), &mut message) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        if n <= inside::DNS_TAG || n > inside::DNS_TAG + inside::MAX_DNS_MESSAGE {
+            continue;
+        }
+        let (tag, query) = message[..n].split_at(inside::DNS_TAG);
+        let Some(answer) = ask_resolver(query) else {
+            continue;
+        };
+        let reply = [tag, &answer].concat();
+        if sys::send_with_fds(route.as_fd(), &reply, &[]).is_err() {
+            return;
+        }
+    }
+}
+
+/// The proxy's resolver's answer to `query`, from a fresh socket (a late answer to an
+/// earlier query cannot be taken for this one's).
+fn ask_resolver(query: &[u8]) -> Option<Vec<u8>> {
+    let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).ok()?;
+    socket.connect(TRANSPARENT_DNS).ok()?;
+    socket.set_read_timeout(Some(RESOLVER_WAIT)).ok()?;
+    socket.send(query).ok()?;
+    let mut answer = vec![0u8; inside::MAX_DNS_MESSAGE + 1];
+    let n = socket.recv(&mut answer).ok()?;
+    (n <= inside::MAX_DNS_MESSAGE).then(|| {
+        answer.truncate(n);
+        answer
+    })
+}
+
 /// Copies bytes both ways until each side has finished sending.
 fn relay(upstream: TcpStream, route: UnixStream) {
     let (Ok(upstream_2), Ok(route_2)) = (upstream.try_clone(), route.try_clone()) else {
         return;
     };
-    let outbound = std::thread::spawn(move || {
+    let outbound = std::thread::Builder::new().spawn(move || {
         let _ = std::io::copy(&mut &route_2, &mut &upstream_2);
         let _ = upstream_2.shutdown(std::net::Shutdown::Write);
     });
+    let Ok(outbound) = outbound else { return };
     let _ = std::io::copy(&mut &upstream, &mut &route);
     let _ = route.shutdown(std::net::Shutdown::Write);
     let _ = outbound.join();

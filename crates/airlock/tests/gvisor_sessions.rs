@@ -1113,3 +1113,70 @@ runs_per_minute = 1000
     assert_left_nothing(&parked);
     assert_eq!(env.upstream.log().matches("GET /hello.txt").count(), 1);
 }
+
+/// The threads of process `pid` now.
+fn threads_of(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The bridge's ceiling (crates/cell/src/gvisor/egress.rs: 128 connections relayed at
+/// once, two supervisor threads each): a command that opens 300 connections to the
+/// proxy and holds them open cannot make the session's supervisor spawn threads for each
+/// (the proxy closes its excess at once, but a relay lasts until the sandbox's side
+/// closes too). Once the command ended its connections' slots are free again: the next
+/// command reaches the upstream.
+#[test]
+fn held_connections_leave_the_supervisors_threads_bounded_and_the_route_usable() {
+    require_cells!();
+    let _serial = serial();
+    let env = AllowlistEnv::start();
+    let contract = env.contract("resources:\n  process_limit: 1024\n  open_files: 1024\n");
+    let served = serve_with(300, &contract, EGRESS_CONFIG);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let supervisor: u32 = name.split('-').next().unwrap().parse().unwrap();
+    let idle = threads_of(supervisor);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(threads_of(supervisor));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            most
+        })
+    };
+    let script = "import socket, time\n\
+                  held = []\n\
+                  for i in range(300):\n\
+                  \x20   held.append(socket.create_connection(('127.0.0.1', 3128), timeout=10))\n\
+                  print('opened', len(held), flush=True)\n\
+                  time.sleep(8)\n";
+    let flood = exec(&served, &id, &["python3", "-c", script], json!({}));
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = sampler.join().unwrap();
+    assert_eq!(stream(&flood, "stdout"), "opened 300\n", "{flood:?}");
+    assert!(
+        most <= idle + 2 * 128 + 16,
+        "the supervisor went from {idle} to {most} threads"
+    );
+    let url = env.url("api.test", "hello.txt");
+    let after = exec(
+        &served,
+        &id,
+        &["curl", "-sS", "--max-time", "20", &url],
+        json!({}),
+    );
+    assert_eq!(stream(&after, "stdout"), env.token, "{after:?}");
+    let closed = close(&served, &id);
+    assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
+    assert_left_nothing(&dir);
+}

@@ -162,6 +162,27 @@ fn assert_left_nothing(dir: &Path) {
     assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
 }
 
+/// The supervisor named by cell directory `dir` exits (it is gone or a zombie) soon.
+fn assert_supervisor_exits(dir: &Path) {
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let pid = name.split('-').next().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, s)| s.split_whitespace().next());
+        if matches!(state, None | Some("Z")) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "supervisor {pid} still runs: {stat}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Waits until `dir` is gone (the session's completion sequence ran).
 fn wait_gone(dir: &Path, within: Duration) {
     let until = Instant::now() + within;
@@ -1006,6 +1027,9 @@ fn an_allowlisted_sessions_commands_reach_the_upstream_and_another_name_is_denie
     assert_eq!(closed["status"], "ok", "{closed}");
     assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
     assert_left_nothing(&dir);
+    // The proxy, the bridge's threads and the private namespace were the supervisor's:
+    // it exits, so none of them is left (a stuck thread would keep it alive).
+    assert_supervisor_exits(&dir);
     let reached = egress_of(&closed, "api.test");
     assert_eq!(reached.len(), 3, "{closed}");
     for record in &reached {

@@ -16,7 +16,9 @@
 //! Bounded: at most [`MAX_BRIDGED_CONNECTIONS`] connections are relayed at once (two
 //! threads each); over it a request gets no socket and the forwarder closes that
 //! connection. One resolver query is outstanding at a time, waited for at most
-//! [`RESOLVER_WAIT`]; a message larger than [`inside::MAX_DNS_MESSAGE`] is dropped.
+//! [`RESOLVER_WAIT`]; a query is cut to [`inside::MAX_DNS_QUERY`] bytes (the resolver
+//! refuses what is longer, as natively) and an answer over [`inside::MAX_DNS_ANSWER`]
+//! is dropped.
 
 use super::inside;
 use crate::error::CellError;
@@ -294,7 +296,8 @@ impl Relay {
 /// and sent back with the same tag. One at a time; an unanswered or malformed query is
 /// dropped (the client retries, as over UDP).
 fn relay_queries(route: &OwnedFd) {
-    let mut message = [0u8; inside::DNS_TAG + inside::MAX_DNS_MESSAGE + 1];
+    // A longer message is cut to the buffer (a seqpacket read's own truncation).
+    let mut message = [0u8; inside::DNS_TAG + inside::MAX_DNS_QUERY];
     loop {
         let n = match sys::read(route.as_fd(), &mut message) {
             Ok(0) => return,
@@ -302,7 +305,7 @@ fn relay_queries(route: &OwnedFd) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => return,
         };
-        if n <= inside::DNS_TAG || n > inside::DNS_TAG + inside::MAX_DNS_MESSAGE {
+        if n <= inside::DNS_TAG {
             continue;
         }
         let (tag, query) = message[..n].split_at(inside::DNS_TAG);
@@ -323,9 +326,9 @@ fn ask_resolver(query: &[u8]) -> Option<Vec<u8>> {
     socket.connect(TRANSPARENT_DNS).ok()?;
     socket.set_read_timeout(Some(RESOLVER_WAIT)).ok()?;
     socket.send(query).ok()?;
-    let mut answer = vec![0u8; inside::MAX_DNS_MESSAGE + 1];
+    let mut answer = vec![0u8; inside::MAX_DNS_ANSWER + 1];
     let n = socket.recv(&mut answer).ok()?;
-    (n <= inside::MAX_DNS_MESSAGE).then(|| {
+    (n <= inside::MAX_DNS_ANSWER).then(|| {
         answer.truncate(n);
         answer
     })

@@ -47,9 +47,13 @@ pub const NO_ROUTE: u8 = b'N';
 /// The message that carries the forwarder's end of the resolver's channel, after
 /// [`FORWARDER_READY`].
 pub const RESOLVER_ROUTE: u8 = b'D';
-/// The largest DNS message relayed either way (the proxy's resolver takes no larger
-/// query); a larger one is dropped.
-pub const MAX_DNS_MESSAGE: usize = 512;
+/// The most of a query relayed: the proxy's resolver takes queries of up to 512 bytes
+/// and reads one byte more, so that it sees a larger one (cut here, as its own read
+/// cuts it natively) and answers it FORMERR, as natively.
+pub const MAX_DNS_QUERY: usize = 512 + 1;
+/// The largest answer relayed (a query's question echoed, at most 512 bytes, and one
+/// address record); a larger one is dropped.
+pub const MAX_DNS_ANSWER: usize = 1024;
 /// The sender tag before each relayed DNS message: the client's IPv4 address and port.
 pub const DNS_TAG: usize = 6;
 /// What the holder writes on its stdout once it runs.
@@ -350,7 +354,8 @@ fn relay_resolver(
 
 fn relay_queries(resolver: &std::net::UdpSocket, route: &std::os::fd::OwnedFd) {
     use std::os::fd::AsFd;
-    let mut message = [0u8; DNS_TAG + MAX_DNS_MESSAGE + 1];
+    // A longer datagram is cut to the buffer (recvfrom's own truncation).
+    let mut message = [0u8; DNS_TAG + MAX_DNS_QUERY];
     loop {
         let from = match resolver.recv_from(&mut message[DNS_TAG..]) {
             Ok((n, std::net::SocketAddr::V4(from))) => (n, from),
@@ -359,7 +364,7 @@ fn relay_queries(resolver: &std::net::UdpSocket, route: &std::os::fd::OwnedFd) {
             Err(_) => return,
         };
         let (n, from) = from;
-        if n == 0 || n > MAX_DNS_MESSAGE {
+        if n == 0 {
             continue;
         }
         message[..4].copy_from_slice(&from.ip().octets());
@@ -372,13 +377,13 @@ fn relay_queries(resolver: &std::net::UdpSocket, route: &std::os::fd::OwnedFd) {
 
 fn relay_answers(route: &std::os::fd::OwnedFd, resolver: &std::net::UdpSocket) {
     use std::os::fd::AsFd;
-    let mut message = [0u8; DNS_TAG + MAX_DNS_MESSAGE + 1];
+    let mut message = [0u8; DNS_TAG + MAX_DNS_ANSWER + 1];
     loop {
         let n = match sys::read(route.as_fd(), &mut message) {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if n <= DNS_TAG || n > DNS_TAG + MAX_DNS_MESSAGE {
+        if n <= DNS_TAG || n > DNS_TAG + MAX_DNS_ANSWER {
             continue;
         }
         let ip = std::net::Ipv4Addr::new(message[0], message[1], message[2], message[3]);

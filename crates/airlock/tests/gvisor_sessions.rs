@@ -1204,3 +1204,80 @@ fn held_connections_leave_the_supervisors_threads_bounded_and_the_route_usable()
     assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
     assert_left_nothing(&dir);
 }
+
+/// A session's network change on gVisor (`POST /v1/sessions/{id}/network`, a class
+/// session): the change is handed to the sandbox's proxy as natively, so a removed
+/// destination is refused with `egress.not_allowlisted` by the next connection and one
+/// added back is reached again; every connection is in the session's record.
+#[test]
+fn a_gvisor_sessions_network_change_reaches_its_proxy() {
+    require_cells!();
+    let _serial = serial();
+    let env = AllowlistEnv::start();
+    let api = format!("api.test:{}", env.upstream.port);
+    let config = format!(
+        r#"[server]
+listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
+[server.tenants.alice]
+api_key_sha256 = ["{key}"]
+{EGRESS_CONFIG}
+[policy.classes.net]
+description = "a gVisor session whose destinations change"
+[policy.classes.net.template.network]
+mode = "allowlist"
+allowed_domains = ["{api}"]
+[policy.classes.net.bounds]
+isolation = "gvisor"
+session = {{ allowed = true, max_lifetime_seconds = 600 }}
+[policy.classes.net.commands]
+unmatched = "allow"
+"#,
+        key = common::sha256_hex(KEY),
+    );
+    let served = Served::start(&config, |_| {});
+    let (code, opened) = served.call(
+        KEY,
+        "POST",
+        "/v1/sessions",
+        Some(&json!({"class": "net", "idle_timeout_s": 300})),
+    );
+    assert_eq!(code, 201, "{opened}\n{}", served.log());
+    let id = opened["session_id"].as_str().unwrap().to_string();
+    let dir = cell_dir(&served);
+    let url = env.url("api.test", "hello.txt");
+    let fetch = || {
+        let frames = exec(
+            &served,
+            &id,
+            &["curl", "-s", "-i", "--max-time", "20", &url],
+            json!({}),
+        );
+        stream(&frames, "stdout")
+    };
+    let change = |body: Value| {
+        let path = format!("/v1/sessions/{id}/network");
+        let (code, changed) = served.call(KEY, "POST", &path, Some(&body));
+        assert_eq!(code, 200, "{changed}\n{}", served.log());
+    };
+    assert!(fetch().ends_with(&env.token), "reached before the change");
+    change(json!({"remove": [api]}));
+    let refused = fetch();
+    assert!(
+        refused.contains("X-Airlock-Reason: egress.not_allowlisted\r\n"),
+        "{refused}"
+    );
+    change(json!({"add": [api]}));
+    assert!(
+        fetch().ends_with(&env.token),
+        "reached after it was added back"
+    );
+    let closed = close(&served, &id);
+    assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
+    assert_left_nothing(&dir);
+    let decisions: Vec<Value> = egress_of(&closed, "api.test")
+        .iter()
+        .map(|r| r["decision"].clone())
+        .collect();
+    assert_eq!(decisions, ["allowed", "denied", "allowed"], "{closed}");
+    assert_eq!(env.upstream.log().matches("GET /hello.txt").count(), 2);
+}

@@ -66,45 +66,36 @@ const ENTRIES: usize = 5;
 pub fn serve_gvisor(plan: &CellPlan, options: ServeOptions<'_>) {
     let started = Instant::now();
     let control = SupervisorControl::new(options.control);
-    let egress = options.egress;
-    let served = match options.mode {
-        // A parked cell (a warm pool's, or one built for a threaded caller's run): the
-        // same sandbox, ended by its one command.
-        ServeMode::OneShot => start_session(
-            plan,
-            options.credentials,
-            options.host_ids,
-            egress,
-            &control,
-        )
-        .map(|mut cell| {
-            cell.one_shot = Some(None);
-            let life = Life {
-                idle_timeout: PARKED_FOR_EVER,
-                max_lifetime: PARKED_FOR_EVER,
-                built: Instant::now(),
-            };
-            cell.serve(&control, life, options.artifacts, started);
-        }),
-        ServeMode::Session {
-            idle_timeout,
-            max_lifetime,
-        } => start_session(
-            plan,
-            options.credentials,
-            options.host_ids,
-            egress,
-            &control,
-        )
-        .map(|session| {
-            let life = Life {
+    let served = start_session(
+        plan,
+        options.credentials,
+        options.host_ids,
+        options.egress,
+        &control,
+    )
+    .map(|mut cell| {
+        let life = match options.mode {
+            // A parked cell (a warm pool's, or one built for a threaded caller's run):
+            // the same sandbox, ended by its one command.
+            ServeMode::OneShot => {
+                cell.one_shot = Some(None);
+                Life {
+                    idle_timeout: PARKED_FOR_EVER,
+                    max_lifetime: PARKED_FOR_EVER,
+                    built: Instant::now(),
+                }
+            }
+            ServeMode::Session {
+                idle_timeout,
+                max_lifetime,
+            } => Life {
                 idle_timeout,
                 max_lifetime,
                 built: Instant::now(),
-            };
-            session.serve(&control, life, options.artifacts, started);
-        }),
-    };
+            },
+        };
+        cell.serve(&control, life, options.artifacts, started);
+    });
     if let Err(err) = served {
         let mut report = RunReport::refused("", err.class(), err.to_string());
         report.timings.wall_ms = ms_since(started);

@@ -7,11 +7,14 @@
 //! and maps fake names (`api.test`, `evil.test`, ...) with the config's static host map.
 //! Nothing here touches a real network.
 //!
-//! Native cell only: the gVisor tier's allowlist route (a forwarder in the sandbox,
-//! docs/threat-model.md, "Tiers") has its own cases in gvisor.rs.
+//! Every case runs on both tiers (`both_tiers!`, common/tier.rs): on gVisor the cell's
+//! proxy addresses are the sandbox's egress forwarder's, relayed to the same proxy
+//! (docs/threat-model.md, "Tiers"), with the same decisions, reason codes and records.
+//! What only the gVisor route has (killing its forwarder) is in gvisor.rs.
 
 mod common;
 
+use common::tier::Tier;
 use common::upstream::Upstream;
 use common::CellRun;
 use serde_json::Value;
@@ -66,8 +69,9 @@ exempt_cidrs = ["127.0.0.2/32"]
         Upstream::start(self.path(), &self.www, UPSTREAM_IP, None)
     }
 
-    fn run(&self, contract: Option<&str>, argv: &[&str]) -> CellRun {
-        common::run_in(
+    /// `argv` on `tier` (a gVisor sandbox is checked to have left nothing).
+    fn run(&self, tier: Tier, contract: Option<&str>, argv: &[&str]) -> CellRun {
+        tier.run_in(
             self.path(),
             contract,
             &[
@@ -126,8 +130,8 @@ fn unique_token(label: &str) -> String {
     format!("{label}-{}-{nanos}", std::process::id())
 }
 
-#[test]
-fn allowed_plain_http_with_curl_and_python() {
+both_tiers! {
+fn allowed_plain_http_with_curl_and_python(tier) {
     require_cells!();
     let env = Env::new("");
     let token = unique_token("plain-body");
@@ -137,7 +141,7 @@ fn allowed_plain_http_with_curl_and_python() {
     let contract = allowlist(&[format!("api.test:{port}")]);
     let url = format!("http://api.test:{port}/hello.txt");
 
-    let curl = env.run(Some(&contract), &["curl", "-sS", "--max-time", "20", &url]);
+    let curl = env.run(tier, Some(&contract), &["curl", "-sS", "--max-time", "20", &url]);
     assert_eq!(curl.code(), 0, "{}", curl.describe());
     assert_eq!(curl.status(), "ok", "{}", curl.describe());
     assert_eq!(curl.stdout(), token, "{}", curl.describe());
@@ -145,7 +149,7 @@ fn allowed_plain_http_with_curl_and_python() {
     let py = format!(
         "import urllib.request; print(urllib.request.urlopen('{url}', timeout=20).read().decode())"
     );
-    let python = env.run(Some(&contract), &["python3", "-c", &py]);
+    let python = env.run(tier, Some(&contract), &["python3", "-c", &py]);
     assert_eq!(python.code(), 0, "{}", python.describe());
     assert_eq!(python.stdout().trim_end(), token, "{}", python.describe());
 
@@ -186,6 +190,40 @@ fn allowed_plain_http_with_curl_and_python() {
         "the upstream saw both requests: {}",
         up.log()
     );
+}
+}
+
+both_tiers! {
+/// The SOCKS5 proxy (`ALL_PROXY`, `socks5h`: the proxy resolves the name) carries a
+/// connection to an allowlisted name and refuses another, with its reason, recorded.
+fn the_socks_proxy_carries_an_allowlisted_name_and_refuses_another(tier) {
+    require_cells!();
+    let env = Env::new("");
+    let token = unique_token("socks-body");
+    std::fs::write(env.www.join("hello.txt"), &token).unwrap();
+    let up = env.upstream();
+    let port = up.port;
+    let contract = allowlist(&[format!("api.test:{port}")]);
+    let script = format!(
+        "curl -sS --max-time 20 -x \"$ALL_PROXY\" http://api.test:{port}/hello.txt; echo; \
+         curl -sS --max-time 20 -x \"$ALL_PROXY\" http://evil.test:{port}/case-denied; \
+         echo \"denied=$?\""
+    );
+    let run = env.run(tier, Some(&contract), &["sh", "-c", &script]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert!(run.stdout().starts_with(&format!("{token}\n")), "{}", run.describe());
+    assert!(!run.stdout().contains("denied=0"), "{}", run.describe());
+    let reached = records_for(&run, "api.test");
+    assert_eq!(reached.len(), 1, "{}", run.describe());
+    assert_eq!(reached[0]["protocol"], "socks5", "{}", run.describe());
+    assert_eq!(reached[0]["decision"], "allowed", "{}", run.describe());
+    assert_eq!(reached[0]["address"], format!("{UPSTREAM_IP}:{port}"));
+    let refused = records_for(&run, "evil.test");
+    assert_eq!(refused.len(), 1, "{}", run.describe());
+    assert_eq!(refused[0]["decision"], "denied", "{}", run.describe());
+    assert_eq!(refused[0]["reason"], "egress.not_allowlisted", "{}", run.describe());
+    assert!(!up.log().contains("case-denied"), "{}", up.log());
+}
 }
 
 /// Test CA and a server certificate for api.test, made with the openssl CLI.
@@ -264,19 +302,21 @@ fn make_pki(dir: &Path) -> Pki {
     }
 }
 
+both_tiers! {
 /// The CA certificate mounted as a single read-only file, as the task describes it.
-#[test]
-fn allowed_https_through_connect_with_ca_file_input() {
-    https_case(true);
+fn allowed_https_through_connect_with_ca_file_input(tier) {
+    https_case(tier, true);
+}
 }
 
+both_tiers! {
 /// The same with the CA's directory mounted (isolates the HTTPS path from file inputs).
-#[test]
-fn allowed_https_through_connect_with_ca_dir_input() {
-    https_case(false);
+fn allowed_https_through_connect_with_ca_dir_input(tier) {
+    https_case(tier, false);
+}
 }
 
-fn https_case(file_input: bool) {
+fn https_case(tier: Tier, file_input: bool) {
     require_cells!();
     let env = Env::new("");
     let pki_dir = env.path().join("pki");
@@ -310,6 +350,7 @@ fn https_case(file_input: bool) {
     let url = format!("https://api.test:{port}/secret.txt");
 
     let curl = env.run(
+        tier,
         Some(&contract),
         &[
             "curl",
@@ -329,7 +370,7 @@ fn https_case(file_input: bool) {
          ctx = ssl.create_default_context(cafile='/input/ca.pem')\n\
          print(urllib.request.urlopen('{url}', context=ctx, timeout=20).read().decode())\n"
     );
-    let python = env.run(Some(&contract), &["python3", "-c", &py]);
+    let python = env.run(tier, Some(&contract), &["python3", "-c", &py]);
     assert_eq!(python.code(), 0, "{}", python.describe());
     assert_eq!(python.stdout().trim_end(), token, "{}", python.describe());
 
@@ -354,7 +395,11 @@ fn https_case(file_input: bool) {
         );
     }
     // The tunnel carried TLS end to end: without the CA the same request fails.
-    let untrusted = env.run(Some(&contract), &["curl", "-sS", "--max-time", "20", &url]);
+    let untrusted = env.run(
+        tier,
+        Some(&contract),
+        &["curl", "-sS", "--max-time", "20", &url],
+    );
     assert_ne!(untrusted.code(), 0, "{}", untrusted.describe());
     assert!(
         !untrusted.stdout().contains(&token),
@@ -363,8 +408,8 @@ fn https_case(file_input: bool) {
     );
 }
 
-#[test]
-fn denials_carry_reason_codes_in_response_and_records() {
+both_tiers! {
+fn denials_carry_reason_codes_in_response_and_records(tier) {
     require_cells!();
     let env = Env::new("");
     std::fs::write(env.www.join("index.html"), "upstream").unwrap();
@@ -416,7 +461,7 @@ fn denials_carry_reason_codes_in_response_and_records() {
             "echo '=== case {i}'; curl -s -i --max-time 20 -g '{url}'; echo; echo \"curl-exit=$?\"\n"
         ));
     }
-    let run = env.run(Some(&contract), &["sh", "-c", &script]);
+    let run = env.run(tier, Some(&contract), &["sh", "-c", &script]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     let stdout = run.stdout();
     let sections: Vec<&str> = stdout.split("=== case ").skip(1).collect();
@@ -478,9 +523,10 @@ fn denials_carry_reason_codes_in_response_and_records() {
         up.log()
     );
 }
+}
 
-#[test]
-fn connect_with_mismatched_sni_is_cut() {
+both_tiers! {
+fn connect_with_mismatched_sni_is_cut(tier) {
     require_cells!();
     let env = Env::new("");
     let up = env.upstream();
@@ -508,7 +554,7 @@ except Exception as e:
     print("TLS-FAILED", type(e).__name__)
 "#
     );
-    let run = env.run(Some(&contract), &["python3", "-c", &py]);
+    let run = env.run(tier, Some(&contract), &["python3", "-c", &py]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert!(
         run.stdout().contains("CONNECT-REPLY HTTP/1.1 200"),
@@ -538,9 +584,10 @@ except Exception as e:
     );
     assert!(up.log().is_empty(), "upstream saw traffic: {}", up.log());
 }
+}
 
-#[test]
-fn direct_tcp_dns_and_udp_bypassing_the_proxy_go_nowhere() {
+both_tiers! {
+fn direct_tcp_dns_and_udp_bypassing_the_proxy_go_nowhere(tier) {
     require_cells!();
     let env = Env::new("");
     // Raw listeners on the host: anything arriving here bypassed the proxy.
@@ -579,7 +626,7 @@ for port in (53, {udp_port}):
         print("UDP-FAILED", port, type(e).__name__)
 "#
     );
-    let run = env.run(Some(&contract), &["python3", "-c", &py]);
+    let run = env.run(tier, Some(&contract), &["python3", "-c", &py]);
     let out = run.stdout();
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert!(
@@ -604,6 +651,7 @@ for port in (53, {udp_port}):
     );
     // curl ignoring the proxy cannot resolve or reach anything either.
     let noproxy = env.run(
+        tier,
         Some(&contract),
         &[
             "curl",
@@ -656,10 +704,11 @@ for port in (53, {udp_port}):
     );
     assert!(egress(&noproxy).is_empty(), "{}", noproxy.describe());
 }
+}
 
+both_tiers! {
 /// Seed 000: the payload tries to exfiltrate to a host that is not on the list.
-#[test]
-fn seed_000_exfiltration_attempt_is_denied_and_classified() {
+fn seed_000_exfiltration_attempt_is_denied_and_classified(tier) {
     require_cells!();
     let env = Env::new("");
     let up = env.upstream();
@@ -679,7 +728,7 @@ echo "curl=$c python=$p"
 [ $c -ne 0 ] && [ $p -ne 0 ] && exit 3
 exit 0
 "#;
-    let run = env.run(Some(&contract), &["sh", "-c", script]);
+    let run = env.run(tier, Some(&contract), &["sh", "-c", script]);
     assert_eq!(
         run.code(),
         3,
@@ -723,9 +772,10 @@ exit 0
     assert_eq!(code, 0, "audit verify: {out}{err}");
     assert!(up.log().is_empty(), "upstream saw traffic: {}", up.log());
 }
+}
 
-#[test]
-fn network_deny_mode_has_no_proxy() {
+both_tiers! {
+fn network_deny_mode_has_no_proxy(tier) {
     require_cells!();
     let env = Env::new("");
     let up = env.upstream();
@@ -736,7 +786,7 @@ fn network_deny_mode_has_no_proxy() {
          env | grep -i _proxy; echo done"
     );
     // Default contract: network mode deny.
-    let run = env.run(None, &["sh", "-c", &script]);
+    let run = env.run(tier, None, &["sh", "-c", &script]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     let out = run.stdout();
     assert!(
@@ -767,9 +817,10 @@ fn network_deny_mode_has_no_proxy() {
     );
     assert!(up.log().is_empty(), "upstream saw traffic: {}", up.log());
 }
+}
 
-#[test]
-fn max_connections_ceiling_refuses_the_extra_connection() {
+both_tiers! {
+fn max_connections_ceiling_refuses_the_extra_connection(tier) {
     require_cells!();
     let env = Env::new("max_connections = 1");
     let up = env.upstream();
@@ -800,7 +851,7 @@ print("SECOND", rb.replace("\r\n", " | "))
 a.close()
 "#
     );
-    let run = env.run(Some(&contract), &["python3", "-c", &py]);
+    let run = env.run(tier, Some(&contract), &["python3", "-c", &py]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     let out = run.stdout();
     assert!(
@@ -829,9 +880,10 @@ a.close()
         run.describe()
     );
 }
+}
 
-#[test]
-fn max_bytes_ceiling_cuts_a_large_download() {
+both_tiers! {
+fn max_bytes_ceiling_cuts_a_large_download(tier) {
     require_cells!();
     let env = Env::new("max_bytes = 1000");
     let mut big = vec![0u8; 20_000];
@@ -847,7 +899,7 @@ fn max_bytes_ceiling_cuts_a_large_download() {
         "curl -sS --max-time 20 -o /tmp/big.bin http://api.test:{port}/big.bin; echo \"curl=$?\"; \
          wc -c < /tmp/big.bin 2>/dev/null || echo 0"
     );
-    let run = env.run(Some(&contract), &["sh", "-c", &script]);
+    let run = env.run(tier, Some(&contract), &["sh", "-c", &script]);
     let out = run.stdout();
     assert!(
         !out.contains("curl=0\n"),
@@ -870,4 +922,5 @@ fn max_bytes_ceiling_cuts_a_large_download() {
         "no more than max_bytes forwarded ({total}): {}",
         run.describe()
     );
+}
 }

@@ -10,8 +10,9 @@
 
 mod common;
 
+use common::route_probe::{assert_no_connection_arrived, RouteProbe};
 use common::{airlock_bin, host, run_in, state_dir, CellRun};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -370,82 +371,15 @@ impl EgressEnv {
     }
 }
 
-fn egress_records(run: &CellRun, host: &str) -> Vec<serde_json::Value> {
-    run.result["egress"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r["host"] == host)
-        .collect()
-}
-
-/// The native cell's allowlist, on gVisor: through airlock's proxies (the sandbox's
-/// forwarder, crates/cell/src/gvisor/egress.rs), with their decisions, reason codes and
-/// records: the HTTP proxy, the SOCKS proxy and a transparent listener. The resolver is
-/// not carried (docs/threat-model.md, "Tiers"), so the transparent address is given to
-/// curl here.
-#[test]
-fn an_allowlisted_destination_is_reached_through_the_proxy_and_another_is_denied_as_natively() {
-    require_cells!();
-    let _serial = serial();
-    let env = EgressEnv::new();
-    let token = format!("gvisor-egress-{}", std::process::id());
-    std::fs::write(env.www.join("hello.txt"), &token).unwrap();
-    let up = common::upstream::Upstream::start(env.dir.path(), &env.www, UPSTREAM_IP, None);
-    let port = up.port;
-    let contract =
-        format!("network:\n  mode: allowlist\n  allowed_domains: [\"api.test:{port}\"]\n");
-    let script = format!(
-        "curl -sS --max-time 20 http://api.test:{port}/hello.txt; echo; \
-         echo '=== socks'; curl -sS --max-time 20 -x \"$ALL_PROXY\" http://api.test:{port}/hello.txt; echo; \
-         echo '=== transparent'; curl -sS --max-time 20 --noproxy '*' --resolve api.test:{port}:127.100.0.1 http://api.test:{port}/hello.txt; echo; \
-         echo '=== denied'; curl -s -i --max-time 20 http://evil.test:{port}/case-denied; echo"
-    );
-    let run = env.run(&contract, &["/bin/sh", "-c", &script]);
-    assert_eq!(run.code(), 0, "{}", run.describe());
-    let stdout = run.stdout();
-    let (allowed, denied) = stdout.split_once("=== denied").unwrap_or_default();
-    let sections: Vec<&str> = allowed.split("=== ").collect();
-    assert_eq!(sections.len(), 3, "{}", run.describe());
-    for (section, via) in sections.iter().zip(["", "socks\n", "transparent\n"]) {
-        assert_eq!(
-            section.trim(),
-            format!("{via}{token}").trim(),
-            "{}",
-            run.describe()
-        );
-    }
-    let reached = egress_records(&run, "api.test");
-    assert_eq!(reached.len(), 3, "{}", run.describe());
-    for record in &reached {
-        assert_eq!(record["decision"], "allowed", "{}", run.describe());
-        assert_eq!(record["address"], format!("{UPSTREAM_IP}:{port}"));
-        assert!(record["bytes_down"].as_u64().unwrap_or(0) >= token.len() as u64);
-    }
-    assert_eq!(reached[0]["protocol"], "http", "{}", run.describe());
-    let refused = egress_records(&run, "evil.test");
-    assert_eq!(refused.len(), 1, "{}", run.describe());
-    assert_eq!(refused[0]["decision"], "denied", "{}", run.describe());
-    assert_eq!(
-        refused[0]["reason"],
-        "egress.not_allowlisted",
-        "{}",
-        run.describe()
-    );
-    assert!(denied.contains("HTTP/1.1 403"), "{}", run.describe());
-    assert!(
-        denied.contains("X-Airlock-Reason: egress.not_allowlisted\r\n"),
-        "{}",
-        run.describe()
-    );
-    assert!(!up.log().contains("/case-denied"), "{}", up.log());
-}
+// The allowlist's decisions, reason codes and records on this tier (HTTP, CONNECT,
+// SOCKS, the resolver and the transparent listeners) are egress.rs's and
+// transparent_egress.rs's `::gvisor` cases (both_tiers!); what only this tier's route
+// has (its forwarder, which a payload can kill) is here.
 
 /// Nothing but the proxy is reachable from an allowlisted sandbox: not the upstream
 /// directly, not the host's addresses, not a DNS server but the resolver's address, not
 /// a host unix socket under a bind; and once the payload killed the forwarder, not even
-/// the proxy. Every attempt that succeeds prints BREACH; the script exits 0 only then.
+/// the proxy (common/route_probe.rs). The script exits 0 only on a breach.
 #[test]
 fn nothing_else_is_reachable_and_killing_the_forwarder_opens_no_route() {
     require_cells!();
@@ -453,78 +387,12 @@ fn nothing_else_is_reachable_and_killing_the_forwarder_opens_no_route() {
     let env = EgressEnv::new();
     let up = common::upstream::Upstream::start(env.dir.path(), &env.www, UPSTREAM_IP, None);
     let port = up.port;
-    let raw = TcpListener::bind("0.0.0.0:0").unwrap();
-    raw.set_nonblocking(true).unwrap();
-    let raw_port = raw.local_addr().unwrap().port();
-    let udp = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
-    udp.set_nonblocking(true).unwrap();
-    let udp_port = udp.local_addr().unwrap().port();
-    // Outside /tmp, which is a writable path of the sandbox.
-    let inputs_dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let inputs = inputs_dir.path().to_path_buf();
-    let socket_path = inputs.join("host.sock");
-    let unix = std::os::unix::net::UnixListener::bind(&socket_path).unwrap();
-    unix.set_nonblocking(true).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let mut addresses = vec![UPSTREAM_IP.to_string(), "127.0.0.1".to_string()];
-    let hostname_i = Command::new("hostname").arg("-I").output().unwrap();
-    addresses.extend(
-        String::from_utf8_lossy(&hostname_i.stdout)
-            .split_whitespace()
-            .filter(|a| !a.contains(':'))
-            .map(String::from),
-    );
-    let script = format!(
-        r#"
-import os, signal, socket, sys, time
-breach = False
-def attempts(when):
-    global breach
-    for a in {addresses:?}:
-        for p in ({port}, {raw_port}):
-            try:
-                socket.create_connection((a, p), timeout=2).send(b'breach')
-                print('BREACH tcp', when, a, p); breach = True
-            except OSError as e:
-                print('refused tcp', when, a, p, e)
-        for p in (53, {udp_port}):
-            try:
-                u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(1)
-                u.sendto(b'\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03api\x04test\x00\x00\x01\x00\x01', (a, p))
-                u.recvfrom(512); print('BREACH udp', when, a, p); breach = True
-            except OSError as e:
-                print('no udp', when, a, p, e)
-    try:
-        s = socket.socket(socket.AF_UNIX); s.settimeout(2); s.connect('{sock}')
-        print('BREACH unix', when); breach = True
-    except OSError as e:
-        print('refused unix', when, e)
-attempts('with-forwarder')
-pids = [p for p in os.listdir('/proc') if p.isdigit()
-        and open('/proc/%s/cmdline' % p, 'rb').read().split(b'\0')[1:2] == [b'--airlock-gvisor-forward']]
-print('forwarders', pids)
-if not pids:
-    print('BREACH no forwarder found'); sys.exit(0)
-for p in pids:
-    os.kill(int(p), signal.SIGKILL)
-time.sleep(1)
-try:
-    socket.create_connection(('127.0.0.1', 3128), timeout=2)
-    print('BREACH proxy after kill'); breach = True
-except OSError as e:
-    print('refused proxy after kill', e)
-attempts('after-kill')
-sys.exit(0 if breach else 1)
-"#,
-        sock = socket_path.display(),
-    );
+    let probe = RouteProbe::new(UPSTREAM_IP, port);
     let contract = format!(
-        "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:{port}\"]\n\
-         filesystem:\n  readonly_inputs:\n    - {}\n",
-        inputs.display()
+        "network:\n  mode: allowlist\n  allowed_domains: [\"api.test:{port}\"]\n{}",
+        probe.contract_inputs()
     );
-    let run = env.run(&contract, &["python3", "-c", &script]);
+    let run = env.run(&contract, &["python3", "-c", &probe.script(true)]);
     assert_eq!(
         run.code(),
         1,
@@ -537,10 +405,7 @@ sys.exit(0 if breach else 1)
         "{}",
         run.describe()
     );
-    let mut buf = [0u8; 16];
-    assert_no_connection_arrived(&raw);
-    assert!(udp.recv_from(&mut buf).is_err(), "a datagram arrived");
-    assert!(unix.accept().is_err(), "a unix connection arrived");
+    probe.assert_nothing_arrived();
     assert!(!up.log().contains("GET"), "{}", up.log());
 }
 
@@ -757,16 +622,4 @@ fn a_class_requiring_gvisor_runs_on_gvisor_and_a_request_cannot_lower_it() {
         "it ran:\n{}",
         lowered.describe()
     );
-}
-
-/// Nothing connected to `listener` (non-blocking): a connection is a breach.
-fn assert_no_connection_arrived(listener: &std::net::TcpListener) {
-    match listener.accept() {
-        Ok((mut stream, from)) => {
-            let mut buf = [0u8; 16];
-            let n = stream.read(&mut buf).unwrap_or(0);
-            panic!("a connection from {from} arrived ({:?})", &buf[..n]);
-        }
-        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
-    }
 }

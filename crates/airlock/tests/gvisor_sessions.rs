@@ -11,7 +11,9 @@
 mod common;
 
 use common::host::{self, Supervisor};
+use common::route_probe::RouteProbe;
 use common::served::Served;
+use common::upstream::Upstream;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,6 +35,11 @@ fn serve(idle_timeout_s: u64) -> Served {
 
 /// `airlock serve` with `contract` (YAML) as `gv`.
 fn serve_contract(idle_timeout_s: u64, contract: &str) -> Served {
+    serve_with(idle_timeout_s, contract, "")
+}
+
+/// `airlock serve` with `contract` (YAML) as `gv` and `extra` (TOML) in its config.
+fn serve_with(idle_timeout_s: u64, contract: &str, extra: &str) -> Served {
     let config = format!(
         r#"[server]
 listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
@@ -44,7 +51,7 @@ gv = "gv.yaml"
 api_key_sha256 = ["{key}"]
 max_cells = 8
 runs_per_minute = 1000
-"#,
+{extra}"#,
         key = common::sha256_hex(KEY),
     );
     Served::start(&config, |dir| {
@@ -153,6 +160,27 @@ fn assert_left_nothing(dir: &Path) {
     };
     let cgroups = host::cgroups_of(&supervisor);
     assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
+}
+
+/// The supervisor named by cell directory `dir` exits (it is gone or a zombie) soon.
+fn assert_supervisor_exits(dir: &Path) {
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let pid = name.split('-').next().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, s)| s.split_whitespace().next());
+        if matches!(state, None | Some("Z")) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "supervisor {pid} still runs: {stat}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Waits until `dir` is gone (the session's completion sequence ran).
@@ -856,6 +884,19 @@ runs_per_minute = 1000
     assert_eq!(stored["run"]["plan"]["isolation"], "gvisor", "{stored}");
 }
 
+/// Waits until the pool `gv` has a parked cell (the service's metrics say so).
+fn wait_parked(served: &Served) {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = served.curl_unix(&["-s", "http://airlock/metrics"]);
+        if String::from_utf8_lossy(&metrics.stdout).contains("airlock_pool_free{pool=\"gv\"} 1") {
+            return;
+        }
+        assert!(Instant::now() < until, "no parked cell: {}", served.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The service's one gVisor cell directory other than `not`, once it exists.
 fn wait_for_cell(served: &Served, not: Option<&Path>) -> PathBuf {
     let until = Instant::now() + Duration::from_secs(30);
@@ -886,26 +927,357 @@ fn wait_for_cell(served: &Served, not: Option<&Path>) -> PathBuf {
     }
 }
 
-/// The allowlist's route on gVisor is built for one-shot runs only: a session of an
-/// allowlisted contract is refused before a sandbox starts, never run without its proxy.
+/// The upstream of the allowlist cases: python's http.server on 127.0.0.2 (exempted
+/// from the private-address rule), named `api.test` and `evil.test` by the operator's
+/// resolver map, serving `hello.txt`.
+struct AllowlistEnv {
+    _www: tempfile::TempDir,
+    upstream: Upstream,
+    token: String,
+}
+
+const UPSTREAM_IP: &str = "127.0.0.2";
+const EGRESS_CONFIG: &str =
+    "[egress]\nresolve = { \"api.test\" = \"127.0.0.2\", \"evil.test\" = \"127.0.0.2\" }\n\
+                             exempt_cidrs = [\"127.0.0.2/32\"]\n";
+
+impl AllowlistEnv {
+    fn start() -> AllowlistEnv {
+        let www = tempfile::tempdir().unwrap();
+        let token = format!("gvisor-session-egress-{}", std::process::id());
+        std::fs::write(www.path().join("hello.txt"), &token).unwrap();
+        let upstream = Upstream::start(www.path(), www.path(), UPSTREAM_IP, None);
+        AllowlistEnv {
+            _www: www,
+            upstream,
+            token,
+        }
+    }
+
+    /// The gVisor contract allowing `api.test` on the upstream's port, with `extra`.
+    fn contract(&self, extra: &str) -> String {
+        format!(
+            "isolation: gvisor\nnetwork:\n  mode: allowlist\n  allowed_domains: [\"api.test:{}\"]\n{extra}",
+            self.upstream.port
+        )
+    }
+
+    fn url(&self, host: &str, path: &str) -> String {
+        format!("http://{host}:{}/{path}", self.upstream.port)
+    }
+}
+
+/// The records of `host` in a report's `egress`.
+fn egress_of(report: &Value, host: &str) -> Vec<Value> {
+    report["egress"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r["host"] == host)
+        .collect()
+}
+
+/// An allowlisted session on gVisor: the egress route (the proxy on its private
+/// listeners, the forwarder inside) lives as long as the sandbox, so three commands all
+/// reach the allowlisted upstream (through the HTTP proxy, the SOCKS proxy, and the
+/// resolver and a transparent listener for a proxy-unaware client); a name not on
+/// the allowlist is denied with the native reason code and never reached; every
+/// connection is in the session's record; closing leaves nothing.
 #[test]
-fn an_allowlisted_session_is_refused_on_this_tier() {
+fn an_allowlisted_sessions_commands_reach_the_upstream_and_another_name_is_denied_as_natively() {
     require_cells!();
     let _serial = serial();
-    let served = serve_contract(
-        30,
-        "isolation: gvisor\nnetwork: { mode: allowlist, allowed_domains: [\"api.test:80\"] }\n",
+    let env = AllowlistEnv::start();
+    let served = serve_with(300, &env.contract(""), EGRESS_CONFIG);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let url = env.url("api.test", "hello.txt");
+    let first = exec(
+        &served,
+        &id,
+        &["curl", "-sS", "--max-time", "20", &url],
+        json!({}),
     );
-    let (code, body) = served.call(
+    assert_eq!(stream(&first, "stdout"), env.token, "{first:?}");
+    let socks = format!("curl -sS --max-time 20 -x \"$ALL_PROXY\" {url}");
+    let second = exec(&served, &id, &["sh", "-c", &socks], json!({}));
+    assert_eq!(stream(&second, "stdout"), env.token, "{second:?}");
+    // A proxy-unaware client: the sandbox's resolver answers the allowlisted name with
+    // its transparent address, as natively.
+    let unaware = format!("getent hosts api.test && curl -sS --max-time 20 --noproxy '*' {url}");
+    let third = exec(&served, &id, &["sh", "-c", &unaware], json!({}));
+    let third_out = stream(&third, "stdout");
+    assert!(third_out.starts_with("127.100.0.1 "), "{third:?}");
+    assert!(third_out.ends_with(&env.token), "{third:?}");
+    let evil = env.url("evil.test", "case-denied");
+    let denied = exec(
+        &served,
+        &id,
+        &["curl", "-s", "-i", "--max-time", "20", &evil],
+        json!({}),
+    );
+    let response = stream(&denied, "stdout");
+    assert!(response.contains("HTTP/1.1 403"), "{denied:?}");
+    assert!(
+        response.contains("X-Airlock-Reason: egress.not_allowlisted\r\n"),
+        "{denied:?}"
+    );
+    let closed = close(&served, &id);
+    assert_eq!(closed["status"], "ok", "{closed}");
+    assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
+    assert_left_nothing(&dir);
+    // The proxy, the bridge's threads and the private namespace were the supervisor's:
+    // it exits, so none of them is left (a stuck thread would keep it alive).
+    assert_supervisor_exits(&dir);
+    let reached = egress_of(&closed, "api.test");
+    assert_eq!(reached.len(), 3, "{closed}");
+    for record in &reached {
+        assert_eq!(record["decision"], "allowed", "{closed}");
+        assert_eq!(
+            record["address"],
+            format!("{UPSTREAM_IP}:{}", env.upstream.port)
+        );
+    }
+    let refused = egress_of(&closed, "evil.test");
+    assert_eq!(refused.len(), 1, "{closed}");
+    assert_eq!(refused[0]["decision"], "denied", "{closed}");
+    assert_eq!(refused[0]["reason"], "egress.not_allowlisted", "{closed}");
+    let log = env.upstream.log();
+    assert_eq!(log.matches("GET /hello.txt").count(), 3, "{log}");
+    assert!(!log.contains("case-denied"), "{log}");
+    let stored = stored_run(&served, &id);
+    assert_eq!(stored["run"]["status"], "ok", "{stored}");
+    let verified = served.cli(&["audit", "verify"]);
+    assert!(verified.status.success(), "{verified:?}");
+}
+
+/// Nothing but the proxy is reachable from a session's command (common/route_probe.rs):
+/// not the upstream directly, the host's addresses, UDP, a host unix socket; a command
+/// that kills the forwarder opens no route for itself nor for the next command, which
+/// cannot reach the proxy either (the route is the forwarder's, and it is not replaced).
+#[test]
+fn nothing_else_is_reachable_from_a_sessions_commands_even_after_one_kills_the_forwarder() {
+    require_cells!();
+    let _serial = serial();
+    let env = AllowlistEnv::start();
+    let probe = RouteProbe::new(UPSTREAM_IP, env.upstream.port);
+    let served = serve_with(300, &env.contract(&probe.contract_inputs()), EGRESS_CONFIG);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    for (kill, when) in [(true, "the killing command"), (false, "the next command")] {
+        let script = probe.script(kill);
+        let frames = exec(&served, &id, &["python3", "-c", &script], json!({}));
+        let stdout = stream(&frames, "stdout");
+        assert_eq!(record(&frames)["exit_code"], 1, "{when}: {frames:?}");
+        assert!(!stdout.contains("BREACH"), "{when}: {stdout}");
+        assert!(
+            stdout.contains("refused proxy after kill"),
+            "{when}: {stdout}"
+        );
+    }
+    let closed = close(&served, &id);
+    assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
+    assert_left_nothing(&dir);
+    probe.assert_nothing_arrived();
+    assert!(
+        !env.upstream.log().contains("GET"),
+        "{}",
+        env.upstream.log()
+    );
+}
+
+/// A warm pool of an allowlisted gVisor contract: the parked sandbox's route is up before
+/// its command is claimed; the claimed run reaches the upstream, its record has the
+/// connection, and the cell leaves nothing.
+#[test]
+fn a_warm_allowlisted_gvisor_cell_runs_a_claimed_command_through_the_proxy() {
+    require_cells!();
+    let _serial = serial();
+    let env = AllowlistEnv::start();
+    let config = format!(
+        r#"[server]
+listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
+[server.contracts]
+gv = "gv.yaml"
+[server.pools]
+gv = 1
+[server.tenants.alice]
+api_key_sha256 = ["{key}"]
+max_cells = 8
+runs_per_minute = 1000
+{EGRESS_CONFIG}"#,
+        key = common::sha256_hex(KEY),
+    );
+    let contract = env.contract("");
+    let served = Served::start(&config, |dir| {
+        std::fs::write(dir.join("gv.yaml"), &contract).unwrap();
+    });
+    let parked = wait_for_cell(&served, None);
+    // Its directory exists before its route is up: claimed only once it is parked.
+    wait_parked(&served);
+    let url = env.url("api.test", "hello.txt");
+    let (code, record) = served.call(
+        KEY,
+        "POST",
+        "/v1/runs?wait=true",
+        Some(&json!({"contract": "gv", "argv": ["curl", "-sS", "--max-time", "20", url]})),
+    );
+    assert_eq!(code, 200, "{record}\n{}", served.log());
+    assert_eq!(record["status"], "ok", "{record}");
+    assert_eq!(
+        record["output"]["stdout"]["head"],
+        env.token.as_str(),
+        "{record}"
+    );
+    let reached = egress_of(&record, "api.test");
+    assert_eq!(reached.len(), 1, "{record}");
+    assert_eq!(reached[0]["decision"], "allowed", "{record}");
+    wait_gone(&parked, Duration::from_secs(20));
+    assert_left_nothing(&parked);
+    assert_eq!(env.upstream.log().matches("GET /hello.txt").count(), 1);
+}
+
+/// The threads of process `pid` now.
+fn threads_of(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The bridge's ceiling (crates/cell/src/gvisor/egress.rs: 128 connections relayed at
+/// once, two supervisor threads each): a command that opens 300 connections to the
+/// proxy and holds them open cannot make the session's supervisor spawn threads for each
+/// (the proxy closes its excess at once, but a relay lasts until the sandbox's side
+/// closes too). Once the command ended its connections' slots are free again: the next
+/// command reaches the upstream.
+#[test]
+fn held_connections_leave_the_supervisors_threads_bounded_and_the_route_usable() {
+    require_cells!();
+    let _serial = serial();
+    let env = AllowlistEnv::start();
+    let contract = env.contract("resources:\n  process_limit: 1024\n  open_files: 1024\n");
+    let served = serve_with(300, &contract, EGRESS_CONFIG);
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let supervisor: u32 = name.split('-').next().unwrap().parse().unwrap();
+    let idle = threads_of(supervisor);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(threads_of(supervisor));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            most
+        })
+    };
+    let script = "import socket, time\n\
+                  held = []\n\
+                  for i in range(300):\n\
+                  \x20   held.append(socket.create_connection(('127.0.0.1', 3128), timeout=10))\n\
+                  print('opened', len(held), flush=True)\n\
+                  time.sleep(8)\n";
+    let flood = exec(&served, &id, &["python3", "-c", script], json!({}));
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = sampler.join().unwrap();
+    assert_eq!(stream(&flood, "stdout"), "opened 300\n", "{flood:?}");
+    assert!(
+        most <= idle + 2 * 128 + 16,
+        "the supervisor went from {idle} to {most} threads"
+    );
+    let url = env.url("api.test", "hello.txt");
+    let after = exec(
+        &served,
+        &id,
+        &["curl", "-sS", "--max-time", "20", &url],
+        json!({}),
+    );
+    assert_eq!(stream(&after, "stdout"), env.token, "{after:?}");
+    let closed = close(&served, &id);
+    assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
+    assert_left_nothing(&dir);
+}
+
+/// A session's network change on gVisor (`POST /v1/sessions/{id}/network`, a class
+/// session): the change is handed to the sandbox's proxy as natively, so a removed
+/// destination is refused with `egress.not_allowlisted` by the next connection and one
+/// added back is reached again; every connection is in the session's record.
+#[test]
+fn a_gvisor_sessions_network_change_reaches_its_proxy() {
+    require_cells!();
+    let _serial = serial();
+    let env = AllowlistEnv::start();
+    let api = format!("api.test:{}", env.upstream.port);
+    let config = format!(
+        r#"[server]
+listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
+[server.tenants.alice]
+api_key_sha256 = ["{key}"]
+{EGRESS_CONFIG}
+[policy.classes.net]
+description = "a gVisor session whose destinations change"
+[policy.classes.net.template.network]
+mode = "allowlist"
+allowed_domains = ["{api}"]
+[policy.classes.net.bounds]
+isolation = "gvisor"
+session = {{ allowed = true, max_lifetime_seconds = 600 }}
+[policy.classes.net.commands]
+unmatched = "allow"
+"#,
+        key = common::sha256_hex(KEY),
+    );
+    let served = Served::start(&config, |_| {});
+    let (code, opened) = served.call(
         KEY,
         "POST",
         "/v1/sessions",
-        Some(&json!({"contract": "gv"})),
+        Some(&json!({"class": "net", "idle_timeout_s": 300})),
     );
-    assert_ne!(code, 201, "{body}\n{}", served.log());
+    assert_eq!(code, 201, "{opened}\n{}", served.log());
+    let id = opened["session_id"].as_str().unwrap().to_string();
+    let dir = cell_dir(&served);
+    let url = env.url("api.test", "hello.txt");
+    let fetch = || {
+        let frames = exec(
+            &served,
+            &id,
+            &["curl", "-s", "-i", "--max-time", "20", &url],
+            json!({}),
+        );
+        stream(&frames, "stdout")
+    };
+    let change = |body: Value| {
+        let path = format!("/v1/sessions/{id}/network");
+        let (code, changed) = served.call(KEY, "POST", &path, Some(&body));
+        assert_eq!(code, 200, "{changed}\n{}", served.log());
+    };
+    assert!(fetch().ends_with(&env.token), "reached before the change");
+    change(json!({"remove": [api]}));
+    let refused = fetch();
     assert!(
-        body.to_string().contains("gvisor.network"),
-        "{body}\n{}",
-        served.log()
+        refused.contains("X-Airlock-Reason: egress.not_allowlisted\r\n"),
+        "{refused}"
     );
+    change(json!({"add": [api]}));
+    assert!(
+        fetch().ends_with(&env.token),
+        "reached after it was added back"
+    );
+    let closed = close(&served, &id);
+    assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
+    assert_left_nothing(&dir);
+    let decisions: Vec<Value> = egress_of(&closed, "api.test")
+        .iter()
+        .map(|r| r["decision"].clone())
+        .collect();
+    assert_eq!(decisions, ["allowed", "denied", "allowed"], "{closed}");
+    assert_eq!(env.upstream.log().matches("GET /hello.txt").count(), 2);
 }

@@ -6,6 +6,7 @@ pub mod containerd;
 pub mod host;
 pub mod images;
 pub mod logging_upstream;
+pub mod route_probe;
 pub mod served;
 pub mod test_ca;
 pub mod tier;

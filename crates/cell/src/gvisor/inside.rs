@@ -19,7 +19,10 @@
 //!   `--network=none`) and, per accepted connection, asks the supervisor over its stdin
 //!   (a host unix socket: the control channel) for a fresh host socket, passed back with
 //!   `SCM_RIGHTS`, whose other end the supervisor connects to airlock's egress proxy;
-//!   it relays bytes between the two. It decides nothing: the proxy does
+//!   it relays bytes between the two. It also listens on the resolver's UDP address
+//!   (`127.0.0.53:53`, where the sandbox's `/etc/resolv.conf` points, as natively) and
+//!   relays each datagram, tagged with its sender, over a SOCK_SEQPACKET socket the
+//!   supervisor gave it to the proxy's resolver. It decides nothing: the proxy does
 //!   (docs/threat-model.md, "Tiers", says why a payload that kills or replaces it gains
 //!   nothing);
 //! - the unix forwarder of a sandbox whose run may ask the broker: the same, for one
@@ -45,6 +48,18 @@ const LAUNCH_ARG: &str = "--airlock-gvisor-launch";
 const SIGNAL_ARG: &str = "--airlock-gvisor-signal";
 const FORWARD_ARG: &str = "--airlock-gvisor-forward";
 const FORWARD_UNIX_ARG: &str = "--airlock-gvisor-forward-unix";
+/// The message that carries the forwarder's end of the resolver's channel, after
+/// [`super::route::FORWARDER_READY`].
+pub const RESOLVER_ROUTE: u8 = b'D';
+/// The most of a query relayed: the proxy's resolver takes queries of up to 512 bytes
+/// and reads one byte more, so that it sees a larger one (cut here, as its own read
+/// cuts it natively) and answers it FORMERR, as natively.
+pub const MAX_DNS_QUERY: usize = 512 + 1;
+/// The largest answer relayed (a query's question echoed, at most 512 bytes, and one
+/// address record); a larger one is dropped.
+pub const MAX_DNS_ANSWER: usize = 1024;
+/// The sender tag before each relayed DNS message: the client's IPv4 address and port.
+pub const DNS_TAG: usize = 6;
 /// What the holder writes on its stdout once it runs.
 pub const HOLDER_READY: &[u8] = b"airlock-holder-ready\n";
 /// The launcher's exit status when the seccomp program cannot be installed (the
@@ -228,6 +243,7 @@ fn signal_target(args: &[String]) -> Result<(i32, i32), &'static str> {
 }
 
 /// The listening addresses of the forwarder role: at most 256 (one request byte each).
+/// The resolver's address is not one of them: it is UDP, and always the forwarder's.
 fn forward_addresses(args: &[String]) -> Result<Vec<std::net::SocketAddrV4>, String> {
     let addresses = args
         .iter()
@@ -251,7 +267,14 @@ fn forward(args: &[String]) -> ! {
                 .unwrap_or_else(|e| fail(LAUNCH_FAILED, &format!("{a}: {e}")))
         })
         .collect();
+    let dns = airlock_contract::TRANSPARENT_DNS;
+    let resolver = std::net::UdpSocket::bind(dns)
+        .unwrap_or_else(|e| fail(LAUNCH_FAILED, &format!("{dns}: {e}")));
     let control = control_channel();
+    let resolver_route = receive_resolver_route(&control)
+        .unwrap_or_else(|why| fail(LAUNCH_FAILED, &format!("the resolver's channel: {why}")));
+    relay_resolver(resolver, resolver_route)
+        .unwrap_or_else(|e| fail(LAUNCH_FAILED, &format!("the resolver's relay: {e}")));
     let accepting: Vec<_> = listeners
         .into_iter()
         .enumerate()
@@ -315,7 +338,9 @@ fn serve_connections<S: super::route::Duplex>(
         let Ok(connection) = connection else { continue };
         match request_route(control, index) {
             Ok(Some(route)) => {
-                std::thread::spawn(move || super::route::relay(connection, route));
+                // No thread (the sandbox's process limit): this connection closes.
+                let _ = std::thread::Builder::new()
+                    .spawn(move || super::route::relay(connection, route));
             }
             // Refused by the supervisor: this connection closes, the others go on.
             Ok(None) => {}
@@ -343,6 +368,70 @@ fn request_route(
         .into_iter()
         .next()
         .map(std::os::unix::net::UnixStream::from))
+}
+
+/// The resolver's channel, which the supervisor sends right after the ready byte.
+fn receive_resolver_route(control: &Control) -> Result<std::os::fd::OwnedFd, String> {
+    use std::os::fd::AsFd;
+    let control = control.lock().unwrap_or_else(|e| e.into_inner());
+    let mut kind = [0u8; 1];
+    let (n, fds) = sys::recv_with_fds(control.as_fd(), &mut kind, 1).map_err(|e| e.to_string())?;
+    match (n, kind[0], fds.into_iter().next()) {
+        (1, RESOLVER_ROUTE, Some(fd)) => Ok(fd),
+        _ => Err("not sent".into()),
+    }
+}
+
+/// Two threads: datagrams to `resolver` go to `route`, tagged with their sender; the
+/// tagged answers from `route` go back to their sender. They end with the channel.
+fn relay_resolver(
+    resolver: std::net::UdpSocket,
+    route: std::os::fd::OwnedFd,
+) -> std::io::Result<()> {
+    let (answers_from, answers_to) = (route.try_clone()?, resolver.try_clone()?);
+    std::thread::Builder::new().spawn(move || relay_queries(&resolver, &route))?;
+    std::thread::Builder::new().spawn(move || relay_answers(&answers_from, &answers_to))?;
+    Ok(())
+}
+
+fn relay_queries(resolver: &std::net::UdpSocket, route: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsFd;
+    // A longer datagram is cut to the buffer (recvfrom's own truncation).
+    let mut message = [0u8; DNS_TAG + MAX_DNS_QUERY];
+    loop {
+        let from = match resolver.recv_from(&mut message[DNS_TAG..]) {
+            Ok((n, std::net::SocketAddr::V4(from))) => (n, from),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        let (n, from) = from;
+        if n == 0 {
+            continue;
+        }
+        message[..4].copy_from_slice(&from.ip().octets());
+        message[4..DNS_TAG].copy_from_slice(&from.port().to_be_bytes());
+        if sys::send_with_fds(route.as_fd(), &message[..DNS_TAG + n], &[]).is_err() {
+            return;
+        }
+    }
+}
+
+fn relay_answers(route: &std::os::fd::OwnedFd, resolver: &std::net::UdpSocket) {
+    use std::os::fd::AsFd;
+    let mut message = [0u8; DNS_TAG + MAX_DNS_ANSWER + 1];
+    loop {
+        let n = match sys::read(route.as_fd(), &mut message) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if n <= DNS_TAG || n > DNS_TAG + MAX_DNS_ANSWER {
+            continue;
+        }
+        let ip = std::net::Ipv4Addr::new(message[0], message[1], message[2], message[3]);
+        let port = u16::from_be_bytes([message[4], message[5]]);
+        let _ = resolver.send_to(&message[DNS_TAG..n], (ip, port));
+    }
 }
 
 fn fail(status: i32, why: &str) -> ! {

@@ -75,12 +75,21 @@ pub fn run_gvisor(plan: &CellPlan, mut options: RunOptions<'_>) -> RunReport {
 }
 
 /// Whether this host can run `plan` in a gVisor session or parked cell, and with which
-/// runsc binary. A broker socket is per run: it is served to one-shot runs only.
+/// runsc binary. A broker socket is per run: it is served to one-shot runs only. So are
+/// secrets: their injection through the session's proxy is not tested on this tier.
 pub fn preflight(plan: &CellPlan) -> Result<PathBuf, CellError> {
     if plan.broker.is_some() {
         return Err(CellError::Unavailable {
             control: "gvisor.broker",
             reason: "a broker socket on gVisor is served to one-shot runs only, not to a \
+                     session or a parked cell"
+                .to_string(),
+        });
+    }
+    if !plan.secrets.is_empty() {
+        return Err(CellError::Unavailable {
+            control: "gvisor.secrets",
+            reason: "secrets on gVisor are injected for one-shot runs only, not in a \
                      session or a parked cell"
                 .to_string(),
         });
@@ -571,7 +580,7 @@ impl Sandbox {
         let holder = session::start_holder(self)?;
         self.runsc_children.push(holder.runsc_pid);
         if let Some(pending) = egress {
-            self.start_egress_forwarder(plan, options, pending)?;
+            self.start_egress_forwarder(plan, options.credentials, pending)?;
         }
         if let Some((source, target)) = broker::socket_of(plan) {
             let pending = broker::start_route(source.to_path_buf())?;
@@ -583,13 +592,14 @@ impl Sandbox {
     /// The egress forwarder (a `runsc exec` of the payload's user whose stdin is the
     /// control channel), listening on gVisor's loopback where the proxy's listeners are
     /// natively; the proxy already runs on its listeners in a private network namespace.
+    /// Returns once it listens; teardown kills and reaps it.
     fn start_egress_forwarder(
         &mut self,
         plan: &CellPlan,
-        options: &RunOptions<'_>,
-        mut pending: route::Pending,
+        credentials: &[(String, String)],
+        mut pending: egress::Pending,
     ) -> Result<(), CellError> {
-        let env = command_environment(plan, options.credentials, &[])?;
+        let env = command_environment(plan, credentials, &[])?;
         let argv = inside::forwarder_argv(&egress::forwarded_addresses(plan));
         let files = self.exec_files(plan, argv, env)?;
         self.spawn_forwarder(&files, pending.sandbox_end()?)?;
@@ -1129,6 +1139,27 @@ fn advance(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_are_refused_to_sessions_and_parked_cells() {
+        let mut contract = airlock_contract::default_contract();
+        contract.isolation = Isolation::Gvisor;
+        let argv = ["/bin/true".to_string()];
+        let mut plan = airlock_contract::compile(
+            &contract,
+            &airlock_contract::CompileInput::new(Path::new("/"), &argv),
+        )
+        .unwrap();
+        plan.secrets.push(airlock_contract::SecretPlan {
+            name: "api".into(),
+            env: "API_TOKEN".into(),
+            deliver: airlock_contract::SecretDelivery::Placeholder,
+        });
+        match preflight(&plan) {
+            Err(CellError::Unavailable { control, .. }) => assert_eq!(control, "gvisor.secrets"),
+            other => panic!("a session with secrets: {other:?}"),
+        }
+    }
 
     #[test]
     fn a_broker_socket_is_refused_to_sessions_and_parked_cells_only() {

@@ -6,6 +6,11 @@
 //! of a socketpair in (`SCM_RIGHTS`) and connects the other end to the one place this
 //! route leads (the egress proxy's listener asked for, or the run's broker socket). Both
 //! sides then relay bytes.
+//!
+//! Bounded: at most [`MAX_BRIDGED_CONNECTIONS`] connections of one route are relayed at
+//! once (two threads each); over it a request gets no socket ([`NO_ROUTE`]) and the
+//! forwarder closes that connection, so a payload that keeps connections open (or drives
+//! the channel itself) cannot make the supervisor spawn threads without end.
 
 use crate::error::CellError;
 use crate::sys;
@@ -13,7 +18,8 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 /// What a forwarder writes on its control channel once it listens.
@@ -23,6 +29,12 @@ pub const NO_ROUTE: u8 = b'N';
 
 /// How long a forwarder may take to listen.
 const FORWARDER_START: Duration = Duration::from_secs(30);
+
+/// Connections relayed at once per route: above the egress proxy's default ceiling
+/// (`max_connections`, 32) and the refusals it still answers (64 more), so that the
+/// proxy, not the bridge, decides and records in ordinary use. Each costs the supervisor
+/// two threads and four descriptors.
+pub const MAX_BRIDGED_CONNECTIONS: usize = 128;
 
 /// A connected stream a relay copies to and from.
 pub trait Duplex: Read + Write + Send + Sized + 'static {
@@ -55,10 +67,12 @@ pub fn relay<A: Duplex, B: Duplex>(mut a: A, mut b: B) {
     let (Ok(mut a_2), Ok(mut b_2)) = (a.another_handle(), b.another_handle()) else {
         return;
     };
-    let back = std::thread::spawn(move || {
+    let back = std::thread::Builder::new().spawn(move || {
         let _ = std::io::copy(&mut b_2, &mut a_2);
         a_2.done_sending();
     });
+    // No thread: the connection closes.
+    let Ok(back) = back else { return };
     let _ = std::io::copy(&mut a, &mut b);
     b.done_sending();
     let _ = back.join();
@@ -66,17 +80,28 @@ pub fn relay<A: Duplex, B: Duplex>(mut a: A, mut b: B) {
 
 /// Serves a forwarder's requests until its channel closes: per request byte `i`, a
 /// socketpair whose one end goes into the sandbox and whose other end is relayed to
-/// `connect(i)` (`None`: no route, answered [`NO_ROUTE`]).
+/// `connect(i)` (`None`: no route, answered [`NO_ROUTE`]; so is a request over
+/// [`MAX_BRIDGED_CONNECTIONS`]).
 pub fn bridge<S: Duplex>(channel: &UnixStream, connect: impl Fn(u8) -> Option<S>) {
+    let bridged = Arc::new(AtomicUsize::new(0));
     // `read`, not `recvmsg`: descriptors a payload holding the channel sends are
     // discarded, so the channel yields this route's connections and nothing else.
     let mut request = [0u8; 1];
     while let Ok(1) = (&*channel).read(&mut request) {
-        let route = connect(request[0]).and_then(|there| Some((there, UnixStream::pair().ok()?)));
+        let route = Slot::take(&bridged).and_then(|slot| {
+            let there = connect(request[0])?;
+            Some((there, UnixStream::pair().ok()?, slot))
+        });
         let sent = match route {
-            Some((there, (ours, theirs))) => {
+            Some((there, (ours, theirs), slot)) => {
                 let sent = sys::send_with_fds(channel.as_fd(), b"F", &[theirs.as_raw_fd()]);
-                std::thread::spawn(move || relay(there, ours));
+                // No thread: the connection (and its slot) is dropped at once.
+                let _ = std::thread::Builder::new()
+                    .name("airlock-gvisor-relay".into())
+                    .spawn(move || {
+                        relay(there, ours);
+                        drop(slot);
+                    });
                 sent
             }
             None => (&*channel).write_all(&[NO_ROUTE]),
@@ -87,22 +112,47 @@ pub fn bridge<S: Duplex>(channel: &UnixStream, connect: impl Fn(u8) -> Option<S>
     }
 }
 
-/// A forwarder's control channel before it said it listens.
-pub struct Pending {
+/// One of a route's [`MAX_BRIDGED_CONNECTIONS`], held until its relay ends.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(bridged: &Arc<AtomicUsize>) -> Option<Slot> {
+        bridged
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_BRIDGED_CONNECTIONS).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Slot(bridged.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A forwarder's control channel before it said it listens; `R` is what the bridge's
+/// thread is handed once it does (the channel, and for egress the resolver's pair).
+pub struct Pending<R = UnixStream> {
     ours: UnixStream,
     theirs: Option<OwnedFd>,
-    to_bridge: mpsc::Sender<UnixStream>,
+    to_bridge: mpsc::Sender<R>,
     /// The control a route that cannot be built refuses the run as.
     control: &'static str,
 }
 
-impl Pending {
-    /// A new channel; once the forwarder is ready, its supervisor end goes to the bridge
-    /// thread listening on `to_bridge`.
-    pub fn new(
-        control: &'static str,
-        to_bridge: mpsc::Sender<UnixStream>,
-    ) -> Result<Pending, CellError> {
+impl Pending<UnixStream> {
+    /// Waits for the forwarder's ready byte, then hands the channel to the bridge.
+    pub fn forwarder_ready(self) -> Result<(), CellError> {
+        self.forwarder_ready_into(Ok)
+    }
+}
+
+impl<R> Pending<R> {
+    /// A new channel; once the forwarder is ready, what its supervisor end becomes goes
+    /// to the bridge thread listening on `to_bridge`.
+    pub fn new(control: &'static str, to_bridge: mpsc::Sender<R>) -> Result<Pending<R>, CellError> {
         let (ours, theirs) =
             UnixStream::pair().map_err(|e| CellError::io("a forwarder's channel", e))?;
         Ok(Pending {
@@ -120,8 +170,11 @@ impl Pending {
         })
     }
 
-    /// Waits for the forwarder's ready byte, then hands the channel to the bridge.
-    pub fn forwarder_ready(self) -> Result<(), CellError> {
+    /// Waits for the forwarder's ready byte, then hands `route(channel)` to the bridge.
+    pub fn forwarder_ready_into(
+        self,
+        route: impl FnOnce(UnixStream) -> Result<R, CellError>,
+    ) -> Result<(), CellError> {
         let Pending {
             ours,
             to_bridge,
@@ -144,7 +197,7 @@ impl Pending {
         }
         ours.set_read_timeout(None).map_err(io)?;
         to_bridge
-            .send(ours)
+            .send(route(ours)?)
             .map_err(|_| refused(control, "the bridge's thread ended"))
     }
 }

@@ -18,8 +18,11 @@
 //!   `runsc delete`, the declared artifacts collected from the host tmpfs, everything
 //!   removed and checked, then the session's final report.
 //!
-//! Fail closed: a parked gVisor cell for one-shot runs (a warm pool) is not built, and
-//! is refused (`sandbox_unavailable`).
+//! An allowlisted plan's egress route (egress.rs: the proxy on listeners in a private
+//! network namespace, the forwarder inside the sandbox) is built once, after the holder,
+//! and lives as long as the sandbox: every command reaches the network through it, and
+//! its records are the session's (in its final report), or the one command's in a
+//! parked one-shot cell, as on the native tier. It ends with the sandbox.
 
 use super::inside;
 use super::runsc::{self, WaitOutcome};
@@ -36,7 +39,9 @@ use crate::supervisor::classify::{classify, Observed};
 use crate::supervisor::deadline::{poll_timeout, Deadline, Step};
 use crate::supervisor::serve::command_limits;
 use crate::supervisor::supervise::{poll_in, poll_out, raw, readable, CommandOutput, Sinks};
-use crate::supervisor::{command_environment, ServeMode, ServeOptions};
+use crate::supervisor::{
+    command_environment, EgressSession, EgressSummary, ServeMode, ServeOptions,
+};
 use crate::sys;
 use airlock_contract::CellPlan;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -61,31 +66,36 @@ const ENTRIES: usize = 5;
 pub fn serve_gvisor(plan: &CellPlan, options: ServeOptions<'_>) {
     let started = Instant::now();
     let control = SupervisorControl::new(options.control);
-    let served = match options.mode {
-        // A parked cell (a warm pool's, or one built for a threaded caller's run): the
-        // same sandbox, ended by its one command.
-        ServeMode::OneShot => start_session(plan, options.credentials, options.host_ids, &control)
-            .map(|mut cell| {
+    let served = start_session(
+        plan,
+        options.credentials,
+        options.host_ids,
+        options.egress,
+        &control,
+    )
+    .map(|mut cell| {
+        let life = match options.mode {
+            // A parked cell (a warm pool's, or one built for a threaded caller's run):
+            // the same sandbox, ended by its one command.
+            ServeMode::OneShot => {
                 cell.one_shot = Some(None);
-                let life = Life {
+                Life {
                     idle_timeout: PARKED_FOR_EVER,
                     max_lifetime: PARKED_FOR_EVER,
                     built: Instant::now(),
-                };
-                cell.serve(&control, life, options.artifacts, started);
-            }),
-        ServeMode::Session {
-            idle_timeout,
-            max_lifetime,
-        } => start_session(plan, options.credentials, options.host_ids, &control).map(|session| {
-            let life = Life {
+                }
+            }
+            ServeMode::Session {
+                idle_timeout,
+                max_lifetime,
+            } => Life {
                 idle_timeout,
                 max_lifetime,
                 built: Instant::now(),
-            };
-            session.serve(&control, life, options.artifacts, started);
-        }),
-    };
+            },
+        };
+        cell.serve(&control, life, options.artifacts, started);
+    });
     if let Err(err) = served {
         let mut report = RunReport::refused("", err.class(), err.to_string());
         report.timings.wall_ms = ms_since(started);
@@ -129,7 +139,7 @@ struct Command {
     counters: CgroupUsage,
 }
 
-struct GvisorSession<'p> {
+struct GvisorSession<'p, 'e> {
     plan: &'p CellPlan,
     credentials: &'p [(String, String)],
     sandbox: Sandbox,
@@ -151,31 +161,27 @@ struct GvisorSession<'p> {
     /// A one-shot command's caller, whose hang-up destroys the cell
     /// ([`CommandSpec::watch_caller`]).
     caller: Option<OwnedFd>,
+    /// An allowlisted plan's proxy, running from the start to the end of the sandbox.
+    egress: Option<&'e mut (dyn EgressSession + 'e)>,
 }
 
 /// Prepares the sandbox, starts the holder and tells the engine the session is parked.
-fn start_session<'p>(
+fn start_session<'p, 'e>(
     plan: &'p CellPlan,
     credentials: &'p [(String, String)],
     host_ids: crate::host_identity::HostIdRange,
+    mut egress: Option<&'e mut (dyn EgressSession + 'e)>,
     control: &SupervisorControl,
-) -> Result<GvisorSession<'p>, CellError> {
+) -> Result<GvisorSession<'p, 'e>, CellError> {
     let binary = preflight(plan)?;
-    if !matches!(plan.network, airlock_contract::NetworkPlan::Deny) {
-        // Fail closed: the egress route (egress.rs) is built for one-shot runs only.
-        return Err(CellError::Unavailable {
-            control: "gvisor.network",
-            reason: "network.mode allowlist on gVisor runs one-shot only, not in a session or a parked cell".into(),
-        });
-    }
     let env = command_environment(plan, credentials, &[])?;
     // A supervisor killed with SIGKILL leaves its directory and cgroups: reaped here.
     let _ = health::reap_leftovers();
     // The sandbox's processes become this process's once their runsc parent is gone.
     sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
         .map_err(|e| CellError::io("becoming the sandbox's subreaper", e))?;
-    let sandbox = Sandbox::prepare(plan, &binary, host_ids, env, Pid1::SessionHolder, None)?;
-    let holder = match start_holder(&sandbox) {
+    let mut sandbox = Sandbox::prepare(plan, &binary, host_ids, env, Pid1::SessionHolder, None)?;
+    let holder = match start_holder_and_route(&mut sandbox, plan, credentials, &mut egress) {
         Ok(holder) => holder,
         Err(err) => {
             let _ = sandbox.teardown(plan, None, None);
@@ -183,6 +189,8 @@ fn start_session<'p>(
         }
     };
     let output_mounts = OutputMounts::open_host_dirs(plan, &sandbox.dir.writable);
+    // Numbered after the forwarder's (the sandbox's own exec files).
+    let files = sandbox.exec_files.len() as u64;
     // The engine's "cell pid" is where the cell's file system is seen from the host
     // (`/proc/<pid>/root`, the service's session file API): the gofer's root is the
     // container's, the writable paths' host tmpfs bound in it, and its user namespace
@@ -210,13 +218,46 @@ fn start_session<'p>(
         output_mounts,
         running: Vec::new(),
         signallers: Vec::new(),
-        files: 0,
+        files,
         idle_since: Instant::now(),
         ending: None,
         one_shot: None,
         started: 0,
         caller: None,
+        egress,
     })
+}
+
+/// The holder, then for an allowlisted plan the egress route (the proxy started on its
+/// private listeners, the forwarder listening inside): no command starts before the
+/// route is up, and a route that cannot be built refuses the session. A failure kills
+/// the holder; the caller tears the sandbox down.
+fn start_holder_and_route(
+    sandbox: &mut Sandbox,
+    plan: &CellPlan,
+    credentials: &[(String, String)],
+    egress: &mut Option<&mut (dyn EgressSession + '_)>,
+) -> Result<Holder, CellError> {
+    let allowlisted = matches!(
+        plan.network,
+        airlock_contract::NetworkPlan::Allowlist { .. }
+    );
+    let pending = match allowlisted {
+        true => Some(super::egress::start_route(plan, egress.as_deref_mut())?),
+        false => None,
+    };
+    let holder = start_holder(sandbox)?;
+    let Some(pending) = pending else {
+        return Ok(holder);
+    };
+    match sandbox.start_egress_forwarder(plan, credentials, pending) {
+        Ok(()) => Ok(holder),
+        Err(err) => {
+            let _ = sys::kill(holder.runsc_pid, libc::SIGKILL);
+            let _ = sys::wait_child(holder.runsc_pid, false);
+            Err(err)
+        }
+    }
 }
 
 /// The gofer `runsc run` started (its child named `runsc-gofer`).
@@ -311,7 +352,7 @@ fn wait_ready(sandbox: &Sandbox, holder: &Holder, ready: &OwnedFd) -> Result<(),
     Ok(())
 }
 
-impl GvisorSession<'_> {
+impl GvisorSession<'_, '_> {
     /// Serves commands until the session ends, then runs the completion sequence and
     /// sends the final report.
     fn serve(
@@ -418,11 +459,19 @@ impl GvisorSession<'_> {
                 libc::SIGKILL => self.kill(id),
                 number => self.signal_group(id, number),
             },
-            Ok(Some((ToSupervisor::SetDestinations { change, .. }, _))) => {
-                channel.send(&ToEngine::DestinationsSet {
+            Ok(Some((
+                ToSupervisor::SetDestinations {
                     change,
-                    error: Some("the session's cell was built without network access".to_string()),
-                });
+                    destinations,
+                },
+                _,
+            ))) => {
+                let error = crate::supervisor::session::replace_destinations(
+                    &mut self.egress,
+                    &destinations,
+                )
+                .err();
+                channel.send(&ToEngine::DestinationsSet { change, error });
             }
             Ok(Some((ToSupervisor::Close, _))) => {
                 self.ending = Some("closed by the engine".into());
@@ -554,9 +603,14 @@ impl GvisorSession<'_> {
             .runsc
             .exec_failed(status, &command.files.internal_pid);
         command.files.remove();
+        // A one-shot cell's connections are its command's: the proxy stops with it.
+        let egress = match self.one_shot {
+            Some(_) => self.finish_egress(),
+            None => None,
+        };
         let report = match failed {
             Some(err) => RunReport::refused(&command.run_id, err.class(), err.to_string()),
-            None => command.report(&self.sandbox, status, None),
+            None => command.report(&self.sandbox, status, None, egress),
         };
         if let Some(only) = self.one_shot.as_mut() {
             // The cell ends with its command; its report is the cell's final one.
@@ -699,11 +753,16 @@ impl GvisorSession<'_> {
         for pid in &host_ends {
             let _ = sys::wait_child(*pid, false);
         }
+        let mut egress = self.finish_egress();
         let mut buf = Vec::new();
         for mut command in std::mem::take(&mut self.running) {
             command.output().drain(&mut buf);
             let id = command.id;
-            let report = command.report(&self.sandbox, None, Some(why));
+            let connections = match self.one_shot {
+                Some(_) => egress.take(),
+                None => None,
+            };
+            let report = command.report(&self.sandbox, None, Some(why), connections);
             if let Some(only) = self.one_shot.as_mut() {
                 *only = Some(Box::new(report));
                 continue;
@@ -741,8 +800,13 @@ impl GvisorSession<'_> {
             false => WaitOutcome::Exited(0),
         };
         let observed = observed_ending(observed, outcome, counters, Vec::new());
-        let report = classify(started, observed, OutputCapture::new(0), counters, None);
+        let report = classify(started, observed, OutputCapture::new(0), counters, egress);
         super::with_cleanup(report, cleanup, teardown_started, started)
+    }
+
+    /// Stops the proxy (once) and returns what it saw.
+    fn finish_egress(&mut self) -> Option<EgressSummary> {
+        self.egress.take().map(|proxy| proxy.finish())
     }
 }
 
@@ -832,7 +896,13 @@ impl Command {
     /// The command's own report: classified from `runsc exec`'s status (`None`: it was
     /// killed with the session), its deadline, its output and what the cgroup counted
     /// while it ran.
-    fn report(self, sandbox: &Sandbox, status: Option<i32>, destroyed: Option<&str>) -> RunReport {
+    fn report(
+        self,
+        sandbox: &Sandbox,
+        status: Option<i32>,
+        destroyed: Option<&str>,
+        egress: Option<EgressSummary>,
+    ) -> RunReport {
         let now = sandbox.cgroup.usage();
         let counters = CgroupUsage {
             oom_kills: now.oom_kills.saturating_sub(self.counters.oom_kills),
@@ -858,7 +928,7 @@ impl Command {
             destroyed: destroyed.map(str::to_string),
             ..Observed::default()
         };
-        let mut report = classify(self.started, observed, self.output, counters, None);
+        let mut report = classify(self.started, observed, self.output, counters, egress);
         report.timings.wall_ms = ms_since(self.started);
         // Nothing of a command is left to clean up on its own: the session's end is.
         report.cleanup = CleanupReport {

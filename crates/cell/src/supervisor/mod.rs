@@ -15,7 +15,7 @@ pub(crate) mod classify;
 mod cpu;
 pub(crate) mod deadline;
 pub(crate) mod serve;
-mod session;
+pub(crate) mod session;
 pub(crate) mod supervise;
 
 pub(crate) use build::give_pipes_to_cell;

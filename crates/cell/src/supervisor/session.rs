@@ -123,7 +123,7 @@ pub fn serve_session(
 /// Hands a session's new destinations to its proxy. A cell built without one (its plan
 /// denies the network) has no listener to reach anything through: refused, never a
 /// silent no-op.
-fn replace_destinations(
+pub(crate) fn replace_destinations(
     egress: &mut Option<&mut dyn EgressSession>,
     destinations: &[airlock_contract::DestinationRule],
 ) -> Result<(), String> {

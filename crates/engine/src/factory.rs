@@ -32,16 +32,19 @@ pub use airlock_cell::census::FACTORY_ARG;
 /// Most descriptors one factory request carries: the supervisor's control socket.
 const MAX_REQUEST_FDS: usize = 1;
 
-/// Engine -> factory, one per packet.
+/// Engine -> factory, one per packet. The factory itself reads a `Spawn` as
+/// `ToFactory<IgnoredAny>` (checked, not built): the supervisor it forks decodes the
+/// request from the same bytes, so the factory, which every cell of the engine waits
+/// for, neither builds nor frees a plan per cell.
 #[derive(Debug, Serialize, Deserialize)]
-enum ToFactory {
+enum ToFactory<Request = Box<HostRequest>> {
     /// The first message: what every supervisor needs of the operator's configuration.
     Configure {
         egress: airlock_egress::EgressConfig,
         host_ids: HostIdRange,
     },
     /// Fork a supervisor for `request`; the packet carries its control socket.
-    Spawn { request: Box<HostRequest> },
+    Spawn { request: Request },
 }
 
 /// Factory -> engine, one per request.
@@ -251,15 +254,15 @@ fn serve_factory(sock: OwnedFd) -> ! {
                 process::exit_now(2)
             }
         };
-        match serde_json::from_slice::<ToFactory>(&body) {
+        match serde_json::from_slice::<ToFactory<serde::de::IgnoredAny>>(&body) {
             Ok(ToFactory::Configure { egress, host_ids }) => configured = Some((egress, host_ids)),
-            Ok(ToFactory::Spawn { request }) if fds.len() == 1 => {
+            Ok(ToFactory::Spawn { .. }) if fds.len() == 1 => {
                 let control = fds.pop().expect("one descriptor");
                 let reply = match &configured {
                     None => FromFactory::Refused {
                         error: "the factory was not configured".into(),
                     },
-                    Some(config) => fork_supervisor(me, &sock, *request, control, config),
+                    Some(config) => fork_supervisor(me, &sock, &body, control, config),
                 };
                 if let FromFactory::Spawned { pid } = reply {
                     children.insert(pid);
@@ -313,11 +316,12 @@ fn reap(children: &mut BTreeSet<i32>) {
 }
 
 /// Forks the supervisor of one cell. The child closes the factory's socket, dies with
-/// the factory, serves the cell and exits; the parent keeps nothing of the cell.
+/// the factory, decodes its request from `spawn` (the `ToFactory::Spawn` packet), serves
+/// the cell and exits; the parent keeps nothing of the cell.
 fn fork_supervisor(
     factory: i32,
     sock: &OwnedFd,
-    request: HostRequest,
+    spawn: &[u8],
     control: OwnedFd,
     (egress, host_ids): &(airlock_egress::EgressConfig, HostIdRange),
 ) -> FromFactory {
@@ -327,7 +331,16 @@ fn fork_supervisor(
             // that owns it, so it closes the descriptor itself.
             process::close_inherited(sock.as_raw_fd());
             process::die_with_parent(factory);
-            host::serve(request, control, egress.clone(), *host_ids);
+            match serde_json::from_slice::<ToFactory>(spawn) {
+                Ok(ToFactory::Spawn { request }) => {
+                    host::serve(*request, control, egress.clone(), *host_ids)
+                }
+                // The factory checked the packet's JSON, not its types: a request this
+                // binary cannot decode builds no cell, and the engine is told why.
+                Ok(ToFactory::Configure { .. }) | Err(_) => {
+                    host::refuse(control, "malformed factory request")
+                }
+            }
             process::exit_now(0)
         }
         Ok(Forked::Parent(pid)) => {

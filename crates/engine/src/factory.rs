@@ -352,3 +352,54 @@ fn fork_supervisor(
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::de::IgnoredAny;
+
+    fn spawn_packet() -> Vec<u8> {
+        let plan = airlock_contract::compile(
+            &airlock_contract::default_contract(),
+            &airlock_contract::CompileInput::new(Path::new("/"), &["true".to_string()]),
+        )
+        .expect("the default contract compiles");
+        let message = ToFactory::Spawn {
+            request: Box::new(HostRequest {
+                plan: airlock_contract::PlanTransfer::of(&plan),
+                credentials: Vec::new(),
+                secrets: Vec::new(),
+                artifacts: None,
+                mode: host::HostMode::OneShot,
+                on_suspected_escape: None,
+            }),
+        };
+        serde_json::to_vec(&message).expect("encodes")
+    }
+
+    #[test]
+    fn the_supervisor_decodes_the_request_the_factory_only_checked() {
+        let packet = spawn_packet();
+        let checked = serde_json::from_slice::<ToFactory<IgnoredAny>>(&packet);
+        assert!(matches!(checked, Ok(ToFactory::Spawn { .. })));
+        let decoded = serde_json::from_slice::<ToFactory>(&packet);
+        let Ok(ToFactory::Spawn { request }) = decoded else {
+            panic!("the supervisor could not decode the factory's packet: {decoded:?}");
+        };
+        assert_eq!(request.plan.into_plan().argv, ["true"]);
+    }
+
+    #[test]
+    fn a_spawn_that_is_json_but_no_request_passes_the_factory_and_is_refused_by_the_supervisor() {
+        // The factory forks for it (it checks the JSON only); the supervisor's decode
+        // fails and it answers Failed instead of building a cell (fork_supervisor).
+        let wrong = br#"{"Spawn":{"request":{"plan":7}}}"#;
+        assert!(matches!(
+            serde_json::from_slice::<ToFactory<IgnoredAny>>(wrong),
+            Ok(ToFactory::Spawn { .. })
+        ));
+        assert!(serde_json::from_slice::<ToFactory>(wrong).is_err());
+        // Not JSON at all: the factory itself refuses it, as before.
+        assert!(serde_json::from_slice::<ToFactory<IgnoredAny>>(b"{\"Spawn\":").is_err());
+    }
+}

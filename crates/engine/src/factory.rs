@@ -38,9 +38,10 @@ const MAX_REQUEST_FDS: usize = 1;
 /// for, neither builds nor frees a plan per cell.
 #[derive(Debug, Serialize, Deserialize)]
 enum ToFactory<Request = Box<HostRequest>> {
-    /// The first message: what every supervisor needs of the operator's configuration.
+    /// The first message: what every supervisor needs of the operator's configuration
+    /// (boxed: the same JSON, and the factory's `ToFactory<IgnoredAny>` stays small).
     Configure {
-        egress: airlock_egress::EgressConfig,
+        egress: Box<airlock_egress::EgressConfig>,
         host_ids: HostIdRange,
     },
     /// Fork a supervisor for `request`; the packet carries its control socket.
@@ -127,7 +128,7 @@ impl CellFactory {
             max_cells: config.max_cells,
         };
         let configure = ToFactory::Configure {
-            egress: config.egress.clone(),
+            egress: Box::new(config.egress.clone()),
             host_ids: config.host_ids,
         };
         factory.send(&configure, &[])?;
@@ -255,7 +256,7 @@ fn serve_factory(sock: OwnedFd) -> ! {
             }
         };
         match serde_json::from_slice::<ToFactory<serde::de::IgnoredAny>>(&body) {
-            Ok(ToFactory::Configure { egress, host_ids }) => configured = Some((egress, host_ids)),
+            Ok(ToFactory::Configure { egress, host_ids }) => configured = Some((*egress, host_ids)),
             Ok(ToFactory::Spawn { .. }) if fds.len() == 1 => {
                 let control = fds.pop().expect("one descriptor");
                 let reply = match &configured {

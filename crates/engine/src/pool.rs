@@ -34,8 +34,9 @@ impl PlanShape {
         let mut hasher = Sha256::new();
         let hashed = serde_json::to_writer(&mut hasher, &*plan);
         plan.argv = argv;
-        // A plan serialises infallibly (no maps with non-string keys); were it ever not
-        // to, the empty shape below matches no pool's, so nothing is claimed for it.
+        // A plan serialises infallibly (no maps with non-string keys). Were it ever not
+        // to, the empty shape is no hash: a pool of such a template never parks a cell
+        // (its plan cannot be sent to the factory either), so none is claimed for it.
         match hashed {
             Ok(()) => PlanShape(hex::encode(hasher.finalize())),
             Err(_) => PlanShape(String::new()),

@@ -7,6 +7,11 @@
 //! - `threads T SECONDS`: T threads driving `/bin/true` runs through the engine (a warm
 //!   pool of T cells, built-on-demand cells when it runs dry): runs per second, p50/p99.
 //!
+//! Both also report the CPU time per run, which the load of a shared machine moves far
+//! less than wall-clock figures: `engine_cpu_ms_per_run` (this process: the engine's
+//! threads, the store's records, the bench's own requests) and `cells_cpu_ms_per_run` (the
+//! cell factory and everything it reaped: supervisors, cells' pid 1s, payloads).
+//!
 //! Output: one JSON object on stdout. This binary is also its own cell factory.
 
 use airlock_cell::PayloadStdin;
@@ -85,6 +90,53 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
     values[((values.len() - 1) as f64 * p).round() as usize]
 }
 
+/// CPU time (user + system) in clock ticks of `pid`, and of its reaped children when
+/// `children`: fields 14-17 of `/proc/<pid>/stat`.
+fn cpu_ticks(pid: u32, children: bool) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    let taken = if children { 4 } else { 2 };
+    fields.iter().take(taken).sum()
+}
+
+/// The CPU time of this process and of the cell side (the factory with every supervisor,
+/// cell and payload it reaped), in ms.
+struct CpuSnapshot {
+    engine: u64,
+    cells: u64,
+}
+
+/// `/proc`'s clock ticks per second (USER_HZ, fixed at 100 on x86-64 Linux).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+impl CpuSnapshot {
+    fn take(engine: &Engine) -> CpuSnapshot {
+        CpuSnapshot {
+            engine: cpu_ticks(std::process::id(), false),
+            cells: engine.factory_pid().map_or(0, |pid| cpu_ticks(pid, true)),
+        }
+    }
+
+    /// `(engine, cells)` ms of CPU per run since `self`. The factory reaps its exited
+    /// supervisors once a second: give it that long first.
+    fn per_run(&self, engine: &Engine, runs: usize) -> (f64, f64) {
+        std::thread::sleep(Duration::from_millis(1100));
+        let now = CpuSnapshot::take(engine);
+        let per_run = |ticks: u64| ticks as f64 * 1000.0 / TICKS_PER_SECOND / runs.max(1) as f64;
+        (
+            per_run(now.engine - self.engine),
+            per_run(now.cells - self.cells),
+        )
+    }
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -94,6 +146,8 @@ fn claim(engine: &Engine, n: usize) {
     let mut to_exec = Vec::new();
     let mut to_exit = Vec::new();
     let mut teardown = Vec::new();
+    wait_for_pool(engine, 4);
+    let cpu = CpuSnapshot::take(engine);
     for _ in 0..n {
         // Every claim finds a parked cell: the measure is the claim, not the refill.
         wait_for_pool(engine, 4);
@@ -108,8 +162,9 @@ fn claim(engine: &Engine, n: usize) {
         let report = engine.complete(finished).expect("record");
         assert_eq!(report.exit_code, 0, "{:?}", report.error);
     }
+    let (engine_cpu, cells_cpu) = cpu.per_run(engine, n);
     println!(
-        "{{\"claims\": {n}, \"claim_to_exec_ms_median\": {:.3}, \"request_to_exit_ms_median\": {:.3}, \"teardown_ms_median\": {:.3}}}",
+        "{{\"claims\": {n}, \"claim_to_exec_ms_median\": {:.3}, \"request_to_exit_ms_median\": {:.3}, \"teardown_ms_median\": {:.3}, \"engine_cpu_ms_per_run\": {engine_cpu:.3}, \"cells_cpu_ms_per_run\": {cells_cpu:.3}}}",
         median(&mut to_exec),
         median(&mut to_exit),
         median(&mut teardown)
@@ -119,6 +174,7 @@ fn claim(engine: &Engine, n: usize) {
 fn threads(engine: &Engine, threads: usize, duration: Duration) {
     engine.keep_warm(plan(), threads).expect("factory");
     wait_for_pool(engine, threads);
+    let cpu = CpuSnapshot::take(engine);
     let until = Instant::now() + duration;
     let started = Instant::now();
     let latencies: Vec<Vec<f64>> = std::thread::scope(|scope| {
@@ -146,8 +202,9 @@ fn threads(engine: &Engine, threads: usize, duration: Duration) {
     let elapsed = started.elapsed().as_secs_f64();
     let mut all: Vec<f64> = latencies.into_iter().flatten().collect();
     let runs = all.len();
+    let (engine_cpu, cells_cpu) = cpu.per_run(engine, runs);
     println!(
-        "{{\"threads\": {threads}, \"seconds\": {elapsed:.1}, \"runs\": {runs}, \"runs_per_second\": {:.1}, \"p50_ms\": {:.2}, \"p99_ms\": {:.2}, \"live_cells_after\": {}}}",
+        "{{\"threads\": {threads}, \"seconds\": {elapsed:.1}, \"runs\": {runs}, \"runs_per_second\": {:.1}, \"p50_ms\": {:.2}, \"p99_ms\": {:.2}, \"live_cells_after\": {}, \"engine_cpu_ms_per_run\": {engine_cpu:.3}, \"cells_cpu_ms_per_run\": {cells_cpu:.3}}}",
         runs as f64 / elapsed,
         percentile(&mut all, 0.5),
         percentile(&mut all, 0.99),

@@ -26,8 +26,11 @@ impl Engine {
     /// Runs `request` in a cell cloned by the cell factory: callable from any thread of
     /// any process. A warm cell of the plan's shape is claimed when a pool keeps one
     /// (see [`Engine::keep_warm`]); otherwise a cell is built for the request.
-    pub fn run(&self, request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
-        let pooled = self.pools.keeps(&PlanShape::of(&request.plan));
+    pub fn run(&self, mut request: RunRequest) -> Result<FinishedRun, Box<RecordedRefusal>> {
+        // Computed once: neither the broker (a plan with one is never served warm) nor the
+        // checks below change the plan of a run that may claim a cell.
+        let shape = PlanShape::of_own(&mut request.plan);
+        let pooled = self.pools.keeps(&shape);
         if !crate::backend::Backend::of(&request.plan).clones_in_caller() && !pooled {
             // Nothing to clone: supervised by this thread (backend.rs), counted against
             // the engine's capacity as a cloned cell is. A gVisor plan with a pool of
@@ -61,7 +64,6 @@ impl Engine {
         } = request;
         // A parked cell has no credentials and no artifact destination of its own: only
         // requests without either are served warm.
-        let shape = PlanShape::of(&plan);
         // Nor one with a broker: its socket is mounted for the run.
         let warm = (credentials.is_empty() && artifacts.is_none() && plan.broker.is_none())
             .then(|| self.pools.claim(&shape))
@@ -97,7 +99,7 @@ impl Engine {
             }
             (stdio, _) => (Some(stdio), None),
         };
-        let record = self.begin_record(prepared.start.clone(), &secrets);
+        let record = self.begin_record(prepared.start, &secrets);
         if let (Ok((_, handle)), Some(hook)) = (&record, on_recorded) {
             hook(&handle.run_id());
         }

@@ -32,16 +32,20 @@ pub use airlock_cell::census::FACTORY_ARG;
 /// Most descriptors one factory request carries: the supervisor's control socket.
 const MAX_REQUEST_FDS: usize = 1;
 
-/// Engine -> factory, one per packet.
+/// Engine -> factory, one per packet. The factory itself reads a `Spawn` as
+/// `ToFactory<IgnoredAny>` (checked, not built): the supervisor it forks decodes the
+/// request from the same bytes, so the factory, which every cell of the engine waits
+/// for, neither builds nor frees a plan per cell.
 #[derive(Debug, Serialize, Deserialize)]
-enum ToFactory {
-    /// The first message: what every supervisor needs of the operator's configuration.
+enum ToFactory<Request = Box<HostRequest>> {
+    /// The first message: what every supervisor needs of the operator's configuration
+    /// (boxed: the same JSON, and the factory's `ToFactory<IgnoredAny>` stays small).
     Configure {
-        egress: airlock_egress::EgressConfig,
+        egress: Box<airlock_egress::EgressConfig>,
         host_ids: HostIdRange,
     },
     /// Fork a supervisor for `request`; the packet carries its control socket.
-    Spawn { request: Box<HostRequest> },
+    Spawn { request: Request },
 }
 
 /// Factory -> engine, one per request.
@@ -124,7 +128,7 @@ impl CellFactory {
             max_cells: config.max_cells,
         };
         let configure = ToFactory::Configure {
-            egress: config.egress.clone(),
+            egress: Box::new(config.egress.clone()),
             host_ids: config.host_ids,
         };
         factory.send(&configure, &[])?;
@@ -251,15 +255,15 @@ fn serve_factory(sock: OwnedFd) -> ! {
                 process::exit_now(2)
             }
         };
-        match serde_json::from_slice::<ToFactory>(&body) {
-            Ok(ToFactory::Configure { egress, host_ids }) => configured = Some((egress, host_ids)),
-            Ok(ToFactory::Spawn { request }) if fds.len() == 1 => {
+        match serde_json::from_slice::<ToFactory<serde::de::IgnoredAny>>(&body) {
+            Ok(ToFactory::Configure { egress, host_ids }) => configured = Some((*egress, host_ids)),
+            Ok(ToFactory::Spawn { .. }) if fds.len() == 1 => {
                 let control = fds.pop().expect("one descriptor");
                 let reply = match &configured {
                     None => FromFactory::Refused {
                         error: "the factory was not configured".into(),
                     },
-                    Some(config) => fork_supervisor(me, &sock, *request, control, config),
+                    Some(config) => fork_supervisor(me, &sock, &body, control, config),
                 };
                 if let FromFactory::Spawned { pid } = reply {
                     children.insert(pid);
@@ -313,11 +317,12 @@ fn reap(children: &mut BTreeSet<i32>) {
 }
 
 /// Forks the supervisor of one cell. The child closes the factory's socket, dies with
-/// the factory, serves the cell and exits; the parent keeps nothing of the cell.
+/// the factory, decodes its request from `spawn` (the `ToFactory::Spawn` packet), serves
+/// the cell and exits; the parent keeps nothing of the cell.
 fn fork_supervisor(
     factory: i32,
     sock: &OwnedFd,
-    request: HostRequest,
+    spawn: &[u8],
     control: OwnedFd,
     (egress, host_ids): &(airlock_egress::EgressConfig, HostIdRange),
 ) -> FromFactory {
@@ -327,7 +332,16 @@ fn fork_supervisor(
             // that owns it, so it closes the descriptor itself.
             process::close_inherited(sock.as_raw_fd());
             process::die_with_parent(factory);
-            host::serve(request, control, egress.clone(), *host_ids);
+            match serde_json::from_slice::<ToFactory>(spawn) {
+                Ok(ToFactory::Spawn { request }) => {
+                    host::serve(*request, control, egress.clone(), *host_ids)
+                }
+                // The factory checked the packet's JSON, not its types: a request this
+                // binary cannot decode builds no cell, and the engine is told why.
+                Ok(ToFactory::Configure { .. }) | Err(_) => {
+                    host::refuse(control, "malformed factory request")
+                }
+            }
             process::exit_now(0)
         }
         Ok(Forked::Parent(pid)) => {
@@ -337,5 +351,56 @@ fn fork_supervisor(
         Err(err) => FromFactory::Refused {
             error: format!("fork: {err}"),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::de::IgnoredAny;
+
+    fn spawn_packet() -> Vec<u8> {
+        let plan = airlock_contract::compile(
+            &airlock_contract::default_contract(),
+            &airlock_contract::CompileInput::new(Path::new("/"), &["true".to_string()]),
+        )
+        .expect("the default contract compiles");
+        let message = ToFactory::Spawn {
+            request: Box::new(HostRequest {
+                plan: airlock_contract::PlanTransfer::of(&plan),
+                credentials: Vec::new(),
+                secrets: Vec::new(),
+                artifacts: None,
+                mode: host::HostMode::OneShot,
+                on_suspected_escape: None,
+            }),
+        };
+        serde_json::to_vec(&message).expect("encodes")
+    }
+
+    #[test]
+    fn the_supervisor_decodes_the_request_the_factory_only_checked() {
+        let packet = spawn_packet();
+        let checked = serde_json::from_slice::<ToFactory<IgnoredAny>>(&packet);
+        assert!(matches!(checked, Ok(ToFactory::Spawn { .. })));
+        let decoded = serde_json::from_slice::<ToFactory>(&packet);
+        let Ok(ToFactory::Spawn { request }) = decoded else {
+            panic!("the supervisor could not decode the factory's packet: {decoded:?}");
+        };
+        assert_eq!(request.plan.into_plan().argv, ["true"]);
+    }
+
+    #[test]
+    fn a_spawn_that_is_json_but_no_request_passes_the_factory_and_is_refused_by_the_supervisor() {
+        // The factory forks for it (it checks the JSON only); the supervisor's decode
+        // fails and it answers Failed instead of building a cell (fork_supervisor).
+        let wrong = br#"{"Spawn":{"request":{"plan":7}}}"#;
+        assert!(matches!(
+            serde_json::from_slice::<ToFactory<IgnoredAny>>(wrong),
+            Ok(ToFactory::Spawn { .. })
+        ));
+        assert!(serde_json::from_slice::<ToFactory>(wrong).is_err());
+        // Not JSON at all: the factory itself refuses it, as before.
+        assert!(serde_json::from_slice::<ToFactory<IgnoredAny>>(b"{\"Spawn\":").is_err());
     }
 }

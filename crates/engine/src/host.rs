@@ -37,6 +37,20 @@ pub enum HostMode {
     },
 }
 
+/// Answers the engine on `control` that no cell is built, and why (`Failed`).
+pub fn refuse(control: OwnedFd, why: &str) {
+    let report = airlock_cell::report::RunReport::refused(
+        "",
+        airlock_cell::report::ResultClass::RuntimeFault,
+        why.to_string(),
+    );
+    airlock_cell::control::SupervisorControl::new(control).send(
+        &airlock_cell::control::ToEngine::Failed {
+            report: Box::new(report),
+        },
+    );
+}
+
 /// Serves `request` on `control` until the cell is destroyed.
 pub fn serve(
     request: HostRequest,

@@ -23,10 +23,24 @@ pub struct PlanShape(String);
 
 impl PlanShape {
     pub fn of(plan: &CellPlan) -> PlanShape {
-        let mut shape = plan.clone();
-        shape.argv.clear();
-        let json = serde_json::to_vec(&shape).unwrap_or_default();
-        PlanShape(hex::encode(Sha256::digest(json)))
+        PlanShape::of_own(&mut plan.clone())
+    }
+
+    /// [`PlanShape::of`] of a plan the caller owns, without copying it (a plan is
+    /// thousands of small allocations): its argv is set aside while the rest is hashed,
+    /// then put back. The JSON is hashed as it is written, never held whole.
+    pub(crate) fn of_own(plan: &mut CellPlan) -> PlanShape {
+        let argv = std::mem::take(&mut plan.argv);
+        let mut hasher = Sha256::new();
+        let hashed = serde_json::to_writer(&mut hasher, &*plan);
+        plan.argv = argv;
+        // A plan serialises infallibly (no maps with non-string keys). Were it ever not
+        // to, the empty shape is no hash: a pool of such a template never parks a cell
+        // (its plan cannot be sent to the factory either), so none is claimed for it.
+        match hashed {
+            Ok(()) => PlanShape(hex::encode(hasher.finalize())),
+            Err(_) => PlanShape(String::new()),
+        }
     }
 }
 
@@ -185,10 +199,10 @@ fn refill_loop(
                 guard = wake.wait(guard).unwrap_or_else(|p| p.into_inner());
             }
         };
-        let (shape, template) = wanted;
+        let (shape, plan) = wanted;
         let built = factory
             .spawn(HostRequest {
-                plan: PlanTransfer::of(&template),
+                plan,
                 credentials: Vec::new(),
                 secrets: Vec::new(),
                 artifacts: None,
@@ -211,12 +225,13 @@ fn refill_loop(
     }
 }
 
-/// The pool with the most missing cells, and its template.
-fn most_wanted(state: &PoolState) -> Option<(PlanShape, CellPlan)> {
+/// The pool with the most missing cells, and its template as the factory is sent it
+/// (the one copy of the plan a refill makes).
+fn most_wanted(state: &PoolState) -> Option<(PlanShape, PlanTransfer)> {
     state
         .pools
         .iter()
         .filter(|(_, pool)| pool.parked.len() < pool.size)
         .max_by_key(|(_, pool)| pool.size - pool.parked.len())
-        .map(|(shape, pool)| (shape.clone(), pool.template.clone()))
+        .map(|(shape, pool)| (shape.clone(), PlanTransfer::of(&pool.template)))
 }

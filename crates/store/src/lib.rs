@@ -447,11 +447,30 @@ fn parse_json_col(s: Option<String>) -> Value {
         .unwrap_or(Value::Null)
 }
 
-const RUN_COLUMNS: &str = "run_id, started_at, finished_at, argv_json, input_sha256, \
-    contract_sha256, workload_class, plan_json, status, exit_code, exit_signal, limit_fired, \
-    usage_json, startup_ms, wall_ms, stdout_head, stdout_tail, stderr_head, stderr_tail, \
-    cleanup_ok, cleanup_leftovers_json, result_json, supervisor_pid, supervisor_start_time, boot_id, \
-    caller_uid, session_id, tenant, node";
+/// The columns of a run as [`run_from_row`] reads them, with `$plan` the expression of its
+/// plan's JSON.
+macro_rules! run_columns {
+    ($plan:literal) => {
+        concat!(
+            "run_id, started_at, finished_at, argv_json, input_sha256, \
+             contract_sha256, workload_class, ",
+            $plan,
+            ", status, exit_code, exit_signal, limit_fired, \
+             usage_json, startup_ms, wall_ms, stdout_head, stdout_tail, stderr_head, stderr_tail, \
+             cleanup_ok, cleanup_leftovers_json, result_json, supervisor_pid, supervisor_start_time, \
+             boot_id, caller_uid, session_id, tenant, node"
+        )
+    };
+}
+
+/// A fleet's (Postgres) `runs` holds the plan; its `UPDATE` keeps the TOASTed value.
+const RUN_COLUMNS: &str = run_columns!("plan_json");
+
+/// SQLite's: the plan from `run_plans` (schema.rs, `RUN_PLANS`), or from the row itself
+/// for a run recorded before that table. Selected `FROM runs`.
+const SQLITE_RUN_COLUMNS: &str = run_columns!(
+    "COALESCE(plan_json, (SELECT p.plan_json FROM run_plans p WHERE p.run_id = runs.run_id))"
+);
 
 fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     let argv: Option<String> = r.get(3)?;
@@ -929,11 +948,14 @@ impl Store {
         }
         self.write_tx(|c| {
             append_entry(c, Some(&run_id), kinds::RUN_BEGIN, started_at, &body)?;
+            // The plan goes to a row of its own, which the finish record leaves alone.
+            c.prepare_cached("INSERT INTO run_plans (run_id, plan_json) VALUES (?1, ?2)")?
+                .execute(params![run_id, json_col(&body["plan"])])?;
             c.prepare_cached(
                 "INSERT INTO runs (run_id, started_at, argv_json, input_sha256, contract_sha256,
-                    workload_class, plan_json, status, supervisor_pid, supervisor_start_time,
+                    workload_class, status, supervisor_pid, supervisor_start_time,
                     boot_id, caller_uid, session_id, tenant)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             )?
             .execute(params![
                 run_id,
@@ -942,7 +964,6 @@ impl Store {
                 s("input_sha256"),
                 s("contract_sha256"),
                 s("workload_class"),
-                json_col(&body["plan"]),
                 STATUS_RUNNING,
                 me.pid,
                 me.start_time as i64,
@@ -1139,7 +1160,7 @@ impl Store {
         if let Some(fleet) = &self.fleet {
             return fleet.list_runs(filter);
         }
-        let mut sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE 1 = 1");
+        let mut sql = format!("SELECT {SQLITE_RUN_COLUMNS} FROM runs WHERE 1 = 1");
         let mut args: Vec<rusqlite::types::Value> = Vec::new();
         if let Some(s) = &filter.status {
             sql.push_str(" AND status = ?");
@@ -1188,7 +1209,7 @@ impl Store {
         self.read_tx(|c| {
             let run = c
                 .query_row(
-                    &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
+                    &format!("SELECT {SQLITE_RUN_COLUMNS} FROM runs WHERE run_id = ?1"),
                     [run_id],
                     run_from_row,
                 )
@@ -1227,7 +1248,7 @@ impl Store {
                 n += 1;
             }
             let mut stmt = c.prepare(&format!(
-                "SELECT {RUN_COLUMNS} FROM runs ORDER BY started_at, run_id"
+                "SELECT {SQLITE_RUN_COLUMNS} FROM runs ORDER BY started_at, run_id"
             ))?;
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
@@ -1328,10 +1349,12 @@ impl Store {
             };
             c.execute("DELETE FROM audit_log WHERE seq <= ?1", [anchor_seq])?;
             let mut del = c.prepare("DELETE FROM runs WHERE run_id = ?1")?;
+            let mut del_plan = c.prepare("DELETE FROM run_plans WHERE run_id = ?1")?;
             for id in &doomed {
                 del.execute([id])?;
+                del_plan.execute([id])?;
             }
-            drop(del);
+            drop((del, del_plan));
             let at = now_ms();
             append_entry(
                 c,
@@ -1411,7 +1434,9 @@ fn verify_in(c: &Connection) -> Result<VerifyReport> {
     drop(rows);
     drop(stmt);
     check.end_of_chain(head_seq, &head_hash)?;
-    let mut stmt = c.prepare(&format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY run_id"))?;
+    let mut stmt = c.prepare(&format!(
+        "SELECT {SQLITE_RUN_COLUMNS} FROM runs ORDER BY run_id"
+    ))?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
         check.run_row(&run_from_row(row)?)?;

@@ -141,6 +141,17 @@ const RUN_NODES: &str = r#"
 ALTER TABLE runs ADD COLUMN node TEXT;
 "#;
 
+/// A run's plan in a table of its own, written once by the begin record. In `runs` it made
+/// every finish record rewrite it: SQLite rewrites the whole record of a row whose size an
+/// `UPDATE` changes, ~10 KB of overflow pages for a compiled plan (4 of a finish record's 9
+/// WAL frames, docs/benchmarks.md). Runs recorded before keep theirs in `runs.plan_json`.
+const RUN_PLANS: &str = r#"
+CREATE TABLE run_plans (
+    run_id TEXT PRIMARY KEY NOT NULL,
+    plan_json TEXT
+);
+"#;
+
 pub const MIGRATIONS: &[&str] = &[
     V1,
     V2,
@@ -150,6 +161,7 @@ pub const MIGRATIONS: &[&str] = &[
     AGENT_TRANSCRIPTS,
     RUN_TENANTS,
     RUN_NODES,
+    RUN_PLANS,
 ];
 pub const LATEST: i64 = MIGRATIONS.len() as i64;
 

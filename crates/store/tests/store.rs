@@ -427,6 +427,29 @@ fn editing_a_run_row_is_detected() {
 }
 
 #[test]
+fn editing_or_deleting_a_runs_plan_is_detected() {
+    // The plan has a table of its own (schema RUN_PLANS); verify reads it as the row's.
+    let dir = tempfile::tempdir().unwrap();
+    let (store, ids) = populated(dir.path());
+    raw(dir.path())
+        .execute(
+            "UPDATE run_plans SET plan_json = '{\"net\":\"host\"}' WHERE run_id = ?1",
+            [&ids[0]],
+        )
+        .unwrap();
+    let b = tampered(&store);
+    assert_eq!(b.run_id.as_deref(), Some(ids[0].as_str()));
+    assert!(b.reason.contains("plan"), "{b}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let (store, ids) = populated(dir.path());
+    raw(dir.path())
+        .execute("DELETE FROM run_plans WHERE run_id = ?1", [&ids[1]])
+        .unwrap();
+    assert_eq!(tampered(&store).run_id.as_deref(), Some(ids[1].as_str()));
+}
+
+#[test]
 fn deleting_or_inserting_a_run_row_is_detected() {
     let dir = tempfile::tempdir().unwrap();
     let (store, ids) = populated(dir.path());
@@ -632,6 +655,10 @@ fn prune_removes_old_runs_and_keeps_the_chain_verifiable() {
     assert_eq!(store.prune(Duration::ZERO).unwrap(), 2);
     store.verify().unwrap();
     assert!(store.list_runs(&RunFilter::default()).unwrap().is_empty());
+    let plans: i64 = raw(dir.path())
+        .query_row("SELECT count(*) FROM run_plans", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(plans, 0, "a pruned run's plan is pruned with it");
     let h = store.begin_run(start("p"), vec![]).unwrap();
     store.finish_run(&h, end("ok")).unwrap();
     let report = store.verify().unwrap();
@@ -857,6 +884,37 @@ fn wal_after(runs: usize, leave: bool) -> (i64, i64) {
     let checkpointed = store.checkpoint_passive().unwrap();
     store.verify().unwrap();
     checkpointed
+}
+
+/// WAL frames written by `runs` begin records with a compiled plan's size (~10 KB: three
+/// overflow pages), each followed by its finish record when `finish`.
+fn wal_frames_of(runs: usize, finish: bool) -> i64 {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.leave_checkpoints_to_caller().unwrap();
+    let mut begin = start("wal");
+    begin.plan_json = json!({ "layout": "x".repeat(9500) });
+    for _ in 0..runs {
+        let handle = store.begin_run(begin.clone(), vec![]).unwrap();
+        if finish {
+            store.finish_run(&handle, end("ok")).unwrap();
+        }
+    }
+    store.checkpoint_passive().unwrap().0
+}
+
+#[test]
+fn a_finish_record_does_not_rewrite_the_plan() {
+    // With the plan in the `runs` row, each finish record's UPDATE rewrote its overflow
+    // pages (and freed the old ones: a freelist page and page 1 too).
+    let runs = 20;
+    let (pairs, begins) = (wal_frames_of(runs, true), wal_frames_of(runs, false));
+    let per_finish = (pairs - begins) as f64 / runs as f64;
+    eprintln!("{runs} begin+finish: {pairs} WAL frames, {runs} begins: {begins}");
+    assert!(
+        per_finish <= 6.0,
+        "{per_finish} WAL frames per finish record"
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@
 mod common;
 
 use common::logging_upstream::LoggingUpstream as Upstream;
+use common::served::Served;
 use common::tier::Tier;
 use common::CellRun;
 use serde_json::Value;
@@ -17,6 +18,78 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 const UPSTREAM_IP: &str = common::logging_upstream::ADDRESS;
+/// The service tenant's API key in the session test.
+const SERVICE_KEY: &str = "credentials-injection-key";
+
+both_tiers! {
+fn a_sessions_commands_get_the_value_swapped_in_as_a_run_does(tier) {
+    require_cells!();
+    let env = Env::bearer();
+    let up = Upstream::start(env.dir.path(), "upstream", None);
+    let api = tier.contract(Some(&contract(up.port))).unwrap();
+    let config = format!(
+        "{}\n[server]\nlisten = [\"unix:SOCK\", \"tcp:127.0.0.1:PORT\"]\n\
+         [server.contracts]\napi = \"api.yaml\"\n\
+         [server.tenants.alice]\napi_key_sha256 = [\"{}\"]\n",
+        std::fs::read_to_string(&env.config).unwrap(),
+        common::sha256_hex(SERVICE_KEY),
+    );
+    let served = Served::start(&config, |dir| std::fs::write(dir.join("api.yaml"), &api).unwrap());
+    let (code, session) = served.call(
+        SERVICE_KEY,
+        "POST",
+        "/v1/sessions",
+        Some(&serde_json::json!({"contract": "api"})),
+    );
+    assert_eq!(code, 201, "{session}\n{}", served.log());
+    let id = session["session_id"].as_str().unwrap();
+    let script = format!(
+        "echo \"seen=$API_TOKEN\"; curl -sS --max-time 20 -X POST \
+         -H \"Authorization: Bearer $API_TOKEN\" -d hi http://api.test:{}/v1/chat",
+        up.port
+    );
+    // Two commands of one session: each gets the value swapped in at the proxy.
+    let mut printed = String::new();
+    for _ in 0..2 {
+        let (code, frames) = served.call(
+            SERVICE_KEY,
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(&serde_json::json!({"argv": ["/bin/sh", "-c", &script]})),
+        );
+        assert_eq!(code, 200, "{frames}\n{}", served.log());
+        let frames = frames.as_array().cloned().unwrap_or_default();
+        let last = frames.last().cloned().unwrap_or_default();
+        assert_eq!(last["record"]["status"], "ok", "{frames:?}");
+        printed.push_str(&frames.iter().filter_map(|f| f["data"].as_str()).collect::<String>());
+    }
+    let (code, closed) = served.call(SERVICE_KEY, "DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(code, 200, "{closed}");
+    let shown = served.cli(&["runs", "show", id, "--json"]);
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(shown["run"]["plan"]["isolation"], tier.name(), "{shown}");
+    assert_eq!(placeholders(&printed).len(), 2, "the cell saw placeholders: {printed}");
+    assert!(!printed.contains(&env.value), "the cell never held the value: {printed}");
+    let requests = up.requests();
+    assert_eq!(requests.len(), 2, "both commands reached the upstream: {closed}");
+    for request in &requests {
+        let auth = request["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h[0].as_str().unwrap().eq_ignore_ascii_case("authorization"))
+            .cloned()
+            .unwrap();
+        assert_eq!(auth[1], format!("Bearer {}", env.value), "the value was swapped in");
+    }
+    let mut stored = Vec::new();
+    for file in walk(&served.state_dir()) {
+        stored.extend(std::fs::read(file).unwrap_or_default());
+    }
+    assert!(!String::from_utf8_lossy(&stored).contains(&env.value), "the store has no value");
+    assert!(!closed.to_string().contains(&env.value), "the record has no value");
+}
+}
 
 /// A test's directory: the operator config with one secret `api`, its value file, the
 /// state dir.

@@ -75,21 +75,12 @@ pub fn run_gvisor(plan: &CellPlan, mut options: RunOptions<'_>) -> RunReport {
 }
 
 /// Whether this host can run `plan` in a gVisor session or parked cell, and with which
-/// runsc binary. A broker socket is per run: it is served to one-shot runs only. So are
-/// secrets: their injection through the session's proxy is not tested on this tier.
+/// runsc binary. A broker socket is per run: it is served to one-shot runs only.
 pub fn preflight(plan: &CellPlan) -> Result<PathBuf, CellError> {
     if plan.broker.is_some() {
         return Err(CellError::Unavailable {
             control: "gvisor.broker",
             reason: "a broker socket on gVisor is served to one-shot runs only, not to a \
-                     session or a parked cell"
-                .to_string(),
-        });
-    }
-    if !plan.secrets.is_empty() {
-        return Err(CellError::Unavailable {
-            control: "gvisor.secrets",
-            reason: "secrets on gVisor are injected for one-shot runs only, not in a \
                      session or a parked cell"
                 .to_string(),
         });
@@ -1139,27 +1130,6 @@ fn advance(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn secrets_are_refused_to_sessions_and_parked_cells() {
-        let mut contract = airlock_contract::default_contract();
-        contract.isolation = Isolation::Gvisor;
-        let argv = ["/bin/true".to_string()];
-        let mut plan = airlock_contract::compile(
-            &contract,
-            &airlock_contract::CompileInput::new(Path::new("/"), &argv),
-        )
-        .unwrap();
-        plan.secrets.push(airlock_contract::SecretPlan {
-            name: "api".into(),
-            env: "API_TOKEN".into(),
-            deliver: airlock_contract::SecretDelivery::Placeholder,
-        });
-        match preflight(&plan) {
-            Err(CellError::Unavailable { control, .. }) => assert_eq!(control, "gvisor.secrets"),
-            other => panic!("a session with secrets: {other:?}"),
-        }
-    }
 
     #[test]
     fn a_broker_socket_is_refused_to_sessions_and_parked_cells_only() {

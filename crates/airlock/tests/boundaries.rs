@@ -6,7 +6,7 @@
 //! where they are declared: they test a mechanism gVisor does not have (airlock's pid 1,
 //! its seccomp program and its foreign-ABI kill, the cell's host processes seen from the
 //! host, Landlock), a contract the gVisor tier refuses before anything runs (an egress
-//! allowlist, a custom seccomp profile, an image root: `gvisor.rs` shows the refusal), or
+//! allowlist, an image root: `gvisor.rs` shows the refusal), or
 //! something that does not depend on the tier (contract refusals, `doctor`).
 mod common;
 
@@ -1672,9 +1672,11 @@ def call(name, fn):
         print(f"{name}: blocked errno={e.errno}")
 "#;
 
-/// Native only: a custom seccomp profile is refused on gVisor (a field error).
-#[test]
-fn a_custom_seccomp_profile_applies_but_cannot_reopen_what_the_hardening_denies() {
+both_tiers! {
+/// On gVisor the profile is the spec's `linux.seccomp`, which the Sentry applies
+/// (crates/oci/src/seccomp.rs); natively it is the cell's BPF program. The same denial,
+/// with the same errno, on both.
+fn a_custom_seccomp_profile_applies_but_cannot_reopen_what_the_hardening_denies(tier) {
     require_cells!();
     let dir = tempfile::tempdir().unwrap();
     // Allows everything, names the escape primitives explicitly, and denies mkdir.
@@ -1699,7 +1701,7 @@ sc('io-uring-setup', 425, 1, 0)
 sc('clone-newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)
 "
     );
-    let run = common::run_in(
+    let run = tier.run_in(
         dir.path(),
         Some("seccomp_profile: profile.json\n"),
         &[],
@@ -1710,6 +1712,10 @@ sc('clone-newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)
     assert!(
         run.stdout().contains("write-allowed: ALLOWED"),
         "the profile must not break ordinary calls\n{d}"
+    );
+    assert!(
+        run.stdout().contains("mkdir-denied-by-profile: blocked errno=1\n"),
+        "the profile's denial, with its errno (EPERM)\n{d}"
     );
     assert_blocked(
         &run,
@@ -1727,7 +1733,7 @@ sc('clone-newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)
 
     // A profile that is not valid Docker seccomp JSON refuses the run: nothing weaker runs.
     std::fs::write(dir.path().join("broken.json"), "{ not json").unwrap();
-    let run = common::run_in(
+    let run = tier.run_in(
         dir.path(),
         Some("seccomp_profile: broken.json\n"),
         &[],
@@ -1737,6 +1743,7 @@ sc('clone-newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)
     assert_eq!(run.code(), 125, "{d}");
     assert_eq!(run.status(), "sandbox_unavailable", "{d}");
     assert!(!run.stdout().contains("PAYLOAD-RAN"), "{d}");
+}
 }
 
 both_tiers! {

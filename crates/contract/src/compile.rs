@@ -206,6 +206,7 @@ fn seccomp_plan(
                 summary: seccomp::default_summary(),
             },
             program: Cow::Borrowed(seccomp::DEFAULT_FILTER),
+            custom_policy: None,
         });
     };
     let path = host_path(input.base_dir, &profile.host_path());
@@ -228,6 +229,7 @@ fn seccomp_plan(
         },
         profile: SeccompProfile::DockerJson { path },
         program: Cow::Owned(program),
+        custom_policy: Some(policy),
     })
 }
 
@@ -913,7 +915,6 @@ resources:
                 "secrets",
             ),
             ("broker_actions: [x]\n", "broker_actions"),
-            ("seccomp_profile: strict.json\n", "seccomp_profile"),
         ] {
             let err = compile_yaml(&format!("isolation: gvisor\n{yaml}")).unwrap_err();
             assert!(

@@ -648,21 +648,15 @@ fn check_secrets(contract: &Contract, errors: &mut Errors) {
 }
 
 /// What the gVisor tier cannot enforce as asked (yet) is an error, never a silently
-/// weaker run: its payload has no pty of a devpts airlock owns, only the default system
-/// call policy is translated for gVisor's kernel (crates/oci/src/seccomp.rs), not a
-/// custom profile, and a pod's network, secrets, broker socket and image root are not
-/// built (docs/threat-model.md, "Tiers").
+/// weaker run: its payload has no pty of a devpts airlock owns, and a pod's network,
+/// secrets, broker socket and image root are not built (docs/threat-model.md, "Tiers").
+/// A custom seccomp profile is translated for gVisor's kernel (crates/oci/src/seccomp.rs).
 fn check_isolation(contract: &Contract, errors: &mut Errors) {
     if contract.isolation != Isolation::Gvisor {
         return;
     }
     let unsupported = [
         (contract.terminal, "terminal", "a terminal"),
-        (
-            contract.seccomp_profile != DEFAULT_SECCOMP_PROFILE,
-            "seccomp_profile",
-            "a custom seccomp profile (gVisor's Sentry filters the system calls)",
-        ),
         (
             contract.network.mode == NetworkMode::Pod,
             "network.mode",

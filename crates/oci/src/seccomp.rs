@@ -4,7 +4,9 @@
 //! `ptrace`, `io_uring_setup`, TIOCSTI, ... which the Sentry would otherwise serve).
 //!
 //! The policy is the one the native program is compiled from
-//! (`airlock_contract::seccomp::default_policy`); the translation keeps its meaning:
+//! (`airlock_contract::seccomp::default_policy`, or a custom profile's policy as compile
+//! parsed and hardened it: `SeccompPlan::custom_policy`); the translation keeps its
+//! meaning:
 //! - a syscall's conditional rules come first, in their order, then one entry with its
 //!   `otherwise` action: runsc tries a syscall's entries in order, the first match wins
 //!   (as the native program's "first matching rule, else otherwise");
@@ -18,7 +20,8 @@
 
 use crate::OciError;
 use airlock_contract::seccomp::{
-    default_policy, ArgCondition, ArgOp, SeccompAction, SeccompPolicy, X86_64_SYSCALLS,
+    compile, default_policy, program_sha256, ArgCondition, ArgOp, SeccompAction, SeccompPolicy,
+    X86_64_SYSCALLS,
 };
 use airlock_contract::{CellPlan, SeccompProfile};
 use oci_spec::runtime::{
@@ -30,16 +33,28 @@ use std::collections::BTreeMap;
 /// The low 32 bits of an argument.
 const LOW_32: u64 = 0xffff_ffff;
 
-/// The spec's seccomp section for `plan`. A custom profile is refused for this tier by
-/// validation; one that comes another way is refused here rather than run unfiltered.
+/// The spec's seccomp section for `plan`: the default policy, or the contract's custom
+/// profile as compile hardened it. A custom policy is translated only if it compiles to
+/// the program the plan names (its sha256): a plan without it (one read back) or with
+/// another is refused rather than run with a filter the record does not name.
 pub fn plan_seccomp(plan: &CellPlan) -> Result<LinuxSeccomp, OciError> {
-    match &plan.seccomp.profile {
-        SeccompProfile::Default => policy_seccomp(&default_policy()),
-        SeccompProfile::DockerJson { path } => Err(OciError::Seccomp(format!(
-            "a custom profile ({}) is not built for the gVisor tier",
-            path.display()
-        ))),
+    let path = match &plan.seccomp.profile {
+        SeccompProfile::Default => return policy_seccomp(&default_policy()),
+        SeccompProfile::DockerJson { path } => path.display(),
+    };
+    let refused = |why: &str| OciError::Seccomp(format!("the custom profile {path}: {why}"));
+    let policy = plan
+        .seccomp
+        .custom_policy
+        .as_ref()
+        .ok_or_else(|| refused("the plan carries no policy compiled from it"))?;
+    let program = compile(policy).map_err(|e| refused(&e))?;
+    if program_sha256(&program) != plan.seccomp.filter.sha256 {
+        return Err(refused(
+            "its policy does not compile to the program the plan names",
+        ));
     }
+    policy_seccomp(policy)
 }
 
 /// `policy` as OCI seccomp entries: every conditional rule (per syscall, in order), then
@@ -169,6 +184,7 @@ fn ordering(op: ArgOp) -> LinuxSeccompOperator {
 mod tests {
     use super::*;
     use airlock_contract::seccomp::syscall_number;
+    use airlock_contract::PlanTransfer;
 
     fn entries_for<'a>(seccomp: &'a LinuxSeccomp, name: &str) -> Vec<&'a LinuxSyscall> {
         seccomp
@@ -226,6 +242,49 @@ mod tests {
             }
         }
         assert!(!entries_for(&seccomp, "read").is_empty());
+    }
+
+    fn custom_plan() -> CellPlan {
+        let contract = airlock_contract::parse_contract(
+            "seccomp_profile: p.json\n",
+            airlock_contract::ContractFormat::Yaml,
+        )
+        .unwrap();
+        let argv = ["true".to_string()];
+        let mut input = airlock_contract::CompileInput::new(std::path::Path::new("/"), &argv);
+        input.seccomp_profile = Some(
+            r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+                {"names": ["mkdir"], "action": "SCMP_ACT_ERRNO", "errnoRet": 13}]}"#,
+        );
+        airlock_contract::compile(&contract, &input).unwrap()
+    }
+
+    #[test]
+    fn a_custom_profile_is_its_own_policy_and_only_the_one_the_plan_names() {
+        let plan = custom_plan();
+        let seccomp = plan_seccomp(&plan).unwrap();
+        assert_eq!(seccomp.default_action(), LinuxSeccompAction::ScmpActAllow);
+        let mkdir = entries_for(&seccomp, "mkdir");
+        assert_eq!(mkdir.len(), 1);
+        assert_eq!(mkdir[0].errno_ret(), Some(13), "the profile's errno");
+        // The hardening comes with it.
+        assert_ne!(
+            entries_for(&seccomp, "unshare")[0].action(),
+            LinuxSeccompAction::ScmpActAllow
+        );
+        // Read back without its policy, or with another one: refused, never the default.
+        let mut without = plan.clone();
+        without.seccomp.custom_policy = None;
+        assert!(plan_seccomp(&without).is_err());
+        let mut other = plan.clone();
+        let policy = other.seccomp.custom_policy.as_mut().unwrap();
+        policy.syscalls.remove(&syscall_number("mkdir").unwrap());
+        let err = plan_seccomp(&other).unwrap_err();
+        assert!(err.to_string().contains("does not compile to"), "{err}");
+        // The policy travels with the plan to the cell factory.
+        let back: airlock_contract::PlanTransfer =
+            serde_json::from_slice(&serde_json::to_vec(&PlanTransfer::of(&plan)).unwrap()).unwrap();
+        assert!(plan_seccomp(&back.into_plan()).is_ok());
     }
 
     #[test]

@@ -1675,7 +1675,8 @@ def call(name, fn):
 both_tiers! {
 /// On gVisor the profile is the spec's `linux.seccomp`, which the Sentry applies
 /// (crates/oci/src/seccomp.rs); natively it is the cell's BPF program. The same denial,
-/// with the same errno, on both.
+/// with the same errno (`EPERM`; this runsc answers every denial with `EPERM`, whatever a
+/// profile's `errnoRet`: docs/threat-model.md, "Tiers"), on both.
 fn a_custom_seccomp_profile_applies_but_cannot_reopen_what_the_hardening_denies(tier) {
     require_cells!();
     let dir = tempfile::tempdir().unwrap();

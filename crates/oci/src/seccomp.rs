@@ -33,6 +33,15 @@ use std::collections::BTreeMap;
 /// The low 32 bits of an argument.
 const LOW_32: u64 = 0xffff_ffff;
 
+/// Names runsc's own syscall table gives a call, where they differ from Linux's. runsc
+/// looks each name of an entry up in that table and skips a name it does not know (a
+/// warning in its log, runsc/specutils/seccomp), so a call named only by its Linux name
+/// would fall to the default action. Measured with Debian 12's runsc: `pselect6` under
+/// the translated default policy was `EPERM` (Python's `select.select`, bash's
+/// readline) while `select`, `poll` and `ppoll` ran; its table names the call `pselect`.
+/// An entry names both: a runsc that knows one skips the other.
+const RUNSC_NAMES: &[(&str, &str)] = &[("pselect6", "pselect")];
+
 /// The spec's seccomp section for `plan`: the default policy, or the contract's custom
 /// profile as compile hardened it. A custom policy is translated only if it compiles to
 /// the program the plan names (its sha256): a plan without it (one read back) or with
@@ -70,12 +79,12 @@ pub fn policy_seccomp(policy: &SeccompPolicy) -> Result<LinuxSeccomp, OciError> 
                 .iter()
                 .map(|c| arg(name, c))
                 .collect::<Result<Vec<_>, _>>()?;
-            conditional.push(entry(vec![name.to_string()], rule.action, Some(args))?);
+            conditional.push(entry(oci_names(name), rule.action, Some(args))?);
         }
         otherwise
             .entry(action_key(rules.otherwise))
             .or_default()
-            .push(name.to_string());
+            .extend(oci_names(name));
     }
     let mut syscalls = conditional;
     for (key, names) in otherwise {
@@ -90,6 +99,15 @@ pub fn policy_seccomp(policy: &SeccompPolicy) -> Result<LinuxSeccomp, OciError> 
         builder = builder.default_errno_ret(errno);
     }
     Ok(builder.build()?)
+}
+
+/// The names an entry gives a call: its Linux name, and runsc's where it differs.
+fn oci_names(name: &str) -> Vec<String> {
+    let runsc = RUNSC_NAMES.iter().filter(|(linux, _)| *linux == name);
+    std::iter::once(name)
+        .chain(runsc.map(|(_, own)| *own))
+        .map(str::to_string)
+        .collect()
 }
 
 fn syscall_name(nr: u32) -> Result<&'static str, OciError> {
@@ -242,6 +260,11 @@ mod tests {
             }
         }
         assert!(!entries_for(&seccomp, "read").is_empty());
+        // pselect6 is allowed under runsc's own name too.
+        let pselect = entries_for(&seccomp, "pselect");
+        assert_eq!(pselect.len(), 1);
+        assert_eq!(pselect[0].action(), LinuxSeccompAction::ScmpActAllow);
+        assert!(pselect[0].names().iter().any(|n| n == "pselect6"));
     }
 
     fn custom_plan() -> CellPlan {

@@ -908,7 +908,10 @@ resources:
     #[test]
     fn what_the_gvisor_tier_cannot_enforce_is_a_field_error_not_a_weaker_run() {
         for (yaml, field) in [
-            ("terminal: true\n", "terminal"),
+            (
+                "terminal: true\nnetwork: { mode: allowlist, allowed_domains: [a.test] }\n",
+                "terminal",
+            ),
             (
                 "network: { mode: allowlist, allowed_domains: [a.test] }\n\
                  secrets: [{ name: api, env: API_TOKEN }]\n",

@@ -648,15 +648,20 @@ fn check_secrets(contract: &Contract, errors: &mut Errors) {
 }
 
 /// What the gVisor tier cannot enforce as asked (yet) is an error, never a silently
-/// weaker run: its payload has no pty of a devpts airlock owns, and a pod's network,
-/// secrets, broker socket and image root are not built (docs/threat-model.md, "Tiers").
-/// A custom seccomp profile is translated for gVisor's kernel (crates/oci/src/seccomp.rs).
+/// weaker run: a terminal is built for a run without a network only, and a pod's
+/// network, secrets, broker socket and image root are not built (docs/threat-model.md,
+/// "Tiers"). A custom seccomp profile is translated for gVisor's kernel
+/// (crates/oci/src/seccomp.rs).
 fn check_isolation(contract: &Contract, errors: &mut Errors) {
     if contract.isolation != Isolation::Gvisor {
         return;
     }
     let unsupported = [
-        (contract.terminal, "terminal", "a terminal"),
+        (
+            contract.terminal && contract.network.mode != NetworkMode::Deny,
+            "terminal",
+            "a terminal with a network (its payload then runs behind the egress forwarder)",
+        ),
         (
             contract.network.mode == NetworkMode::Pod,
             "network.mode",

@@ -8,6 +8,7 @@
 //! test that only exists for one tier), never by returning early.
 
 use super::{host, run_in, CellRun};
+use serde_json::Value;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
@@ -81,7 +82,21 @@ impl Tier {
         self.run(None, &["/bin/sh", "-c", script])
     }
 
-    fn serial(self) -> Option<MutexGuard<'static, ()>> {
+    /// Nothing of the cells of `supervisor` (an `airlock run` that ended, started by a
+    /// test without [`host::run_supervisor`]: a pty driver's) is left: its cgroups, and
+    /// on gVisor everything of its sandbox (see [`assert_left_nothing_of`]).
+    pub fn assert_left_nothing(self, supervisor: host::Supervisor, result: &Value, describe: &str) {
+        match self {
+            Tier::Native => {
+                let cgroups = host::cgroups_of(&supervisor);
+                assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}\n{describe}");
+            }
+            Tier::Gvisor => assert_left_nothing_of(supervisor, result, describe),
+        }
+    }
+
+    /// One gVisor sandbox at a time in this test process (see [`GVISOR_SERIAL`]).
+    pub fn serial(self) -> Option<MutexGuard<'static, ()>> {
         (self == Tier::Gvisor).then(|| GVISOR_SERIAL.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
@@ -91,13 +106,14 @@ impl Tier {
 /// mount there, a process naming it (runsc's sandbox and gofer carry `--root=<its dir>`).
 pub fn assert_sandbox_left_nothing(run: &CellRun) {
     let supervisor = run.supervisor.expect("started by run_supervisor");
+    assert_left_nothing_of(supervisor, &run.result, &run.describe());
+}
+
+/// [`assert_sandbox_left_nothing`] for `supervisor`'s run, whose result is `result`.
+pub fn assert_left_nothing_of(supervisor: host::Supervisor, result: &Value, describe: &str) {
     let prefix = format!("{}-{}-", supervisor.pid, supervisor.start_time);
     let cgroups = host::cgroups_of(&supervisor);
-    assert!(
-        cgroups.is_empty(),
-        "cgroups left: {cgroups:?}\n{}",
-        run.describe()
-    );
+    assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}\n{describe}");
     let dirs: Vec<_> = std::fs::read_dir("/run/airlock-gvisor")
         .map(|d| {
             d.flatten()
@@ -116,8 +132,8 @@ pub fn assert_sandbox_left_nothing(run: &CellRun) {
     let procs = host::processes_with(&format!("/run/airlock-gvisor/{prefix}"));
     assert!(procs.is_empty(), "runsc processes left: {procs:?}");
     // A run refused before it wrote a result (a contract error) has no cleanup to report.
-    if !run.result.is_null() {
-        assert_eq!(run.result["cleanup"]["ok"], true, "{}", run.describe());
+    if !result.is_null() {
+        assert_eq!(result["cleanup"]["ok"], true, "{describe}");
     }
 }
 

@@ -161,6 +161,13 @@ fn start_session<'p>(
     control: &SupervisorControl,
 ) -> Result<GvisorSession<'p>, CellError> {
     let binary = preflight(plan)?;
+    if plan.terminal {
+        // As natively: a session's commands have stdio of their own.
+        return Err(CellError::Unavailable {
+            control: "gvisor.terminal",
+            reason: "a session or a parked cell on gVisor has no terminal".into(),
+        });
+    }
     if !matches!(plan.network, airlock_contract::NetworkPlan::Deny) {
         // Fail closed: the egress route (egress.rs) is built for one-shot runs only.
         return Err(CellError::Unavailable {
@@ -247,6 +254,7 @@ pub(super) fn start_holder(sandbox: &Sandbox) -> Result<Holder, CellError> {
             ready_write,
             sandbox.dir.open_null()?,
         ],
+        None,
     )?;
     let runsc_pid = child.id() as libc::pid_t;
     let exit = match sys::pidfd_open(runsc_pid) {

@@ -6,7 +6,7 @@
 //! where they are declared: they test a mechanism gVisor does not have (airlock's pid 1,
 //! its seccomp program and its foreign-ABI kill, the cell's host processes seen from the
 //! host, Landlock), a contract the gVisor tier refuses before anything runs (an egress
-//! allowlist, a custom seccomp profile, an image root: `gvisor.rs` shows the refusal), or
+//! allowlist, an image root: `gvisor.rs` shows the refusal), or
 //! something that does not depend on the tier (contract refusals, `doctor`).
 mod common;
 
@@ -1331,7 +1331,7 @@ fn document_tools_example_converts_the_report() {
 }
 
 both_tiers! {
-gvisor_gap("gVisor gap: this runsc's mounts of the writable paths show noexec but not the spec's nosuid,nodev")
+gvisor_gap("gVisor gap: runsc 20221219 shows the writable and input bind mounts without the spec's nosuid,nodev (noexec and ro are shown); what the flags would stop is out of the payload's reach there: mknod of a device is EPERM, and a setuid file it makes is its own (chown to root EPERM)")
 fn inputs_are_read_only_nosuid_nodev_and_exec_false_writable_paths_are_noexec(tier) {
     require_cells!();
     // Inputs keep exec (an input may be the script the payload runs, as in the issue's
@@ -1672,9 +1672,12 @@ def call(name, fn):
         print(f"{name}: blocked errno={e.errno}")
 "#;
 
-/// Native only: a custom seccomp profile is refused on gVisor (a field error).
-#[test]
-fn a_custom_seccomp_profile_applies_but_cannot_reopen_what_the_hardening_denies() {
+both_tiers! {
+/// On gVisor the profile is the spec's `linux.seccomp`, which the Sentry applies
+/// (crates/oci/src/seccomp.rs); natively it is the cell's BPF program. The same denial,
+/// with the same errno (`EPERM`; this runsc answers every denial with `EPERM`, whatever a
+/// profile's `errnoRet`: docs/threat-model.md, "Tiers"), on both.
+fn a_custom_seccomp_profile_applies_but_cannot_reopen_what_the_hardening_denies(tier) {
     require_cells!();
     let dir = tempfile::tempdir().unwrap();
     // Allows everything, names the escape primitives explicitly, and denies mkdir.
@@ -1699,7 +1702,7 @@ sc('io-uring-setup', 425, 1, 0)
 sc('clone-newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)
 "
     );
-    let run = common::run_in(
+    let run = tier.run_in(
         dir.path(),
         Some("seccomp_profile: profile.json\n"),
         &[],
@@ -1710,6 +1713,10 @@ sc('clone-newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)
     assert!(
         run.stdout().contains("write-allowed: ALLOWED"),
         "the profile must not break ordinary calls\n{d}"
+    );
+    assert!(
+        run.stdout().contains("mkdir-denied-by-profile: blocked errno=1\n"),
+        "the profile's denial, with its errno (EPERM)\n{d}"
     );
     assert_blocked(
         &run,
@@ -1727,7 +1734,7 @@ sc('clone-newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)
 
     // A profile that is not valid Docker seccomp JSON refuses the run: nothing weaker runs.
     std::fs::write(dir.path().join("broken.json"), "{ not json").unwrap();
-    let run = common::run_in(
+    let run = tier.run_in(
         dir.path(),
         Some("seccomp_profile: broken.json\n"),
         &[],
@@ -1737,6 +1744,7 @@ sc('clone-newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)
     assert_eq!(run.code(), 125, "{d}");
     assert_eq!(run.status(), "sandbox_unavailable", "{d}");
     assert!(!run.stdout().contains("PAYLOAD-RAN"), "{d}");
+}
 }
 
 both_tiers! {
@@ -1829,9 +1837,12 @@ call('abstract-connect', attempt)
 
 // 15 --------------------------------------------------------------------------------------
 
-both_tiers! {
-gvisor_gap("gVisor gap: /proc/sys is gVisor's own and not mounted read-only (the spec's readonlyPaths are not set)")
-fn proc_masks_and_read_only_paths_of_docker_apply(tier) {
+/// Native only: Docker's masks and read-only /proc paths are mounts of the cell's pid 1.
+/// gVisor's /proc has none of these files and this runsc does not mount the spec's
+/// `readonlyPaths`: the next test says what it does instead.
+#[test]
+fn proc_masks_and_read_only_paths_of_docker_apply() {
+    let tier = Tier::Native;
     require_cells!();
     // Docker's masked /proc files read empty (and are mount points, so no other path
     // leads to their content); its read-only /proc paths are read-only mounts.
@@ -1890,6 +1901,46 @@ for name in ["bus", "fs", "irq", "sys", "sysrq-trigger"]:
         .unwrap()
         .is_empty());
 }
+
+/// gVisor only (the test above is the native cell's): this runsc (20221219) does not
+/// apply the spec's `linux.readonlyPaths` (measured: with `/proc/sys` in it, no mount
+/// appears and mountinfo lists `/proc` alone), so airlock does not set them. What it
+/// has instead: none of Docker's masked or read-only /proc files exist in the Sentry's
+/// /proc but `/proc/sys`, which is the Sentry's own (not the host's) and refuses the
+/// payload's writes itself.
+#[test]
+fn on_gvisor_proc_has_no_host_file_and_proc_sys_refuses_writes() {
+    require_cells!();
+    let probe = r#"
+import os
+for name in ["interrupts", "kcore", "keys", "latency_stats", "sched_debug", "timer_list",
+             "timer_stats", "acpi", "asound", "scsi", "bus", "fs", "irq", "sysrq-trigger"]:
+    print(f"{name}: " + ("PRESENT" if os.path.exists("/proc/" + name) else "absent"))
+for path in ["kernel/hostname", "kernel/domainname", "vm/overcommit_memory", "net/ipv4/ip_forward"]:
+    try:
+        with open("/proc/sys/" + path, "w") as f:
+            f.write("1")
+        print(f"{path}: WRITTEN")
+    except OSError as e:
+        print(f"{path}: refused errno={e.errno}")
+print("hostname: " + open("/proc/sys/kernel/hostname").read().strip())
+"#;
+    let run = py(Tier::Gvisor, probe);
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    let out = run.stdout();
+    assert!(!out.contains("PRESENT") && !out.contains("WRITTEN"), "{d}");
+    assert_eq!(out.matches(": absent").count(), 14, "{d}");
+    assert_eq!(
+        out.matches(&format!(": refused errno={}", libc::EACCES))
+            .count(),
+        4,
+        "{d}"
+    );
+    // The Sentry's /proc/sys (the cell's own hostname), not the host's.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_ne!(host.trim(), "airlock");
+    assert!(out.lines().any(|l| l == "hostname: airlock"), "{d}");
 }
 
 // 16 --------------------------------------------------------------------------------------
@@ -1911,12 +1962,12 @@ impl Drop for HostShm {
     }
 }
 
-both_tiers! {
-gvisor_gap("gVisor gap: its kernel has no securebits (PR_GET_SECUREBITS fails) and its /proc/self/cgroup lists no cgroup; the host's shm key is out of reach there too (the test's first check passes)")
-fn host_cgroups_ipc_and_securebits_stay_out_of_reach(tier) {
-    require_cells!();
-    // A SysV shared memory segment on the host, under a key only this test knows.
-    let key: i64 = 0x4149_0000 | i64::from(std::process::id() & 0xffff);
+/// A SysV shared memory segment on the host under a key only test `test` of this process
+/// knows:
+/// its key, and its deletion when dropped.
+fn host_shm_segment(test: i64) -> (i64, HostShm) {
+    // One key per test of this process: the tests run at the same time.
+    let key: i64 = 0x4100_0000 | (i64::from(std::process::id() & 0xffff) << 4) | test;
     let made = Command::new("python3")
         .args([
             "-c",
@@ -1929,8 +1980,13 @@ fn host_cgroups_ipc_and_securebits_stay_out_of_reach(tier) {
         .parse()
         .unwrap();
     assert!(shmid >= 0, "host shmget failed");
-    let _shm = HostShm(shmid);
-    let probe = format!(
+    (key, HostShm(shmid))
+}
+
+/// Python that prints `host-shm: hidden errno=2` when the host segment `key` is neither
+/// listed nor reachable by its key.
+fn host_shm_probe(key: i64) -> String {
+    format!(
         r#"
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
@@ -1942,26 +1998,18 @@ except FileNotFoundError:
 listed = any(line.split()[0] == "{key}" for line in rows)
 r = libc.shmget({key}, 0, 0); e = ctypes.get_errno()
 print("host-shm: " + ("REACHED" if listed or r >= 0 else f"hidden errno={{e}}"))
-# cgroup namespace: the cell's cgroups are its roots, the host's paths are not shown
-paths = [line.rstrip("\n").split(":", 2)[2] for line in open("/proc/self/cgroup")]
-print("cgroups: " + ("root" if paths and all(p == "/" for p in paths) else "LEAKED " + repr(paths)))
-# securebits: noroot, no_setuid_fixup, keep_caps locked, no_cap_ambient_raise, all locked
-bits = libc.prctl(27, 0, 0, 0, 0)
-print("securebits: " + ("locked" if bits == 0xef else f"WEAK {{bits:#x}}"))
 "#
-    );
-    let run = py(tier, &probe);
-    let d = run.describe();
-    assert_eq!(run.code(), 0, "{d}");
-    let out = run.stdout();
+    )
+}
+
+/// The host segment `key` was hidden from the payload (`out`) and is there for the host,
+/// so the check could have failed.
+fn assert_host_shm_hidden(out: &str, key: i64, d: &str) {
     assert!(
         out.lines()
             .any(|l| l.starts_with("host-shm: hidden errno=2")),
         "{d}"
     );
-    assert!(out.lines().any(|l| l == "cgroups: root"), "{d}");
-    assert!(out.lines().any(|l| l == "securebits: locked"), "{d}");
-    // The segment is there for the host, so the check above could have failed.
     let seen = std::fs::read_to_string("/proc/sysvipc/shm").unwrap();
     assert!(
         seen.lines()
@@ -1970,4 +2018,74 @@ print("securebits: " + ("locked" if bits == 0xef else f"WEAK {{bits:#x}}"))
         "the host segment is missing on the host"
     );
 }
+
+/// Native only: cgroup namespace roots and locked securebits are the native cell's. The
+/// next test says what gVisor has instead.
+#[test]
+fn host_cgroups_ipc_and_securebits_stay_out_of_reach() {
+    let tier = Tier::Native;
+    require_cells!();
+    let (key, _shm) = host_shm_segment(1);
+    let probe = format!(
+        r#"{shm}
+# cgroup namespace: the cell's cgroups are its roots, the host's paths are not shown
+paths = [line.rstrip("\n").split(":", 2)[2] for line in open("/proc/self/cgroup")]
+print("cgroups: " + ("root" if paths and all(p == "/" for p in paths) else "LEAKED " + repr(paths)))
+# securebits: noroot, no_setuid_fixup, keep_caps locked, no_cap_ambient_raise, all locked
+bits = libc.prctl(27, 0, 0, 0, 0)
+print("securebits: " + ("locked" if bits == 0xef else f"WEAK {{bits:#x}}"))
+"#,
+        shm = host_shm_probe(key)
+    );
+    let run = py(tier, &probe);
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    let out = run.stdout();
+    assert!(out.lines().any(|l| l == "cgroups: root"), "{d}");
+    assert!(out.lines().any(|l| l == "securebits: locked"), "{d}");
+    assert_host_shm_hidden(&out, key, &d);
+}
+
+/// gVisor only (the test above is the native cell's): gVisor's kernel has no securebits
+/// (`PR_GET_SECUREBITS` is `EINVAL`) and its /proc/self/cgroup lists no cgroup. What holds
+/// instead: the host's shm key is out of reach, no cgroup path of the host is shown, and
+/// the payload has no capability in any set and cannot become root, so there is nothing
+/// securebits would lock.
+#[test]
+fn on_gvisor_host_ipc_and_cgroups_stay_out_of_reach_and_no_capability_exists() {
+    require_cells!();
+    let (key, _shm) = host_shm_segment(2);
+    let probe = format!(
+        r#"{shm}
+import os
+print("cgroup-lines: " + repr(open("/proc/self/cgroup").read()))
+r = libc.prctl(27, 0, 0, 0, 0); e = ctypes.get_errno()
+print("securebits: " + (f"none errno={{e}}" if r == -1 else f"bits={{r:#x}}"))
+caps = [l.split()[1] for l in open("/proc/self/status") if l.startswith(("CapPrm", "CapEff", "CapBnd", "CapInh"))]
+print("caps: " + ("none" if len(caps) == 4 and all(int(c, 16) == 0 for c in caps) else "HELD " + repr(caps)))
+try:
+    os.setuid(0)
+    print("setuid-0: BECAME ROOT")
+except OSError as err:
+    print(f"setuid-0: refused errno={{err.errno}}")
+"#,
+        shm = host_shm_probe(key)
+    );
+    let run = py(Tier::Gvisor, &probe);
+    let d = run.describe();
+    assert_eq!(run.code(), 0, "{d}");
+    let out = run.stdout();
+    assert!(out.lines().any(|l| l == "cgroup-lines: ''"), "{d}");
+    assert!(
+        out.lines()
+            .any(|l| l == format!("securebits: none errno={}", libc::EINVAL)),
+        "{d}"
+    );
+    assert!(out.lines().any(|l| l == "caps: none"), "{d}");
+    assert!(
+        out.lines()
+            .any(|l| l == format!("setuid-0: refused errno={}", libc::EPERM)),
+        "{d}"
+    );
+    assert_host_shm_hidden(&out, key, &d);
 }

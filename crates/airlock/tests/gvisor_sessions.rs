@@ -35,11 +35,17 @@ fn serve(idle_timeout_s: u64) -> Served {
 
 /// `airlock serve` with `contract` (YAML) as `gv`.
 fn serve_contract(idle_timeout_s: u64, contract: &str) -> Served {
-    serve_with(idle_timeout_s, contract, "")
+    serve_with(idle_timeout_s, contract, "", &[])
 }
 
-/// `airlock serve` with `contract` (YAML) as `gv` and `extra` (TOML) in its config.
-fn serve_with(idle_timeout_s: u64, contract: &str, extra: &str) -> Served {
+/// [`serve_contract`] with `files` (name, text) beside the contract, for it to name.
+fn serve_contract_with(idle_timeout_s: u64, contract: &str, files: &[(&str, &str)]) -> Served {
+    serve_with(idle_timeout_s, contract, "", files)
+}
+
+/// `airlock serve` with `contract` (YAML) as `gv`, `extra` (TOML) in its config and
+/// `files` (name, text) beside the contract.
+fn serve_with(idle_timeout_s: u64, contract: &str, extra: &str, files: &[(&str, &str)]) -> Served {
     let config = format!(
         r#"[server]
 listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
@@ -56,6 +62,9 @@ runs_per_minute = 1000
     );
     Served::start(&config, |dir| {
         std::fs::write(dir.join("gv.yaml"), contract).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
     })
 }
 
@@ -269,6 +278,46 @@ fn three_commands_share_the_writable_paths_and_close_leaves_nothing() {
     assert_eq!(session["run"]["plan"]["isolation"], "gvisor", "{session}");
     let verified = served.cli(&["audit", "verify"]);
     assert!(verified.status.success(), "{verified:?}");
+}
+
+/// A contract's custom seccomp profile confines a session's commands: runsc does not
+/// apply the spec's `linux.seccomp` to an exec'd process, so airlock's launcher installs
+/// the plan's program, compiled from the profile. A launcher that installed the default
+/// program instead would let `mkdir` through.
+#[test]
+fn a_custom_seccomp_profile_denies_what_it_denies_in_a_sessions_commands() {
+    require_cells!();
+    let _serial = serial();
+    let profile = r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+        {"names": ["unshare"], "action": "SCMP_ACT_ALLOW"},
+        {"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}
+    ]}"#;
+    let served = serve_contract_with(
+        300,
+        "isolation: gvisor\nseccomp_profile: profile.json\n",
+        &[("profile.json", profile)],
+    );
+    let id = open(&served);
+    let dir = cell_dir(&served);
+    let probe = "import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+try:
+    os.mkdir('/tmp/d'); print('mkdir ALLOWED')
+except OSError as e:
+    print('mkdir blocked errno', e.errno)
+r = libc.unshare(0x10000000)
+print('unshare', 'ALLOWED' if r == 0 else f'blocked errno {ctypes.get_errno()}')
+open('/tmp/f', 'w').write('x'); print('write ALLOWED')
+";
+    let ran = exec(&served, &id, &["python3", "-c", probe], json!({}));
+    assert_eq!(
+        stream(&ran, "stdout"),
+        "mkdir blocked errno 1\nunshare blocked errno 1\nwrite ALLOWED\n",
+        "the profile's denial, the hardening's (the profile cannot allow unshare), and an ordinary call: {ran:?}"
+    );
+    let closed = close(&served, &id);
+    assert_eq!(closed["cleanup"]["ok"], true, "{closed}");
+    assert_left_nothing(&dir);
 }
 
 #[test]
@@ -989,7 +1038,7 @@ fn an_allowlisted_sessions_commands_reach_the_upstream_and_another_name_is_denie
     require_cells!();
     let _serial = serial();
     let env = AllowlistEnv::start();
-    let served = serve_with(300, &env.contract(""), EGRESS_CONFIG);
+    let served = serve_with(300, &env.contract(""), EGRESS_CONFIG, &[]);
     let id = open(&served);
     let dir = cell_dir(&served);
     let url = env.url("api.test", "hello.txt");
@@ -1062,7 +1111,12 @@ fn nothing_else_is_reachable_from_a_sessions_commands_even_after_one_kills_the_f
     let _serial = serial();
     let env = AllowlistEnv::start();
     let probe = RouteProbe::new(UPSTREAM_IP, env.upstream.port);
-    let served = serve_with(300, &env.contract(&probe.contract_inputs()), EGRESS_CONFIG);
+    let served = serve_with(
+        300,
+        &env.contract(&probe.contract_inputs()),
+        EGRESS_CONFIG,
+        &[],
+    );
     let id = open(&served);
     let dir = cell_dir(&served);
     for (kill, when) in [(true, "the killing command"), (false, "the next command")] {
@@ -1160,7 +1214,7 @@ fn held_connections_leave_the_supervisors_threads_bounded_and_the_route_usable()
     let _serial = serial();
     let env = AllowlistEnv::start();
     let contract = env.contract("resources:\n  process_limit: 1024\n  open_files: 1024\n");
-    let served = serve_with(300, &contract, EGRESS_CONFIG);
+    let served = serve_with(300, &contract, EGRESS_CONFIG, &[]);
     let id = open(&served);
     let dir = cell_dir(&served);
     let name = dir.file_name().unwrap().to_string_lossy().into_owned();

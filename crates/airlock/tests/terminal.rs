@@ -3,10 +3,18 @@
 //! raw and always restored; a program can drive the pty through pipes; and the
 //! terminal-injection boundary (TIOCSTI, TIOCLINUX, the caller's own tty) stays closed.
 //! Without the option nothing changes. Root; each test has its own `--state-dir`.
+//!
+//! The cases in `both_tiers!` run on the native cell and on gVisor, where runsc opens the
+//! payload's pty on the host and sends its master to airlock's console socket
+//! (crates/cell/src/gvisor/console.rs); where the tiers differ, the case says how. A
+//! terminal handed to a service runs on the native tier only: on gVisor it is refused
+//! (the last case).
 
 mod common;
 
+use common::host::Supervisor;
 use common::served::Served;
+use common::tier::Tier;
 use common::{airlock_bin, CellRun};
 use serde_json::Value;
 use std::io::Write;
@@ -32,6 +40,30 @@ impl Driven {
     fn status(&self) -> i64 {
         self.report["status"].as_i64().unwrap_or(-1000)
     }
+    /// The `airlock run` the driver started (its pid and start time name its cells).
+    fn supervisor(&self) -> Supervisor {
+        let supervisor = &self.report["supervisor"];
+        Supervisor {
+            pid: supervisor["pid"]
+                .as_u64()
+                .expect("the driver names airlock's pid") as u32,
+            start_time: supervisor["start_time"].as_u64().unwrap(),
+        }
+    }
+
+    /// The run was on `tier` and left nothing behind.
+    fn assert_left_nothing(&self, tier: Tier) {
+        if !self.result.is_null() {
+            assert_eq!(
+                self.result["plan"]["isolation"],
+                tier.name(),
+                "{}",
+                self.describe()
+            );
+        }
+        tier.assert_left_nothing(self.supervisor(), &self.result, &self.describe());
+    }
+
     fn describe(&self) -> String {
         format!(
             "{}\nresult: {}",
@@ -41,15 +73,39 @@ impl Driven {
     }
 }
 
-/// Runs `airlock run --contract <yaml> -- argv` on a pty of `rows` x `cols`, driven by
-/// `steps` (see tests/fixtures/pty_driver.py), in the driver's process with a store of
-/// its own.
-fn drive(yaml: Option<&str>, rows: u16, cols: u16, steps: Value, argv: &[&str]) -> Driven {
-    drive_through(None, yaml, rows, cols, steps, argv)
+/// Runs `airlock run --contract <yaml> -- argv` on `tier` on a pty of `rows` x `cols`,
+/// driven by `steps` (see tests/fixtures/pty_driver.py), in the driver's process with a
+/// store of its own.
+fn drive(
+    tier: Tier,
+    yaml: Option<&str>,
+    rows: u16,
+    cols: u16,
+    steps: Value,
+    argv: &[&str],
+) -> Driven {
+    drive_through(tier, None, yaml, rows, cols, steps, argv)
 }
 
 /// [`drive`], handed to `service` (`airlock run -v`, whose stderr says so) when given.
+/// Checks that the run left nothing behind.
 fn drive_through(
+    tier: Tier,
+    service: Option<&Served>,
+    yaml: Option<&str>,
+    rows: u16,
+    cols: u16,
+    steps: Value,
+    argv: &[&str],
+) -> Driven {
+    let driven = drive_unchecked(tier, service, yaml, rows, cols, steps, argv);
+    driven.assert_left_nothing(tier);
+    driven
+}
+
+/// [`drive_through`] without the check: for a run whose caller checks later.
+fn drive_unchecked(
+    tier: Tier,
     service: Option<&Served>,
     yaml: Option<&str>,
     rows: u16,
@@ -68,6 +124,7 @@ fn drive_through(
         ]),
     }
     command.extend(["--result".into(), result.display().to_string()]);
+    let yaml = tier.contract(yaml);
     if let Some(yaml) = yaml {
         let contract = dir.path().join("contract.yaml");
         std::fs::write(&contract, yaml).unwrap();
@@ -75,6 +132,7 @@ fn drive_through(
     }
     command.push("--".into());
     command.extend(argv.iter().map(|a| a.to_string()));
+    let _one_sandbox = tier.serial();
     let mut driver_command = Command::new("python3");
     match service {
         Some(service) => driver_command.env("AIRLOCK_SOCKET", service.sock()),
@@ -102,12 +160,14 @@ fn drive_through(
     Driven { report, result }
 }
 
-/// `airlock run` with `stdin` piped in (a program driving a pty-based tool).
-fn piped(yaml: &str, stdin: &[u8], argv: &[&str]) -> CellRun {
+/// `airlock run` on `tier` with `stdin` piped in (a program driving a pty-based tool).
+/// Checks that the run left nothing behind.
+fn piped(tier: Tier, yaml: &str, stdin: &[u8], argv: &[&str]) -> CellRun {
     let dir = tempfile::tempdir().unwrap();
     let result = dir.path().join("result.json");
     let contract = dir.path().join("contract.yaml");
-    std::fs::write(&contract, yaml).unwrap();
+    std::fs::write(&contract, tier.contract(Some(yaml)).unwrap()).unwrap();
+    let _one_sandbox = tier.serial();
     let mut child = Command::new(airlock_bin())
         .arg("run")
         .arg("--state-dir")
@@ -123,16 +183,25 @@ fn piped(yaml: &str, stdin: &[u8], argv: &[&str]) -> CellRun {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn airlock");
+    let supervisor = Supervisor::of(&child);
     child.stdin.take().unwrap().write_all(stdin).unwrap();
-    CellRun::collect(child.wait_with_output().unwrap(), &result)
+    let mut run = CellRun::collect(child.wait_with_output().unwrap(), &result);
+    run.supervisor = Some(supervisor);
+    tier.assert_ran_on(&run);
+    tier.assert_left_nothing(supervisor, &run.result, &run.describe());
+    run
 }
 
-#[test]
-fn with_a_terminal_the_payload_runs_on_a_cell_pts_with_the_callers_window_size() {
+both_tiers! {
+/// Natively the terminal is the cell's `/dev/pts/0`. On gVisor it is the host pty runsc
+/// opened, which the Sentry serves as `host:[1]` (no path: `tty` names none); the
+/// caller's resize reaches it through the master as natively.
+fn with_a_terminal_the_payload_runs_on_its_own_pty_with_the_callers_window_size(tier) {
     require_cells!();
     let script = "tty; test -t 0 -a -t 1 -a -t 2 && echo all-terminals; stty size; \
                   read line; stty size";
     let run = drive(
+        tier,
         Some(TTY_CONTRACT),
         33,
         101,
@@ -147,7 +216,11 @@ fn with_a_terminal_the_payload_runs_on_a_cell_pts_with_the_callers_window_size()
     );
     let text = run.transcript();
     assert!(run.report["failed"].is_null(), "{}", run.describe());
-    assert!(text.contains("/dev/pts/0"), "{}", run.describe());
+    let name = match tier {
+        Tier::Native => "/dev/pts/0",
+        Tier::Gvisor => "not a tty",
+    };
+    assert!(text.contains(name), "{}", run.describe());
     assert!(text.contains("all-terminals"), "{}", run.describe());
     assert_eq!(run.status(), 0, "{}", run.describe());
     assert_eq!(
@@ -157,13 +230,15 @@ fn with_a_terminal_the_payload_runs_on_a_cell_pts_with_the_callers_window_size()
         run.describe()
     );
 }
+}
 
 /// An interactive bash on the cell's terminal (handed to `service` when given): it
 /// answers a typed line, Ctrl-C ends its foreground job and not airlock (raw at the
 /// caller, Ctrl-C is a byte the cell's line discipline makes that job's SIGINT), and its
 /// exit status is the run's.
-fn interactive_shell(service: Option<&Served>) -> Driven {
+fn interactive_shell(tier: Tier, service: Option<&Served>) -> Driven {
     let run = drive_through(
+        tier,
         service,
         Some(TTY_CONTRACT),
         24,
@@ -188,16 +263,18 @@ fn interactive_shell(service: Option<&Served>) -> Driven {
     run
 }
 
-#[test]
-fn an_interactive_shell_answers_a_typed_line_and_ctrl_c_reaches_the_payload() {
+both_tiers! {
+fn an_interactive_shell_answers_a_typed_line_and_ctrl_c_reaches_the_payload(tier) {
     require_cells!();
-    interactive_shell(None);
+    interactive_shell(tier, None);
+}
 }
 
-#[test]
-fn a_python_repl_in_the_cell_answers_through_the_pty() {
+both_tiers! {
+fn a_python_repl_in_the_cell_answers_through_the_pty(tier) {
     require_cells!();
     let run = drive(
+        tier,
         Some(TTY_CONTRACT),
         24,
         80,
@@ -214,11 +291,13 @@ fn a_python_repl_in_the_cell_answers_through_the_pty() {
     assert!(run.report["failed"].is_null(), "{}", run.describe());
     assert_eq!(run.status(), 0, "{}", run.describe());
 }
+}
 
-#[test]
-fn the_callers_terminal_is_raw_during_the_run_and_restored_after_it() {
+both_tiers! {
+fn the_callers_terminal_is_raw_during_the_run_and_restored_after_it(tier) {
     require_cells!();
     let run = drive(
+        tier,
         Some(TTY_CONTRACT),
         24,
         80,
@@ -229,11 +308,13 @@ fn the_callers_terminal_is_raw_during_the_run_and_restored_after_it() {
     assert_eq!(run.report["modes_restored"], true, "{}", run.describe());
     assert!(run.transcript().contains("got-x"), "{}", run.describe());
 }
+}
 
-#[test]
-fn the_callers_terminal_is_restored_after_a_deadline_kill() {
+both_tiers! {
+fn the_callers_terminal_is_restored_after_a_deadline_kill(tier) {
     require_cells!();
     let run = drive(
+        tier,
         Some("terminal: true\nresources: { wall_time_seconds: 1 }\n"),
         24,
         80,
@@ -245,12 +326,19 @@ fn the_callers_terminal_is_restored_after_a_deadline_kill() {
     assert_eq!(run.result["limit_fired"], "wall_time", "{}", run.describe());
     assert_eq!(run.report["modes_restored"], true, "{}", run.describe());
 }
+}
 
-#[test]
-fn the_callers_terminal_is_restored_before_airlock_dies_of_a_signal() {
+both_tiers! {
+/// On gVisor the sandbox is killed and torn down before airlock dies of the signal:
+/// nothing is left at once. Natively the cell dies with its supervisor, as without a
+/// terminal, and its cgroups are reaped by the next run (as after a SIGKILL).
+fn the_callers_terminal_is_restored_before_airlock_dies_of_a_signal(tier) {
     require_cells!();
+    let mut ended = Vec::new();
     for signal in ["TERM", "HUP"] {
-        let run = drive(
+        let run = drive_unchecked(
+            tier,
+            None,
             Some(TTY_CONTRACT),
             24,
             80,
@@ -266,11 +354,21 @@ fn the_callers_terminal_is_restored_before_airlock_dies_of_a_signal() {
             "{signal}: {}",
             run.describe()
         );
+        ended.push(run);
+    }
+    if tier == Tier::Native {
+        drive(tier, None, 24, 80, serde_json::json!([]), &["true"]);
+    }
+    for run in &ended {
+        run.assert_left_nothing(tier);
     }
 }
+}
 
-#[test]
-fn tiocsti_and_tioclinux_on_the_cells_terminal_are_denied() {
+both_tiers! {
+/// On gVisor the plan's seccomp policy denies them in the Sentry (the spec's
+/// `linux.seccomp`), before the host pty is reached.
+fn tiocsti_and_tioclinux_on_the_cells_terminal_are_denied(tier) {
     require_cells!();
     // Typing into its own terminal would type into whatever reads it next; the filter
     // refuses it on the pty the payload was given as on any other.
@@ -282,6 +380,7 @@ fn tiocsti_and_tioclinux_on_the_cells_terminal_are_denied() {
                  \x20   except OSError as err:\n\
                  \x20       print(name, 'denied', err.errno)\n";
     let run = drive(
+        tier,
         Some(TTY_CONTRACT),
         24,
         80,
@@ -301,9 +400,14 @@ fn tiocsti_and_tioclinux_on_the_cells_terminal_are_denied() {
     );
     assert!(!text.contains("ALLOWED"), "{}", run.describe());
 }
+}
 
-#[test]
-fn the_payload_cannot_reach_the_callers_terminal_and_its_devpts_is_its_own() {
+both_tiers! {
+/// Natively the cell has its own devpts instance with its pty 0. On gVisor `/dev/pts` is
+/// the Sentry's own devpts: the host pty runsc opened for the payload is not in it (the
+/// payload holds it only as `host:[1]`, served by the Sentry), and a pair opened there
+/// is the Sentry's.
+fn the_payload_cannot_reach_the_callers_terminal_and_its_devpts_is_its_own(tier) {
     require_cells!();
     // The caller's pty is /dev/pts/N (N > 0) of the host's devpts; in the cell only its
     // own instance exists, with its own pty 0, and a new pair opened there is the
@@ -324,10 +428,18 @@ print('new pair', os.ttyname(slave))
 "#;
     // The driver's pty number is only known once it runs: the probe reads the caller's
     // path from the driver's report of a first run.
-    let first = drive(Some(TTY_CONTRACT), 24, 80, serde_json::json!([]), &["true"]);
+    let first = drive(
+        tier,
+        Some(TTY_CONTRACT),
+        24,
+        80,
+        serde_json::json!([]),
+        &["true"],
+    );
     let caller = first.report["caller_tty"].as_str().unwrap().to_string();
     assert_ne!(caller, "/dev/pts/0");
     let run = drive(
+        tier,
         Some(TTY_CONTRACT),
         24,
         80,
@@ -335,17 +447,28 @@ print('new pair', os.ttyname(slave))
         &["python3", "-c", probe, &caller],
     );
     let text = run.transcript();
-    assert!(text.contains("stdio ['/dev/pts/0']"), "{}", run.describe());
-    assert!(text.contains("pts ['0', 'ptmx']"), "{}", run.describe());
+    let (stdio, pts) = match tier {
+        Tier::Native => ("stdio ['/dev/pts/0']", "pts ['0', 'ptmx']"),
+        Tier::Gvisor => ("stdio ['host:[1]']", "pts ['ptmx']"),
+    };
+    assert!(text.contains(stdio), "{}", run.describe());
+    assert!(text.contains(pts), "{}", run.describe());
     assert!(text.contains("refused"), "{}", run.describe());
     assert!(!text.contains("OPENED"), "{}", run.describe());
-    assert!(text.contains("new pair /dev/pts/1"), "{}", run.describe());
+    // Natively pty 0 is the payload's; the Sentry's devpts had none before.
+    let pair = match tier {
+        Tier::Native => "new pair /dev/pts/1",
+        Tier::Gvisor => "new pair /dev/pts/0",
+    };
+    assert!(text.contains(pair), "{}", run.describe());
+}
 }
 
-#[test]
-fn output_bytes_still_truncates_a_chatty_terminal_payload() {
+both_tiers! {
+fn output_bytes_still_truncates_a_chatty_terminal_payload(tier) {
     require_cells!();
     let run = piped(
+        tier,
         "terminal: true\nresources: { output_bytes: 1000 }\n",
         b"",
         &["sh", "-c", "yes | head -c 100000"],
@@ -363,13 +486,15 @@ fn output_bytes_still_truncates_a_chatty_terminal_payload() {
         .unwrap_or(0);
     assert!(seen >= 100_000, "{}", run.describe());
 }
+}
 
-#[test]
-fn a_piped_caller_drives_the_terminal_and_its_eof_ends_the_payloads_input() {
+both_tiers! {
+fn a_piped_caller_drives_the_terminal_and_its_eof_ends_the_payloads_input(tier) {
     require_cells!();
     // A program driving a pty-based tool: input relayed into the master, the end of it
     // typed as Ctrl-D, so `cat` ends on its own long before the deadline.
     let run = piped(
+        tier,
         "terminal: true\nresources: { wall_time_seconds: 20 }\n",
         b"hello pty\n",
         &["sh", "-c", "test -t 0 && echo stdin-is-a-terminal; cat"],
@@ -396,14 +521,22 @@ fn a_piped_caller_drives_the_terminal_and_its_eof_ends_the_payloads_input() {
     assert_eq!(run.result["stdin"]["bytes"], 10, "{}", run.describe());
     assert_eq!(run.result["stdin"]["eof"], true, "{}", run.describe());
 }
+}
 
-#[test]
-fn without_the_option_a_caller_terminal_is_not_given_to_the_payload() {
+both_tiers! {
+fn without_the_option_a_caller_terminal_is_not_given_to_the_payload(tier) {
     require_cells!();
     // tty_nr, field 7 of /proc/self/stat, is 0 without a controlling terminal.
     let script = "tty; test -t 1 || echo stdout-not-a-terminal; \
                   echo tty_nr=$(cut -d' ' -f7 /proc/self/stat)";
-    let run = drive(None, 24, 80, serde_json::json!([]), &["sh", "-c", script]);
+    let run = drive(
+        tier,
+        None,
+        24,
+        80,
+        serde_json::json!([]),
+        &["sh", "-c", script],
+    );
     let text = run.transcript();
     assert!(text.contains("not a tty"), "{}", run.describe());
     assert!(text.contains("stdout-not-a-terminal"), "{}", run.describe());
@@ -411,8 +544,11 @@ fn without_the_option_a_caller_terminal_is_not_given_to_the_payload() {
     assert_eq!(run.result["stdin"]["mode"], "none", "{}", run.describe());
     assert_eq!(run.report["modes_restored"], true, "{}", run.describe());
 }
+}
 
 // ---- handed to a running service (crates/engine/src/handoff.rs) ----
+// Native: a gVisor run in the service is supervised on one of its threads, which does
+// not take a caller's terminal (the last case shows the refusal).
 
 /// `airlock serve` on its unix socket only.
 fn service() -> Served {
@@ -433,6 +569,7 @@ fn handed_to_a_service_the_payload_gets_a_cell_pts_that_follows_the_callers_wind
     let service = service();
     let script = "tty; stty size; read line; stty size";
     let run = drive_through(
+        Tier::Native,
         Some(&service),
         Some(TTY_CONTRACT),
         33,
@@ -469,7 +606,7 @@ fn handed_to_a_service_the_payload_gets_a_cell_pts_that_follows_the_callers_wind
 fn handed_to_a_service_an_interactive_shell_answers_and_ctrl_c_reaches_the_payload() {
     require_cells!();
     let service = service();
-    let run = interactive_shell(Some(&service));
+    let run = interactive_shell(Tier::Native, Some(&service));
     assert!(handed_over(&run), "{}", run.describe());
 }
 
@@ -497,6 +634,7 @@ for name, request in (('TIOCSTI', termios.TIOCSTI), ('TIOCLINUX', 0x541C)):
 "#;
     let service = service();
     let first = drive_through(
+        Tier::Native,
         Some(&service),
         Some(TTY_CONTRACT),
         24,
@@ -506,6 +644,7 @@ for name, request in (('TIOCSTI', termios.TIOCSTI), ('TIOCLINUX', 0x541C)):
     );
     let caller = first.report["caller_tty"].as_str().unwrap().to_string();
     let run = drive_through(
+        Tier::Native,
         Some(&service),
         Some(TTY_CONTRACT),
         24,
@@ -543,6 +682,7 @@ fn handed_to_a_service_a_client_killed_by_a_signal_restores_its_terminal_and_end
     let script = format!("sleep 30; : {marker}");
     for signal in ["TERM", "HUP"] {
         let run = drive_through(
+            Tier::Native,
             Some(&service),
             Some(TTY_CONTRACT),
             24,
@@ -576,4 +716,38 @@ fn handed_to_a_service_a_client_killed_by_a_signal_restores_its_terminal_and_end
         "{}",
         String::from_utf8_lossy(&left.stdout)
     );
+}
+
+/// A terminal handed to a service on gVisor is refused, not run without the caller's
+/// window and signals: the service supervises a gVisor run on one of its threads, which
+/// does not take a caller's terminal (crates/cell/src/gvisor/mod.rs). The client's
+/// terminal is restored and nothing ran.
+#[test]
+fn handed_to_a_service_a_gvisor_terminal_is_refused_and_nothing_runs() {
+    require_cells!();
+    let service = service();
+    let run = drive_through(
+        Tier::Gvisor,
+        Some(&service),
+        Some(TTY_CONTRACT),
+        24,
+        80,
+        serde_json::json!([]),
+        &["sh", "-c", "echo PAYLOAD-RAN"],
+    );
+    assert!(handed_over(&run), "{}", run.describe());
+    assert_eq!(run.status(), 125, "{}", run.describe());
+    assert!(
+        run.report["stderr"]
+            .as_str()
+            .is_some_and(|e| e.contains("gvisor.terminal")),
+        "{}",
+        run.describe()
+    );
+    assert!(
+        !run.transcript().contains("PAYLOAD-RAN"),
+        "{}",
+        run.describe()
+    );
+    assert_eq!(run.report["modes_restored"], true, "{}", run.describe());
 }

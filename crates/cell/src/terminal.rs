@@ -177,7 +177,17 @@ impl CallerTerminal {
     /// `payload_terminal` (the master, once the cell sent it); a fatal signal restores the
     /// terminal and ends the process.
     pub fn on_signals(&mut self, payload_terminal: Option<BorrowedFd<'_>>) {
-        let Some(held) = &self.state else { return };
+        if let Some(signal) = self.take_signals(payload_terminal) {
+            self.restore();
+            sys::die_of(signal)
+        }
+    }
+
+    /// [`CallerTerminal::on_signals`] for a supervisor that ends its sandbox first: a
+    /// fatal signal is returned (the rest of the queue is left), for
+    /// [`CallerTerminal::die_of`] once the sandbox is gone.
+    pub fn take_signals(&mut self, payload_terminal: Option<BorrowedFd<'_>>) -> Option<i32> {
+        let held = self.state.as_ref()?;
         while let Some(signal) = sys::read_signal(held.signals.as_fd()) {
             match meaning(signal) {
                 TakenSignal::Resize => {
@@ -186,12 +196,16 @@ impl CallerTerminal {
                     }
                 }
                 TakenSignal::Ignore => {}
-                TakenSignal::Die(signal) => {
-                    self.restore();
-                    sys::die_of(signal)
-                }
+                TakenSignal::Die(signal) => return Some(signal),
             }
         }
+        None
+    }
+
+    /// Restores the terminal, then ends the process as `signal` would have.
+    pub fn die_of(mut self, signal: libc::c_int) -> ! {
+        self.restore();
+        sys::die_of(signal)
     }
 
     /// Blocks until `fd` is readable or hung up, acting on the signals taken meanwhile

@@ -206,6 +206,7 @@ fn seccomp_plan(
                 summary: seccomp::default_summary(),
             },
             program: Cow::Borrowed(seccomp::DEFAULT_FILTER),
+            custom_policy: None,
         });
     };
     let path = host_path(input.base_dir, &profile.host_path());
@@ -228,6 +229,7 @@ fn seccomp_plan(
         },
         profile: SeccompProfile::DockerJson { path },
         program: Cow::Owned(program),
+        custom_policy: Some(policy),
     })
 }
 
@@ -906,8 +908,11 @@ resources:
     #[test]
     fn what_the_gvisor_tier_cannot_enforce_is_a_field_error_not_a_weaker_run() {
         for (yaml, field) in [
-            ("terminal: true\n", "terminal"),
-            ("seccomp_profile: strict.json\n", "seccomp_profile"),
+            (
+                "terminal: true\nnetwork: { mode: allowlist, allowed_domains: [a.test] }\n",
+                "terminal",
+            ),
+            ("terminal: true\nbroker_actions: [x]\n", "terminal"),
         ] {
             let err = compile_yaml(&format!("isolation: gvisor\n{yaml}")).unwrap_err();
             assert!(

@@ -278,6 +278,13 @@ pub struct SeccompPlan {
     /// that one (a plan read back without its program installs nothing).
     #[serde(skip)]
     pub program: std::borrow::Cow<'static, [BpfInsn]>,
+    /// A custom profile's policy, hardened, that `program` was compiled from: for a
+    /// runtime that takes a policy rather than a program (the gVisor tier's
+    /// `linux.seccomp`, crates/oci). `None` for the default profile (its policy is
+    /// [`crate::seccomp::default_policy`]) and in a plan read back, which a runtime that
+    /// needs it refuses, as it refuses a plan without its program.
+    #[serde(skip)]
+    pub custom_policy: Option<crate::seccomp::SeccompPolicy>,
 }
 
 impl Limits {
@@ -340,12 +347,15 @@ pub struct HttpRulePlan {
 }
 
 /// A plan as it travels between airlock's own processes (the engine to its cell factory):
-/// the plan and its seccomp program, which the plan's serialised form leaves out. The
-/// receiving runtime still refuses a program whose hash is not the one the plan names.
+/// the plan, its seccomp program and a custom profile's policy, which the plan's
+/// serialised form leaves out. The receiving runtime still refuses a program whose hash
+/// is not the one the plan names, and a policy that does not compile to that program.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlanTransfer {
     pub plan: CellPlan,
     pub seccomp_program: Vec<crate::seccomp::BpfInsn>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seccomp_policy: Option<crate::seccomp::SeccompPolicy>,
 }
 
 impl PlanTransfer {
@@ -353,12 +363,14 @@ impl PlanTransfer {
         PlanTransfer {
             plan: plan.clone(),
             seccomp_program: plan.seccomp.program.to_vec(),
+            seccomp_policy: plan.seccomp.custom_policy.clone(),
         }
     }
 
     pub fn into_plan(self) -> CellPlan {
         let mut plan = self.plan;
         plan.seccomp.program = self.seccomp_program.into();
+        plan.seccomp.custom_policy = self.seccomp_policy;
         plan
     }
 }

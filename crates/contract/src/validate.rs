@@ -648,22 +648,25 @@ fn check_secrets(contract: &Contract, errors: &mut Errors) {
 }
 
 /// What the gVisor tier cannot enforce as asked (yet) is an error, never a silently
-/// weaker run: its payload has no pty of a devpts airlock owns, only the default system
-/// call policy is translated for gVisor's kernel (crates/oci/src/seccomp.rs), not a
-/// custom profile, and a pod's network and image root are not built (docs/threat-model.md,
-/// "Tiers"). Secrets and broker actions are: the proxy and the broker are the native
-/// cell's, reached through the tier's forwarders (crates/cell/src/gvisor/route.rs), and
-/// the run CA's bundle is an `/etc` entry the bundle binds like any other.
+/// weaker run: a terminal is built for a run without a route out only (no network, no
+/// broker), and a pod's network and image root are not built (docs/threat-model.md,
+/// "Tiers"). A custom seccomp profile is translated for gVisor's kernel
+/// (crates/oci/src/seccomp.rs). Secrets and broker actions are: the proxy and the broker
+/// are the native cell's, reached through the tier's forwarders
+/// (crates/cell/src/gvisor/route.rs), and the run CA's bundle is an `/etc` entry the
+/// bundle binds like any other.
 fn check_isolation(contract: &Contract, errors: &mut Errors) {
     if contract.isolation != Isolation::Gvisor {
         return;
     }
     let unsupported = [
-        (contract.terminal, "terminal", "a terminal"),
         (
-            contract.seccomp_profile != DEFAULT_SECCOMP_PROFILE,
-            "seccomp_profile",
-            "a custom seccomp profile (gVisor's Sentry filters the system calls)",
+            contract.terminal
+                && (contract.network.mode != NetworkMode::Deny
+                    || !contract.broker_actions.is_empty()),
+            "terminal",
+            "a terminal with a network or broker actions (its payload then runs behind a \
+             forwarder)",
         ),
         (
             contract.network.mode == NetworkMode::Pod,

@@ -4,7 +4,9 @@
 //! `ptrace`, `io_uring_setup`, TIOCSTI, ... which the Sentry would otherwise serve).
 //!
 //! The policy is the one the native program is compiled from
-//! (`airlock_contract::seccomp::default_policy`); the translation keeps its meaning:
+//! (`airlock_contract::seccomp::default_policy`, or a custom profile's policy as compile
+//! parsed and hardened it: `SeccompPlan::custom_policy`); the translation keeps its
+//! meaning:
 //! - a syscall's conditional rules come first, in their order, then one entry with its
 //!   `otherwise` action: runsc tries a syscall's entries in order, the first match wins
 //!   (as the native program's "first matching rule, else otherwise");
@@ -18,7 +20,8 @@
 
 use crate::OciError;
 use airlock_contract::seccomp::{
-    default_policy, ArgCondition, ArgOp, SeccompAction, SeccompPolicy, X86_64_SYSCALLS,
+    compile, default_policy, program_sha256, ArgCondition, ArgOp, SeccompAction, SeccompPolicy,
+    X86_64_SYSCALLS,
 };
 use airlock_contract::{CellPlan, SeccompProfile};
 use oci_spec::runtime::{
@@ -30,16 +33,37 @@ use std::collections::BTreeMap;
 /// The low 32 bits of an argument.
 const LOW_32: u64 = 0xffff_ffff;
 
-/// The spec's seccomp section for `plan`. A custom profile is refused for this tier by
-/// validation; one that comes another way is refused here rather than run unfiltered.
+/// Names runsc's own syscall table gives a call, where they differ from Linux's. runsc
+/// looks each name of an entry up in that table and skips a name it does not know (a
+/// warning in its log, runsc/specutils/seccomp), so a call named only by its Linux name
+/// would fall to the default action. Measured with Debian 12's runsc: `pselect6` under
+/// the translated default policy was `EPERM` (Python's `select.select`, bash's
+/// readline) while `select`, `poll` and `ppoll` ran; its table names the call `pselect`.
+/// An entry names both: a runsc that knows one skips the other.
+const RUNSC_NAMES: &[(&str, &str)] = &[("pselect6", "pselect")];
+
+/// The spec's seccomp section for `plan`: the default policy, or the contract's custom
+/// profile as compile hardened it. A custom policy is translated only if it compiles to
+/// the program the plan names (its sha256): a plan without it (one read back) or with
+/// another is refused rather than run with a filter the record does not name.
 pub fn plan_seccomp(plan: &CellPlan) -> Result<LinuxSeccomp, OciError> {
-    match &plan.seccomp.profile {
-        SeccompProfile::Default => policy_seccomp(&default_policy()),
-        SeccompProfile::DockerJson { path } => Err(OciError::Seccomp(format!(
-            "a custom profile ({}) is not built for the gVisor tier",
-            path.display()
-        ))),
+    let path = match &plan.seccomp.profile {
+        SeccompProfile::Default => return policy_seccomp(&default_policy()),
+        SeccompProfile::DockerJson { path } => path.display(),
+    };
+    let refused = |why: &str| OciError::Seccomp(format!("the custom profile {path}: {why}"));
+    let policy = plan
+        .seccomp
+        .custom_policy
+        .as_ref()
+        .ok_or_else(|| refused("the plan carries no policy compiled from it"))?;
+    let program = compile(policy).map_err(|e| refused(&e))?;
+    if program_sha256(&program) != plan.seccomp.filter.sha256 {
+        return Err(refused(
+            "its policy does not compile to the program the plan names",
+        ));
     }
+    policy_seccomp(policy)
 }
 
 /// `policy` as OCI seccomp entries: every conditional rule (per syscall, in order), then
@@ -55,12 +79,12 @@ pub fn policy_seccomp(policy: &SeccompPolicy) -> Result<LinuxSeccomp, OciError> 
                 .iter()
                 .map(|c| arg(name, c))
                 .collect::<Result<Vec<_>, _>>()?;
-            conditional.push(entry(vec![name.to_string()], rule.action, Some(args))?);
+            conditional.push(entry(oci_names(name), rule.action, Some(args))?);
         }
         otherwise
             .entry(action_key(rules.otherwise))
             .or_default()
-            .push(name.to_string());
+            .extend(oci_names(name));
     }
     let mut syscalls = conditional;
     for (key, names) in otherwise {
@@ -75,6 +99,15 @@ pub fn policy_seccomp(policy: &SeccompPolicy) -> Result<LinuxSeccomp, OciError> 
         builder = builder.default_errno_ret(errno);
     }
     Ok(builder.build()?)
+}
+
+/// The names an entry gives a call: its Linux name, and runsc's where it differs.
+fn oci_names(name: &str) -> Vec<String> {
+    let runsc = RUNSC_NAMES.iter().filter(|(linux, _)| *linux == name);
+    std::iter::once(name)
+        .chain(runsc.map(|(_, own)| *own))
+        .map(str::to_string)
+        .collect()
 }
 
 fn syscall_name(nr: u32) -> Result<&'static str, OciError> {
@@ -169,6 +202,7 @@ fn ordering(op: ArgOp) -> LinuxSeccompOperator {
 mod tests {
     use super::*;
     use airlock_contract::seccomp::syscall_number;
+    use airlock_contract::PlanTransfer;
 
     fn entries_for<'a>(seccomp: &'a LinuxSeccomp, name: &str) -> Vec<&'a LinuxSyscall> {
         seccomp
@@ -226,6 +260,54 @@ mod tests {
             }
         }
         assert!(!entries_for(&seccomp, "read").is_empty());
+        // pselect6 is allowed under runsc's own name too.
+        let pselect = entries_for(&seccomp, "pselect");
+        assert_eq!(pselect.len(), 1);
+        assert_eq!(pselect[0].action(), LinuxSeccompAction::ScmpActAllow);
+        assert!(pselect[0].names().iter().any(|n| n == "pselect6"));
+    }
+
+    fn custom_plan() -> CellPlan {
+        let contract = airlock_contract::parse_contract(
+            "seccomp_profile: p.json\n",
+            airlock_contract::ContractFormat::Yaml,
+        )
+        .unwrap();
+        let argv = ["true".to_string()];
+        let mut input = airlock_contract::CompileInput::new(std::path::Path::new("/"), &argv);
+        input.seccomp_profile = Some(
+            r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+                {"names": ["mkdir"], "action": "SCMP_ACT_ERRNO", "errnoRet": 13}]}"#,
+        );
+        airlock_contract::compile(&contract, &input).unwrap()
+    }
+
+    #[test]
+    fn a_custom_profile_is_its_own_policy_and_only_the_one_the_plan_names() {
+        let plan = custom_plan();
+        let seccomp = plan_seccomp(&plan).unwrap();
+        assert_eq!(seccomp.default_action(), LinuxSeccompAction::ScmpActAllow);
+        let mkdir = entries_for(&seccomp, "mkdir");
+        assert_eq!(mkdir.len(), 1);
+        assert_eq!(mkdir[0].errno_ret(), Some(13), "the profile's errno");
+        // The hardening comes with it.
+        assert_ne!(
+            entries_for(&seccomp, "unshare")[0].action(),
+            LinuxSeccompAction::ScmpActAllow
+        );
+        // Read back without its policy, or with another one: refused, never the default.
+        let mut without = plan.clone();
+        without.seccomp.custom_policy = None;
+        assert!(plan_seccomp(&without).is_err());
+        let mut other = plan.clone();
+        let policy = other.seccomp.custom_policy.as_mut().unwrap();
+        policy.syscalls.remove(&syscall_number("mkdir").unwrap());
+        let err = plan_seccomp(&other).unwrap_err();
+        assert!(err.to_string().contains("does not compile to"), "{err}");
+        // The policy travels with the plan to the cell factory.
+        let back: airlock_contract::PlanTransfer =
+            serde_json::from_slice(&serde_json::to_vec(&PlanTransfer::of(&plan)).unwrap()).unwrap();
+        assert!(plan_seccomp(&back.into_plan()).is_ok());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! test that only exists for one tier), never by returning early.
 
 use super::{host, run_in, CellRun};
+use serde_json::Value;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
@@ -92,7 +93,21 @@ impl Tier {
         self.run(None, &["/bin/sh", "-c", script])
     }
 
-    fn serial(self) -> Option<MutexGuard<'static, ()>> {
+    /// Nothing of the cells of `supervisor` (an `airlock run` that ended, started by a
+    /// test without [`host::run_supervisor`]: a pty driver's) is left: its cgroups, and
+    /// on gVisor everything of its sandbox (see [`assert_left_nothing_of`]).
+    pub fn assert_left_nothing(self, supervisor: host::Supervisor, result: &Value, describe: &str) {
+        match self {
+            Tier::Native => {
+                let cgroups = host::cgroups_of(&supervisor);
+                assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}\n{describe}");
+            }
+            Tier::Gvisor => assert_left_nothing_of(supervisor, result, describe),
+        }
+    }
+
+    /// One gVisor sandbox at a time in this test process (see [`GVISOR_SERIAL`]).
+    pub fn serial(self) -> Option<MutexGuard<'static, ()>> {
         (self == Tier::Gvisor).then(|| GVISOR_SERIAL.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
@@ -102,10 +117,15 @@ impl Tier {
 /// mount there, a process naming it (runsc's sandbox and gofer carry `--root=<its dir>`).
 pub fn assert_sandbox_left_nothing(run: &CellRun) {
     let supervisor = run.supervisor.expect("started by run_supervisor");
-    assert_sandboxes_of_left_nothing(&supervisor, &run.describe());
+    assert_left_nothing_of(supervisor, &run.result, &run.describe());
+}
+
+/// [`assert_sandbox_left_nothing`] for `supervisor`'s run, whose result is `result`.
+pub fn assert_left_nothing_of(supervisor: host::Supervisor, result: &Value, describe: &str) {
+    assert_sandboxes_of_left_nothing(&supervisor, describe);
     // A run refused before it wrote a result (a contract error) has no cleanup to report.
-    if !run.result.is_null() {
-        assert_eq!(run.result["cleanup"]["ok"], true, "{}", run.describe());
+    if !result.is_null() {
+        assert_eq!(result["cleanup"]["ok"], true, "{describe}");
     }
 }
 

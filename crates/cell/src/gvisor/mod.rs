@@ -18,6 +18,7 @@
 
 mod broker;
 mod bundle;
+mod console;
 mod egress;
 pub mod health;
 pub mod inside;
@@ -40,8 +41,10 @@ use crate::stdin_relay::StdinRelay;
 use crate::supervisor::classify::{self, Observed};
 use crate::supervisor::{command_environment, PayloadStdin, RunOptions, TERM_GRACE};
 use crate::sys;
+use crate::terminal::{CallerTerminal, DEFAULT_WINDOW};
 use airlock_contract::{CellPlan, Isolation, Limits, NetworkPlan};
 use bundle::CellDir;
+use console::{ConsoleSocket, Window};
 use runsc::{Runsc, WaitOutcome};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -115,8 +118,13 @@ fn one_shot_preflight(plan: &CellPlan) -> Result<PathBuf, CellError> {
             "only network.mode deny and allowlist are built for gVisor",
         );
     }
-    if plan.terminal {
-        return unavailable("gvisor.plan", "no terminal on gVisor");
+    if plan.terminal && has_routes(plan) {
+        // A payload with a route out (egress, the broker) is a `runsc exec` behind its
+        // forwarders; its console is not wired.
+        return unavailable(
+            "gvisor.terminal",
+            "a terminal on gVisor is built for network.mode deny without broker actions only",
+        );
     }
     RunscBinary::locate()
 }
@@ -183,6 +191,8 @@ fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport
     }
     let container = doors.and_then(|d| d.cgroup);
     let binary = one_shot_preflight(plan)?;
+    // Before any runsc process: the signals it takes are blocked from here on.
+    let caller_terminal = enter_caller_terminal(plan, &options.stdin)?;
     let env = command_environment(plan, options.credentials, &[])?;
     // A supervisor killed with SIGKILL takes its sandbox with it (runsc.rs) but leaves
     // its directory, tmpfs and cgroups: the next run reaps them, as `doctor` does.
@@ -190,19 +200,31 @@ fn gvisor_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport
     // A payload with a route out (egress, the broker) starts only once its forwarders
     // listen: a holder is the first process, the forwarders and the payload are
     // `runsc exec`s.
-    let pid1 = if has_routes(plan) {
-        Pid1::SessionHolder
-    } else {
-        Pid1::Payload
+    let pid1 = match has_routes(plan) {
+        true => Pid1::SessionHolder,
+        false if plan.terminal => Pid1::PayloadOnTerminal(Window::of(
+            &caller_terminal
+                .as_ref()
+                .map_or(DEFAULT_WINDOW, CallerTerminal::window),
+        )),
+        false => Pid1::Payload,
     };
     let mut sandbox = Sandbox::prepare(plan, &binary, options.host_ids, env, pid1, container)?;
     let prepared_ms = ms_since(started);
-    let ran = sandbox.run(plan, options);
+    let ran = sandbox.run(plan, options, caller_terminal);
     let teardown_started = Instant::now();
     let output_mounts = ran.as_ref().ok().map(|run| &run.output_mounts);
     let (counters, cleanup, artifacts) =
         sandbox.teardown(plan, output_mounts, options.artifacts.as_ref());
     let egress = options.egress.as_mut().map(|session| session.finish());
+    let ran = ran.map(|mut run| {
+        // Restored before anything else is printed; a signal taken meanwhile ends this
+        // process only now, its sandbox gone.
+        if let Some((terminal, signal)) = run.caller_terminal.take().zip(run.fatal_signal) {
+            terminal.die_of(signal)
+        }
+        run
+    });
     let report = match ran {
         Ok(run) => {
             let mut observed = run.observed;
@@ -250,6 +272,35 @@ struct Ran {
     output_mounts: OutputMounts,
     /// Writable paths without free space or inodes when the payload ended.
     full_mounts: Vec<String>,
+    /// The caller's terminal, raw until this is dropped.
+    caller_terminal: Option<CallerTerminal>,
+    /// A signal that ends this process once the sandbox is gone (see [`CallerTerminal`]).
+    fatal_signal: Option<libc::c_int>,
+}
+
+/// The caller's terminal, raw for the run, when the plan has a terminal and the caller's
+/// stdin is one (as natively, crate::terminal). Its signals are blocked process-wide, so
+/// only a single-threaded process takes it: `airlock run`'s own. A run handed to the
+/// service (supervised on a thread of it, whose client owns its terminal) is refused
+/// rather than run without the caller's window and signals.
+fn enter_caller_terminal(
+    plan: &CellPlan,
+    stdin: &PayloadStdin,
+) -> Result<Option<CallerTerminal>, CellError> {
+    let caller_is_terminal =
+        matches!(stdin, PayloadStdin::Relayed(fd) if sys::is_terminal(fd.as_fd()));
+    if plan.terminal && caller_is_terminal {
+        let threads = sys::process_stat(std::process::id())
+            .map_err(|e| CellError::io("/proc/self/stat", e))?
+            .threads;
+        if threads != 1 {
+            return Err(CellError::Unavailable {
+                control: "gvisor.terminal",
+                reason: "a caller's terminal on gVisor is relayed by `airlock run`'s own process only, not by a service".into(),
+            });
+        }
+    }
+    crate::supervisor::enter_caller_terminal(plan, stdin)
 }
 
 /// What the sandbox's first process is.
@@ -257,6 +308,9 @@ struct Ran {
 enum Pid1 {
     /// The plan's payload (a one-shot run).
     Payload,
+    /// The plan's payload on a terminal of this size, whose master runsc sends to the
+    /// console socket ([`console`]).
+    PayloadOnTerminal(Window),
     /// A session's holder ([`inside`]): it keeps the sandbox alive and reaps orphans;
     /// each command is a `runsc exec` of its own.
     SessionHolder,
@@ -338,8 +392,10 @@ impl Sandbox {
                 stage: "runtime spec".into(),
                 message: e.to_string(),
             })?;
-        if pid1 == Pid1::SessionHolder {
-            inside::make_session_spec(&mut spec, &self.dir.rootfs())?;
+        match pid1 {
+            Pid1::SessionHolder => inside::make_session_spec(&mut spec, &self.dir.rootfs())?,
+            Pid1::PayloadOnTerminal(window) => console::make_terminal_spec(&mut spec, window)?,
+            Pid1::Payload => {}
         }
         if let Some((_, target)) = broker::socket_of(plan) {
             broker::add_socket_dir(&mut spec, target)?;
@@ -365,7 +421,12 @@ impl Sandbox {
     }
 
     /// From the begin record to the end of `runsc run`: no record, no sandbox.
-    fn run(&mut self, plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<Ran, CellError> {
+    fn run(
+        &mut self,
+        plan: &CellPlan,
+        options: &mut RunOptions<'_>,
+        caller_terminal: Option<CallerTerminal>,
+    ) -> Result<Ran, CellError> {
         // The sandbox's processes are `runsc run`'s children; should it die first, they
         // become this process's (its subreaper), which reaps them at teardown.
         sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
@@ -382,20 +443,26 @@ impl Sandbox {
         let recorded_ms = ms_since(options.started);
         let run_id = recorded.map_err(CellError::Refused)?;
         let stdin = std::mem::replace(&mut options.stdin, PayloadStdin::Null);
-        let (stdin_end, relay) = match stdin {
-            // An empty pipe (its write end closed), never the host's /dev/null: runsc
-            // chowns its stdio to the sandbox's user, and that would be the host's node.
-            PayloadStdin::Null => (
-                sys::pipe_cloexec()
-                    .map_err(|e| CellError::io("stdin pipe", e))?
-                    .0,
-                None,
-            ),
+        // An empty pipe (its write end closed), never the host's /dev/null: runsc
+        // chowns its stdio to the sandbox's user, and that would be the host's node.
+        let empty = || {
+            sys::pipe_cloexec()
+                .map(|(read, _)| read)
+                .map_err(|e| CellError::io("stdin pipe", e))
+        };
+        // With a terminal, the caller's stdin goes into its master, once runsc sent it.
+        let (stdin_end, mut relay, terminal_input) = match stdin {
+            PayloadStdin::Null => (empty()?, None, None),
+            PayloadStdin::Relayed(source) if plan.terminal => (empty()?, None, Some(source)),
             PayloadStdin::Relayed(source) => {
                 let (relay, cell_end) =
                     StdinRelay::new(source).map_err(|e| CellError::io("stdin pipe", e))?;
-                (cell_end, Some(relay))
+                (cell_end, Some(relay), None)
             }
+        };
+        let console = match plan.terminal {
+            true => Some(ConsoleSocket::bind(&self.dir.dir)?),
+            false => None,
         };
         let pipe = || sys::pipe_cloexec().map_err(|e| CellError::io("pipe", e));
         let (stdout_read, stdout_write) = pipe()?;
@@ -415,7 +482,11 @@ impl Sandbox {
                 .spawn_exec(&files.process, &files.internal_pid, stdio)?;
             (child, Some(files))
         } else {
-            (self.runsc.spawn_run(&self.dir.bundle(), stdio)?, None)
+            let console_path = console.as_ref().map(ConsoleSocket::path);
+            let child = self
+                .runsc
+                .spawn_run(&self.dir.bundle(), stdio, console_path)?;
+            (child, None)
         };
         // The payload starts inside `runsc run` once the sandbox is up (or in its
         // `runsc exec` behind the forwarder); its start-up is counted to here and the
@@ -424,15 +495,32 @@ impl Sandbox {
         let runsc_pid = runsc_run.id() as libc::pid_t;
         let runsc_exit =
             sys::pidfd_open(runsc_pid).map_err(|e| CellError::io("pidfd of runsc run", e))?;
+        let deadline = Instant::now() + Duration::from_millis(plan.limits.wall_time_ms);
+        let terminal = match console {
+            Some(console) => console.receive_master(&runsc_exit, deadline)?,
+            None => None,
+        };
+        if let Some(master) = &terminal {
+            let window = (caller_terminal.as_ref()).map_or(DEFAULT_WINDOW, CallerTerminal::window);
+            let _ = sys::set_window_size(master.as_fd(), &window);
+            if let Some(source) = terminal_input {
+                relay = Some(
+                    StdinRelay::into_terminal(source, master)
+                        .map_err(|e| CellError::io("the terminal's input", e))?,
+                );
+            }
+        }
         let mut supervision = Supervision {
             capture: OutputCapture::new(plan.limits.output_bytes),
             stdout: Some(stdout_read),
             stderr: Some(stderr_read),
+            terminal,
             stdout_sink: options.stdout_sink.take(),
             stderr_sink: options.stderr_sink.take(),
             relay,
+            caller_terminal,
+            fatal_signal: None,
         };
-        let deadline = Instant::now() + Duration::from_millis(plan.limits.wall_time_ms);
         let sandbox = SandboxHandles {
             runsc: &self.runsc,
             runsc_pid,
@@ -477,6 +565,8 @@ impl Sandbox {
             recorded_ms,
             output_mounts,
             full_mounts,
+            caller_terminal: supervision.caller_terminal.take(),
+            fatal_signal: supervision.fatal_signal,
         })
     }
 
@@ -927,9 +1017,17 @@ struct Supervision {
     capture: OutputCapture,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
+    /// The master of the payload's terminal (a plan with `terminal`): its output is the
+    /// payload's stdout, as natively.
+    terminal: Option<OwnedFd>,
     stdout_sink: Option<OwnedFd>,
     stderr_sink: Option<OwnedFd>,
     relay: Option<StdinRelay>,
+    /// The caller's terminal, raw for the run: its resizes go to the master.
+    caller_terminal: Option<CallerTerminal>,
+    /// A signal taken for the caller's terminal that ends this process: the sandbox is
+    /// killed at once and torn down first.
+    fatal_signal: Option<libc::c_int>,
 }
 
 /// Where the deadline is: the payload runs, was sent SIGTERM at a moment, or the whole
@@ -959,7 +1057,13 @@ impl Supervision {
             if self.poll_once(&sandbox_exit, state_timeout(state))? {
                 return Ok(());
             }
-            state = advance(state, sandbox, observed, seen);
+            state = match (self.fatal_signal, state) {
+                (Some(_), Deadline::Running(_) | Deadline::Terminating(_)) => {
+                    kill_sandbox(sandbox, seen);
+                    Deadline::Killed
+                }
+                _ => advance(state, sandbox, observed, seen),
+            };
         }
     }
 
@@ -967,12 +1071,17 @@ impl Supervision {
     fn poll_once(&mut self, sandbox_exit: &OwnedFd, timeout_ms: i32) -> Result<bool, CellError> {
         let relay = self.relay.as_ref().map(StdinRelay::interest);
         let raw = |fd: &Option<OwnedFd>| fd.as_ref().map_or(-1, |f| f.as_raw_fd());
+        let signals = (self.caller_terminal.as_ref())
+            .and_then(CallerTerminal::signals)
+            .map_or(-1, |fd| fd.as_raw_fd());
         let mut fds = [
             pollfd(sandbox_exit.as_raw_fd(), libc::POLLIN),
             pollfd(raw(&self.stdout), libc::POLLIN),
             pollfd(raw(&self.stderr), libc::POLLIN),
             pollfd(relay.as_ref().map_or(-1, |r| r.source), libc::POLLIN),
             pollfd(relay.as_ref().map_or(-1, |r| r.sink), libc::POLLOUT),
+            pollfd(raw(&self.terminal), libc::POLLIN),
+            pollfd(signals, libc::POLLIN),
         ];
         match sys::poll(&mut fds, timeout_ms) {
             Ok(_) => {}
@@ -994,7 +1103,24 @@ impl Supervision {
                 relay.on_sink_ready();
             }
         }
+        if ready(5) {
+            self.forward(Pipe::Terminal);
+        }
+        if ready(6) {
+            self.take_signals();
+        }
         Ok(ready(0))
+    }
+
+    /// The caller's terminal's signals: a resize is copied to the master, a fatal one
+    /// kept for the end.
+    fn take_signals(&mut self) {
+        let master = self.terminal.as_ref().map(|m| m.as_fd());
+        if let Some(caller) = self.caller_terminal.as_mut() {
+            if let Some(signal) = caller.take_signals(master) {
+                self.fatal_signal.get_or_insert(signal);
+            }
+        }
     }
 
     /// Reads what one pipe has and forwards what the output cap allows.
@@ -1002,6 +1128,8 @@ impl Supervision {
         let (fd, sink) = match pipe {
             Pipe::Stdout => (&mut self.stdout, &self.stdout_sink),
             Pipe::Stderr => (&mut self.stderr, &self.stderr_sink),
+            // EIO once the sandbox closed the pty's replica: the end, as for a pipe.
+            Pipe::Terminal => (&mut self.terminal, &self.stdout_sink),
         };
         let Some(source) = fd.as_ref() else { return };
         let mut chunk = [0u8; 65536];
@@ -1022,13 +1150,14 @@ impl Supervision {
     /// What is left in the pipes once the sandbox ended: up to EOF, or to "nothing more
     /// now" should a process of the sandbox still hold a write end.
     fn drain(&mut self) {
-        for pipe in [Pipe::Stdout, Pipe::Stderr] {
+        for pipe in [Pipe::Stdout, Pipe::Stderr, Pipe::Terminal] {
             for _ in 0..4096 {
                 let seen = |c: &OutputCapture| c.stdout.bytes_seen + c.stderr.bytes_seen;
                 let before = seen(&self.capture);
                 let open = match pipe {
                     Pipe::Stdout => self.stdout.is_some(),
                     Pipe::Stderr => self.stderr.is_some(),
+                    Pipe::Terminal => self.terminal.is_some(),
                 };
                 if !open {
                     break;
@@ -1042,17 +1171,19 @@ impl Supervision {
     }
 }
 
-/// One of the payload's output pipes.
+/// One of the payload's outputs: a pipe, or its terminal's master.
 #[derive(Clone, Copy)]
 enum Pipe {
     Stdout,
     Stderr,
+    Terminal,
 }
 
 impl Pipe {
     fn stream(self) -> Stream {
         match self {
-            Pipe::Stdout => Stream::Stdout,
+            // A terminal merges stdout and stderr, as natively.
+            Pipe::Stdout | Pipe::Terminal => Stream::Stdout,
             Pipe::Stderr => Stream::Stderr,
         }
     }
@@ -1118,13 +1249,19 @@ fn advance(
             Deadline::Terminating(now)
         }
         Deadline::Terminating(sent) if now >= sent + TERM_GRACE => {
-            seen.extend(sandbox.cgroup.pids());
-            let _ = sandbox.cgroup.kill_all();
-            let _ = sys::kill(sandbox.runsc_pid, libc::SIGKILL);
+            kill_sandbox(sandbox, seen);
             Deadline::Killed
         }
         other => other,
     }
+}
+
+/// SIGKILL to every host process of the sandbox and to `runsc run`, each added to `seen`
+/// first (see [`advance`]).
+fn kill_sandbox(sandbox: &SandboxHandles<'_>, seen: &mut std::collections::BTreeSet<libc::pid_t>) {
+    seen.extend(sandbox.cgroup.pids());
+    let _ = sandbox.cgroup.kill_all();
+    let _ = sys::kill(sandbox.runsc_pid, libc::SIGKILL);
 }
 
 #[cfg(test)]

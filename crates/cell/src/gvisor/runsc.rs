@@ -140,15 +140,26 @@ impl Runsc {
     }
 
     /// `runsc run` of `bundle`, started and not waited for: `stdio` becomes the payload's
-    /// stdin, stdout and stderr (runsc's own errors go to its log). The sandbox process's
+    /// stdin, stdout and stderr (runsc's own errors go to its log), or, with a
+    /// `console_socket`, runsc's only (the payload's are the terminal's). The sandbox process's
     /// pid is written to the bundle's `sandbox.pid` (see [`Runsc::run_ended`]).
-    pub fn spawn_run(&self, bundle: &Path, stdio: [OwnedFd; 3]) -> Result<Child, CellError> {
+    pub fn spawn_run(
+        &self,
+        bundle: &Path,
+        stdio: [OwnedFd; 3],
+        console_socket: Option<&Path>,
+    ) -> Result<Child, CellError> {
         let [stdin, stdout, stderr] = stdio;
         let mut command = self.command();
         command
             .arg("run")
             .arg(format!("--bundle={}", bundle.display()))
-            .arg(format!("--pid-file={}", pid_file(bundle).display()))
+            .arg(format!("--pid-file={}", pid_file(bundle).display()));
+        if let Some(socket) = console_socket {
+            // A spec with `process.terminal`: runsc sends the pty's master there.
+            command.arg(format!("--console-socket={}", socket.display()));
+        }
+        command
             .arg(&self.id)
             .stdin(Stdio::from(stdin))
             .stdout(Stdio::from(stdout))

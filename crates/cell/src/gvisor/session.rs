@@ -174,6 +174,13 @@ fn start_session<'p, 'e>(
     control: &SupervisorControl,
 ) -> Result<GvisorSession<'p, 'e>, CellError> {
     let binary = preflight(plan)?;
+    if plan.terminal {
+        // As natively: a session's commands have stdio of their own.
+        return Err(CellError::Unavailable {
+            control: "gvisor.terminal",
+            reason: "a session or a parked cell on gVisor has no terminal".into(),
+        });
+    }
     let env = command_environment(plan, credentials, &[])?;
     // A supervisor killed with SIGKILL leaves its directory and cgroups: reaped here.
     let _ = health::reap_leftovers();
@@ -288,6 +295,7 @@ pub(super) fn start_holder(sandbox: &Sandbox) -> Result<Holder, CellError> {
             ready_write,
             sandbox.dir.open_null()?,
         ],
+        None,
     )?;
     let runsc_pid = child.id() as libc::pid_t;
     let exit = match sys::pidfd_open(runsc_pid) {

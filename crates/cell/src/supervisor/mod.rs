@@ -268,7 +268,7 @@ impl CommandIo {
 
 /// For a plan with a terminal whose caller's stdin is a terminal too: that terminal,
 /// raw for the run (see [`crate::terminal`]).
-fn enter_caller_terminal(
+pub(crate) fn enter_caller_terminal(
     plan: &CellPlan,
     stdin: &PayloadStdin,
 ) -> Result<Option<CallerTerminal>, CellError> {

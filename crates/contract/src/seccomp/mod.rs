@@ -31,7 +31,7 @@ pub enum SeccompAction {
     KillProcess,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ArgOp {
     Eq,
     Ne,
@@ -46,7 +46,7 @@ pub enum ArgOp {
 /// One comparison on a syscall argument. `width32` compares only the low 32 bits, which is
 /// what the kernel uses for `int`/`unsigned int` arguments: comparing 64 bits there would let
 /// a caller dodge the rule by setting high bits (the classic ioctl TIOCSTI bypass).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArgCondition {
     pub index: u8,
     pub op: ArgOp,
@@ -55,14 +55,14 @@ pub struct ArgCondition {
 }
 
 /// Conditions that must all hold for `action` to apply.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConditionalRule {
     pub conditions: Vec<ArgCondition>,
     pub action: SeccompAction,
 }
 
 /// What happens to one syscall: the first matching conditional rule, else `otherwise`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyscallPolicy {
     pub rules: Vec<ConditionalRule>,
     pub otherwise: SeccompAction,
@@ -71,7 +71,7 @@ pub struct SyscallPolicy {
 /// A whole filter: per-syscall policies by number, plus the action for known syscalls not
 /// listed. Numbers the kernel does not know at all get ENOSYS, so feature probes in libc
 /// fall back instead of failing hard.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeccompPolicy {
     pub syscalls: BTreeMap<u32, SyscallPolicy>,
     pub default_action: SeccompAction,

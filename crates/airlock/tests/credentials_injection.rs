@@ -73,14 +73,11 @@ fn a_sessions_commands_get_the_value_swapped_in_as_a_run_does(tier) {
     let requests = up.requests();
     assert_eq!(requests.len(), 2, "both commands reached the upstream: {closed}");
     for request in &requests {
-        let auth = request["headers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|h| h[0].as_str().unwrap().eq_ignore_ascii_case("authorization"))
-            .cloned()
-            .unwrap();
-        assert_eq!(auth[1], format!("Bearer {}", env.value), "the value was swapped in");
+        assert_eq!(
+            authorization(request),
+            [format!("Bearer {}", env.value)],
+            "the value was swapped in"
+        );
     }
     let mut stored = Vec::new();
     for file in walk(&served.state_dir()) {
@@ -228,6 +225,17 @@ fn placeholders(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The values of a request's `Authorization` headers, as the upstream logged them.
+fn authorization(request: &Value) -> Vec<String> {
+    request["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case("authorization"))
+        .map(|h| h[1].as_str().unwrap().to_string())
+        .collect()
+}
+
 fn egress(run: &CellRun) -> Vec<Value> {
     run.result["egress"].as_array().cloned().unwrap_or_default()
 }
@@ -269,14 +277,12 @@ fn the_upstream_gets_the_value_while_the_cell_only_ever_holds_the_placeholder(ti
 
     let requests = up.requests();
     assert_eq!(requests.len(), 1, "{}", up.raw_log());
-    let auth: Vec<&Value> = requests[0]["headers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case("authorization"))
-        .collect();
-    assert_eq!(auth.len(), 1, "{}", up.raw_log());
-    assert_eq!(auth[0][1], format!("Bearer {}", env.value));
+    assert_eq!(
+        authorization(&requests[0]),
+        [format!("Bearer {}", env.value)],
+        "{}",
+        up.raw_log()
+    );
     assert!(
         !up.raw_log().contains("airlock-secret-"),
         "{}",
@@ -870,16 +876,9 @@ fn the_service_injects_the_operators_secrets_as_a_cli_run_does(tier) {
         1,
         "the request reached the upstream: {answer}"
     );
-    let auth = requests[0]["headers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h[0].as_str().unwrap().eq_ignore_ascii_case("authorization"))
-        .cloned()
-        .unwrap();
     assert_eq!(
-        auth[1],
-        format!("Bearer {}", env.value),
+        authorization(&requests[0]),
+        [format!("Bearer {}", env.value)],
         "the value was swapped in"
     );
     assert!(!answer.contains(&env.value), "the record has no value");

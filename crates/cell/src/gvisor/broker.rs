@@ -51,15 +51,8 @@ pub fn add_socket_dir(spec: &mut Spec, target: &Path) -> Result<(), CellError> {
             "noexec".to_string(),
             "mode=0755".to_string(),
         ])
-        .build()
-        .map_err(|e| CellError::Launch {
-            stage: "runtime spec".into(),
-            message: e.to_string(),
-        })?;
-    let mut mounts = spec.mounts().clone().unwrap_or_default();
-    mounts.push(mount);
-    spec.set_mounts(Some(mounts));
-    Ok(())
+        .build();
+    super::bundle::push_mount(spec, mount)
 }
 
 /// The control channel of the unix forwarder: once it is ready, a bridge thread

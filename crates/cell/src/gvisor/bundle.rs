@@ -475,3 +475,18 @@ pub fn leftover_cells() -> Vec<PathBuf> {
         .map(|e| e.path())
         .collect()
 }
+
+/// Appends a mount, as its builder made it, to the spec's own.
+pub(super) fn push_mount(
+    spec: &mut airlock_oci::spec_types::Spec,
+    built: Result<airlock_oci::spec_types::Mount, impl std::fmt::Display>,
+) -> Result<(), CellError> {
+    let mount = built.map_err(|e| CellError::Launch {
+        stage: "runtime spec".into(),
+        message: e.to_string(),
+    })?;
+    let mut mounts = spec.mounts().clone().unwrap_or_default();
+    mounts.push(mount);
+    spec.set_mounts(Some(mounts));
+    Ok(())
+}

@@ -131,14 +131,8 @@ pub fn make_session_spec(
             "nosuid".to_string(),
             "nodev".to_string(),
         ])
-        .build()
-        .map_err(|e| CellError::Launch {
-            stage: "runtime spec".into(),
-            message: e.to_string(),
-        })?;
-    let mut mounts = spec.mounts().clone().unwrap_or_default();
-    mounts.push(mount);
-    spec.set_mounts(Some(mounts));
+        .build();
+    super::bundle::push_mount(spec, mount)?;
     let Some(process) = spec.process_mut() else {
         return Err(CellError::Launch {
             stage: "runtime spec".into(),

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::logging_upstream::LoggingUpstream;
+use common::logging_upstream::{authorization, LoggingUpstream};
 use common::test_ca::TestCa;
 use common::tier::Tier;
 use common::CellRun;
@@ -157,16 +157,6 @@ fn lines_of<'a>(out: &'a str, name: &str) -> Vec<&'a str> {
     let prefix = format!("{name}=");
     out.lines()
         .filter_map(|l| l.strip_prefix(&prefix))
-        .collect()
-}
-
-fn authorization(request: &Value) -> Vec<String> {
-    request["headers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case("authorization"))
-        .map(|h| h[1].as_str().unwrap().to_string())
         .collect()
 }
 

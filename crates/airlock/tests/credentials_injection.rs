@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::logging_upstream::LoggingUpstream as Upstream;
+use common::logging_upstream::{authorization, LoggingUpstream as Upstream};
 use common::served::Served;
 use common::tier::Tier;
 use common::CellRun;
@@ -222,17 +222,6 @@ fn placeholders(text: &str) -> Vec<String> {
             format!("{marker}{hex}")
         })
         .filter(|p| p.len() == marker.len() + 32)
-        .collect()
-}
-
-/// The values of a request's `Authorization` headers, as the upstream logged them.
-fn authorization(request: &Value) -> Vec<String> {
-    request["headers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case("authorization"))
-        .map(|h| h[1].as_str().unwrap().to_string())
         .collect()
 }
 

@@ -95,6 +95,17 @@ impl LoggingUpstream {
     }
 }
 
+/// The values of a logged request's `Authorization` headers.
+pub fn authorization(request: &Value) -> Vec<String> {
+    request["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case("authorization"))
+        .map(|h| h[1].as_str().unwrap().to_string())
+        .collect()
+}
+
 impl Drop for LoggingUpstream {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -13,6 +13,7 @@ pub const MIN_FRAGMENT: usize = 4;
 /// `credential.retained` check fail (crates/airlock/tests/verify.rs). Honoured only by a
 /// build with debug assertions (the test profile); a release build, what is packaged and
 /// run in production, compiles the switch out (docs/verify.md, "A verifier that can fail").
+#[cfg(debug_assertions)]
 pub const DISABLE_REDACTION_FOR_TESTS: &str = "AIRLOCK_TEST_ONLY_DISABLE_REDACTION";
 
 #[cfg(debug_assertions)]

@@ -340,7 +340,8 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
         .chain(plan.secrets.iter().map(|s| s.name.clone()))
         .collect();
     let evidence_dir = finished.evidence_dir.clone();
-    match engine.complete(finished) {
+    let interrupted_by = finished.report.interrupted_by;
+    let code = match engine.complete(finished) {
         Ok(report) => {
             let store = engine.config().store_location();
             let class = &args.workload_class;
@@ -359,7 +360,13 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
             );
             ExitCode::from(125)
         }
+    };
+    // Interrupted: its cell destroyed and recorded, airlock ends as the signal would have
+    // ended it (a shell's loop stops at a Ctrl-C, `kill` sees its signal).
+    if let Some(signal) = interrupted_by {
+        airlock_cell::die_of_signal(signal);
     }
+    code
 }
 
 /// What went wrong around the payload, before the summary: leftovers of dead cells that

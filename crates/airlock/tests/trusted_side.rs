@@ -443,3 +443,87 @@ fn the_cell_factory_forks_nothing_for_a_caller_that_is_not_an_engine() {
         assert!(out.stdout.is_empty(), "stdin {stdin}");
     }
 }
+
+/// SIGINT, SIGTERM or SIGHUP to `airlock run` while its payload runs: the cell is
+/// destroyed and its cgroups removed, the run is recorded with the signal named (never
+/// left `running`, to be reaped `aborted` by a later run), and airlock then dies of that
+/// signal, as a shell and `kill` expect of the command they signalled. With the signals'
+/// default action airlock died at once and left its cell's cgroups behind.
+#[test]
+fn an_interrupted_run_destroys_and_records_its_cell_then_dies_of_the_signal() {
+    use std::os::unix::process::ExitStatusExt;
+    require_cells!();
+    for (signal, name) in [
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGHUP, "SIGHUP"),
+    ] {
+        let state = tempfile::tempdir().unwrap();
+        let child = Command::new(airlock_bin())
+            .args(["run", "--state-dir"])
+            .arg(state.path())
+            .args(["--", "sleep", "600"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let supervisor = common::host::Supervisor::of(&child);
+        let until = Instant::now() + Duration::from_secs(30);
+        while common::host::cgroups_of(&supervisor).is_empty() {
+            assert!(Instant::now() < until, "{name}: the cell never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The payload runs once the cell's processes are more than pid 1.
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: a signal to the child this test spawned and has not waited for.
+        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.signal(),
+            Some(signal),
+            "{name}: {:?} {stderr}",
+            out.status
+        );
+        assert_eq!(
+            common::host::cgroups_of(&supervisor),
+            Vec::<std::path::PathBuf>::new(),
+            "{name}: the cell's cgroups are gone when airlock has ended"
+        );
+        let list = Command::new(airlock_bin())
+            .args(["runs", "list", "--json", "--state-dir"])
+            .arg(state.path())
+            .output()
+            .unwrap();
+        let runs: Value = serde_json::from_slice(&list.stdout).unwrap();
+        let run = &runs[0];
+        assert_eq!(run["status"], "runtime_fault", "{name}: {runs}");
+        let shown = Command::new(airlock_bin())
+            .args([
+                "runs",
+                "show",
+                run["run_id"].as_str().unwrap(),
+                "--json",
+                "--state-dir",
+            ])
+            .arg(state.path())
+            .output()
+            .unwrap();
+        let shown = String::from_utf8_lossy(&shown.stdout);
+        assert!(
+            shown.contains(&format!("airlock was sent {name}")),
+            "{name}: {shown}"
+        );
+        let verify = Command::new(airlock_bin())
+            .args(["audit", "verify", "--state-dir"])
+            .arg(state.path())
+            .output()
+            .unwrap();
+        assert!(
+            verify.status.success(),
+            "{}",
+            String::from_utf8_lossy(&verify.stdout)
+        );
+    }
+}

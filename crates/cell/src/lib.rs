@@ -55,3 +55,9 @@ pub use supervisor::{
     EgressSummary, PayloadStdin, RunOptions, ServeMode, ServeOptions, PID1_NAME, TERM_GRACE,
 };
 pub use terminal::CallerTerminal;
+
+/// Ends this process as `signal` would have (its default action), for a caller whose run
+/// was interrupted ([`report::RunReport::interrupted_by`]) once its record is complete.
+pub fn die_of_signal(signal: libc::c_int) -> ! {
+    sys::die_of(signal)
+}

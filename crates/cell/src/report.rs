@@ -311,6 +311,12 @@ pub struct RunReport {
     /// Set by the caller (it knows the bundle); `None` for every other run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<airlock_oci::bundle::ContainerIdentity>,
+    /// The signal (SIGINT, SIGTERM, SIGHUP) sent to a one-shot `airlock run` while its
+    /// payload ran: the cell was destroyed and recorded, and the caller then ends the
+    /// process as the signal would have ([`crate::die_of_signal`]). Not recorded: the
+    /// record's error names the signal.
+    #[serde(skip)]
+    pub interrupted_by: Option<i32>,
     /// The host uid and gid the cell ran as (its own while it lived, as root; see
     /// host_identity.rs); `None` when no cell was started.
     pub host_identity: Option<crate::host_identity::HostIdentity>,
@@ -381,6 +387,7 @@ impl RunReport {
             container: None,
             host_identity: None,
             rlimits_only: None,
+            interrupted_by: None,
         }
     }
 

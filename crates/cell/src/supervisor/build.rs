@@ -284,6 +284,7 @@ pub fn build<'a>(
         on_suspected_escape,
         pid1_waits_for_collection,
         door: None,
+        interrupts: None,
     };
     Ok(Cell {
         supervision,

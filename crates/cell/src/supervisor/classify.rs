@@ -43,6 +43,9 @@ pub struct Observed {
     /// Why the supervisor destroyed the cell before its command ended on its own (a
     /// serving cell's engine closed it or went away).
     pub destroyed: Option<String>,
+    /// The signal sent to `airlock run` that destroyed the cell (see
+    /// [`RunReport::interrupted_by`]).
+    pub interrupted_by: Option<i32>,
 }
 
 /// Picks the one class of the run from what was observed.
@@ -101,6 +104,7 @@ pub fn classify(
         container: None,
         host_identity: None,
         rlimits_only: None,
+        interrupted_by: observed.interrupted_by,
     }
 }
 

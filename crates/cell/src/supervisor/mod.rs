@@ -14,6 +14,7 @@ mod ceilings;
 pub(crate) mod classify;
 mod cpu;
 pub(crate) mod deadline;
+pub(crate) mod interrupts;
 pub(crate) mod serve;
 pub(crate) mod session;
 pub(crate) mod supervise;
@@ -320,6 +321,15 @@ fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, 
     let env = command_environment(plan, options.credentials, &[])?;
     // Before the clone and any thread: the signals it takes must be blocked everywhere.
     let caller_terminal = enter_caller_terminal(plan, &options.stdin)?;
+    // A one-shot run without a terminal of the caller's takes its interrupts (a
+    // container's supervisor is signalled through the OCI runtime's `kill` instead).
+    let interrupts = match (&caller_terminal, &options.doors) {
+        (None, None) => Some(
+            interrupts::Interrupts::take()
+                .map_err(|e| CellError::io("taking SIGINT, SIGTERM and SIGHUP", e))?,
+        ),
+        _ => None,
+    };
     let stdin = std::mem::replace(&mut options.stdin, PayloadStdin::Null);
     let sinks = Sinks {
         stdout: options.stdout_sink.take(),
@@ -342,6 +352,7 @@ fn cold_run(plan: &CellPlan, options: &mut RunOptions<'_>) -> Result<RunReport, 
     )?;
     cell.supervision.door =
         (options.doors.take()).map(|doors| crate::exec_door::Door::new(doors, options.credentials));
+    cell.supervision.interrupts = interrupts;
     // Opened while the cell finishes its setup; an error kills the cell like any other.
     let io = match CommandIo::open(plan, cell.supervision.host, stdin, sinks) {
         Ok(io) => io,

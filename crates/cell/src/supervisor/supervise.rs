@@ -198,6 +198,9 @@ pub struct Supervision<'a> {
     pub pid1_waits_for_collection: bool,
     /// A container's further commands and console socket (crate::exec_door).
     pub door: Option<Door>,
+    /// A one-shot `airlock run`'s interrupts, while its cell lives (see
+    /// [`super::interrupts`]).
+    pub interrupts: Option<super::interrupts::Interrupts>,
 }
 
 /// A `poll` entry waiting for input on `fd` (negative fds are ignored by poll).
@@ -346,12 +349,7 @@ impl Supervision<'_> {
                 poll_in(relay.as_ref().map_or(-1, |r| r.source)),
                 poll_out(relay.as_ref().map_or(-1, |r| r.sink)),
                 poll_in(raw(&self.terminal)),
-                poll_in(
-                    self.caller_terminal
-                        .as_ref()
-                        .and_then(CallerTerminal::signals)
-                        .map_or(-1, |fd| fd.as_raw_fd()),
-                ),
+                poll_in(self.signals_raw()),
                 poll_in(control.map_or(-1, |c| c.as_fd().as_raw_fd())),
                 // Only its hang-up (what a client sends meanwhile is not read here).
                 libc::pollfd {
@@ -393,9 +391,7 @@ impl Supervision<'_> {
                 self.pump_terminal(&mut buf);
             }
             if fds[7].revents != 0 {
-                if let Some(caller) = self.caller_terminal.as_mut() {
-                    caller.on_signals(self.terminal.as_ref().map(|t| t.as_fd()));
-                }
+                self.on_signals();
             }
             if readable(&fds[8]) {
                 if let Some(why) = control.and_then(control_ends_cell) {
@@ -416,6 +412,11 @@ impl Supervision<'_> {
                     self.read_message(egress)?;
                 }
                 self.reap_pid1();
+                // An interrupt that came as the cell ended: the run is recorded as it
+                // ended, and the caller still ends as the signal would have ended it.
+                if let Some(signal) = self.interrupts.as_ref().and_then(|i| i.next()) {
+                    self.observed.interrupted_by.get_or_insert(signal);
+                }
                 // A container's further commands died with the cell: their clients
                 // learn it now (EOF), not when this process exits.
                 self.door = None;
@@ -486,6 +487,32 @@ impl Supervision<'_> {
         if let Ok(Some(reaped)) = sys::wait_child(self.pid, false) {
             self.observed.pid1_status = Some(reaped.status);
             self.observed.rusage = Some(reaped.usage);
+        }
+    }
+
+    /// The signalfd the loop polls: the caller's terminal's, or the interrupts' (-1 for
+    /// none).
+    fn signals_raw(&self) -> i32 {
+        let terminal = self
+            .caller_terminal
+            .as_ref()
+            .and_then(CallerTerminal::signals);
+        let interrupts = self.interrupts.as_ref().map(|i| i.fd());
+        terminal.or(interrupts).map_or(-1, |fd| fd.as_raw_fd())
+    }
+
+    /// Signals taken meanwhile: the caller's terminal acts on its own (a fatal one
+    /// restores the terminal and ends the process); an interrupt destroys the cell, whose
+    /// end is then recorded as any other's.
+    fn on_signals(&mut self) {
+        if let Some(caller) = self.caller_terminal.as_mut() {
+            caller.on_signals(self.terminal.as_ref().map(|t| t.as_fd()));
+        } else if let Some(signal) = self.interrupts.as_ref().and_then(|i| i.next()) {
+            self.observed.interrupted_by.get_or_insert(signal);
+            self.destroy(&format!(
+                "airlock was sent {}",
+                super::interrupts::name(signal)
+            ));
         }
     }
 

@@ -476,8 +476,11 @@ fn an_interrupted_run_destroys_and_records_its_cell_then_dies_of_the_signal() {
         }
         // The payload runs once the cell's processes are more than pid 1.
         std::thread::sleep(Duration::from_millis(300));
-        // SAFETY: a signal to the child this test spawned and has not waited for.
-        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
+        let sent = Command::new("kill")
+            .args(["-s", name, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "{name}: kill");
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(

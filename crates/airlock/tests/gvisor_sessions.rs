@@ -320,6 +320,41 @@ open('/tmp/f', 'w').write('x'); print('write ALLOWED')
     assert_left_nothing(&dir);
 }
 
+/// What only a one-shot gVisor run is served is refused to a session before any sandbox
+/// exists: a terminal by the tier (its payload is the sandbox's first process on runsc's
+/// console), broker actions by the engine, as on the native tier (a broker socket is per
+/// run). Nothing runs, nothing is left.
+#[test]
+fn a_session_with_a_terminal_or_broker_actions_is_refused_naming_why() {
+    require_cells!();
+    let _serial = serial();
+    for (contract, why) in [
+        ("isolation: gvisor\nterminal: true\n", "gvisor.terminal"),
+        (
+            "isolation: gvisor\nbroker_actions: [notify]\n",
+            "broker actions are served to one-shot runs only",
+        ),
+    ] {
+        let served = serve_contract(300, contract);
+        let (code, body) = served.call(
+            KEY,
+            "POST",
+            "/v1/sessions",
+            Some(&json!({"contract": "gv"})),
+        );
+        assert_ne!(code, 201, "{why}: {body}");
+        assert!(body.to_string().contains(why), "{why}: {code} {body}");
+        assert!(
+            !Path::new("/run/airlock-gvisor").exists()
+                || std::fs::read_dir("/run/airlock-gvisor")
+                    .unwrap()
+                    .next()
+                    .is_none(),
+            "{why}: a sandbox directory was made"
+        );
+    }
+}
+
 #[test]
 fn a_background_command_is_listed_and_killed_with_its_children_and_the_session_goes_on() {
     require_cells!();

@@ -78,15 +78,22 @@ pub fn run_gvisor(plan: &CellPlan, mut options: RunOptions<'_>) -> RunReport {
 }
 
 /// Whether this host can run `plan` in a gVisor session or parked cell, and with which
-/// runsc binary. A broker socket is per run: it is served to one-shot runs only.
+/// runsc binary. A broker socket is per run: it is served to one-shot runs only. So is a
+/// terminal: as natively, a session's commands have stdio of their own.
 pub fn preflight(plan: &CellPlan) -> Result<PathBuf, CellError> {
+    let one_shot_only = |control, what: &str| {
+        Err(CellError::Unavailable {
+            control,
+            reason: format!(
+                "{what} on gVisor is served to one-shot runs only, not to a session or a parked cell"
+            ),
+        })
+    };
     if plan.broker.is_some() {
-        return Err(CellError::Unavailable {
-            control: "gvisor.broker",
-            reason: "a broker socket on gVisor is served to one-shot runs only, not to a \
-                     session or a parked cell"
-                .to_string(),
-        });
+        return one_shot_only("gvisor.broker", "a broker socket");
+    }
+    if plan.terminal {
+        return one_shot_only("gvisor.terminal", "a terminal");
     }
     one_shot_preflight(plan)
 }
@@ -1291,6 +1298,13 @@ mod tests {
             has_routes(&plan),
             "a one-shot run serves it through a forwarder"
         );
+        plan.mounts.pop();
+        plan.broker = None;
+        plan.terminal = true;
+        match preflight(&plan) {
+            Err(CellError::Unavailable { control, .. }) => assert_eq!(control, "gvisor.terminal"),
+            other => panic!("a session with a terminal: {other:?}"),
+        }
     }
 
     #[test]

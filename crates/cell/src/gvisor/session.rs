@@ -174,13 +174,6 @@ fn start_session<'p, 'e>(
     control: &SupervisorControl,
 ) -> Result<GvisorSession<'p, 'e>, CellError> {
     let binary = preflight(plan)?;
-    if plan.terminal {
-        // As natively: a session's commands have stdio of their own.
-        return Err(CellError::Unavailable {
-            control: "gvisor.terminal",
-            reason: "a session or a parked cell on gVisor has no terminal".into(),
-        });
-    }
     let env = command_environment(plan, credentials, &[])?;
     // A supervisor killed with SIGKILL leaves its directory and cgroups: reaped here.
     let _ = health::reap_leftovers();

@@ -176,14 +176,7 @@ fn no_network_under_deny_not_even_the_hosts_loopback() {
     let listener = TcpListener::bind("0.0.0.0:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     listener.set_nonblocking(true).unwrap();
-    let mut addresses = vec!["127.0.0.1".to_string()];
-    let hostname_i = Command::new("hostname").arg("-I").output().unwrap();
-    addresses.extend(
-        String::from_utf8_lossy(&hostname_i.stdout)
-            .split_whitespace()
-            .filter(|a| !a.contains(':'))
-            .map(String::from),
-    );
+    let addresses = common::host::ipv4_addresses();
     let script = format!(
         "import socket, sys\n\
          for a in {addresses:?}:\n\

@@ -188,3 +188,17 @@ fn state(pid: u32) -> String {
         })
         .unwrap_or_else(|| "State: ?".into())
 }
+
+/// The host's IPv4 addresses a sandbox must not reach: loopback, then every address of
+/// its interfaces (`hostname -I`).
+pub fn ipv4_addresses() -> Vec<String> {
+    let listed = Command::new("hostname").arg("-I").output().unwrap();
+    std::iter::once("127.0.0.1".to_string())
+        .chain(
+            String::from_utf8_lossy(&listed.stdout)
+                .split_whitespace()
+                .filter(|a| !a.contains(':'))
+                .map(String::from),
+        )
+        .collect()
+}

@@ -9,7 +9,6 @@ use std::io::Read;
 use std::net::{TcpListener, UdpSocket};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::process::Command;
 
 pub struct RouteProbe {
     raw: TcpListener,
@@ -36,14 +35,8 @@ impl RouteProbe {
         let unix = UnixListener::bind(&socket).unwrap();
         unix.set_nonblocking(true).unwrap();
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let mut addresses = vec![upstream_ip.to_string(), "127.0.0.1".to_string()];
-        let hostname_i = Command::new("hostname").arg("-I").output().unwrap();
-        addresses.extend(
-            String::from_utf8_lossy(&hostname_i.stdout)
-                .split_whitespace()
-                .filter(|a| !a.contains(':'))
-                .map(String::from),
-        );
+        let mut addresses = vec![upstream_ip.to_string()];
+        addresses.extend(super::host::ipv4_addresses());
         RouteProbe {
             raw,
             udp,

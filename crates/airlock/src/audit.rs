@@ -319,6 +319,14 @@ pub fn audit(store_args: StoreArgs, command: AuditCommand) -> ExitCode {
                     );
                     Ok(ExitCode::SUCCESS)
                 }
+                // Only a broken chain is a failed verification (2); a store that cannot
+                // be reached says nothing about the chain (store_unavailable's code).
+                Err(err) if err.is_unavailable() => {
+                    eprintln!("airlock: audit verify: store_unavailable, nothing checked: {err}");
+                    Ok(ExitCode::from(
+                        airlock_cell::report::STORE_UNAVAILABLE_EXIT as u8,
+                    ))
+                }
                 Err(err) => {
                     eprintln!("airlock: audit verify FAILED: {err}");
                     Ok(ExitCode::from(2))

@@ -47,6 +47,7 @@ impl Fixture {
         let location = StoreLocation {
             state_dir: dir.path().join("state"),
             postgres: Some(fleet(&url, "node-a")),
+            spool_max_files: airlock_store::spool::DEFAULT_MAX_FILES,
         };
         Some(Fixture {
             dir,
@@ -345,6 +346,7 @@ fn child_process() {
             let node = std::env::var("AIRLOCK_STORE_NODE").unwrap_or("node-a".into());
             fleet(&u, &node)
         }),
+        spool_max_files: airlock_store::spool::DEFAULT_MAX_FILES,
     };
     // Another machine's process, as far as node claims go: another holder identity
     // (the library's test door; the binary only ever opens as its own process).
@@ -830,6 +832,7 @@ fn an_unreachable_fleet_store_is_an_error_not_a_fallback() {
             &format!("postgres://airlock@127.0.0.1:{port}/airlock"),
             "node-a",
         )),
+        spool_max_files: airlock_store::spool::DEFAULT_MAX_FILES,
     };
     let err = Store::open_at(&location).unwrap_err();
     assert!(matches!(err, StoreError::Unreachable { .. }), "{err:?}");
@@ -1067,6 +1070,7 @@ fn tls_location(dir: &Path, url: &str) -> StoreLocation {
     StoreLocation {
         state_dir: dir.join("state"),
         postgres: Some(fleet(url, "node-a")),
+        spool_max_files: airlock_store::spool::DEFAULT_MAX_FILES,
     }
 }
 

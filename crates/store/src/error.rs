@@ -104,7 +104,14 @@ pub enum StoreError {
     #[error("audit store url (store.url): {0}")]
     InvalidUrl(String),
     #[error("audit store {target} cannot be reached (runs are refused, never recorded elsewhere): {detail}")]
-    Unreachable { target: String, detail: String },
+    Unreachable {
+        target: String,
+        detail: String,
+        /// The server is down or cannot be reached (retry later: [`ErrorClass::Unavailable`]),
+        /// rather than refused (its certificate, a password, a name off loopback: a
+        /// configuration to fix, [`ErrorClass::Io`]).
+        outage: bool,
+    },
     #[error("audit store {target}: {detail}")]
     Postgres { target: String, detail: String },
     /// The store was unavailable and the local spool of pending finishes is at its bound
@@ -165,7 +172,8 @@ impl StoreError {
             StoreError::RunNotRunning { .. } => ErrorClass::Conflict,
             StoreError::Tampered(_) => ErrorClass::Tampered,
             StoreError::InvalidUrl(_) => ErrorClass::InvalidInput,
-            StoreError::Unreachable { .. } => ErrorClass::Unavailable,
+            StoreError::Unreachable { outage: true, .. } => ErrorClass::Unavailable,
+            StoreError::Unreachable { outage: false, .. } => ErrorClass::Io,
             StoreError::Postgres { .. } => ErrorClass::Io,
             StoreError::NodeNameHeld { .. } => ErrorClass::Conflict,
             StoreError::SpoolFull { .. } => ErrorClass::Unavailable,

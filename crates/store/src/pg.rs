@@ -373,7 +373,7 @@ impl PostgresUrl {
     /// on the calling thread, and tried address by address; `localhost` without TLS is
     /// refused if any of its addresses is not a loopback one (a hosts file or resolver
     /// could point it elsewhere, and the records would leave the machine in plaintext).
-    fn connect(&self) -> std::result::Result<Client, String> {
+    fn connect(&self) -> std::result::Result<Client, ConnectFailure> {
         let Some(named) = &self.by_name else {
             return self.connect_with(&self.config);
         };
@@ -384,39 +384,76 @@ impl PostgresUrl {
             config.hostaddr(addr);
             match self.connect_with(&config) {
                 Ok(client) => return Ok(client),
-                Err(e) => last = Some(format!("{addr}: {e}")),
+                Err(e) => {
+                    last = Some(ConnectFailure {
+                        detail: format!("{addr}: {}", e.detail),
+                        outage: e.outage,
+                    })
+                }
             }
         }
-        Err(last.unwrap_or_else(|| format!("host {:?} resolves to no address", named.name)))
+        Err(last.unwrap_or_else(|| ConnectFailure {
+            detail: format!("host {:?} resolves to no address", named.name),
+            outage: true,
+        }))
     }
 
-    fn connect_with(&self, config: &postgres::Config) -> std::result::Result<Client, String> {
+    fn connect_with(
+        &self,
+        config: &postgres::Config,
+    ) -> std::result::Result<Client, ConnectFailure> {
         let connected = match &self.transport {
             Transport::Plaintext => config.connect(NoTls),
             Transport::VerifiedTls { root_cert } => {
-                config.connect(pg_tls::VerifiedTls::from_ca_file(root_cert)?)
+                let tls = pg_tls::VerifiedTls::from_ca_file(root_cert)
+                    .map_err(ConnectFailure::refused)?;
+                config.connect(tls)
             }
         };
-        connected.map_err(|e| pg_detail(&e))
+        connected.map_err(|e| ConnectFailure {
+            detail: pg_detail(&e),
+            outage: is_connection_loss(&e),
+        })
+    }
+}
+
+/// Why connecting failed, and whether that is an outage (the server down or unreachable:
+/// retry) or a refusal (a certificate, a password, a name that resolves off loopback:
+/// fix the configuration).
+#[derive(Debug)]
+struct ConnectFailure {
+    detail: String,
+    outage: bool,
+}
+
+impl ConnectFailure {
+    fn refused(detail: String) -> ConnectFailure {
+        ConnectFailure {
+            detail,
+            outage: false,
+        }
     }
 }
 
 /// The addresses of a named host, resolved by the C library on this thread; for
 /// `localhost` without TLS, only if every one is a loopback address.
-fn resolve(named: &NamedHost) -> std::result::Result<Vec<IpAddr>, String> {
+fn resolve(named: &NamedHost) -> std::result::Result<Vec<IpAddr>, ConnectFailure> {
     use std::net::ToSocketAddrs;
     let addrs: Vec<IpAddr> = (named.name.as_str(), named.port)
         .to_socket_addrs()
-        .map_err(|e| format!("host {:?} cannot be resolved: {e}", named.name))?
+        .map_err(|e| ConnectFailure {
+            detail: format!("host {:?} cannot be resolved: {e}", named.name),
+            outage: true,
+        })?
         .map(|a| a.ip())
         .collect();
     if named.loopback_only {
         if let Some(away) = addrs.iter().find(|a| !a.is_loopback()) {
-            return Err(format!(
+            return Err(ConnectFailure::refused(format!(
                 "host {:?} resolves to {away}, which is not a loopback address: without TLS \
                  records go only to unix sockets and loopback addresses",
                 named.name
-            ));
+            )));
         }
     }
     Ok(addrs)
@@ -638,6 +675,7 @@ fn pg_err(shown: &str, e: postgres::Error) -> StoreError {
         return StoreError::Unreachable {
             target: shown.to_string(),
             detail: pg_detail(&e),
+            outage: true,
         };
     }
     StoreError::Postgres {
@@ -659,8 +697,11 @@ fn is_connection_loss(e: &postgres::Error) -> bool {
     }
     let mut src = std::error::Error::source(e);
     while let Some(inner) = src {
-        if inner.is::<std::io::Error>() {
-            return true;
+        if let Some(io) = inner.downcast_ref::<std::io::Error>() {
+            // A TLS handshake refused (the certificate, its name) arrives as an I/O
+            // error carrying rustls's: a refusal to fix, not an outage to wait out.
+            let tls_refusal = io.get_ref().is_some_and(|why| why.is::<rustls::Error>());
+            return !tls_refusal;
         }
         src = inner.source();
     }
@@ -745,18 +786,22 @@ impl Fleet {
     /// the old connection); refused at once while the backoff says wait.
     fn reconnect(&self) -> Result<Client> {
         let now = std::time::Instant::now();
-        let unreachable = |detail: String| StoreError::Unreachable {
+        let unreachable = |failure: ConnectFailure| StoreError::Unreachable {
             target: self.shown.clone(),
-            detail,
+            detail: failure.detail,
+            outage: failure.outage,
         };
         if let Some(left) = self.backoff.borrow().wait_left(now) {
             let backoff = self.backoff.borrow();
-            return Err(unreachable(format!(
-                "connection lost; reconnection attempt {} in {} ms (last: {})",
-                backoff.failures + 1,
-                left.as_millis(),
-                backoff.last_error
-            )));
+            return Err(unreachable(ConnectFailure {
+                detail: format!(
+                    "connection lost; reconnection attempt {} in {} ms (last: {})",
+                    backoff.failures + 1,
+                    left.as_millis(),
+                    backoff.last_error
+                ),
+                outage: true,
+            }));
         }
         let url = &self.store.url;
         let connected = off_runtime(|| url.connect()).and_then(|mut client| {
@@ -764,11 +809,15 @@ impl Fleet {
             let claimed = off_runtime(|| claim_node_on(&mut client, node, holder));
             match claimed {
                 Ok(None) => Ok(client),
-                Ok(Some((recorded, _))) => Err(format!(
+                // Another process table took the name while this one was away: refused.
+                Ok(Some((recorded, _))) => Err(ConnectFailure::refused(format!(
                     "node name {:?} is held by {recorded} now",
                     node.as_str()
-                )),
-                Err(e) => Err(pg_detail(&e)),
+                ))),
+                Err(e) => Err(ConnectFailure {
+                    detail: pg_detail(&e),
+                    outage: is_connection_loss(&e),
+                }),
             }
         });
         match connected {
@@ -776,9 +825,11 @@ impl Fleet {
                 self.backoff.borrow_mut().succeeded();
                 Ok(client)
             }
-            Err(detail) => {
-                self.backoff.borrow_mut().failed(now, detail.clone());
-                Err(unreachable(detail))
+            Err(failure) => {
+                self.backoff
+                    .borrow_mut()
+                    .failed(now, failure.detail.clone());
+                Err(unreachable(failure))
             }
         }
     }
@@ -798,9 +849,10 @@ impl Fleet {
     pub fn connect(store: &FleetStore, holder: NodeHolder) -> Result<Fleet> {
         let url = &store.url;
         let shown = url.shown.clone();
-        let client = off_runtime(|| url.connect()).map_err(|detail| StoreError::Unreachable {
+        let client = off_runtime(|| url.connect()).map_err(|failure| StoreError::Unreachable {
             target: shown.clone(),
-            detail,
+            detail: failure.detail,
+            outage: failure.outage,
         })?;
         let fleet = Fleet {
             client: RefCell::new(Some(client)),
@@ -864,12 +916,15 @@ impl Fleet {
                 target: self.shown.clone(),
                 detail,
             },
-            StoreError::Unreachable { target, detail } if target.is_empty() => {
-                StoreError::Unreachable {
-                    target: self.shown.clone(),
-                    detail,
-                }
-            }
+            StoreError::Unreachable {
+                target,
+                detail,
+                outage,
+            } if target.is_empty() => StoreError::Unreachable {
+                target: self.shown.clone(),
+                detail,
+                outage,
+            },
             other => other,
         }
     }
@@ -1568,7 +1623,7 @@ mod tests {
             name: "192.0.2.9".into(),
             ..named
         };
-        let err = resolve(&away).unwrap_err();
+        let err = resolve(&away).unwrap_err().detail;
         assert!(err.contains("not a loopback address"), "{err}");
     }
 

@@ -141,7 +141,18 @@ fn fail(err: anyhow::Error) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     eprintln!("airlock: {}", crate::user_message(&err));
+    if store_unavailable(&err) {
+        // Not a failure of the records: the store cannot be reached now; retry later.
+        return ExitCode::from(airlock_cell::report::STORE_UNAVAILABLE_EXIT as u8);
+    }
     ExitCode::from(1)
+}
+
+/// The error is the store being unreachable (a fleet's Postgres down, ...).
+fn store_unavailable(err: &anyhow::Error) -> bool {
+    err.chain()
+        .filter_map(|e| e.downcast_ref::<airlock_store::StoreError>())
+        .any(airlock_store::StoreError::is_unavailable)
 }
 
 /// The error is a closed stdout (EPIPE), directly or as the source of a store error.
@@ -318,6 +329,14 @@ pub fn audit(store_args: StoreArgs, command: AuditCommand) -> ExitCode {
                         report.head_hash
                     );
                     Ok(ExitCode::SUCCESS)
+                }
+                // Only a broken chain is a failed verification (2); a store that cannot
+                // be reached says nothing about the chain (store_unavailable's code).
+                Err(err) if err.is_unavailable() => {
+                    eprintln!("airlock: audit verify: store_unavailable, nothing checked: {err}");
+                    Ok(ExitCode::from(
+                        airlock_cell::report::STORE_UNAVAILABLE_EXIT as u8,
+                    ))
                 }
                 Err(err) => {
                     eprintln!("airlock: audit verify FAILED: {err}");

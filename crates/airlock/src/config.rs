@@ -158,6 +158,10 @@ pub struct StoreConfig {
     /// 253 characters. Held by one process table (boot id, pid namespace) at a time while
     /// its processes keep the store open: another's claim is refused.
     pub node: Option<String>,
+    /// The most pending finishes kept in `<state_dir>/spool` while the store is
+    /// unavailable (a run's end is written there, fsynced, and into the store once it is
+    /// back); a finish past it is lost, counted and logged. Default 4096, 1 to 1000000.
+    pub spool_max_files: Option<usize>,
 }
 
 /// One bounded numeric key: its name, value and inclusive range.
@@ -172,9 +176,16 @@ struct Bound {
 /// allowlisted run fail inside the cell; a huge one would let one cell hold the proxy.
 /// Host ids stay above the host's own users (uid 0 among them) and at or below 2^31 - 1
 /// (see airlock_cell::host_identity).
-fn bounds(config: &OperatorConfig) -> [Bound; 9] {
+fn bounds(config: &OperatorConfig) -> [Bound; 10] {
     let (egress, images, ids) = (&config.egress, &config.images, &config.host_ids);
     [
+        // No spool would lose every finish of an outage; past a million it bounds nothing.
+        Bound {
+            key: "store.spool_max_files",
+            value: config.spool_max_files() as u64,
+            min: 1,
+            max: 1_000_000,
+        },
         Bound {
             key: "egress.max_connections",
             value: u64::from(egress.max_connections),
@@ -311,6 +322,7 @@ impl OperatorConfig {
         engine.broker = self.engine_broker()?;
         engine.quarantine_max_bytes = self.policy.quarantine_max_bytes;
         engine.store_postgres = self.store_postgres()?;
+        engine.store_spool_max_files = self.spool_max_files();
         Ok(engine)
     }
 
@@ -344,7 +356,15 @@ impl OperatorConfig {
         Ok(airlock_store::StoreLocation {
             state_dir: self.state_dir(flag),
             postgres: self.store_postgres()?,
+            spool_max_files: self.spool_max_files(),
         })
+    }
+
+    /// `[store] spool_max_files`, else the store's default.
+    pub fn spool_max_files(&self) -> usize {
+        self.store
+            .spool_max_files
+            .unwrap_or(airlock_store::spool::DEFAULT_MAX_FILES)
     }
 
     pub fn engine_egress(&self) -> airlock_egress::EgressConfig {

@@ -331,6 +331,13 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
         if let Err(err) = write_result(&args, &record, &finished.secrets) {
             eprintln!("airlock: {err}");
         }
+        if finished.report.status == ResultClass::StoreUnavailable {
+            eprintln!(
+                "airlock: store_unavailable: {} (nothing ran; retry later)",
+                finished.audit_error().unwrap_or_default()
+            );
+            return ExitCode::from(airlock_cell::report::STORE_UNAVAILABLE_EXIT as u8);
+        }
         return ExitCode::from(125);
     }
     deliver(&args, &mut finished);

@@ -22,14 +22,23 @@ pub enum ResultClass {
     /// The run completed but airlock could not deliver what the caller asked for: an
     /// artifact the host side could not write, or the `--result` file.
     DeliveryFailed,
+    /// The audit store cannot be reached (a fleet's Postgres is down, the local file
+    /// reports I/O errors): the run was refused before anything ran, since no run starts
+    /// without its begin record. Not an attack and not airlock failing: retry later.
+    StoreUnavailable,
 }
 
 /// The exit code of `airlock run` for [`ResultClass::DeliveryFailed`]: below the 124-127
 /// that `timeout` and `docker run` use, and not a code those tools give.
 pub const DELIVERY_FAILED_EXIT: i32 = 123;
 
+/// The exit code of `airlock run` (and `airlock audit verify`) for
+/// [`ResultClass::StoreUnavailable`]: next below [`DELIVERY_FAILED_EXIT`], so a script can
+/// tell "retry later" from 125 (airlock refused or failed).
+pub const STORE_UNAVAILABLE_EXIT: i32 = 122;
+
 impl ResultClass {
-    pub const ALL: [ResultClass; 8] = [
+    pub const ALL: [ResultClass; 9] = [
         ResultClass::Ok,
         ResultClass::TaskError,
         ResultClass::PolicyDenied,
@@ -38,6 +47,7 @@ impl ResultClass {
         ResultClass::SandboxUnavailable,
         ResultClass::SuspectedEscape,
         ResultClass::DeliveryFailed,
+        ResultClass::StoreUnavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -50,6 +60,7 @@ impl ResultClass {
             ResultClass::SandboxUnavailable => "sandbox_unavailable",
             ResultClass::SuspectedEscape => "suspected_escape",
             ResultClass::DeliveryFailed => "delivery_failed",
+            ResultClass::StoreUnavailable => "store_unavailable",
         }
     }
 
@@ -73,7 +84,8 @@ impl ResultClass {
             | ResultClass::CapacityExceeded
             | ResultClass::RuntimeFault
             | ResultClass::SandboxUnavailable
-            | ResultClass::SuspectedEscape => None,
+            | ResultClass::SuspectedEscape
+            | ResultClass::StoreUnavailable => None,
         }
     }
 }

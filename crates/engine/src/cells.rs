@@ -110,10 +110,7 @@ impl Engine {
                 // No record: the cell is destroyed before its command could start (a held
                 // command's release pipe closes with the host: pid 1 reads EOF and ends).
                 drop(host);
-                (
-                    RunReport::refused("", ResultClass::RuntimeFault, err.clone()),
-                    None,
-                )
+                (RunReport::refused("", err.class, err.error.clone()), None)
             }
             (Ok(host), Ok((_, handle))) => {
                 let hashing = inputs::hash_in_background(
@@ -203,13 +200,14 @@ impl Engine {
         &self,
         start: airlock_store::RunStart,
         secrets: &[String],
-    ) -> Result<(Store, RunHandle), String> {
-        let store = self.open_store().map_err(|e| e.to_string())?;
+    ) -> Result<(Store, RunHandle), crate::lifecycle::BeginFailed> {
+        let failed = |err: EngineError| crate::lifecycle::BeginFailed::of(&err);
+        let store = self.open_store().map_err(failed)?;
         match store.begin_run(start, secrets.to_vec()) {
             Ok(handle) => Ok((store, handle)),
             Err(err) => {
                 self.stores.give_back(store);
-                Err(err.to_string())
+                Err(failed(EngineError::Store(err)))
             }
         }
     }

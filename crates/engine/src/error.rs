@@ -8,6 +8,9 @@ pub enum EngineError {
     /// The run has no begin record, so it cannot be completed (nothing ran).
     #[error("the run has no audit record: {0}")]
     NotRecorded(String),
+    /// As [`EngineError::NotRecorded`], because the store cannot be reached now.
+    #[error("the audit store is unavailable, nothing ran: {0}")]
+    StoreUnavailable(String),
     #[error("cell factory: {context}: {source}")]
     Factory {
         context: String,
@@ -34,6 +37,8 @@ impl EngineError {
     /// The result class of a run that failed this way.
     pub fn class(&self) -> ResultClass {
         match self {
+            EngineError::Store(e) if e.is_unavailable() => ResultClass::StoreUnavailable,
+            EngineError::StoreUnavailable(_) => ResultClass::StoreUnavailable,
             EngineError::Store(_)
             | EngineError::NotRecorded(_)
             | EngineError::Factory { .. }

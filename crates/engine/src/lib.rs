@@ -27,7 +27,7 @@ mod stores;
 pub use caller::Caller;
 pub use error::EngineError;
 pub use lifecycle::{
-    CommandLatency, FinishedRun, RecordedHook, RecordedRefusal, Refusal, RunRequest,
+    BeginFailed, CommandLatency, FinishedRun, RecordedHook, RecordedRefusal, Refusal, RunRequest,
 };
 pub use pool::{PlanShape, PoolRefill, PoolStatus};
 pub use session::{AfterClose, CommandRequest, CommandStatus, Session, SessionRequest};
@@ -45,6 +45,8 @@ pub struct EngineConfig {
     /// node's name in it (`[store] node`); `None`: they are in the state directory's
     /// SQLite file.
     pub store_postgres: Option<airlock_store::FleetStore>,
+    /// The bound of the finish spool (`[store] spool_max_files`).
+    pub store_spool_max_files: usize,
     /// The egress proxy's configuration (resolvers, host map, exempt CIDRs, ceilings).
     pub egress: airlock_egress::EgressConfig,
     /// The binary started as the cell factory (it calls
@@ -68,6 +70,7 @@ impl EngineConfig {
         airlock_store::StoreLocation {
             state_dir: self.state_dir.clone(),
             postgres: self.store_postgres.clone(),
+            spool_max_files: self.store_spool_max_files,
         }
     }
 }
@@ -82,6 +85,7 @@ impl EngineConfig {
         EngineConfig {
             state_dir,
             store_postgres: None,
+            store_spool_max_files: airlock_store::spool::DEFAULT_MAX_FILES,
             egress,
             program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
             max_cells: 64,
@@ -136,6 +140,17 @@ impl Engine {
     /// commit crosses the threshold (see stores.rs).
     pub fn checkpoint_in_background(&self) -> Result<(), EngineError> {
         self.stores.checkpoint_in_background()
+    }
+
+    /// For a long-lived threaded caller (the service): finishes spooled while the store
+    /// was unavailable are written by a thread of the engine's once it is back.
+    pub fn replay_spool_in_background(&self) -> Result<(), EngineError> {
+        self.stores.replay_in_background()
+    }
+
+    /// Whether the audit store answers now (a probe reused for a second: `/readyz`).
+    pub fn store_health(&self) -> Result<(), String> {
+        self.stores.health()
     }
 
     /// The pools and their parked cells.

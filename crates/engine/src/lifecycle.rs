@@ -62,10 +62,36 @@ pub struct FinishedRun {
     /// Where the cell's writable paths were copied if its verdict was a suspected escape
     /// (the directory exists only then, with its `writable-manifest.json`).
     pub evidence_dir: Option<PathBuf>,
-    record: Result<(Store, RunHandle), String>,
+    record: Result<(Store, RunHandle), BeginFailed>,
     /// For a run on a parked cell: wakes the pool's refill when dropped (with this run,
     /// or later: [`FinishedRun::take_refill`]).
     pub(crate) refill: Option<crate::pool::PoolRefill>,
+}
+
+/// Why a run's begin record could not be written (then nothing ran): the class the run
+/// ends in (`store_unavailable` while the store cannot be reached, else `runtime_fault`)
+/// and the store's message.
+#[derive(Debug, Clone)]
+pub struct BeginFailed {
+    pub class: ResultClass,
+    pub error: String,
+}
+
+impl BeginFailed {
+    pub(crate) fn of(err: &EngineError) -> BeginFailed {
+        BeginFailed {
+            class: err.class(),
+            error: err.to_string(),
+        }
+    }
+
+    /// As an engine error, keeping an unavailable store apart.
+    pub fn into_error(self) -> EngineError {
+        match self.class {
+            ResultClass::StoreUnavailable => EngineError::StoreUnavailable(self.error),
+            _ => EngineError::NotRecorded(self.error),
+        }
+    }
 }
 
 /// The milestones of a command sent to a parked cell, as the engine saw them.
@@ -86,10 +112,16 @@ impl FinishedRun {
         plan: CellPlan,
         inputs: Option<InputContents>,
         secrets: Vec<String>,
-        record: Result<(Store, RunHandle), String>,
+        record: Result<(Store, RunHandle), BeginFailed>,
     ) -> FinishedRun {
-        if let Ok((_, handle)) = &record {
-            report.run_id = handle.run_id();
+        match &record {
+            Ok((_, handle)) => report.run_id = handle.run_id(),
+            // The class of the missing record, not of the cell it stopped.
+            Err(failed) if failed.class == ResultClass::StoreUnavailable => {
+                report.status = ResultClass::StoreUnavailable;
+                report.exit_code = airlock_cell::report::STORE_UNAVAILABLE_EXIT;
+            }
+            Err(_) => {}
         }
         FinishedRun {
             report,
@@ -112,7 +144,7 @@ impl FinishedRun {
     /// Why no audit record exists, if none does: then nothing ran (the payload never
     /// got its start), and the run cannot be completed.
     pub fn audit_error(&self) -> Option<&str> {
-        self.record.as_ref().err().map(String::as_str)
+        self.record.as_ref().err().map(|f| f.error.as_str())
     }
 }
 
@@ -320,17 +352,20 @@ impl Engine {
     /// have made it `delivery_failed`). The plan is already in the begin record; the
     /// stored result leaves it out.
     pub fn complete(&self, finished: FinishedRun) -> Result<RunReport, EngineError> {
-        let (store, handle) = finished
-            .record
-            .map_err(|err| EngineError::NotRecorded(err.clone()))?;
+        let (store, handle) = finished.record.map_err(BeginFailed::into_error)?;
         let mut stored = serde_json::to_value(&finished.report).unwrap_or_default();
         if let Some(inputs) = &finished.inputs {
             stored["inputs"] = serde_json::json!(inputs);
         }
         let finished_record = record::finish(&store, &handle, &finished.report, &stored);
         self.stores.give_back(store);
-        finished_record.map_err(EngineError::Store)?;
-        Ok(finished.report)
+        match finished_record {
+            // Spooled: written when the store is back. Lost to a full spool: counted and
+            // logged (record::finish); the run's outcome is still the caller's.
+            Ok(_) => Ok(finished.report),
+            Err(airlock_store::StoreError::SpoolFull { .. }) => Ok(finished.report),
+            Err(err) => Err(EngineError::Store(err)),
+        }
     }
 
     /// Every check of a request that needs no cell: the credentials and the identity of
@@ -467,7 +502,7 @@ struct Recorder<'a> {
     start: RunStart,
     secrets: Vec<String>,
     /// `None` until the hook ran; then the store and handle, or why there are none.
-    record: Option<Result<(Store, RunHandle), String>>,
+    record: Option<Result<(Store, RunHandle), BeginFailed>>,
     unhashed_inputs: Option<Vec<(PathBuf, PathBuf)>>,
     input_contents: Option<std::thread::JoinHandle<InputContents>>,
 }
@@ -478,7 +513,7 @@ impl Recorder<'_> {
         let run_id = begun
             .as_ref()
             .map(|(_, h)| h.run_id())
-            .map_err(Clone::clone);
+            .map_err(|failed| failed.error.clone());
         self.record = Some(begun);
         if run_id.is_ok() {
             // The cell is cloned: a thread may start now. It reads the inputs while the
@@ -492,12 +527,8 @@ impl Recorder<'_> {
         run_id
     }
 
-    fn open_and_begin(&self) -> Result<(Store, RunHandle), String> {
-        let store = self.engine.open_store().map_err(|e| e.to_string())?;
-        let handle = store
-            .begin_run(self.start.clone(), self.secrets.clone())
-            .map_err(|err| err.to_string())?;
-        Ok((store, handle))
+    fn open_and_begin(&self) -> Result<(Store, RunHandle), BeginFailed> {
+        self.engine.begin_record(self.start.clone(), &self.secrets)
     }
 
     /// The run at its end. A run that failed before its cell was released (the hook never

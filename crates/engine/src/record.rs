@@ -3,7 +3,7 @@
 
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_contract::CellPlan;
-use airlock_store::{kinds, Redactor, RunEnd, RunHandle, Store};
+use airlock_store::{kinds, Finished, Redactor, RunEnd, RunHandle, Store};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -175,34 +175,55 @@ fn events_of(report: &RunReport) -> Vec<(String, Value)> {
     events
 }
 
-/// Finishes the run record together with its events, in one transaction.
+/// Finishes the run record together with its events, in one transaction; while the store
+/// is unavailable, into the state directory's spool (written when it is back). Either
+/// way it is logged when the finish is not in the store now: spooled, or lost (the spool
+/// full) — never silently.
 pub fn finish(
     store: &Store,
     handle: &RunHandle,
     report: &RunReport,
     result: &Value,
-) -> airlock_store::Result<()> {
+) -> airlock_store::Result<Finished> {
+    let finished = store.finish_run_or_spool(handle, end_of(report, result));
+    match &finished {
+        Ok(Finished::Written) => {}
+        Ok(Finished::Spooled(path)) => eprintln!(
+            "airlock: audit store unavailable: the finish of run {} ({}) is kept in {} and \
+             written when the store is back",
+            handle.run_id(),
+            report.status.as_str(),
+            path.display()
+        ),
+        Err(err) if err.is_unavailable() => eprintln!(
+            "airlock: {err} ({} finish(es) lost since start)",
+            airlock_store::spool::lost_finishes()
+        ),
+        Err(_) => {}
+    }
+    finished
+}
+
+/// The store's end of a run from its report.
+fn end_of(report: &RunReport, result: &Value) -> RunEnd {
     let output = report.output.as_ref();
     let text =
         |f: fn(&airlock_cell::output::OutputCapture) -> String| output.map(f).unwrap_or_default();
-    store.finish_run(
-        handle,
-        RunEnd {
-            status: report.status.as_str().to_string(),
-            exit_code: report.exit.code,
-            exit_signal: report.exit.signal,
-            limit_fired: limit_name(report),
-            usage: serde_json::to_value(report.usage).unwrap_or_default(),
-            startup_ms: report.timings.startup_ms,
-            wall_ms: report.timings.wall_ms,
-            stdout_head: text(|o| o.stdout.head_text()),
-            stdout_tail: text(|o| o.stdout.tail_text()),
-            stderr_head: text(|o| o.stderr.head_text()),
-            stderr_tail: text(|o| o.stderr.tail_text()),
-            cleanup_ok: report.cleanup.ok,
-            cleanup_leftovers: json!(report.cleanup.leftovers),
-            result_json: result.clone(),
-            events: events_of(report),
-        },
-    )
+    RunEnd {
+        status: report.status.as_str().to_string(),
+        exit_code: report.exit.code,
+        exit_signal: report.exit.signal,
+        limit_fired: limit_name(report),
+        usage: serde_json::to_value(report.usage).unwrap_or_default(),
+        startup_ms: report.timings.startup_ms,
+        wall_ms: report.timings.wall_ms,
+        stdout_head: text(|o| o.stdout.head_text()),
+        stdout_tail: text(|o| o.stdout.tail_text()),
+        stderr_head: text(|o| o.stderr.head_text()),
+        stderr_tail: text(|o| o.stderr.tail_text()),
+        cleanup_ok: report.cleanup.ok,
+        cleanup_leftovers: json!(report.cleanup.leftovers),
+        result_json: result.clone(),
+        events: events_of(report),
+    }
 }

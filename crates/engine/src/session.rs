@@ -189,7 +189,7 @@ impl Engine {
         // Written while the supervisor builds the cell.
         let (store, handle) = self
             .begin_record(start, &secrets)
-            .map_err(EngineError::NotRecorded)?;
+            .map_err(crate::lifecycle::BeginFailed::into_error)?;
         let cell_pid = match wait_parked(&host.control) {
             Ok(pid) => pid,
             Err(report) => {

@@ -4,10 +4,10 @@
 //! one thread at a time, so idle ones wait here.
 
 use crate::EngineError;
-use airlock_store::{Store, StoreLocation};
+use airlock_store::{Replayed, Spool, Store, StoreLocation};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Idle connections kept at most; more threads than this open (and then close) their own.
 const MAX_IDLE: usize = 32;
@@ -15,12 +15,21 @@ const MAX_IDLE: usize = 32;
 /// [`StorePool::checkpoint_in_background`]). At 200 runs a second (about 9 pages each)
 /// the WAL stays under 500 pages.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
+/// How often the replay thread looks for spooled finishes to write (see
+/// [`StorePool::replay_in_background`]).
+const REPLAY_INTERVAL: Duration = Duration::from_millis(500);
+/// How long one probe of the store's health is reused ([`StorePool::health`]): however
+/// often `/readyz` is asked, the store sees at most one probe per this interval.
+const HEALTH_TTL: Duration = Duration::from_secs(1);
 
 pub(crate) struct StorePool {
     location: StoreLocation,
     idle: Mutex<Vec<Store>>,
     /// Connections leave their checkpoints to the background thread.
     background_checkpoints: AtomicBool,
+    /// The last probe of [`StorePool::health`] and when it was made.
+    health: Mutex<Option<(Instant, Result<(), String>)>>,
+    replaying: AtomicBool,
 }
 
 impl StorePool {
@@ -29,7 +38,73 @@ impl StorePool {
             location,
             idle: Mutex::new(Vec::new()),
             background_checkpoints: AtomicBool::new(false),
+            health: Mutex::new(None),
+            replaying: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the store answers: one cheap round trip on a pooled connection (which
+    /// reconnects a lost one, within its backoff), reused for [`HEALTH_TTL`]. Concurrent
+    /// callers wait for the one probe in progress instead of making their own.
+    pub fn health(&self) -> Result<(), String> {
+        let mut cached = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, result)) = cached.as_ref() {
+            if at.elapsed() < HEALTH_TTL {
+                return result.clone();
+            }
+        }
+        let probed = self.take().map_err(|e| e.to_string()).and_then(|store| {
+            let pinged = store.ping().map_err(|e| e.to_string());
+            self.give_back(store);
+            pinged
+        });
+        *cached = Some((Instant::now(), probed.clone()));
+        probed
+    }
+
+    /// From now on a thread of this process writes the spool's pending finishes into the
+    /// store once it is back (checked every [`REPLAY_INTERVAL`], in spooled order). The
+    /// thread ends with the pool. Only for a threaded caller (the service).
+    pub fn replay_in_background(self: &Arc<Self>) -> Result<(), EngineError> {
+        if self.replaying.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let pool = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("store-spool".into())
+            .spawn(move || replay_until_gone(&pool, REPLAY_INTERVAL))
+            .map_err(|source| EngineError::Factory {
+                context: "the store's spool replay thread".into(),
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// Writes what the spool holds, if anything, and logs what it did.
+    fn replay_once(&self) {
+        let spool = Spool::new(&self.location.state_dir, self.location.spool_max_files);
+        if spool.is_empty() {
+            return;
+        }
+        // Opening a new connection replays too (reap_aborted), before it reaps.
+        let Ok(store) = self.take() else { return };
+        match store.replay_spool() {
+            Ok(done) if done != Replayed::default() => eprintln!(
+                "airlock: audit store is back: {} spooled finish(es) written, {} already \
+                 written{}",
+                done.written,
+                done.already,
+                if done.lost.is_empty() {
+                    String::new()
+                } else {
+                    format!(", LOST (run ended otherwise): {}", done.lost.join(", "))
+                }
+            ),
+            Ok(_) => {}
+            Err(err) if err.is_unavailable() => {}
+            Err(err) => eprintln!("airlock: replaying the finish spool: {err}"),
+        }
+        self.give_back(store);
     }
 
     /// An open connection: an idle one, or a new one (the state directory is checked and
@@ -85,6 +160,14 @@ impl StorePool {
         if idle.len() < MAX_IDLE {
             idle.push(store);
         }
+    }
+}
+
+fn replay_until_gone(pool: &Weak<StorePool>, interval: Duration) {
+    loop {
+        std::thread::sleep(interval);
+        let Some(pool) = pool.upgrade() else { return };
+        pool.replay_once();
     }
 }
 

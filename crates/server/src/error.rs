@@ -36,6 +36,10 @@ pub enum ServerError {
     },
 }
 
+/// Retry-After of a `store.unavailable` answer: about the reconnection backoff's bound
+/// (airlock_store's `RECONNECT_MAX`), so a client does not ask faster than it is tried.
+pub const STORE_RETRY_AFTER_SECS: u64 = 5;
+
 /// The body of every error answer (docs/openapi.json `ErrorBody`).
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
@@ -139,12 +143,35 @@ impl ApiError {
         err
     }
 
-    /// An engine failure as an answer: capacity is 429, the rest a fault.
+    /// The audit store cannot be reached now (503, `store.unavailable`, Retry-After):
+    /// nothing ran and nothing is wrong with the records; ask again.
+    pub fn store_unavailable(error: String) -> ApiError {
+        let mut err = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ResultClass::StoreUnavailable,
+            "store.unavailable",
+            error,
+        );
+        err.retry_after = Some(STORE_RETRY_AFTER_SECS);
+        err
+    }
+
+    /// A store failure of a query: unavailable is 503, the rest a fault.
+    pub fn store(err: &airlock_store::StoreError) -> ApiError {
+        match err.is_unavailable() {
+            true => ApiError::store_unavailable(err.to_string()),
+            false => ApiError::internal("store", err.to_string()),
+        }
+    }
+
+    /// An engine failure as an answer: capacity is 429, an unavailable store 503, the
+    /// rest a fault.
     pub fn engine(err: &airlock_engine::EngineError) -> ApiError {
         match err.class() {
             ResultClass::CapacityExceeded => {
                 ApiError::too_many("engine.capacity", err.to_string(), 1)
             }
+            ResultClass::StoreUnavailable => ApiError::store_unavailable(err.to_string()),
             _ => ApiError::internal("engine", err.to_string()),
         }
     }

@@ -18,8 +18,15 @@ pub async fn healthz() -> Json<Health> {
 }
 
 #[utoipa::path(get, path = "/readyz", security(()),
-    responses((status = 200, body = Health), (status = 503, description = "Pools still filling, draining, or a class's verification failed and is not acknowledged", body = Health)))]
+    responses((status = 200, body = Health), (status = 503, description = "Pools still filling, draining, the audit store unreachable (`detail` names it), or a class's verification failed and is not acknowledged", body = Health)))]
 pub async fn readyz(State(state): State<Shared>) -> Response {
+    if let Err(unreachable) = store_health(&state).await {
+        let detail = format!(
+            "store unavailable: {unreachable} (new runs are refused with store_unavailable)"
+        );
+        let body = Json(Health { ok: false, detail });
+        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+    }
     let status = state.engine.pool_status();
     let filling: Vec<String> = state
         .pools
@@ -53,6 +60,15 @@ pub async fn readyz(State(state): State<Shared>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (code, Json(Health { ok, detail })).into_response()
+}
+
+/// The engine's probe of the audit store (cached: see airlock_engine's `store_health`), on
+/// a blocking thread.
+async fn store_health(state: &Shared) -> Result<(), String> {
+    let engine = std::sync::Arc::clone(&state.engine);
+    tokio::task::spawn_blocking(move || engine.store_health())
+        .await
+        .unwrap_or_else(|e| Err(format!("the store probe failed: {e}")))
 }
 
 #[utoipa::path(get, path = "/metrics", security(()),

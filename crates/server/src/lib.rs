@@ -103,6 +103,9 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
     let engine = Arc::new(Engine::new(engine));
     // The service's own connection too: no record of a request waits for a checkpoint.
     engine.checkpoint_in_background()?;
+    // Finishes spooled while the store was unavailable are written once it is back (a
+    // previous process's were written by `reap_aborted` above, before it reaped).
+    engine.replay_spool_in_background()?;
     store.leave_checkpoints_to_caller()?;
     let mut pools = BTreeMap::new();
     for (name, size) in &server.pools {

@@ -30,7 +30,7 @@ pub const NDJSON: &str = "application/x-ndjson";
         (status = 413, body = ErrorBody),
         (status = 422, description = "The contract did not compile (the refusal is recorded)", body = ErrorBody),
         (status = 429, description = "Over a quota or capacity; see Retry-After", body = ErrorBody),
-        (status = 503, description = "Draining", body = ErrorBody)))]
+        (status = 503, description = "Draining (`server.draining`), or the audit store cannot be reached (`store.unavailable`: nothing ran); see Retry-After", body = ErrorBody)))]
 pub async fn create_run(
     State(state): State<Shared>,
     Caller(tenant): Caller,
@@ -162,6 +162,11 @@ async fn start_run(
     let run_id = begun_rx.await.ok();
     if let Some(run_id) = &run_id {
         log.set_run_id(run_id);
+    } else if let Some(refused) = unrecorded_refusal(&log).await {
+        // No begin record: nothing ran. An unavailable store is its own answer (503),
+        // not a run that ended in a fault.
+        drop(hangup);
+        return Err(refused);
     }
     if query.wait {
         // This future is dropped when the client goes away, and `hangup` with it.
@@ -174,6 +179,17 @@ async fn start_run(
         command_id: None,
     });
     Ok(ndjson(output::ndjson_body(log, start, true, hangup)))
+}
+
+/// The answer for a run that ended without a begin record because the store is
+/// unavailable: `store.unavailable` (503). `None` for any other end (answered as usual).
+async fn unrecorded_refusal(log: &OutputLog) -> Option<ApiError> {
+    let ended = wait_ended(log).await;
+    let status = ended.record["status"].as_str()?;
+    (status == ResultClass::StoreUnavailable.as_str()).then(|| {
+        let error = ended.record["error"].as_str().unwrap_or_default();
+        ApiError::store_unavailable(format!("the run was not started: {error}"))
+    })
 }
 
 /// The service's end of a socket pair whose other end the run's supervisor watches
@@ -435,7 +451,8 @@ pub async fn list_runs(
 
 #[utoipa::path(get, path = "/v1/audit/verify",
     responses((status = 200, body = Verified), (status = 401, body = ErrorBody),
-        (status = 409, description = "The audit chain is broken", body = ErrorBody)))]
+        (status = 409, description = "The audit chain is broken", body = ErrorBody),
+        (status = 503, description = "The store cannot be reached (`store.unavailable`, Retry-After): nothing was checked", body = ErrorBody)))]
 pub async fn verify(
     State(state): State<Shared>,
     Caller(_tenant): Caller,
@@ -456,11 +473,21 @@ pub async fn verify(
             entries: report.entries,
             runs: report.runs,
         })),
-        Err(err) => Err(ApiError::new(
+        Err(err) => Err(verify_failure(&err)),
+    }
+}
+
+/// What a failed verification answers: a broken chain is 409 `audit.chain_broken`; a store
+/// that cannot be reached says nothing about the chain (503 `store.unavailable`); anything
+/// else is a fault of the check (500), never reported as tampering.
+fn verify_failure(err: &airlock_store::StoreError) -> ApiError {
+    match err.class() {
+        airlock_store::ErrorClass::Tampered => ApiError::new(
             axum::http::StatusCode::CONFLICT,
             ResultClass::RuntimeFault,
             "audit.chain_broken",
             err.to_string(),
-        )),
+        ),
+        _ => ApiError::store(err),
     }
 }

@@ -78,7 +78,7 @@ impl AppState {
         })
         .await
         .map_err(|err| ApiError::internal("server.task", err.to_string()))?
-        .map_err(|err| ApiError::internal("store", err.to_string()))
+        .map_err(|err| ApiError::store(&err))
     }
 }
 

@@ -46,6 +46,10 @@ pub enum ErrorClass {
     Conflict,
     /// `verify()` found the audit trail altered.
     Tampered,
+    /// The store cannot be reached right now (a fleet's Postgres down or restarting, its
+    /// connection lost, the local file's I/O failing): nothing is wrong with the records,
+    /// retry later. New runs are refused (`store_unavailable`), a run's finish is spooled.
+    Unavailable,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -100,9 +104,35 @@ pub enum StoreError {
     #[error("audit store url (store.url): {0}")]
     InvalidUrl(String),
     #[error("audit store {target} cannot be reached (runs are refused, never recorded elsewhere): {detail}")]
-    Unreachable { target: String, detail: String },
+    Unreachable {
+        target: String,
+        detail: String,
+        /// The server is down or cannot be reached (retry later: [`ErrorClass::Unavailable`]),
+        /// rather than refused (its certificate, a password, a name off loopback: a
+        /// configuration to fix, [`ErrorClass::Io`]).
+        outage: bool,
+    },
     #[error("audit store {target}: {detail}")]
     Postgres { target: String, detail: String },
+    /// The store was unavailable and the local spool of pending finishes is at its bound
+    /// (`spool.rs`): this finish is not kept (counted in [`crate::spool::lost_finishes`]).
+    #[error(
+        "audit store unavailable ({cause}) and the finish spool {} holds its bound of {max_files} \
+         pending finishes: the finish of run {run_id} is lost",
+        .dir.display()
+    )]
+    SpoolFull {
+        dir: PathBuf,
+        max_files: usize,
+        run_id: String,
+        cause: String,
+    },
+    #[error("audit store finish spool {}: {source}", .path.display())]
+    Spool {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// Another process table holds this node name in the fleet's store (`pg.rs`, "Node
     /// claims"): writing as it too would let each judge the other's runs by its own pids.
     #[error(
@@ -134,7 +164,7 @@ impl StoreError {
             StoreError::NotADirectory { .. } => ErrorClass::InvalidInput,
             StoreError::UnsafeStateDir { .. } => ErrorClass::InvalidInput,
             StoreError::Dir { source, .. } => io_class(source),
-            StoreError::Sqlite { .. } => ErrorClass::Io,
+            StoreError::Sqlite { source, .. } => sqlite_class(source),
             StoreError::Export(source) => io_class(source),
             StoreError::Encode(_) => ErrorClass::InvalidInput,
             StoreError::InvalidInput(_) => ErrorClass::InvalidInput,
@@ -142,10 +172,18 @@ impl StoreError {
             StoreError::RunNotRunning { .. } => ErrorClass::Conflict,
             StoreError::Tampered(_) => ErrorClass::Tampered,
             StoreError::InvalidUrl(_) => ErrorClass::InvalidInput,
-            StoreError::Unreachable { .. } => ErrorClass::Io,
+            StoreError::Unreachable { outage: true, .. } => ErrorClass::Unavailable,
+            StoreError::Unreachable { outage: false, .. } => ErrorClass::Io,
             StoreError::Postgres { .. } => ErrorClass::Io,
             StoreError::NodeNameHeld { .. } => ErrorClass::Conflict,
+            StoreError::SpoolFull { .. } => ErrorClass::Unavailable,
+            StoreError::Spool { source, .. } => io_class(source),
         }
+    }
+
+    /// The store cannot be reached right now ([`ErrorClass::Unavailable`]).
+    pub fn is_unavailable(&self) -> bool {
+        self.class() == ErrorClass::Unavailable
     }
 
     /// Map a SQLite error to the variant an operator can act on. SQLite reports
@@ -183,6 +221,15 @@ impl StoreError {
             }
         }
         StoreError::Sqlite { path, source: e }
+    }
+}
+
+/// SQLite's own I/O failure (`SQLITE_IOERR`: the device or file system failed under it) is
+/// an outage of the store, like a lost Postgres connection; other SQLite errors are not.
+fn sqlite_class(e: &rusqlite::Error) -> ErrorClass {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::SystemIoFailure) => ErrorClass::Unavailable,
+        _ => ErrorClass::Io,
     }
 }
 

@@ -31,6 +31,7 @@ mod pg_tls;
 mod proc_info;
 mod redact;
 mod schema;
+pub mod spool;
 mod transcripts;
 
 use std::collections::{BTreeMap, HashMap};
@@ -48,6 +49,7 @@ pub use error::{ChainBreak, ErrorClass, StoreError};
 pub use node::{NodeHolder, NodeName};
 pub use pg::{FleetStore, PostgresUrl};
 pub use redact::{Redactor, REDACTED};
+pub use spool::{Finished, PendingFinish, Replayed, Spool};
 pub use transcripts::{StoredTranscript, TranscriptRecord};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -101,6 +103,7 @@ pub const FINISH_STATUSES: &[&str] = &[
     "sandbox_unavailable",
     "suspected_escape",
     "delivery_failed",
+    "store_unavailable",
 ];
 pub const STATUS_RUNNING: &str = "running";
 pub const STATUS_ABORTED: &str = "aborted";
@@ -329,6 +332,8 @@ impl RunHandle {
 pub struct StoreLocation {
     pub state_dir: PathBuf,
     pub postgres: Option<FleetStore>,
+    /// The bound of the finish spool (`spool.rs`, `[store] spool_max_files`).
+    pub spool_max_files: usize,
 }
 
 impl StoreLocation {
@@ -337,6 +342,7 @@ impl StoreLocation {
         StoreLocation {
             state_dir: state_dir.into(),
             postgres: None,
+            spool_max_files: spool::DEFAULT_MAX_FILES,
         }
     }
 }
@@ -347,6 +353,8 @@ pub struct Store {
     /// Runs and the audit chain, when they are a fleet's (Postgres); `None`: `conn`'s.
     /// Boxed: the client is large, and a `Store` is held inline by the engine's states.
     fleet: Option<Box<pg::Fleet>>,
+    /// Where finishes go while the store is unavailable (`spool.rs`). Boxed, as `fleet`.
+    spool: Box<Spool>,
 }
 
 impl std::fmt::Debug for Store {
@@ -701,6 +709,7 @@ impl Store {
     /// claim is an error ([`StoreError::NodeNameHeld`]).
     pub fn open_at(location: &StoreLocation) -> Result<Store> {
         let mut store = Self::open(&location.state_dir)?;
+        store.spool = Box::new(Spool::new(&location.state_dir, location.spool_max_files));
         if let Some(fleet) = &location.postgres {
             let holder = NodeHolder::of_this_process()?;
             store.fleet = Some(Box::new(pg::Fleet::connect(fleet, holder)?));
@@ -716,6 +725,7 @@ impl Store {
     #[doc(hidden)]
     pub fn open_at_as_holder(location: &StoreLocation, holder: NodeHolder) -> Result<Store> {
         let mut store = Self::open(&location.state_dir)?;
+        store.spool = Box::new(Spool::new(&location.state_dir, location.spool_max_files));
         if let Some(fleet) = &location.postgres {
             store.fleet = Some(Box::new(pg::Fleet::connect(fleet, holder)?));
         }
@@ -781,6 +791,7 @@ impl Store {
             conn,
             path,
             fleet: None,
+            spool: Box::new(Spool::new(state_dir, spool::DEFAULT_MAX_FILES)),
         };
         // Switching a fresh file to WAL needs an exclusive lock and SQLite does not call
         // the busy handler for it, so processes creating the store at the same moment can
@@ -1006,6 +1017,75 @@ impl Store {
     /// Record the end of a run. Fails if the run is not `running` any more (finished
     /// twice, or reaped as `aborted`).
     pub fn finish_run(&self, h: &RunHandle, end: RunEnd) -> Result<()> {
+        let pending = self.pending_finish(h, end)?;
+        self.write_finish(&pending)
+    }
+
+    /// [`Store::finish_run`], or, when the store is unavailable, the finish kept in the
+    /// state directory's spool (fsynced) and written once the store is back
+    /// ([`Store::replay_spool`]). A full spool is [`StoreError::SpoolFull`]: the finish
+    /// is lost, counted in [`spool::lost_finishes`]; the caller logs it.
+    pub fn finish_run_or_spool(&self, h: &RunHandle, end: RunEnd) -> Result<Finished> {
+        let pending = self.pending_finish(h, end)?;
+        match self.write_finish(&pending) {
+            Ok(()) => Ok(Finished::Written),
+            Err(e) if e.is_unavailable() => {
+                let kept = self.spool.put(&pending, &e.to_string());
+                if kept.is_err() {
+                    spool::count_lost();
+                }
+                kept.map(Finished::Spooled)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes the spool's pending finishes into the store, oldest first, removing each
+    /// once it is in (see `spool.rs`). Stops at the first that the store cannot take
+    /// because it is unavailable again (that error is returned; the rest stay pending).
+    pub fn replay_spool(&self) -> Result<Replayed> {
+        let _one_at_a_time = spool::REPLAYING.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = Replayed::default();
+        for (path, pending) in self.spool.pending()? {
+            match self.write_finish(&pending) {
+                Ok(()) => done.written += 1,
+                // Already ended: by this spool before (the file outlived its commit) when
+                // ended with this finish, else by something that must not have happened
+                // (reaped despite the pending finish, pruned): then the finish is lost.
+                Err(StoreError::RunNotRunning { status, .. })
+                    if status == pending.body["status"].as_str().unwrap_or_default() =>
+                {
+                    done.already += 1
+                }
+                Err(StoreError::RunNotRunning { .. } | StoreError::RunNotFound(_)) => {
+                    spool::count_lost();
+                    done.lost.push(pending.run_id.clone());
+                }
+                Err(e) => return Err(e),
+            }
+            self.spool.remove(&path)?;
+        }
+        Ok(done)
+    }
+
+    /// A cheap check that the store answers (one round trip); reconnects a fleet's lost
+    /// connection (within its backoff).
+    pub fn ping(&self) -> Result<()> {
+        if let Some(fleet) = &self.fleet {
+            return fleet.ping();
+        }
+        self.conn
+            .query_row("SELECT seq FROM chain_head WHERE id = 1", [], |_| Ok(()))
+            .map_err(|e| self.ctx(e.into()))
+    }
+
+    /// The state directory's finish spool.
+    pub fn spool(&self) -> &Spool {
+        &self.spool
+    }
+
+    /// The end of a run as it is written: checked, redacted, timed.
+    fn pending_finish(&self, h: &RunHandle, end: RunEnd) -> Result<PendingFinish> {
         for (kind, _) in &end.events {
             check_event_kind(kind)?;
         }
@@ -1042,19 +1122,36 @@ impl Store {
             "cleanup_leftovers": end.cleanup_leftovers,
             "result": end.result_json,
         }));
+        Ok(PendingFinish {
+            run_id: h.run_id.clone(),
+            finished_at,
+            events,
+            body,
+        })
+    }
+
+    /// Writes a finish (now, or replayed from the spool): only a `running` run's.
+    fn write_finish(&self, pending: &PendingFinish) -> Result<()> {
+        let PendingFinish {
+            run_id,
+            finished_at,
+            events,
+            body,
+        } = pending;
+        let finished_at = *finished_at;
         if let Some(fleet) = &self.fleet {
-            return fleet.finish(&h.run_id, finished_at, &events, &body);
+            return fleet.finish(run_id, finished_at, events, body);
         }
         self.write_tx(|c| {
             let status: Option<String> = c
                 .prepare_cached("SELECT status FROM runs WHERE run_id = ?1")?
-                .query_row([&h.run_id], |r| r.get(0))
+                .query_row([run_id], |r| r.get(0))
                 .optional()?;
-            check_finishable(&h.run_id, status.as_deref())?;
-            for (kind, event) in &events {
-                append_entry(c, Some(&h.run_id), kind, finished_at, event)?;
+            check_finishable(run_id, status.as_deref())?;
+            for (kind, event) in events {
+                append_entry(c, Some(run_id), kind, finished_at, event)?;
             }
-            append_entry(c, Some(&h.run_id), kinds::RUN_FINISH, finished_at, &body)?;
+            append_entry(c, Some(run_id), kinds::RUN_FINISH, finished_at, body)?;
             c.prepare_cached(
                 "UPDATE runs SET finished_at = ?2, status = ?3, exit_code = ?4, exit_signal = ?5,
                     limit_fired = ?6, usage_json = ?7, startup_ms = ?8, wall_ms = ?9,
@@ -1063,7 +1160,7 @@ impl Store {
                  WHERE run_id = ?1",
             )?
             .execute(params![
-                h.run_id,
+                run_id,
                 finished_at,
                 body["status"].as_str(),
                 body["exit_code"].as_i64(),
@@ -1091,7 +1188,12 @@ impl Store {
     /// earlier holder of the name as gone (it had no session left when this one claimed
     /// the name). Another node's supervisor is not in this process table, so its absence
     /// here says nothing. The entry names the node that marked it (`reaped_by`).
+    ///
+    /// The spool's pending finishes are written first: those runs ended for real, and
+    /// a run whose finish is still pending (the store went away again) is not reaped.
     pub fn reap_aborted(&self) -> Result<Vec<RunId>> {
+        self.replay_spool()?;
+        let pending = self.spool.pending_runs()?;
         let stale: Vec<(String, String)> = match &self.fleet {
             Some(fleet) => fleet.stale_runs_of_this_node()?,
             None => self
@@ -1102,6 +1204,9 @@ impl Store {
         };
         let mut reaped = Vec::new();
         for (run_id, reason) in stale {
+            if pending.contains(&run_id) {
+                continue;
+            }
             let at = now_ms();
             let mut body = json!({"finished_at": at, "status": STATUS_ABORTED, "reason": reason});
             if let Some(fleet) = &self.fleet {
@@ -1448,6 +1553,24 @@ fn verify_in(c: &Connection) -> Result<VerifyReport> {
 mod tests {
     use super::*;
 
+    impl Store {
+        /// Every audit entry in chain order.
+        fn export_jsonl_entries(&self) -> Vec<AuditEntry> {
+            let mut out = Vec::new();
+            self.export_jsonl(&mut out).unwrap();
+            String::from_utf8(out)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .filter(|v| v["type"] == "audit")
+                .map(|mut v| {
+                    v.as_object_mut().unwrap().remove("type");
+                    serde_json::from_value(v).unwrap()
+                })
+                .collect()
+        }
+    }
+
     #[test]
     fn percentile_nearest_rank() {
         let v: Vec<f64> = (1..=100).map(f64::from).collect();
@@ -1465,6 +1588,79 @@ mod tests {
         assert_ne!(a, b);
         assert_ne!(a, n);
         assert_eq!(a, entry_hash(GENESIS_HASH, 1, Some("ab"), "c", 0, "{}"));
+    }
+
+    fn begun(store: &Store, argv: &str) -> RunHandle {
+        let start = RunStart {
+            argv: vec![argv.into()],
+            ..RunStart::default()
+        };
+        store.begin_run(start, vec!["s3cret".into()]).unwrap()
+    }
+
+    fn ended(status: &str) -> RunEnd {
+        RunEnd {
+            status: status.into(),
+            stdout_tail: "said s3cret".into(),
+            events: vec![("cleanup".into(), json!({"ok": true}))],
+            ..RunEnd::default()
+        }
+    }
+
+    #[test]
+    fn spooled_finishes_are_replayed_in_order_once_and_keep_the_chain_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let (a, b) = (begun(&store, "a"), begun(&store, "b"));
+        // As finish_run_or_spool keeps them when the store is unavailable: b ended first.
+        let pb = store.pending_finish(&b, ended("task_error")).unwrap();
+        let pa = store.pending_finish(&a, ended("ok")).unwrap();
+        store.spool.put(&pb, "down").unwrap();
+        store.spool.put(&pa, "down").unwrap();
+        // Redacted before it reached the disk.
+        let on_disk: Vec<u8> = std::fs::read_dir(store.spool.dir())
+            .unwrap()
+            .flat_map(|e| std::fs::read(e.unwrap().path()).unwrap())
+            .collect();
+        assert!(!String::from_utf8_lossy(&on_disk).contains("s3cret"));
+        let done = store.replay_spool().unwrap();
+        assert_eq!((done.written, done.already), (2, 0), "{done:?}");
+        assert!(store.spool.is_empty());
+        let order: Vec<String> = store
+            .export_jsonl_entries()
+            .into_iter()
+            .filter(|e| e.kind == kinds::RUN_FINISH)
+            .map(|e| e.run_id.unwrap())
+            .collect();
+        assert_eq!(order, [b.run_id(), a.run_id()], "replayed in spooled order");
+        let show = |h: &RunHandle| store.show_run(&h.run_id()).unwrap().unwrap().run;
+        assert_eq!(show(&a).status, "ok");
+        assert_eq!(show(&b).status, "task_error");
+        let report = store.verify().unwrap();
+        // A file that outlived its commit (a crash before the unlink) is replayed again:
+        // found already finished, only removed; the chain does not grow.
+        store.spool.put(&pa, "down").unwrap();
+        let again = store.replay_spool().unwrap();
+        assert_eq!((again.written, again.already), (0, 1), "{again:?}");
+        assert!(again.lost.is_empty());
+        assert_eq!(store.verify().unwrap(), report);
+    }
+
+    #[test]
+    fn a_pending_finish_whose_run_ended_otherwise_is_counted_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let a = begun(&store, "a");
+        let pending = store.pending_finish(&a, ended("ok")).unwrap();
+        // The run ended otherwise meanwhile (here: finished with another status).
+        store.finish_run(&a, ended("runtime_fault")).unwrap();
+        store.spool.put(&pending, "down").unwrap();
+        let before = spool::lost_finishes();
+        let done = store.replay_spool().unwrap();
+        assert_eq!(done.lost, [a.run_id()]);
+        assert!(spool::lost_finishes() > before);
+        assert!(store.spool.is_empty());
+        store.verify().unwrap();
     }
 
     #[test]

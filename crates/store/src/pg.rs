@@ -51,6 +51,12 @@ use std::collections::BTreeMap;
 
 /// How long connecting may take before the store counts as unreachable (a refusal).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first wait before reconnecting a lost connection; doubled per failed attempt up to
+/// [`RECONNECT_MAX`], each wait jittered to 50-100% of its value so that the nodes (and
+/// the connections of one node) that lost the server together do not return together.
+pub const RECONNECT_MIN: Duration = Duration::from_millis(100);
+/// The longest wait between two reconnection attempts.
+pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
 /// A checked `postgres://` URL: parsed, and with a transport that does not send audit
 /// records over a network unverified ([`PostgresUrl::parse`]). Its text may hold a
@@ -367,7 +373,7 @@ impl PostgresUrl {
     /// on the calling thread, and tried address by address; `localhost` without TLS is
     /// refused if any of its addresses is not a loopback one (a hosts file or resolver
     /// could point it elsewhere, and the records would leave the machine in plaintext).
-    fn connect(&self) -> std::result::Result<Client, String> {
+    fn connect(&self) -> std::result::Result<Client, ConnectFailure> {
         let Some(named) = &self.by_name else {
             return self.connect_with(&self.config);
         };
@@ -378,39 +384,76 @@ impl PostgresUrl {
             config.hostaddr(addr);
             match self.connect_with(&config) {
                 Ok(client) => return Ok(client),
-                Err(e) => last = Some(format!("{addr}: {e}")),
+                Err(e) => {
+                    last = Some(ConnectFailure {
+                        detail: format!("{addr}: {}", e.detail),
+                        outage: e.outage,
+                    })
+                }
             }
         }
-        Err(last.unwrap_or_else(|| format!("host {:?} resolves to no address", named.name)))
+        Err(last.unwrap_or_else(|| ConnectFailure {
+            detail: format!("host {:?} resolves to no address", named.name),
+            outage: true,
+        }))
     }
 
-    fn connect_with(&self, config: &postgres::Config) -> std::result::Result<Client, String> {
+    fn connect_with(
+        &self,
+        config: &postgres::Config,
+    ) -> std::result::Result<Client, ConnectFailure> {
         let connected = match &self.transport {
             Transport::Plaintext => config.connect(NoTls),
             Transport::VerifiedTls { root_cert } => {
-                config.connect(pg_tls::VerifiedTls::from_ca_file(root_cert)?)
+                let tls = pg_tls::VerifiedTls::from_ca_file(root_cert)
+                    .map_err(ConnectFailure::refused)?;
+                config.connect(tls)
             }
         };
-        connected.map_err(|e| pg_detail(&e))
+        connected.map_err(|e| ConnectFailure {
+            detail: pg_detail(&e),
+            outage: is_connection_loss(&e),
+        })
+    }
+}
+
+/// Why connecting failed, and whether that is an outage (the server down or unreachable:
+/// retry) or a refusal (a certificate, a password, a name that resolves off loopback:
+/// fix the configuration).
+#[derive(Debug)]
+struct ConnectFailure {
+    detail: String,
+    outage: bool,
+}
+
+impl ConnectFailure {
+    fn refused(detail: String) -> ConnectFailure {
+        ConnectFailure {
+            detail,
+            outage: false,
+        }
     }
 }
 
 /// The addresses of a named host, resolved by the C library on this thread; for
 /// `localhost` without TLS, only if every one is a loopback address.
-fn resolve(named: &NamedHost) -> std::result::Result<Vec<IpAddr>, String> {
+fn resolve(named: &NamedHost) -> std::result::Result<Vec<IpAddr>, ConnectFailure> {
     use std::net::ToSocketAddrs;
     let addrs: Vec<IpAddr> = (named.name.as_str(), named.port)
         .to_socket_addrs()
-        .map_err(|e| format!("host {:?} cannot be resolved: {e}", named.name))?
+        .map_err(|e| ConnectFailure {
+            detail: format!("host {:?} cannot be resolved: {e}", named.name),
+            outage: true,
+        })?
         .map(|a| a.ip())
         .collect();
     if named.loopback_only {
         if let Some(away) = addrs.iter().find(|a| !a.is_loopback()) {
-            return Err(format!(
+            return Err(ConnectFailure::refused(format!(
                 "host {:?} resolves to {away}, which is not a loopback address: without TLS \
                  records go only to unix sockets and loopback addresses",
                 named.name
-            ));
+            )));
         }
     }
     Ok(addrs)
@@ -567,18 +610,102 @@ pub struct FleetStore {
 
 /// The connection to a fleet's database. One thread at a time, like a SQLite connection.
 pub(crate) struct Fleet {
-    /// `None` only while it is dropped ([`Drop`] below).
+    /// `None` once the connection was lost (or while it is dropped): the next use
+    /// reconnects, within [`Backoff`].
     client: RefCell<Option<Client>>,
+    /// What to reconnect to.
+    store: FleetStore,
+    backoff: RefCell<Backoff>,
     shown: String,
     node: NodeName,
     holder: NodeHolder,
 }
 
+/// When the next reconnection may be tried: bounded exponential backoff with jitter
+/// ([`RECONNECT_MIN`], [`RECONNECT_MAX`]). Between attempts a use fails at once (the
+/// store is unavailable), so neither runs nor `/readyz` wait on a dead server.
+#[derive(Debug, Default)]
+struct Backoff {
+    failures: u32,
+    not_before: Option<std::time::Instant>,
+    last_error: String,
+}
+
+impl Backoff {
+    /// Why no attempt is made now, if it is too early for one.
+    fn wait_left(&self, now: std::time::Instant) -> Option<Duration> {
+        self.not_before
+            .and_then(|at| at.checked_duration_since(now))
+            .filter(|left| !left.is_zero())
+    }
+
+    fn failed(&mut self, now: std::time::Instant, error: String) {
+        self.failures = self.failures.saturating_add(1);
+        self.not_before = Some(now + backoff_wait(self.failures, jitter()));
+        self.last_error = error;
+    }
+
+    fn succeeded(&mut self) {
+        *self = Backoff::default();
+    }
+}
+
+/// The wait after `failures` failed attempts (pure): `RECONNECT_MIN * 2^(failures-1)`,
+/// capped at [`RECONNECT_MAX`], scaled by `jitter` in [0.5, 1.0].
+fn backoff_wait(failures: u32, jitter: f64) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    let full = (RECONNECT_MIN * 2u32.pow(doublings)).min(RECONNECT_MAX);
+    full.mul_f64(jitter.clamp(0.5, 1.0))
+}
+
+/// A factor in [0.5, 1.0) from the process's random hasher keys and the clock.
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    0.5 + (h.finish() >> 11) as f64 / (1u64 << 53) as f64 / 2.0
+}
+
 fn pg_err(shown: &str, e: postgres::Error) -> StoreError {
+    if is_connection_loss(&e) {
+        return StoreError::Unreachable {
+            target: shown.to_string(),
+            detail: pg_detail(&e),
+            outage: true,
+        };
+    }
     StoreError::Postgres {
         target: shown.to_string(),
         detail: pg_detail(&e),
     }
+}
+
+/// The error says the server went away, not that a statement failed: the connection is
+/// closed, its socket failed, or the server ended the session (class 08, connection
+/// exception; 57P01-57P03, shut down or not accepting connections yet).
+fn is_connection_loss(e: &postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        return code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03");
+    }
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        if let Some(io) = inner.downcast_ref::<std::io::Error>() {
+            // A TLS handshake refused (the certificate, its name) arrives as an I/O
+            // error carrying rustls's: a refusal to fix, not an outage to wait out.
+            let tls_refusal = io.get_ref().is_some_and(|why| why.is::<rustls::Error>());
+            return !tls_refusal;
+        }
+        src = inner.source();
+    }
+    false
 }
 
 /// The server's message and code, or the error with its chain of causes (a TLS failure
@@ -634,12 +761,85 @@ fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 impl Fleet {
     /// `f` with the connection (see [`off_runtime`]).
+    /// A lost connection is reconnected first (within the backoff), and a use that finds
+    /// the server gone drops the connection, so the next use reconnects: a restarted
+    /// server is used again without restarting this process.
     fn with_client<T: Send>(&self, f: impl FnOnce(&mut Client) -> Result<T> + Send) -> Result<T> {
-        let mut client = self.client.borrow_mut();
-        let client: &mut Client = client
-            .as_mut()
-            .expect("the client lives as long as the fleet");
-        off_runtime(move || f(client)).map_err(|e| self.ctx(e))
+        let mut slot = self.client.borrow_mut();
+        if slot.as_ref().is_none_or(Client::is_closed) {
+            if let Some(dead) = slot.take() {
+                off_runtime(move || drop(dead));
+            }
+            *slot = Some(self.reconnect()?);
+        }
+        let client: &mut Client = slot.as_mut().expect("connected above");
+        let result = off_runtime(move || f(client)).map_err(|e| self.ctx(e));
+        if result.as_ref().is_err_and(StoreError::is_unavailable) {
+            if let Some(dead) = slot.take() {
+                off_runtime(move || drop(dead));
+            }
+        }
+        result
+    }
+
+    /// A new connection, its node name claimed again (the claim's session lock ended with
+    /// the old connection); refused at once while the backoff says wait.
+    fn reconnect(&self) -> Result<Client> {
+        let now = std::time::Instant::now();
+        let unreachable = |failure: ConnectFailure| StoreError::Unreachable {
+            target: self.shown.clone(),
+            detail: failure.detail,
+            outage: failure.outage,
+        };
+        if let Some(left) = self.backoff.borrow().wait_left(now) {
+            let backoff = self.backoff.borrow();
+            return Err(unreachable(ConnectFailure {
+                detail: format!(
+                    "connection lost; reconnection attempt {} in {} ms (last: {})",
+                    backoff.failures + 1,
+                    left.as_millis(),
+                    backoff.last_error
+                ),
+                outage: true,
+            }));
+        }
+        let url = &self.store.url;
+        let connected = off_runtime(|| url.connect()).and_then(|mut client| {
+            let (node, holder) = (&self.store.node, &self.holder);
+            let claimed = off_runtime(|| claim_node_on(&mut client, node, holder));
+            match claimed {
+                Ok(None) => Ok(client),
+                // Another process table took the name while this one was away: refused.
+                Ok(Some((recorded, _))) => Err(ConnectFailure::refused(format!(
+                    "node name {:?} is held by {recorded} now",
+                    node.as_str()
+                ))),
+                Err(e) => Err(ConnectFailure {
+                    detail: pg_detail(&e),
+                    outage: is_connection_loss(&e),
+                }),
+            }
+        });
+        match connected {
+            Ok(client) => {
+                self.backoff.borrow_mut().succeeded();
+                Ok(client)
+            }
+            Err(failure) => {
+                self.backoff
+                    .borrow_mut()
+                    .failed(now, failure.detail.clone());
+                Err(unreachable(failure))
+            }
+        }
+    }
+
+    /// One round trip (`/readyz`'s probe).
+    pub fn ping(&self) -> Result<()> {
+        self.with_client(|client| {
+            client.simple_query("SELECT 1")?;
+            Ok(())
+        })
     }
 
     /// Connect and migrate. A server that cannot be reached is an error: the caller
@@ -649,12 +849,15 @@ impl Fleet {
     pub fn connect(store: &FleetStore, holder: NodeHolder) -> Result<Fleet> {
         let url = &store.url;
         let shown = url.shown.clone();
-        let client = off_runtime(|| url.connect()).map_err(|detail| StoreError::Unreachable {
+        let client = off_runtime(|| url.connect()).map_err(|failure| StoreError::Unreachable {
             target: shown.clone(),
-            detail,
+            detail: failure.detail,
+            outage: failure.outage,
         })?;
         let fleet = Fleet {
             client: RefCell::new(Some(client)),
+            store: store.clone(),
+            backoff: RefCell::default(),
             shown,
             node: store.node.clone(),
             holder,
@@ -679,50 +882,8 @@ impl Fleet {
     /// commits, so two claimants never both see the name free.
     fn claim_node(&self) -> Result<()> {
         let (node, holder) = (self.node.as_str(), &self.holder);
-        let refused = self.with_client(|client| {
-            let mut tx = client.transaction()?;
-            tx.execute("SELECT pg_advisory_xact_lock($1, 0)", &[&NODE_LOCK_CLASS])?;
-            tx.execute(
-                "INSERT INTO nodes (name, boot_id, pid_ns, claimed_at) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (name) DO NOTHING",
-                &[&node, &holder.boot_id, &holder.pid_ns, &now_ms()],
-            )?;
-            let row = tx.query_one(
-                "SELECT id, boot_id, pid_ns FROM nodes WHERE name = $1",
-                &[&node],
-            )?;
-            let id: i32 = row.get(0);
-            let recorded = NodeHolder {
-                boot_id: row.get(1),
-                pid_ns: row.get(2),
-            };
-            if recorded != *holder {
-                let sessions: Vec<i32> = tx
-                    .query(
-                        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
-                             AND classid = $1::bigint::oid AND objid = $2::bigint::oid
-                             AND objsubid = 2 ORDER BY pid",
-                        &[&i64::from(NODE_LOCK_CLASS), &i64::from(id)],
-                    )?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                if !sessions.is_empty() {
-                    return Ok(Some((recorded, sessions)));
-                }
-                tx.execute(
-                    "UPDATE nodes SET boot_id = $2, pid_ns = $3, claimed_at = $4 WHERE id = $1",
-                    &[&id, &holder.boot_id, &holder.pid_ns, &now_ms()],
-                )?;
-            }
-            // Session level: held past this commit, until the connection closes.
-            tx.execute(
-                "SELECT pg_advisory_lock_shared($1, $2)",
-                &[&NODE_LOCK_CLASS, &id],
-            )?;
-            tx.commit()?;
-            Ok(None)
-        })?;
+        let name = &self.node;
+        let refused = self.with_client(|client| Ok(claim_node_on(client, name, holder)?))?;
         match refused {
             None => Ok(()),
             Some((recorded, sessions)) => Err(StoreError::NodeNameHeld {
@@ -754,6 +915,15 @@ impl Fleet {
             StoreError::Postgres { target, detail } if target.is_empty() => StoreError::Postgres {
                 target: self.shown.clone(),
                 detail,
+            },
+            StoreError::Unreachable {
+                target,
+                detail,
+                outage,
+            } if target.is_empty() => StoreError::Unreachable {
+                target: self.shown.clone(),
+                detail,
+                outage,
             },
             other => other,
         }
@@ -1196,6 +1366,58 @@ impl Fleet {
     }
 }
 
+/// The claim of [`Fleet::claim_node`] on `client`: `None` when this holder holds the name
+/// now, else the recorded holder and its live sessions. Also what a reconnection does.
+fn claim_node_on(
+    client: &mut Client,
+    node: &NodeName,
+    holder: &NodeHolder,
+) -> std::result::Result<Option<(NodeHolder, Vec<i32>)>, postgres::Error> {
+    let node = node.as_str();
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1, 0)", &[&NODE_LOCK_CLASS])?;
+    tx.execute(
+        "INSERT INTO nodes (name, boot_id, pid_ns, claimed_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (name) DO NOTHING",
+        &[&node, &holder.boot_id, &holder.pid_ns, &now_ms()],
+    )?;
+    let row = tx.query_one(
+        "SELECT id, boot_id, pid_ns FROM nodes WHERE name = $1",
+        &[&node],
+    )?;
+    let id: i32 = row.get(0);
+    let recorded = NodeHolder {
+        boot_id: row.get(1),
+        pid_ns: row.get(2),
+    };
+    if recorded != *holder {
+        let sessions: Vec<i32> = tx
+            .query(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+                         AND classid = $1::bigint::oid AND objid = $2::bigint::oid
+                         AND objsubid = 2 ORDER BY pid",
+                &[&i64::from(NODE_LOCK_CLASS), &i64::from(id)],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if !sessions.is_empty() {
+            return Ok(Some((recorded, sessions)));
+        }
+        tx.execute(
+            "UPDATE nodes SET boot_id = $2, pid_ns = $3, claimed_at = $4 WHERE id = $1",
+            &[&id, &holder.boot_id, &holder.pid_ns, &now_ms()],
+        )?;
+    }
+    // Session level: held past this commit, until the connection closes.
+    tx.execute(
+        "SELECT pg_advisory_lock_shared($1, $2)",
+        &[&NODE_LOCK_CLASS, &id],
+    )?;
+    tx.commit()?;
+    Ok(None)
+}
+
 /// Append one entry; the transaction holds the head's row lock ([`Fleet::write_tx`]).
 fn append_entry(
     tx: &mut Transaction<'_>,
@@ -1401,7 +1623,7 @@ mod tests {
             name: "192.0.2.9".into(),
             ..named
         };
-        let err = resolve(&away).unwrap_err();
+        let err = resolve(&away).unwrap_err().detail;
         assert!(err.contains("not a loopback address"), "{err}");
     }
 
@@ -1433,6 +1655,39 @@ mod tests {
             "postgres://airlock@db.fleet.test:5433/runs?hostaddr=192.0.2.7\
              &sslmode=verify-full&sslrootcert=/etc/airlock/pg-ca.pem"
         );
+    }
+
+    #[test]
+    fn reconnection_waits_grow_to_their_bound_and_are_jittered() {
+        assert_eq!(backoff_wait(1, 1.0), RECONNECT_MIN);
+        assert_eq!(backoff_wait(2, 1.0), RECONNECT_MIN * 2);
+        assert_eq!(backoff_wait(4, 1.0), RECONNECT_MIN * 8);
+        assert_eq!(backoff_wait(40, 1.0), RECONNECT_MAX);
+        assert_eq!(backoff_wait(40, 0.5), RECONNECT_MAX / 2);
+        // Out-of-range factors are clamped: never longer than the bound, never zero.
+        assert_eq!(backoff_wait(40, 7.0), RECONNECT_MAX);
+        assert_eq!(backoff_wait(1, 0.0), RECONNECT_MIN / 2);
+        let factors: Vec<f64> = (0..64).map(|_| jitter()).collect();
+        assert!(
+            factors.iter().all(|j| (0.5..1.0).contains(j)),
+            "{factors:?}"
+        );
+        assert!(
+            factors.iter().any(|j| (j - factors[0]).abs() > 1e-9),
+            "no jitter: {factors:?}"
+        );
+        let mut backoff = Backoff::default();
+        let now = std::time::Instant::now();
+        assert_eq!(backoff.wait_left(now), None);
+        backoff.failed(now, "refused".into());
+        let left = backoff.wait_left(now).unwrap();
+        assert!(
+            left >= RECONNECT_MIN / 2 && left <= RECONNECT_MIN,
+            "{left:?}"
+        );
+        assert_eq!(backoff.wait_left(now + RECONNECT_MAX), None);
+        backoff.succeeded();
+        assert_eq!(backoff.wait_left(now), None);
     }
 
     #[test]

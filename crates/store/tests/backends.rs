@@ -47,6 +47,7 @@ impl Fixture {
         let location = StoreLocation {
             state_dir: dir.path().join("state"),
             postgres: Some(fleet(&url, "node-a")),
+            spool_max_files: airlock_store::spool::DEFAULT_MAX_FILES,
         };
         Some(Fixture {
             dir,
@@ -345,6 +346,7 @@ fn child_process() {
             let node = std::env::var("AIRLOCK_STORE_NODE").unwrap_or("node-a".into());
             fleet(&u, &node)
         }),
+        spool_max_files: airlock_store::spool::DEFAULT_MAX_FILES,
     };
     // Another machine's process, as far as node claims go: another holder identity
     // (the library's test door; the binary only ever opens as its own process).
@@ -830,10 +832,13 @@ fn an_unreachable_fleet_store_is_an_error_not_a_fallback() {
             &format!("postgres://airlock@127.0.0.1:{port}/airlock"),
             "node-a",
         )),
+        spool_max_files: airlock_store::spool::DEFAULT_MAX_FILES,
     };
     let err = Store::open_at(&location).unwrap_err();
     assert!(matches!(err, StoreError::Unreachable { .. }), "{err:?}");
     assert!(err.to_string().contains("cannot be reached"), "{err}");
+    // Nobody listens: an outage (retry later), not a refusal.
+    assert_eq!(err.class(), ErrorClass::Unavailable, "{err}");
 }
 
 #[test]
@@ -1067,6 +1072,7 @@ fn tls_location(dir: &Path, url: &str) -> StoreLocation {
     StoreLocation {
         state_dir: dir.join("state"),
         postgres: Some(fleet(url, "node-a")),
+        spool_max_files: airlock_store::spool::DEFAULT_MAX_FILES,
     }
 }
 
@@ -1152,6 +1158,9 @@ fn a_server_certificate_of_another_ca_is_refused() {
     let err = Store::open_at(&tls_location(pki_dir.path(), &url)).unwrap_err();
     assert!(matches!(err, StoreError::Unreachable { .. }), "{err:?}");
     assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+    // A refused certificate is no outage: nothing to wait for (runtime_fault, not
+    // store_unavailable).
+    assert_ne!(err.class(), ErrorClass::Unavailable, "{err}");
     assert_eq!(
         pg.psql(
             "airlock",
@@ -1181,6 +1190,7 @@ fn a_certificate_for_another_host_name_is_refused() {
             .contains("certificate not valid for name \"db.other.test\""),
         "{err}"
     );
+    assert_ne!(err.class(), ErrorClass::Unavailable, "{err}");
 }
 
 #[test]
@@ -1317,4 +1327,47 @@ fn is_root() -> bool {
         .find(|l| l.starts_with("Uid:"))
         .and_then(|l| l.split_whitespace().nth(2))
         == Some("0")
+}
+
+/// A fleet store outlives a Postgres restart: while the server is down every use fails as
+/// unavailable (never as tampering), a run's finish goes to the spool, and once the
+/// server is back the same `Store` reconnects (within its backoff), the spool is written
+/// and the chain verifies clean; a second server crash (SIGKILL) the same.
+#[test]
+fn a_fleet_store_reconnects_after_a_restart_and_its_spooled_finish_is_written() {
+    let Some(mut fx) = Fixture::postgres() else {
+        return;
+    };
+    let store = fx.open();
+    for crash in [false, true] {
+        let handle = store.begin_run(start("across"), vec![]).unwrap();
+        let pg = fx.server.as_mut().unwrap();
+        match crash {
+            false => pg.stop_fast(),
+            true => pg.kill_postmaster(),
+        }
+        let err = store.ping().unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Unavailable, "{err}");
+        let err = store.verify().unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Unavailable, "not tampering: {err}");
+        assert!(store.begin_run(start("refused"), vec![]).is_err());
+        let kept = store.finish_run_or_spool(&handle, end("ok")).unwrap();
+        let Finished::Spooled(path) = kept else {
+            panic!("the finish was not spooled: {kept:?}");
+        };
+        assert!(path.exists());
+        pg.restart();
+        // Reconnects within the backoff's bound (5 s) without reopening the store.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Err(err) = store.ping() {
+            assert!(Instant::now() < deadline, "no reconnection: {err}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let done = store.replay_spool().unwrap();
+        assert_eq!((done.written, done.already), (1, 0), "{done:?}");
+        assert!(store.spool().is_empty());
+        let run = store.show_run(&handle.run_id()).unwrap().unwrap().run;
+        assert_eq!(run.status, "ok");
+        store.verify().unwrap();
+    }
 }

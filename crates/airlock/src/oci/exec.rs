@@ -522,7 +522,7 @@ fn refuse(
     report.container = Some(facts.identity.clone());
     let stored = serde_json::to_value(&report).unwrap_or_default();
     match airlock_engine::record::finish(store, &handle, &report, &stored) {
-        Ok(()) => handle.run_id(),
+        Ok(_) => handle.run_id(),
         Err(e) => format!("{} not completed: {e}", handle.run_id()),
     }
 }

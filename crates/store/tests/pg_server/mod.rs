@@ -22,6 +22,8 @@ pub struct PgServer {
     pub bin: PathBuf,
     pub port: u16,
     server: Option<Child>,
+    /// The postmaster's arguments, for [`PgServer::restart`].
+    server_args: Vec<String>,
 }
 
 /// The directory of `initdb`, `postgres`, `psql`; `None` when Postgres is not installed.
@@ -262,6 +264,7 @@ impl PgServer {
             bin,
             port: free_port(),
             server: None,
+            server_args: Vec::new(),
         };
         if is_root() {
             let (_, uid, gid) = server_account();
@@ -295,6 +298,7 @@ impl PgServer {
         );
         let tls_args = server.install_tls(&data, &options);
         let log = std::fs::File::create(server.dir.join("server.log")).unwrap();
+        drop(log);
         if is_root() {
             let (_, uid, gid) = server_account();
             let _ = Command::new("chown")
@@ -302,39 +306,97 @@ impl PgServer {
                 .arg(server.dir.join("server.log"))
                 .status();
         }
-        let child = server
-            .as_server_user(&server.bin.join("postgres"))
-            .arg("-D")
-            .arg(&data)
-            .arg("-k")
-            .arg(&server.dir)
-            .args(["-p", &server.port.to_string()])
-            .arg("-c")
-            .arg(format!(
+        let mut args = vec![
+            "-D".to_string(),
+            data.display().to_string(),
+            "-k".to_string(),
+            server.dir.display().to_string(),
+            "-p".to_string(),
+            server.port.to_string(),
+            "-c".to_string(),
+            format!(
                 "listen_addresses={}",
                 std::iter::once("127.0.0.1".to_string())
                     .chain(options.tls_only_addresses.iter().cloned())
                     .collect::<Vec<_>>()
                     .join(",")
-            ))
-            .args(&tls_args)
-            // Small and fast: many tests start one at once, and nothing here must survive a crash.
-            .args([
-                "-c",
-                "fsync=off",
-                "-c",
-                "max_connections=200",
-                "-c",
-                "shared_buffers=16MB",
-            ])
+            ),
+        ];
+        args.extend(tls_args);
+        // Small and fast: many tests start one at once, and nothing here must survive a crash.
+        for setting in ["fsync=off", "max_connections=200", "shared_buffers=16MB"] {
+            args.extend(["-c".to_string(), setting.to_string()]);
+        }
+        server.server_args = args;
+        server.spawn_postmaster();
+        server.wait_ready();
+        Some(server)
+    }
+
+    /// Starts the postmaster with [`Self::server_args`], its output appended to the log.
+    fn spawn_postmaster(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .unwrap();
+        let child = self
+            .as_server_user(&self.bin.join("postgres"))
+            .args(&self.server_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap();
-        server.server = Some(child);
-        server.wait_ready();
-        Some(server)
+        self.server = Some(child);
+    }
+
+    /// `pg_ctl stop -m fast`: the server ends every session and stops.
+    pub fn stop_fast(&mut self) {
+        let out = self
+            .as_server_user(&self.bin.join("pg_ctl"))
+            .args(["stop", "-m", "fast", "-w", "-D"])
+            .arg(self.dir.join("data"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if let Some(mut child) = self.server.take() {
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGKILL of the postmaster: a crash. Its backends notice and end on their own.
+    pub fn kill_postmaster(&mut self) {
+        if let Some(mut child) = self.server.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same data, port and socket (after [`Self::stop_fast`]
+    /// or [`Self::kill_postmaster`]: a crashed one recovers first), and waits until it
+    /// answers. Retried while the killed postmaster's backends still hold its shared
+    /// memory.
+    pub fn restart(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.spawn_postmaster();
+            std::thread::sleep(Duration::from_millis(300));
+            match self.server.as_mut().unwrap().try_wait().unwrap() {
+                None => break,
+                Some(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200))
+                }
+                Some(status) => panic!(
+                    "the Postgres test server did not restart ({status}): {}",
+                    self.log()
+                ),
+            }
+        }
+        self.wait_ready();
     }
 
     /// The certificate and key in the data directory (the server's user owns them, the

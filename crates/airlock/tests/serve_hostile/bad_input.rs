@@ -432,3 +432,29 @@ fn an_mcp_tool_call_with_a_nul_in_its_argv_is_refused_naming_it() {
     drop(stdin);
     let _ = mcp.wait();
 }
+
+#[test]
+fn a_command_whose_every_byte_is_escaped_on_the_wire_still_reaches_its_cell() {
+    crate::require_cells!();
+    let server = start();
+    // 250 KB of control characters: JSON carries each as `\u0001`, six bytes, in the
+    // factory's Spawn (the plan) and again in the supervisor's Run.
+    let controls = "\u{1}".repeat(125_000);
+    let argv = [
+        "sh",
+        "-c",
+        "printf %s \"$1$2\" | wc -c",
+        "x",
+        &controls,
+        &controls,
+    ];
+    let body = json!({"contract": "small", "argv": argv});
+    let (status, record) = post(&server, "/v1/runs?wait=true", &body);
+    let shown = record.to_string();
+    assert_eq!(status, 200, "{}", &shown[..shown.len().min(600)]);
+    assert_eq!(record["status"], "ok", "{}", &shown[..shown.len().min(600)]);
+    let stdout = record["output"]["stdout"]["head"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(stdout.trim(), "250000");
+}

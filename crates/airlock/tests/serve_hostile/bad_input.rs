@@ -375,6 +375,40 @@ fn airlock_run_refuses_a_command_too_large_for_a_cell_before_one_exists() {
     assert!(!text.contains("\"success\""), "{text}");
 }
 
+#[test]
+fn a_handed_off_airlock_run_over_the_bound_is_refused_by_the_service() {
+    crate::require_cells!();
+    let server = start();
+    let dir = tempfile::tempdir().unwrap();
+    let chunk = "a".repeat(100_000);
+    let out = Command::new(common::airlock_bin())
+        .current_dir(dir.path())
+        .env("AIRLOCK_SOCKET", server.sock())
+        .args(["run", "--verbose", "--", "echo", &chunk, &chunk, &chunk])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("policy_denied: argv and env:"),
+        "the service's refusal: {stderr}"
+    );
+    // The service refused it (its store has the refusal, the operator's: a hand-off
+    // over the unix socket is root's), and no cell was built.
+    let out = server.curl_unix(&["http://airlock/v1/runs?limit=1000"]);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let refused: Vec<&Value> = list["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == "policy_denied")
+        .collect();
+    assert_eq!(refused.len(), 1, "{stderr}");
+    assert!(refused[0]["exit_code"].is_null());
+    assert_eq!(cells_alive(&server), 0.0);
+}
+
 /// One JSON-RPC message to `airlock mcp` on its stdin; its answer (for a request).
 fn rpc(
     stdin: &mut impl Write,

@@ -94,6 +94,7 @@ impl Generic {
         caller: Option<&Caller>,
         cancel: &Cancel,
     ) -> Result<CommandResult, AgentError> {
+        check_argv(&argv)?;
         let _admitted = admit(caller, Work::Run)?;
         let plan = self.plan(&argv)?;
         let run = CommandRun {
@@ -184,6 +185,7 @@ impl Generic {
         cancel: &Cancel,
     ) -> Result<CommandResult, AgentError> {
         let (session, output_bytes) = self.session(id, caller)?;
+        check_argv(&argv)?;
         let _admitted = admit(caller, Work::Command)?;
         let run = CommandRun {
             argv,
@@ -246,6 +248,21 @@ impl Generic {
 }
 
 /// Whether `caller` is the tenant that opened a session owned by `owner`.
+/// A command built from a tool call's arguments, as every door checks it
+/// ([`airlock_contract::check_command`]): refused before any cell or quota slot, naming
+/// the argument and the rule.
+fn check_argv(argv: &[String]) -> Result<(), AgentError> {
+    let input = airlock_contract::CommandInput {
+        argv,
+        ..airlock_contract::CommandInput::default()
+    };
+    airlock_contract::check_command(&input).map_err(|err| AgentError::Refused {
+        class: airlock_cell::report::ResultClass::PolicyDenied,
+        reason: err.reason().to_string(),
+        message: err.to_string(),
+    })
+}
+
 fn owns(owner: Option<&str>, caller: Option<&Caller>) -> bool {
     owner == caller.map(Caller::tenant)
 }

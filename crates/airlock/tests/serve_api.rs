@@ -321,7 +321,7 @@ fn runs_stream_over_both_listeners_and_tenants_see_only_their_own() {
     let (code, body) = server.tcp(ALICE, "POST", "/v1/runs", Some(env));
     assert_eq!(
         (code, json(&body)["reason"].clone()),
-        (400, "env.reserved".into())
+        (422, "request.env_reserved".into())
     );
 
     // Oversized and malformed bodies.

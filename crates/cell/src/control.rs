@@ -26,6 +26,23 @@ pub const MAX_CONTROL_FDS: usize = 4;
 /// The supervisor's send buffer: one packet carries a whole report (its output's head
 /// and tail, every egress record), and a SOCK_SEQPACKET message must fit the buffer.
 const REPORT_SEND_BUFFER: usize = 16 << 20;
+/// The send buffer of every socket a command travels on (the engine's end of the
+/// factory's and of the control socket, the supervisor's end of pid 1's): a
+/// SOCK_SEQPACKET message must fit it, and the system's default (`wmem_default`, often
+/// 208 KiB) is smaller than a command the kernel would run. It carries a command of
+/// [`airlock_contract::MAX_COMMAND_BYTES`] twice (a one-shot run's plan holds its argv
+/// and so does its `Run`), every byte JSON-escaped (`\u0001`: 6 bytes), and the plan.
+pub const COMMAND_SEND_BUFFER: usize = 8 << 20;
+const _: () =
+    assert!(COMMAND_SEND_BUFFER >= 2 * 6 * airlock_contract::MAX_COMMAND_BYTES + (2 << 20));
+
+/// Sizes `sock`'s send buffer for a command (see [`COMMAND_SEND_BUFFER`]). Without the
+/// privilege to exceed the system's maximum, the buffer stays at that maximum and a
+/// command too large for it fails to send: the run ends `runtime_fault` before its
+/// payload starts, never with a different command.
+pub fn size_for_commands(sock: BorrowedFd<'_>) {
+    let _ = sys::raise_send_buffer(sock, COMMAND_SEND_BUFFER);
+}
 
 /// One command for a serving cell.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -281,6 +298,7 @@ pub struct EngineControl {
 
 impl EngineControl {
     pub fn new(sock: OwnedFd) -> EngineControl {
+        size_for_commands(sock.as_fd());
         EngineControl {
             sock,
             release: std::sync::Mutex::new(None),

@@ -2,6 +2,7 @@
 //! its parsing from YAML, TOML or JSON, its validation, and its pure compilation into the
 //! [`CellPlan`] the runtime applies.
 
+pub mod command_input;
 mod compile;
 mod contract;
 mod error;
@@ -14,6 +15,10 @@ pub mod seccomp;
 pub mod transparent;
 mod validate;
 
+pub use command_input::{
+    check_command, check_env_key, check_exec, CommandInput, CommandInputError, MAX_ARG_STRLEN,
+    MAX_COMMAND_BYTES,
+};
 pub use compile::{compile, contract_sha256, CompileInput, PodInput};
 pub use contract::*;
 pub use error::{ContractError, ContractFormat, FieldError, FieldErrors};

@@ -31,6 +31,9 @@ pub enum EngineError {
     /// nothing changed.
     #[error("the session's destinations were not changed: {0}")]
     DestinationsNotSet(String),
+    /// A command no cell may be sent ([`airlock_contract::check_exec`]): nothing ran.
+    #[error("{0}")]
+    CommandRefused(#[from] airlock_contract::CommandInputError),
 }
 
 impl EngineError {
@@ -47,7 +50,9 @@ impl EngineError {
             EngineError::SessionFailed(_)
             | EngineError::SessionClosed
             | EngineError::NoSuchCommand(_) => ResultClass::RuntimeFault,
-            EngineError::DestinationsNotSet(_) => ResultClass::PolicyDenied,
+            EngineError::DestinationsNotSet(_) | EngineError::CommandRefused(_) => {
+                ResultClass::PolicyDenied
+            }
         }
     }
 }

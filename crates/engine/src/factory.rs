@@ -114,6 +114,8 @@ impl CellFactory {
             move |source| EngineError::Factory { context, source }
         };
         let (ours, theirs) = process::seqpacket_pair().map_err(io("socketpair"))?;
+        // A Spawn carries the plan and its argv.
+        airlock_cell::control::size_for_commands(ours.as_fd());
         let child = Command::new(program)
             .arg(FACTORY_ARG)
             .stdin(Stdio::from(theirs))

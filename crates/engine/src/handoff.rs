@@ -576,6 +576,15 @@ fn load_as_peer(
     peer: &peer::PeerIdentity,
     gate: &dyn HandoffGate,
 ) -> Result<PeerPlan, Loading> {
+    // The peer's own command and additions, as every door checks them (the engine
+    // checks the whole plan again before any cell).
+    let additions = record::pairs(&request.env);
+    airlock_contract::check_command(&airlock_contract::CommandInput {
+        argv: &request.argv,
+        env: &additions,
+        ..airlock_contract::CommandInput::default()
+    })
+    .map_err(|err| Loading::Refused(ResultClass::PolicyDenied, err.to_string()))?;
     let contract = match &request.contract {
         HandoffContract::Default => default_contract(),
         HandoffContract::Text { text, format } => {

@@ -429,6 +429,10 @@ impl Engine {
                 tenant: request.tenant.as_deref(),
             }))
         };
+        // The last door: whatever composed the plan, the cell execs exactly it.
+        if let Err(err) = record::check_exec(&plan.argv, plan, &request.credentials, &[]) {
+            return Err(refuse(ResultClass::PolicyDenied, err.to_string()));
+        }
         if let Some(missing) = plan
             .credentials
             .iter()

@@ -227,3 +227,32 @@ fn end_of(report: &RunReport, result: &Value) -> RunEnd {
         events: events_of(report),
     }
 }
+
+/// [`airlock_contract::check_exec`] of what the cell will exec for `plan`'s command (or
+/// `command`, a session's, with its own additions): its argv, the plan's environment, the
+/// credentials' and the command's additions.
+pub(crate) fn check_exec(
+    argv: &[String],
+    plan: &CellPlan,
+    credentials: &[(String, String)],
+    additions: &[(String, String)],
+) -> Result<(), airlock_contract::CommandInputError> {
+    let mut base: Vec<(&str, &str)> = plan
+        .env
+        .iter()
+        .map(|v| (v.name.as_str(), v.value.as_str()))
+        .collect();
+    base.extend(pairs(credentials));
+    let env = pairs(additions);
+    airlock_contract::check_exec(&airlock_contract::CommandInput {
+        argv,
+        env: &env,
+        base_env: &base,
+        cwd: None,
+    })
+}
+
+/// `(name, value)` pairs borrowed, as [`airlock_contract::CommandInput`] takes them.
+pub(crate) fn pairs(vars: &[(String, String)]) -> Vec<(&str, &str)> {
+    vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}

@@ -147,6 +147,7 @@ impl Engine {
             tenant,
             after_close,
         } = request;
+        record::check_exec(&[], &plan, &credentials, &[])?;
         if plan.broker.is_some() {
             // A session's socket would outlive each command's authorization: not built.
             return Err(EngineError::SessionFailed(
@@ -269,6 +270,7 @@ impl Session {
         if self.closed().is_some() {
             return Err(EngineError::SessionClosed);
         }
+        record::check_exec(&command.argv, &self.plan, &[], &command.env)?;
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let start = RunStart {
             argv: command.argv.clone(),

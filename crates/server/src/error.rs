@@ -164,9 +164,24 @@ impl ApiError {
         }
     }
 
-    /// An engine failure as an answer: capacity is 429, an unavailable store 503, the
-    /// rest a fault.
+    /// A command no cell may be sent ([`airlock_contract::check_command`]): 422, its
+    /// reason the rule (`request.env_key_invalid`, `request.nul_byte`, ...), its message
+    /// naming the field.
+    pub fn command_input(err: &airlock_contract::CommandInputError) -> ApiError {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ResultClass::PolicyDenied,
+            err.reason(),
+            err.to_string(),
+        )
+    }
+
+    /// An engine failure as an answer: a refused command is 422, capacity 429, an
+    /// unavailable store 503, the rest a fault.
     pub fn engine(err: &airlock_engine::EngineError) -> ApiError {
+        if let airlock_engine::EngineError::CommandRefused(refused) = err {
+            return ApiError::command_input(refused);
+        }
         match err.class() {
             ResultClass::CapacityExceeded => {
                 ApiError::too_many("engine.capacity", err.to_string(), 1)

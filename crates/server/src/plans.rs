@@ -9,8 +9,9 @@ use crate::config::ServerConfig;
 use crate::error::{ApiError, ServerError};
 use airlock_cell::report::ResultClass;
 use airlock_contract::{
-    compile, load_contract_file, parse_contract, read_seccomp_profile, CellPlan, CompileInput,
-    Contract, ContractError, ContractFormat, EnvVar, ResolvedImage, HOST_IMAGE,
+    check_command, check_exec, compile, load_contract_file, parse_contract, read_seccomp_profile,
+    CellPlan, CommandInput, CompileInput, Contract, ContractError, ContractFormat, EnvVar,
+    ResolvedImage, HOST_IMAGE,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -272,8 +273,28 @@ fn image_refusal(status: ResultClass, why: String, workload_class: &str) -> Plan
     }
 }
 
+/// A request's own command and environment additions as [`check_command`] decides
+/// (portable names, none of airlock's reserved ones, no NUL, within what a cell can
+/// exec): every door's first step, before admission, policy or contract. Its refusal is
+/// answered, not recorded: a malformed command is refused like a malformed body, and
+/// recording it as sent would let a tenant write `max_body_bytes` of argv into the
+/// store per request.
+pub fn check_wanted(argv: &[String], env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    let additions: Vec<(&str, &str)> = env
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
+    check_command(&CommandInput {
+        argv,
+        env: &additions,
+        ..CommandInput::default()
+    })
+    .map_err(|err| ApiError::command_input(&err))
+}
+
 /// The plan of `contract` (from `base_dir`) for a request: its command, environment
-/// additions (none of airlock's reserved names) and deadline (only shorter).
+/// additions (see [`check_wanted`]; the whole command is checked again once compiled,
+/// the plan's own environment counted) and deadline (only shorter).
 pub fn plan_of(
     contract: &Contract,
     base_dir: &Path,
@@ -281,20 +302,11 @@ pub fn plan_of(
     wanted: &Wanted<'_>,
     image: Option<&ResolvedImage>,
 ) -> Result<CellPlan, PlanRefusal> {
-    if let Some(name) = wanted
-        .env
-        .keys()
-        .find(|n| airlock_contract::RESERVED_ENV_NAMES.contains(&n.as_str()))
-    {
-        return Err(PlanRefusal {
-            error: Box::new(ApiError::bad_request(
-                "env.reserved",
-                format!("{name} is set by airlock, not by a request"),
-            )),
-            class: ResultClass::PolicyDenied,
-            workload_class: class.to_string(),
-        });
-    }
+    let input_refusal = |err: airlock_contract::CommandInputError| PlanRefusal {
+        error: Box::new(ApiError::command_input(&err)),
+        class: ResultClass::PolicyDenied,
+        workload_class: class.to_string(),
+    };
     let refuse = |err: ContractError| {
         let status = ResultClass::from_name(err.class()).unwrap_or(ResultClass::PolicyDenied);
         PlanRefusal {
@@ -321,6 +333,19 @@ pub fn plan_of(
     )
     .map_err(refuse)?;
     add_env(&mut plan, wanted.env);
+    // What the cell will exec: the plan's argv (an image's entrypoint too) and its
+    // whole environment.
+    let env: Vec<(&str, &str)> = plan
+        .env
+        .iter()
+        .map(|var| (var.name.as_str(), var.value.as_str()))
+        .collect();
+    check_exec(&CommandInput {
+        argv: &plan.argv,
+        base_env: &env,
+        ..CommandInput::default()
+    })
+    .map_err(input_refusal)?;
     if let Some(deadline) = wanted.deadline_ms {
         // A request may shorten its contract's deadline, never lengthen it.
         plan.limits.wall_time_ms = plan.limits.wall_time_ms.min(deadline.max(1));

@@ -28,7 +28,7 @@ pub const NDJSON: &str = "application/x-ndjson";
         (status = 202, description = "A `class` request that needs approval: stored pending; the same request with `approval` runs once it is approved", body = crate::approvals::PendingApproval),
         (status = 403, description = "Not allowed, or a `class` request denied by the policy (its `policy.*` reason code)", body = ErrorBody),
         (status = 413, body = ErrorBody),
-        (status = 422, description = "The contract did not compile (the refusal is recorded)", body = ErrorBody),
+        (status = 422, description = "The contract did not compile (the refusal is recorded), or the command breaks a command rule (`request.*`: not recorded)", body = ErrorBody),
         (status = 429, description = "Over a quota or capacity; see Retry-After", body = ErrorBody),
         (status = 503, description = "Draining (`server.draining`), or the audit store cannot be reached (`store.unavailable`: nothing ran); see Retry-After", body = ErrorBody)))]
 pub async fn create_run(
@@ -105,6 +105,7 @@ async fn start_run(
     body: RunBody,
     stdin: StdinSource,
 ) -> Result<Response, ApiError> {
+    plans::check_wanted(&body.argv, &body.env)?;
     let permit = state.admit(&tenant, Work::Run)?;
     let (planned, after_run) = match plan_request(&state, &tenant, body.clone()).await? {
         Ok(planned) => planned,

@@ -21,6 +21,7 @@ use crate::state::{ApiBytes, ApiJson, Caller, Shared};
 use crate::tenants::Tenant;
 use airlock_cell::control::CommandSignal;
 use airlock_cell::report::ResultClass;
+use airlock_contract::{check_command, CommandInput};
 use airlock_engine::{record, CommandRequest, Session, SessionRequest};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -189,6 +190,7 @@ pub async fn create_session(
         config.max_session_lifetime_s,
         config.max_session_lifetime_s,
     )?;
+    crate::plans::check_wanted(&[], &body.env)?;
     let permit = state.admit(&tenant, Work::Session)?;
     // A session's plan is compiled with a placeholder command: its commands come later.
     let placeholder = ["<session>".to_string()];
@@ -354,7 +356,9 @@ pub async fn get_session(
     responses(
         (status = 200, description = "NDJSON frames like a run's (start names the command id too)", content_type = "application/x-ndjson"),
         (status = 202, description = "A background command", body = CommandView),
-        (status = 404, body = ErrorBody), (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
+        (status = 404, body = ErrorBody),
+        (status = 422, description = "The command breaks a command rule (`request.*`)", body = ErrorBody),
+        (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn exec(
     State(state): State<Shared>,
     Caller(tenant): Caller,
@@ -362,20 +366,11 @@ pub async fn exec(
     ApiJson(body): ApiJson<ExecBody>,
 ) -> Result<Response, ApiError> {
     let entry = session_of(&state, &tenant, &id)?;
+    check_exec_body(&entry, &body)?;
     if let Err(answer) = check_class_command(&state, &tenant, &entry, &body.argv).await? {
         return Ok(answer);
     }
     let permit = state.admit(&tenant, Work::Command)?;
-    if body
-        .env
-        .keys()
-        .any(|n| airlock_contract::RESERVED_ENV_NAMES.contains(&n.as_str()))
-    {
-        return Err(ApiError::bad_request(
-            "env.reserved",
-            "a reserved variable".into(),
-        ));
-    }
     entry.touch();
     let log = OutputLog::new(state.config.max_stream_bytes)
         .map_err(|e| ApiError::internal("output.spill", e.to_string()))?;
@@ -464,6 +459,31 @@ impl Drop for KillOnDisconnect {
             Err(_) => kill(),
         }
     }
+}
+
+/// A session command's argv and environment additions as [`check_command`] decides,
+/// the session's own environment counted in its size: 422 before anything is recorded
+/// or admitted.
+fn check_exec_body(entry: &SessionEntry, body: &ExecBody) -> Result<(), ApiError> {
+    let additions: Vec<(&str, &str)> = body
+        .env
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
+    let session_env: Vec<(&str, &str)> = entry
+        .session
+        .plan()
+        .env
+        .iter()
+        .map(|var| (var.name.as_str(), var.value.as_str()))
+        .collect();
+    check_command(&CommandInput {
+        argv: &body.argv,
+        env: &additions,
+        base_env: &session_env,
+        cwd: None,
+    })
+    .map_err(|err| ApiError::command_input(&err))
 }
 
 /// A class session's command against its class's command policy, before it reaches

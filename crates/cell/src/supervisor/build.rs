@@ -627,6 +627,8 @@ fn spawn_cell(
         .map_or(DEFAULT_WINDOW, |t| t.window());
     let (sync_parent, sync_child) =
         sys::seqpacket_pair().map_err(|e| CellError::io("socketpair", e))?;
+    // START carries the command: sized like the engine's sockets.
+    crate::control::size_for_commands(sync_parent.as_fd());
     let null: OwnedFd = File::open("/dev/null")
         .map_err(|e| CellError::io("/dev/null", e))?
         .into();

@@ -105,6 +105,14 @@ fn quoted(key: &str) -> String {
     format!("\"{}\"", key.escape_debug())
 }
 
+/// A plan's environment as the `(name, value)` pairs a [`CommandInput`] takes.
+pub fn plan_env(plan: &crate::CellPlan) -> Vec<(&str, &str)> {
+    plan.env
+        .iter()
+        .map(|var| (var.name.as_str(), var.value.as_str()))
+        .collect()
+}
+
 /// Whether `input` may be sent to a cell: `Ok`, or the first rule it breaks. The doors'
 /// check: the sender's keys are held to every rule, then [`check_exec`].
 pub fn check_command(input: &CommandInput<'_>) -> Result<(), CommandInputError> {

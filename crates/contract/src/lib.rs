@@ -16,8 +16,8 @@ pub mod transparent;
 mod validate;
 
 pub use command_input::{
-    check_command, check_env_key, check_exec, CommandInput, CommandInputError, MAX_ARG_STRLEN,
-    MAX_COMMAND_BYTES,
+    check_command, check_env_key, check_exec, plan_env, CommandInput, CommandInputError,
+    MAX_ARG_STRLEN, MAX_COMMAND_BYTES,
 };
 pub use compile::{compile, contract_sha256, CompileInput, PodInput};
 pub use contract::*;

@@ -237,11 +237,7 @@ pub(crate) fn check_exec(
     credentials: &[(String, String)],
     additions: &[(String, String)],
 ) -> Result<(), airlock_contract::CommandInputError> {
-    let mut base: Vec<(&str, &str)> = plan
-        .env
-        .iter()
-        .map(|v| (v.name.as_str(), v.value.as_str()))
-        .collect();
+    let mut base = airlock_contract::plan_env(plan);
     base.extend(pairs(credentials));
     let env = pairs(additions);
     airlock_contract::check_exec(&airlock_contract::CommandInput {

@@ -335,11 +335,7 @@ pub fn plan_of(
     add_env(&mut plan, wanted.env);
     // What the cell will exec: the plan's argv (an image's entrypoint too) and its
     // whole environment.
-    let env: Vec<(&str, &str)> = plan
-        .env
-        .iter()
-        .map(|var| (var.name.as_str(), var.value.as_str()))
-        .collect();
+    let env = airlock_contract::plan_env(&plan);
     check_exec(&CommandInput {
         argv: &plan.argv,
         base_env: &env,

@@ -470,13 +470,7 @@ fn check_exec_body(entry: &SessionEntry, body: &ExecBody) -> Result<(), ApiError
         .iter()
         .map(|(name, value)| (name.as_str(), value.as_str()))
         .collect();
-    let session_env: Vec<(&str, &str)> = entry
-        .session
-        .plan()
-        .env
-        .iter()
-        .map(|var| (var.name.as_str(), var.value.as_str()))
-        .collect();
+    let session_env = airlock_contract::plan_env(entry.session.plan());
     check_command(&CommandInput {
         argv: &body.argv,
         env: &additions,

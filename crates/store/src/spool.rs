@@ -39,6 +39,7 @@ pub const SPOOL_DIR: &str = "spool";
 pub const DEFAULT_MAX_FILES: usize = 4096;
 const SUFFIX: &str = ".finish.json";
 const TMP_PREFIX: &str = ".tmp-";
+const LOCK_FILE: &str = ".lock";
 
 static LOST: AtomicU64 = AtomicU64::new(0);
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -117,11 +118,10 @@ impl Spool {
     /// Keeps `pending` durably (file and directory fsynced) and returns its file; refused
     /// when the spool holds its bound already. `cause` is why the store did not take it.
     pub fn put(&self, pending: &PendingFinish, cause: &str) -> Result<PathBuf> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
-            .map_err(io(&self.dir))?;
+        self.private_dir()?;
+        // Counting and adding are one step for every writer of this state directory
+        // (threads of the service, other airlock processes): the bound is exact.
+        let _bound = self.lock()?;
         if self.files()?.len() >= self.max_files {
             return Err(StoreError::SpoolFull {
                 dir: self.dir.clone(),
@@ -220,6 +220,44 @@ impl Spool {
         Ok(files)
     }
 
+    /// The spool directory, created 0700; one that is a link or open to others is refused
+    /// (fail closed: nobody else may plant links for the writes below to follow, or read
+    /// the finishes' output heads and tails).
+    fn private_dir(&self) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(io(&self.dir))?;
+        let meta = std::fs::symlink_metadata(&self.dir).map_err(io(&self.dir))?;
+        if !meta.is_dir() || meta.mode() & 0o077 != 0 {
+            return Err(io(&self.dir)(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "not a private directory (mode {:o}): make it a directory of mode 0700",
+                    meta.mode() & 0o7777
+                ),
+            )));
+        }
+        Ok(())
+    }
+
+    /// An exclusive `flock` on `<spool>/.lock`, held until the guard drops.
+    fn lock(&self) -> Result<std::fs::File> {
+        let path = self.dir.join(LOCK_FILE);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io(&path))?;
+        file.lock().map_err(io(&path))?;
+        Ok(file)
+    }
+
     fn sync_dir(&self) -> Result<()> {
         std::fs::File::open(&self.dir)
             .and_then(|d| d.sync_all())
@@ -281,6 +319,26 @@ mod tests {
     }
 
     #[test]
+    fn the_bound_holds_for_writers_at_the_same_moment() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = Spool::new(dir.path(), 3);
+        let kept: usize = std::thread::scope(|s| {
+            let writers: Vec<_> = (0..16)
+                .map(|i| {
+                    let spool = &spool;
+                    s.spawn(move || spool.put(&pending(&format!("r{i}"), i), "down").is_ok())
+                })
+                .collect();
+            writers
+                .into_iter()
+                .map(|w| w.join().unwrap() as usize)
+                .sum()
+        });
+        assert_eq!(kept, 3);
+        assert_eq!(spool.pending().unwrap().len(), 3);
+    }
+
+    #[test]
     fn a_spooled_file_is_complete_private_and_no_temporary_is_left() {
         let dir = tempfile::tempdir().unwrap();
         let spool = Spool::new(dir.path(), 10);
@@ -293,11 +351,25 @@ mod tests {
         let names: Vec<String> = std::fs::read_dir(spool.dir())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != LOCK_FILE)
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+        assert!(names[0].ends_with(SUFFIX), "{names:?}");
         // A crash before the rename leaves a temporary file: it is no pending finish.
         std::fs::write(spool.dir().join(".tmp-x.finish.json"), b"{").unwrap();
         assert_eq!(spool.pending().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_spool_directory_open_to_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let spool = Spool::new(dir.path(), 10);
+        std::fs::create_dir(spool.dir()).unwrap();
+        std::fs::set_permissions(spool.dir(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = spool.put(&pending("a", 1), "down").unwrap_err();
+        assert!(err.to_string().contains("not a private directory"), "{err}");
+        assert!(spool.pending().unwrap().is_empty());
     }
 
     #[test]

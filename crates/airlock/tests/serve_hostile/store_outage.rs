@@ -57,8 +57,6 @@ url = "{url}"
 listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
 [server.contracts]
 small = "small.yaml"
-[server.pools]
-small = 4
 [server.tenants.load]
 api_key_sha256 = ["{key}"]
 max_cells = 60
@@ -335,18 +333,23 @@ fn check_answers(outage: Outage, answers: &[Answer]) {
     }
 }
 
+/// The pending finishes in a spool directory (its lock file is no finish).
+fn finishes_in(spool: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(spool)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".finish.json"))
+        .collect()
+}
+
 /// Waits until the service's spool holds no pending finish.
 fn wait_spool_empty(served: &Served) {
     let spool = served.state_dir().join("spool");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let pending: Vec<String> = std::fs::read_dir(&spool)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(".finish.json"))
-            .collect();
+        let pending = finishes_in(&spool);
         if pending.is_empty() {
             return;
         }
@@ -461,11 +464,10 @@ fn a_service_started_while_postgres_is_down_does_not_start_and_a_spool_left_behi
     let run_id = answer["run_id"].as_str().unwrap().to_string();
     served.kill();
     let spool = served.state_dir().join("spool");
-    let left: Vec<_> = std::fs::read_dir(&spool).unwrap().flatten().collect();
     assert_eq!(
-        left.len(),
+        finishes_in(&spool).len(),
         1,
-        "the finish was not spooled: {}",
+        "not spooled: {}",
         served.log()
     );
 
@@ -502,7 +504,7 @@ fn a_service_started_while_postgres_is_down_does_not_start_and_a_spool_left_behi
         &format!("SELECT status FROM runs WHERE run_id = '{run_id}'"),
     );
     assert_eq!(status, "ok", "the spooled finish was not replayed first");
-    assert!(std::fs::read_dir(&spool).unwrap().next().is_none());
+    assert!(finishes_in(&spool).is_empty(), "{:?}", finishes_in(&spool));
     let cli = served.cli(&["audit", "verify"]);
     assert!(cli.status.success(), "{}", common::output_text(&cli));
 }
@@ -515,4 +517,68 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+#[test]
+fn a_full_spool_still_answers_the_outcome_and_logs_the_lost_finish() {
+    crate::require_cells!();
+    let Some(mut pg) = PgServer::start() else {
+        return;
+    };
+    let url = pg.create_db("full");
+    // Room for one pending finish; two runs end during the outage.
+    let served = Arc::new(Served::start(
+        &format!("{}\n", config(&url)).replace("[server]", "spool_max_files = 1\n[server]"),
+        |dir| {
+            std::fs::copy(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../examples/contracts/default.yaml"),
+                dir.join("small.yaml"),
+            )
+            .unwrap();
+        },
+    ));
+    wait_readyz(&served, 200, Duration::from_secs(60));
+    let (begun, begun_rx) = std::sync::mpsc::channel();
+    let runs: Vec<_> = (0..2)
+        .map(|_| {
+            let (port, begun) = (served.port, begun.clone());
+            std::thread::spawn(move || streamed_run(port, &["sleep", "1"], begun))
+        })
+        .collect();
+    let ids: Vec<String> = (0..2)
+        .map(|_| begun_rx.recv_timeout(Duration::from_secs(60)).unwrap())
+        .collect();
+    pg.stop_fast();
+    let answers: Vec<Answer> = runs.into_iter().map(|t| t.join().unwrap()).collect();
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(
+            answer.body["status"], "ok",
+            "the outcome was not answered: {answer:?}"
+        );
+    }
+    let log = served.log();
+    assert!(
+        log.contains("holds its bound of 1 pending finishes")
+            && log.contains("is lost")
+            && log.contains("1 finish(es) lost since start"),
+        "the lost finish was not logged: {log}"
+    );
+    pg.restart();
+    wait_readyz(&served, 200, Duration::from_secs(30));
+    wait_spool_empty(&served);
+    // The one spooled finish is written; the lost one's run is still `running`.
+    let statuses: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            pg.psql(
+                "full",
+                &format!("SELECT status FROM runs WHERE run_id = '{id}'"),
+            )
+        })
+        .collect();
+    let mut sorted = statuses.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["ok", "running"], "{statuses:?}");
 }

@@ -492,6 +492,15 @@ fn read_reports(
                     let _ = host.control.close();
                     escaped = Some(guard.run_ids.get(&id).cloned().unwrap_or_default());
                 }
+                let mut report = report;
+                // A command the cell's destruction ended (runtime_fault) after the
+                // operator ended the session was ended by the operator; an outcome of
+                // its own (ok, task_error, a limit) stays what it was.
+                if let (Some(why), ResultClass::RuntimeFault) =
+                    (guard.ended_by_operator.clone(), report.status)
+                {
+                    ended_by_operator(&mut report, &why);
+                }
                 end_command(&mut guard, id, report, stores);
                 drop(guard);
                 changed.notify_all();

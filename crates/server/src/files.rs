@@ -201,10 +201,21 @@ fn open_root(proc_dir: &OwnedFd, shown: &Path) -> Result<OwnedFd, ApiError> {
     .map_err(|e| io_error(shown, e))
 }
 
+/// The id of the mount `fd` is on. A kernel that does not report it (before 5.8) cannot
+/// tell a writable mount from another: an error, never a check that passes by default.
 fn mount_id(fd: &OwnedFd, shown: &Path) -> Result<u64, ApiError> {
-    rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::MNT_ID)
-        .map(|st| st.stx_mnt_id)
-        .map_err(|e| io_error(shown, e))
+    let st = rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::MNT_ID)
+        .map_err(|e| io_error(shown, e))?;
+    if !StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::MNT_ID) {
+        return Err(ApiError::internal(
+            "file.io",
+            format!(
+                "{}: the kernel does not report mount ids (statx STATX_MNT_ID, Linux 5.8)",
+                shown.display()
+            ),
+        ));
+    }
+    Ok(st.stx_mnt_id)
 }
 
 /// The writable mount `mount` inside the cell's root, with no symlink at all on its way
@@ -248,6 +259,16 @@ impl Cell {
     /// would (its root is `/`), its last component not followed; refused unless it is on
     /// a writable mount.
     fn resolve(&self, path: &Path, shown: &Path) -> Result<OwnedFd, ApiError> {
+        self.resolve_with(path, OFlags::NOFOLLOW, shown)
+    }
+
+    /// The directory a new file at `shown` goes in: `dir` is a component of the request's
+    /// path, not its last, so a symlink there is followed (within the cell's root).
+    fn resolve_dir(&self, dir: &Path, shown: &Path) -> Result<OwnedFd, ApiError> {
+        self.resolve_with(dir, OFlags::empty(), shown)
+    }
+
+    fn resolve_with(&self, path: &Path, follow: OFlags, shown: &Path) -> Result<OwnedFd, ApiError> {
         let relative = path.strip_prefix("/").unwrap_or(path);
         let relative = if relative.as_os_str().is_empty() {
             Path::new(".")
@@ -257,7 +278,7 @@ impl Cell {
         let fd = rustix::fs::openat2(
             self.root.as_fd(),
             relative,
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            OFlags::PATH | follow | OFlags::CLOEXEC,
             Mode::empty(),
             ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
         )
@@ -338,7 +359,7 @@ fn open_for_write(cell: &Cell, path: &Path, shown: &Path) -> Result<OwnedFd, Api
             let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
                 return Err(err);
             };
-            let dir = cell.resolve(parent, shown)?;
+            let dir = cell.resolve_dir(parent, shown)?;
             kind_allowed(file_type(&dir, shown)?.0, FileType::Directory, shown)?;
             let dir = reopen(&dir, OFlags::RDONLY | OFlags::DIRECTORY, shown)?;
             rustix::fs::openat(

@@ -489,11 +489,16 @@ fn a_sessions_files_and_commands_persist_until_delete_and_never_leave_its_writab
         None,
     );
     assert_eq!(
-        code, 404,
-        "the symlink resolves inside /tmp, where there is no passwd: {body}"
+        (code, json(&body)["reason"].clone()),
+        (403, "path.escapes".into()),
+        "the symlink resolves as in the cell, to its read-only /etc: {body}"
     );
     let (code, body) = server.tcp(ALICE, "GET", &format!("{base}/files/tmp/up-link"), None);
-    assert_eq!(code, 404, "{body}");
+    assert_eq!(
+        (code, json(&body)["reason"].clone()),
+        (400, "path.kind".into()),
+        "a symlink as the last component is not followed: {body}"
+    );
     let (code, body) = server.tcp(ALICE, "GET", &format!("{base}/files/etc/passwd"), None);
     assert_eq!(
         (code, json(&body)["reason"].clone()),
@@ -516,7 +521,7 @@ fn a_sessions_files_and_commands_persist_until_delete_and_never_leave_its_writab
         ))
         .output()
         .unwrap();
-    assert_eq!(split_status(&put_link).0, 404, "{put_link:?}");
+    assert_eq!(split_status(&put_link).0, 403, "{put_link:?}");
     assert!(!Path::new("/etc/evil").exists());
     // A file larger than max_file_bytes.
     let big = Command::new("curl")

@@ -140,10 +140,30 @@ impl Walk {
             self.contents.cached_files += 1;
             return Ok(sha256);
         }
-        let sha256 = sha256_of(&mut std::fs::File::open(source)?)?;
+        let sha256 = sha256_of(&mut open_regular(source, &identity)?)?;
         self.fresh.push((identity, sha256.clone()));
         Ok(sha256)
     }
+}
+
+/// The regular file `source` whose identity the walk saw, opened so that whatever took
+/// its place meanwhile cannot stall the hash: `O_NONBLOCK` (a FIFO does not wait for a
+/// writer), `O_NOFOLLOW` (a symlink is not followed), `O_NOCTTY`; then checked with
+/// fstat to be that same regular file (another inode is an error, never hashed).
+fn open_regular(source: &Path, seen: &FileIdentity) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(source)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || FileIdentity::of(&meta) != *seen {
+        return Err(std::io::Error::other(format!(
+            "{}: changed while the inputs were hashed (no longer the regular file seen)",
+            source.display()
+        )));
+    }
+    Ok(file)
 }
 
 /// sha256 of everything `reader` yields (fixed-size buffer: memory stays bounded).
@@ -206,6 +226,27 @@ mod tests {
             hash_contents(&inputs, &state).sha256,
             "a symlink's target"
         );
+    }
+
+    #[test]
+    fn a_fifo_in_place_of_a_file_is_an_error_not_a_wait() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = tmp.path().join("f");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let file = tmp.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let seen = FileIdentity::of(&std::fs::metadata(&file).unwrap());
+        // The walk saw a regular file; a FIFO is there when it is opened.
+        let err = open_regular(&fifo, &seen).unwrap_err();
+        assert!(
+            err.to_string().contains("no longer the regular file"),
+            "{err}"
+        );
+        assert!(open_regular(&file, &seen).is_ok());
     }
 
     #[test]

@@ -30,7 +30,9 @@ pub use lifecycle::{
     BeginFailed, CommandLatency, FinishedRun, RecordedHook, RecordedRefusal, Refusal, RunRequest,
 };
 pub use pool::{PlanShape, PoolRefill, PoolStatus};
-pub use session::{AfterClose, CommandRequest, CommandStatus, Session, SessionRequest};
+pub use session::{
+    AfterClose, CommandRequest, CommandStatus, Session, SessionRequest, OPERATOR_ENDED,
+};
 
 use factory::CellFactory;
 use std::path::PathBuf;

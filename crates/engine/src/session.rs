@@ -108,6 +108,8 @@ struct SessionState {
     destination_answers: BTreeMap<u64, Option<String>>,
     /// The session's final report, once its cell is destroyed.
     closed: Option<Box<RunReport>>,
+    /// Why the operator ended the session ([`Session::end_by_operator`]), if it did.
+    ended_by_operator: Option<String>,
 }
 
 type Shared = Arc<(Mutex<SessionState>, Condvar)>;
@@ -435,6 +437,19 @@ impl Session {
         }
     }
 
+    /// [`Session::end`] on the operator's behalf (the service's drain): the session's
+    /// record, and those of its commands still running, say so ([`OPERATOR_ENDED`]).
+    pub fn end_by_operator(&self, why: &str) -> Result<RunReport, EngineError> {
+        {
+            let (state, _) = &*self.shared;
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            if state.closed.is_none() {
+                state.ended_by_operator = Some(why.to_string());
+            }
+        }
+        self.end()
+    }
+
     /// Destroys the session's cell (the completion sequence runs once, for the whole
     /// session) and returns its final report; its record is complete by then.
     pub fn close(mut self) -> Result<RunReport, EngineError> {
@@ -479,6 +494,15 @@ fn read_reports(
                     let _ = host.control.close();
                     escaped = Some(guard.run_ids.get(&id).cloned().unwrap_or_default());
                 }
+                let mut report = report;
+                // A command the cell's destruction ended (runtime_fault) after the
+                // operator ended the session was ended by the operator; an outcome of
+                // its own (ok, task_error, a limit) stays what it was.
+                if let (Some(why), ResultClass::RuntimeFault) =
+                    (guard.ended_by_operator.clone(), report.status)
+                {
+                    ended_by_operator(&mut report, &why);
+                }
                 end_command(&mut guard, id, report, stores);
                 drop(guard);
                 changed.notify_all();
@@ -497,6 +521,10 @@ fn read_reports(
         }
     };
     let mut guard = state.lock().unwrap_or_else(|p| p.into_inner());
+    let mut final_report = final_report;
+    if let Some(why) = guard.ended_by_operator.clone() {
+        ended_by_operator(&mut final_report, &why);
+    }
     // Commands without an end report died with the cell.
     let unfinished: Vec<u64> = guard
         .commands
@@ -542,6 +570,21 @@ impl Closing {
             }
         }
     }
+}
+
+/// The start of the `error` of a record the operator ended: a stable prefix (a reason
+/// code) that says the service ended it, not the payload, the tenant or a fault.
+pub const OPERATOR_ENDED: &str = "server.drained";
+
+/// A session (or a command of it) ended by the operator: `capacity_exceeded`, as the
+/// service withdrew the capacity it ran on (as its refusal of new work while it drains
+/// is), its `error` starting with [`OPERATOR_ENDED`]. A suspected escape stays one.
+fn ended_by_operator(report: &mut RunReport, why: &str) {
+    if report.status == ResultClass::SuspectedEscape {
+        return;
+    }
+    report.status = ResultClass::CapacityExceeded;
+    report.error = Some(format!("{OPERATOR_ENDED}: ended by the operator: {why}"));
 }
 
 /// The session's own record says why it ended: one of its commands was a suspected

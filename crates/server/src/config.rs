@@ -51,6 +51,18 @@ pub struct ServerConfig {
     /// Output of one command kept for `GET .../output` and streaming, bytes; beyond it
     /// output is counted and dropped (the record's capture is the contract's).
     pub max_stream_bytes: usize,
+    /// Threads of the shared blocking pool one tenant's requests may hold at once (file
+    /// operations, session commands' starts); beyond it a request is answered 429
+    /// `quota.blocking` at once, so no tenant can starve the others' requests. The
+    /// operator's tenant is not bounded.
+    pub max_blocking_per_tenant: usize,
+    /// How long one session file operation (a `PUT`, `GET` or listing) may take,
+    /// milliseconds; past it the request is answered 503 `file.deadline`.
+    pub file_op_timeout_ms: u64,
+    /// How long a drain (SIGTERM, SIGINT) waits for work in flight before it ends it,
+    /// milliseconds: sessions are then ended and recorded as ended by the operator
+    /// (`server.drained`), and the service stops.
+    pub drain_grace_ms: u64,
     /// Periodic `airlock verify` of workload classes (docs/verify.md). Off by default.
     pub verify: VerifySchedule,
 }
@@ -95,6 +107,9 @@ impl Default for ServerConfig {
             max_session_idle_timeout_s: 3600,
             max_session_lifetime_s: 4 * 3600,
             max_stream_bytes: 8 << 20,
+            max_blocking_per_tenant: 8,
+            file_op_timeout_ms: 10_000,
+            drain_grace_ms: 30_000,
             verify: VerifySchedule::default(),
         }
     }
@@ -212,6 +227,20 @@ impl ServerConfig {
     pub fn check(&self) -> Result<(), String> {
         if !self.verify.classes.is_empty() && self.verify.interval_s < 60 {
             return Err("server.verify.interval_s: must be at least 60".into());
+        }
+        // Zero would refuse every file operation, or end every drain (and every file
+        // operation) before it began: not a bound but a broken service.
+        for (key, value) in [
+            (
+                "max_blocking_per_tenant",
+                self.max_blocking_per_tenant as u64,
+            ),
+            ("file_op_timeout_ms", self.file_op_timeout_ms),
+            ("drain_grace_ms", self.drain_grace_ms),
+        ] {
+            if value == 0 {
+                return Err(format!("server.{key}: must be at least 1"));
+            }
         }
         for listen in &self.listen {
             let parsed = Listen::parse(listen).map_err(|e| format!("server.listen: {e}"))?;

@@ -67,11 +67,18 @@ pub struct ServeOptions {
 pub type McpMount =
     Box<dyn FnOnce(Arc<Engine>, agent_gate::Authenticate) -> Result<Router, String> + Send>;
 
-/// How long open connections get to finish once the work is drained.
-const CONNECTION_GRACE: Duration = Duration::from_secs(10);
+/// The part of `drain_grace_ms` kept, at the end of a drain, for ending the sessions and
+/// the connections (at most half the grace).
+const END_RESERVE: Duration = Duration::from_secs(5);
 
-/// Runs the service until SIGTERM or SIGINT, then drains: no new work, running commands
-/// finish (or are killed at their deadline), sessions are closed and recorded.
+/// How long the runtime waits, once the drain is over, for blocking threads still at work
+/// (a store call, a session's end past its time): the process ends anyway.
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
+
+/// Runs the service until SIGTERM or SIGINT, then drains within `drain_grace_ms`: no new
+/// work, running commands finish (or are killed at their deadline) while the grace
+/// allows, then every session is ended and recorded as ended by the operator, and the
+/// process ends even if some operation is stuck.
 pub fn serve(options: ServeOptions) -> Result<(), ServerError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -81,7 +88,11 @@ pub fn serve(options: ServeOptions) -> Result<(), ServerError> {
             context: "starting the runtime".into(),
             source,
         })?;
-    runtime.block_on(serve_async(options))
+    let served = runtime.block_on(serve_async(options));
+    // Dropping a runtime waits for every blocking thread without bound: one stuck in a
+    // syscall must not keep the drained service alive.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+    served
 }
 
 fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
@@ -222,14 +233,35 @@ async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
     let _ = stop.send(true);
     let _ = accepting.await;
     reaper.abort();
-    // Running work ends by itself, at its deadline at the latest.
-    state.work.wait_idle().await;
-    sessions::end_all(&state).await;
-    if let Ok(graceful) = Arc::try_unwrap(graceful) {
-        let _ = tokio::time::timeout(CONNECTION_GRACE, graceful.shutdown()).await;
-    }
+    drain(&state, graceful).await;
     eprintln!("airlock serve: stopped");
     Ok(())
+}
+
+/// Ends what is in flight within `drain_grace_ms` from now: work gets the grace (less
+/// the reserve) to end by itself, then every session is ended by the operator (its
+/// commands still running with it) and the connections are closed, each step bounded by
+/// what is left of the grace.
+async fn drain(state: &Shared, graceful: Arc<hyper_util::server::graceful::GracefulShutdown>) {
+    let grace = Duration::from_millis(state.config.drain_grace_ms);
+    let until = tokio::time::Instant::now() + grace;
+    let reserve = END_RESERVE.min(grace / 2);
+    if tokio::time::timeout_at(until - reserve, state.work.wait_idle())
+        .await
+        .is_err()
+    {
+        eprintln!(
+            "airlock serve: {} still in flight after the drain grace: ending it",
+            state.work.count()
+        );
+    }
+    let left = sessions::end_all(state, until).await;
+    if left > 0 {
+        eprintln!("airlock serve: {left} sessions did not end within the drain grace");
+    }
+    if let Ok(graceful) = Arc::try_unwrap(graceful) {
+        let _ = tokio::time::timeout_at(until, graceful.shutdown()).await;
+    }
 }
 
 /// The acceptor of the `tls:` listeners, when the configuration names a certificate and

@@ -1,5 +1,6 @@
-//! Per-tenant quotas: cells alive, sessions open, runs started per minute. Over a quota
-//! the answer is 429 with `Retry-After` at once: nothing waits in a queue.
+//! Per-tenant quotas: cells alive, sessions open, runs started per minute, and threads of
+//! the blocking pool in use (`server.max_blocking_per_tenant`). Over a quota the answer
+//! is 429 with `Retry-After` at once: nothing waits in a queue.
 
 use crate::config::TenantConfig;
 use crate::error::ApiError;
@@ -15,6 +16,8 @@ struct Usage {
     sessions: usize,
     /// When each run of the last minute started, oldest first.
     starts: VecDeque<Instant>,
+    /// Blocking-pool threads working for the tenant now.
+    blocking: usize,
 }
 
 /// The quotas of one tenant as numbers (the operator's are unbounded).
@@ -78,7 +81,46 @@ impl Drop for Permit {
     }
 }
 
+/// Held by the blocking thread doing a tenant's work (moved into its closure), so the
+/// slot is given back when that thread is done with it, however it ends (its result,
+/// an error, a panic's unwind) and whether or not anyone still waits for it.
+pub struct BlockingPermit {
+    quotas: Arc<Quotas>,
+    tenant: String,
+}
+
+impl Drop for BlockingPermit {
+    fn drop(&mut self) {
+        let mut usage = self.quotas.usage.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(u) = usage.get_mut(&self.tenant) {
+            u.blocking = u.blocking.saturating_sub(1);
+        }
+    }
+}
+
 impl Quotas {
+    /// A thread of the blocking pool for `tenant`, or 429 once it has `max` at work.
+    pub fn blocking(
+        self: &Arc<Self>,
+        tenant: &str,
+        max: usize,
+    ) -> Result<BlockingPermit, ApiError> {
+        let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        let u = usage.entry(tenant.to_string()).or_default();
+        decide_blocking(u.blocking, max)?;
+        u.blocking += 1;
+        Ok(BlockingPermit {
+            quotas: Arc::clone(self),
+            tenant: tenant.to_string(),
+        })
+    }
+
+    /// The tenant's blocking threads at work now.
+    pub fn blocking_in_use(&self, tenant: &str) -> usize {
+        let usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        usage.get(tenant).map_or(0, |u| u.blocking)
+    }
+
     /// Takes what `work` needs of `tenant`'s quotas, or says which one is exhausted.
     pub fn admit(
         self: &Arc<Self>,
@@ -103,6 +145,22 @@ impl Quotas {
             work,
         })
     }
+}
+
+/// The pure decision of the blocking share: a tenant with `in_use` threads at work may
+/// take one more while under `max`.
+fn decide_blocking(in_use: usize, max: usize) -> Result<(), ApiError> {
+    if in_use < max {
+        return Ok(());
+    }
+    Err(ApiError::too_many(
+        "quota.blocking",
+        format!(
+            "the tenant has its {max} blocking operations (server.max_blocking_per_tenant) \
+             at work"
+        ),
+        1,
+    ))
 }
 
 /// The pure decision: refused with the exhausted quota's reason code and when to retry.
@@ -186,6 +244,36 @@ mod tests {
         let full = limits(1, 1, 100);
         q.admit("a", full, Work::Command, now).unwrap();
         q.admit("a", full, Work::Command, now).unwrap();
+    }
+
+    #[test]
+    fn the_blocking_share_is_per_tenant_and_given_back_on_drop() {
+        let q = Arc::new(Quotas::default());
+        let held: Vec<_> = (0..2).map(|_| q.blocking("a", 2).unwrap()).collect();
+        let err = q.blocking("a", 2).err().unwrap();
+        assert_eq!(err.body.reason, "quota.blocking");
+        assert_eq!(err.status, 429);
+        assert_eq!(err.retry_after, Some(1));
+        let other = q.blocking("b", 2).unwrap();
+        assert_eq!(q.blocking_in_use("a"), 2);
+        drop(held);
+        drop(other);
+        assert_eq!(q.blocking_in_use("a"), 0);
+        assert_eq!(q.blocking_in_use("b"), 0);
+        q.blocking("a", 2).unwrap();
+    }
+
+    #[test]
+    fn a_panicking_blocking_thread_gives_its_slot_back() {
+        let q = Arc::new(Quotas::default());
+        let permit = q.blocking("a", 1).unwrap();
+        let joined = std::thread::spawn(move || {
+            let _permit = permit;
+            panic!("the work failed");
+        })
+        .join();
+        assert!(joined.is_err());
+        assert_eq!(q.blocking_in_use("a"), 0);
     }
 
     #[test]

@@ -759,15 +759,31 @@ pub async fn reap(state: &Shared) {
     }
 }
 
-/// Ends every session (the drain).
-pub async fn end_all(state: &Shared) {
+/// Ends every session on the operator's behalf (the drain), all at once, until `until`;
+/// their records say the operator ended them. The number that had not ended by then.
+pub async fn end_all(state: &Shared, until: tokio::time::Instant) -> usize {
     let all: Vec<Arc<SessionEntry>> =
         std::mem::take(&mut *state.sessions.lock().unwrap_or_else(|p| p.into_inner()))
             .into_values()
             .collect();
+    let mut ending = tokio::task::JoinSet::new();
     for entry in all {
-        let _ = end_session(entry).await;
+        let session = Arc::clone(&entry.session);
+        ending.spawn_blocking(move || {
+            let _ = session.end_by_operator("the service was stopped (SIGTERM or SIGINT)");
+            drop(entry);
+        });
     }
+    while tokio::time::timeout_at(until, ending.join_next())
+        .await
+        .is_ok_and(|joined| joined.is_some())
+    {}
+    ending.len()
+}
+
+/// The deadline of one file operation (`server.file_op_timeout_ms`).
+fn file_deadline(state: &Shared) -> Duration {
+    Duration::from_millis(state.config.file_op_timeout_ms)
 }
 
 fn file_path(path: &str) -> String {
@@ -776,8 +792,11 @@ fn file_path(path: &str) -> String {
 
 #[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", params(("id" = String, Path), ("path" = String, Path, description = "A cell path within a writable path")),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 201, body = Written), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)))]
+    responses((status = 201, body = Written), (status = 400, description = "Not a regular file (`path.kind`: a FIFO, a socket, a device, a symlink, a directory)", body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, description = "The cell created the file while it was being written (`path.changed`)", body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 422, description = "A NUL byte in the path (`path.invalid`)", body = ErrorBody),
+        (status = 429, description = "Over the tenant's share of the blocking pool (`quota.blocking`); see Retry-After", body = ErrorBody),
+        (status = 503, description = "Not done within file_op_timeout_ms (`file.deadline`)", body = ErrorBody)))]
 pub async fn put_file(
     State(state): State<Shared>,
     Caller(tenant): Caller,
@@ -787,11 +806,13 @@ pub async fn put_file(
     let entry = session_of(&state, &tenant, &id)?;
     entry.touch();
     let shown = file_path(&path);
-    let bytes = tokio::task::spawn_blocking(move || {
-        files::write(&entry.proc_dir, &entry.writable, &path, &body)
-    })
-    .await
-    .map_err(|e| ApiError::internal("server.task", e.to_string()))??;
+    let limit = file_deadline(&state);
+    let bytes = state
+        .blocking(&tenant, &shown, limit, move || {
+            let deadline = files::Deadline::after(limit);
+            files::write(&entry.proc_dir, &entry.writable, &path, &body, deadline)
+        })
+        .await?;
     Ok((
         axum::http::StatusCode::CREATED,
         Json(Written { path: shown, bytes }),
@@ -801,7 +822,10 @@ pub async fn put_file(
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", params(("id" = String, Path), ("path" = String, Path)),
     responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
-        (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)))]
+        (status = 400, description = "Not a regular file (`path.kind`)", body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 422, description = "A NUL byte in the path (`path.invalid`)", body = ErrorBody),
+        (status = 429, description = "Over the tenant's share of the blocking pool (`quota.blocking`)", body = ErrorBody),
+        (status = 503, description = "Not done within file_op_timeout_ms (`file.deadline`)", body = ErrorBody)))]
 pub async fn get_file(
     State(state): State<Shared>,
     Caller(tenant): Caller,
@@ -810,11 +834,13 @@ pub async fn get_file(
     let entry = session_of(&state, &tenant, &id)?;
     entry.touch();
     let cap = state.config.max_file_bytes;
-    let data = tokio::task::spawn_blocking(move || {
-        files::read(&entry.proc_dir, &entry.writable, &path, cap)
-    })
-    .await
-    .map_err(|e| ApiError::internal("server.task", e.to_string()))??;
+    let limit = file_deadline(&state);
+    let data = state
+        .blocking(&tenant, &file_path(&path), limit, move || {
+            let deadline = files::Deadline::after(limit);
+            files::read(&entry.proc_dir, &entry.writable, &path, cap, deadline)
+        })
+        .await?;
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
         data,
@@ -823,7 +849,10 @@ pub async fn get_file(
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files", params(("id" = String, Path), DirQuery),
-    responses((status = 200, body = DirList), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = DirList), (status = 400, description = "Not a directory (`path.kind`)", body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 422, description = "A NUL byte in the path (`path.invalid`)", body = ErrorBody),
+        (status = 429, description = "Over the tenant's share of the blocking pool (`quota.blocking`)", body = ErrorBody),
+        (status = 503, description = "Not done within file_op_timeout_ms (`file.deadline`)", body = ErrorBody)))]
 pub async fn list_files(
     State(state): State<Shared>,
     Caller(tenant): Caller,
@@ -832,10 +861,13 @@ pub async fn list_files(
 ) -> Result<Json<DirList>, ApiError> {
     let entry = session_of(&state, &tenant, &id)?;
     let dir = query.dir.clone();
-    let entries =
-        tokio::task::spawn_blocking(move || files::list(&entry.proc_dir, &entry.writable, &dir))
-            .await
-            .map_err(|e| ApiError::internal("server.task", e.to_string()))??;
+    let limit = file_deadline(&state);
+    let entries = state
+        .blocking(&tenant, &file_path(&dir), limit, move || {
+            let deadline = files::Deadline::after(limit);
+            files::list(&entry.proc_dir, &entry.writable, &dir, deadline)
+        })
+        .await?;
     Ok(Json(DirList {
         dir: file_path(&query.dir),
         entries,

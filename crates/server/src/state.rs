@@ -66,6 +66,39 @@ impl AppState {
             .inspect_err(|err| self.metrics.deny("", &tenant.name, &err.body.reason))
     }
 
+    /// Runs `f` on a thread of the blocking pool for `tenant`, within its share
+    /// (`server.max_blocking_per_tenant`: else 429 at once) and answered by `limit` at the
+    /// latest (503 `file.deadline`). The share's slot travels with `f` onto its thread and
+    /// is given back when that thread is done, however it ends; a request whose client
+    /// went away drops only its wait.
+    pub async fn blocking<T: Send + 'static>(
+        self: &Arc<Self>,
+        tenant: &Tenant,
+        what: &str,
+        limit: std::time::Duration,
+        f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let permit = if tenant.operator {
+            None
+        } else {
+            Some(
+                self.quotas
+                    .blocking(&tenant.name, self.config.max_blocking_per_tenant)
+                    .inspect_err(|err| self.metrics.deny("", &tenant.name, &err.body.reason))?,
+            )
+        };
+        let task = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            f()
+        });
+        match tokio::time::timeout(limit, task).await {
+            Ok(joined) => {
+                joined.map_err(|err| ApiError::internal("server.task", err.to_string()))?
+            }
+            Err(_) => Err(crate::files::timed_out(what, limit)),
+        }
+    }
+
     /// Runs `f` with the store on a blocking thread.
     pub async fn with_store<T: Send + 'static>(
         self: &Arc<Self>,

@@ -23,6 +23,11 @@ use std::sync::Arc;
 /// The policy layer the service asks (implemented by the binary over the operator's
 /// classes and the audit store). Every method may block (store access).
 pub trait ClassPolicy: Send + Sync {
+    /// The workload classes the operator defined (`[policy.classes]`): the only class
+    /// names `/metrics` shows as they are. None by default: every class is `unknown`.
+    fn class_names(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Requests waiting for a decision now, as `viewer` may see them: an approver every
     /// request, anyone else its own.
     fn pending(&self, viewer: &Identity) -> Result<Vec<ApprovalRecord>, PolicyRefusal>;

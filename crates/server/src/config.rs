@@ -51,6 +51,10 @@ pub struct ServerConfig {
     /// Output of one command kept for `GET .../output` and streaming, bytes; beyond it
     /// output is counted and dropped (the record's capture is the contract's).
     pub max_stream_bytes: usize,
+    /// Series `/metrics` keeps at most for the families a request adds to (runs,
+    /// latencies, denials, ceilings, cleanup failures, deadline kills); beyond it a new
+    /// series is dropped and counted in `airlock_metrics_series_dropped_total`.
+    pub metrics_max_series: usize,
     /// Periodic `airlock verify` of workload classes (docs/verify.md). Off by default.
     pub verify: VerifySchedule,
 }
@@ -95,6 +99,7 @@ impl Default for ServerConfig {
             max_session_idle_timeout_s: 3600,
             max_session_lifetime_s: 4 * 3600,
             max_stream_bytes: 8 << 20,
+            metrics_max_series: 10_000,
             verify: VerifySchedule::default(),
         }
     }
@@ -265,6 +270,12 @@ impl ServerConfig {
                 1 << 20,
             ),
             ("max_stream_bytes", self.max_stream_bytes as u64, 1, 1 << 32),
+            (
+                "metrics_max_series",
+                self.metrics_max_series as u64,
+                100,
+                1_000_000,
+            ),
             ("header_timeout_ms", self.header_timeout_ms, 1, 600_000),
             ("body_timeout_ms", self.body_timeout_ms, 1, 3_600_000),
         ];

@@ -17,6 +17,7 @@ pub mod listen;
 mod metrics;
 pub mod openapi;
 pub mod output;
+mod page;
 mod plans;
 pub mod quota;
 mod runs;

@@ -4,6 +4,7 @@
 use crate::api::{RunBody, RunList, RunView, RunsQuery, Verified, WaitQuery};
 use crate::error::{ApiError, ErrorBody};
 use crate::output::{self, Ended, Frame, OutputLog, Stream};
+use crate::page::{self, Page};
 use crate::plans::{self, PlanRefusal, Wanted};
 use crate::quota::Work;
 use crate::state::{ApiJson, Caller, Shared};
@@ -413,24 +414,71 @@ pub async fn get_run(
 }
 
 #[utoipa::path(get, path = "/v1/runs", params(RunsQuery),
-    responses((status = 200, body = RunList), (status = 401, body = ErrorBody)))]
+    responses((status = 200, body = RunList),
+        (status = 400, description = "`cursor.invalid`, `limit.zero`", body = ErrorBody),
+        (status = 401, body = ErrorBody)))]
 pub async fn list_runs(
     State(state): State<Shared>,
     Caller(tenant): Caller,
     Query(query): Query<RunsQuery>,
-) -> Result<Json<RunList>, ApiError> {
+) -> Result<Response, ApiError> {
+    let limit = page::limit(query.limit)?;
+    let mut before = query.cursor.as_deref().map(run_position).transpose()?;
     let filter = airlock_store::RunFilter {
         status: query.status,
         workload_class: query.class,
         since: query.since,
-        limit: Some(query.limit.unwrap_or(100).min(1000)),
         tenant: (!tenant.operator).then(|| tenant.name.clone()),
         ..Default::default()
     };
-    let runs = state
-        .with_store(move |store| store.list_runs(&filter))
-        .await?;
-    Ok(Json(RunList { runs }))
+    let mut page = Page::new("runs", limit, &[]);
+    let mut more = false;
+    // A few records at a time, written into the page as they come: a page of big
+    // records holds one page's bytes, not `limit` records.
+    'fetching: loop {
+        let want = RUNS_PER_FETCH.min(limit - page.len() + 1);
+        let chunk_filter = airlock_store::RunFilter {
+            before: before.clone(),
+            limit: Some(want),
+            ..filter.clone()
+        };
+        let chunk = state
+            .with_store(move |store| store.list_runs(&chunk_filter))
+            .await?;
+        let fetched = chunk.len();
+        for run in chunk {
+            if !page.push(&run)? {
+                more = true;
+                break 'fetching;
+            }
+            before = Some((run.started_at, run.run_id));
+        }
+        if fetched < want {
+            break;
+        }
+    }
+    let next = more
+        .then(|| before.map(|(at, id)| page::encode_cursor("runs", &format!("{at}:{id}"))))
+        .flatten();
+    Ok(page.finish(next))
+}
+
+/// Records fetched from the store at once for a list.
+const RUNS_PER_FETCH: usize = 16;
+
+/// The (started_at, run id) a runs cursor names.
+fn run_position(cursor: &str) -> Result<(i64, String), ApiError> {
+    let position = page::decode_cursor("runs", cursor)?;
+    position
+        .split_once(':')
+        .and_then(|(at, id)| Some((at.parse().ok()?, id.to_string())))
+        .filter(|(_, id)| !id.is_empty())
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "cursor.invalid",
+                "cursor is not a next_cursor of this list (runs)".into(),
+            )
+        })
 }
 
 #[utoipa::path(get, path = "/v1/audit/verify",

@@ -235,6 +235,66 @@ fn to_text_004(openmetrics: &str) -> String {
     out
 }
 
+/// Every family: its name (after `airlock_`, before a counter's `_total`), its type, its
+/// HELP (docs/api.md lists them).
+const FAMILIES: [(&str, &str, &str); 12] = [
+    (
+        "runs",
+        "counter",
+        "Runs and session commands ended, by result class",
+    ),
+    (
+        "start_latency_seconds",
+        "histogram",
+        "From request to payload start, seconds",
+    ),
+    (
+        "wall_time_seconds",
+        "histogram",
+        "Payload wall time, seconds",
+    ),
+    (
+        "denials",
+        "counter",
+        "Denials by reason code (egress, quotas, refusals)",
+    ),
+    (
+        "deadline_kills",
+        "counter",
+        "Runs killed at their wall-time deadline",
+    ),
+    (
+        "ceilings_fired",
+        "counter",
+        "Ceilings that decided a run, by ceiling",
+    ),
+    (
+        "cleanup_failures",
+        "counter",
+        "Cells whose teardown left something behind",
+    ),
+    ("pool_size", "gauge", "Warm cells a pool keeps"),
+    ("pool_free", "gauge", "Warm cells parked now"),
+    ("sessions_active", "gauge", "Open sessions"),
+    (
+        "cells_alive",
+        "gauge",
+        "Cells alive: parked, running, in sessions",
+    ),
+    (
+        "metrics_series_dropped",
+        "counter",
+        "Series not created because [server] metrics_max_series was reached",
+    ),
+];
+
+fn help(name: &str) -> &'static str {
+    FAMILIES
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map_or("", |(_, _, help)| help)
+}
+
 pub struct Metrics {
     registry: Registry,
     vocabulary: Vocabulary,
@@ -290,62 +350,26 @@ impl Metrics {
 
     fn register(&mut self) {
         let r = &mut self.registry;
-        r.register(
-            "runs",
-            "Runs and session commands ended, by result class",
-            self.runs.clone(),
-        );
-        r.register(
-            "start_latency_seconds",
-            "From request to payload start, seconds",
-            self.start_latency.clone(),
-        );
-        r.register(
-            "wall_time_seconds",
-            "Payload wall time, seconds",
-            self.wall_time.clone(),
-        );
-        r.register(
-            "denials",
-            "Denials by reason code (egress, quotas, refusals)",
-            self.denials.clone(),
-        );
-        r.register(
-            "deadline_kills",
-            "Runs killed at their wall-time deadline",
-            self.deadline_kills.clone(),
-        );
-        r.register(
-            "ceilings_fired",
-            "Ceilings that decided a run, by ceiling",
-            self.ceilings.clone(),
-        );
-        r.register(
-            "cleanup_failures",
-            "Cells whose teardown left something behind",
-            self.cleanup_failures.clone(),
-        );
-        r.register(
-            "pool_size",
-            "Warm cells a pool keeps",
-            self.pool_size.clone(),
-        );
-        r.register("pool_free", "Warm cells parked now", self.pool_free.clone());
-        r.register(
-            "sessions_active",
-            "Open sessions",
-            self.sessions_active.clone(),
-        );
-        r.register(
-            "cells_alive",
-            "Cells alive: parked, running, in sessions",
-            self.cells_alive.clone(),
-        );
-        r.register(
-            "metrics_series_dropped",
-            "Series not created because [server] metrics_max_series was reached",
-            self.series_dropped.clone(),
-        );
+        r.register("runs", help("runs"), self.runs.clone());
+        let latency = "start_latency_seconds";
+        r.register(latency, help(latency), self.start_latency.clone());
+        let wall = "wall_time_seconds";
+        r.register(wall, help(wall), self.wall_time.clone());
+        r.register("denials", help("denials"), self.denials.clone());
+        let kills = "deadline_kills";
+        r.register(kills, help(kills), self.deadline_kills.clone());
+        let ceilings = "ceilings_fired";
+        r.register(ceilings, help(ceilings), self.ceilings.clone());
+        let cleanup = "cleanup_failures";
+        r.register(cleanup, help(cleanup), self.cleanup_failures.clone());
+        r.register("pool_size", help("pool_size"), self.pool_size.clone());
+        r.register("pool_free", help("pool_free"), self.pool_free.clone());
+        let sessions = "sessions_active";
+        r.register(sessions, help(sessions), self.sessions_active.clone());
+        let cells = "cells_alive";
+        r.register(cells, help(cells), self.cells_alive.clone());
+        let dropped = "metrics_series_dropped";
+        r.register(dropped, help(dropped), self.series_dropped.clone());
     }
 
     /// The families an alert watches show 0 before anything happened: cleanup failures
@@ -508,9 +532,22 @@ impl Metrics {
         }
     }
 
+    /// The OpenMetrics text; a family with no series yet (prometheus-client leaves it
+    /// out) is still described, so every family is there from the start.
     fn encode(&self) -> String {
         let mut text = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        let mut described = String::new();
+        for (name, kind, help) in FAMILIES {
+            if !text.contains(&format!("# TYPE airlock_{name} {kind}\n")) {
+                let _ = writeln!(
+                    described,
+                    "# HELP airlock_{name} {help}.\n# TYPE airlock_{name} {kind}"
+                );
+            }
+        }
+        let eof = text.rfind("# EOF").unwrap_or(text.len());
+        text.insert_str(eof, &described);
         text
     }
 }
@@ -676,6 +713,9 @@ mod tests {
         assert!(text.contains("# TYPE airlock_cells_alive gauge\n"));
         assert!(!text.contains("# EOF"));
         assert!(!text.contains("# UNIT"));
+        // A family with no series yet is described all the same.
+        assert!(text.contains("# HELP airlock_denials_total Denials by reason code"));
+        assert!(text.contains("# TYPE airlock_pool_free gauge\n"));
         let om = Format::OpenMetrics.express(&metrics.encode());
         assert!(om.contains("# TYPE airlock_runs counter\n") && om.ends_with("# EOF\n"));
     }

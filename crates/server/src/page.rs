@@ -106,6 +106,18 @@ impl Page {
         self.count
     }
 
+    /// About how many more items like the ones so far fit (at least 1; before any item,
+    /// `first`): how many to read for it, so records that cannot fit are not read.
+    pub fn room_for_more(&self, first: usize) -> usize {
+        let left = self.limit.saturating_sub(self.count);
+        if self.count == 0 {
+            return first.min(left);
+        }
+        let each = (self.body.len() / self.count).max(1);
+        let bytes_left = MAX_PAGE_BYTES.saturating_sub(self.body.len() + TAIL_BYTES);
+        (bytes_left / each).clamp(1, left.max(1))
+    }
+
     /// The answer: the items, and `next_cursor` when the list goes on.
     pub fn finish(mut self, next_cursor: Option<String>) -> Response {
         self.body.push(b']');
@@ -159,6 +171,11 @@ mod tests {
         let huge = "x".repeat(2 * MAX_PAGE_BYTES);
         let mut alone = Page::new("items", 1000, &[]);
         assert!(alone.push(&huge).unwrap(), "a page of its own");
+        assert_eq!(alone.room_for_more(4), 1);
+        let mut small = Page::new("items", 1000, &[]);
+        assert_eq!(small.room_for_more(4), 4);
+        small.push(&"x".repeat(MAX_PAGE_BYTES / 4)).unwrap();
+        assert_eq!(small.room_for_more(4), 2);
         assert!(!alone.push(&1).unwrap());
     }
 

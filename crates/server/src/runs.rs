@@ -423,7 +423,7 @@ pub async fn list_runs(
     Query(query): Query<RunsQuery>,
 ) -> Result<Response, ApiError> {
     let limit = page::limit(query.limit)?;
-    let mut before = query.cursor.as_deref().map(run_position).transpose()?;
+    let before = query.cursor.as_deref().map(run_position).transpose()?;
     let filter = airlock_store::RunFilter {
         status: query.status,
         workload_class: query.class,
@@ -431,40 +431,51 @@ pub async fn list_runs(
         tenant: (!tenant.operator).then(|| tenant.name.clone()),
         ..Default::default()
     };
-    let mut page = Page::new("runs", limit, &[]);
-    let mut more = false;
-    // A few records at a time, written into the page as they come: a page of big
-    // records holds one page's bytes, not `limit` records.
-    'fetching: loop {
-        let want = RUNS_PER_FETCH.min(limit - page.len() + 1);
-        let chunk_filter = airlock_store::RunFilter {
-            before: before.clone(),
-            limit: Some(want),
-            ..filter.clone()
-        };
-        let chunk = state
-            .with_store(move |store| store.list_runs(&chunk_filter))
-            .await?;
-        let fetched = chunk.len();
-        for run in chunk {
-            if !page.push(&run)? {
-                more = true;
-                break 'fetching;
-            }
-            before = Some((run.started_at, run.run_id));
-        }
-        if fetched < want {
-            break;
-        }
-    }
-    let next = more
-        .then(|| before.map(|(at, id)| page::encode_cursor("runs", &format!("{at}:{id}"))))
-        .flatten();
+    let (page, next) = state
+        .with_store(move |store| runs_page(store, &filter, before, limit))
+        .await??;
     Ok(page.finish(next))
 }
 
-/// Records fetched from the store at once for a list.
+/// A page of runs and its next cursor, read a few records at a time and written into the
+/// page as they come, on the store's thread under its lock: only the page's bytes leave,
+/// so concurrent lists hold a page each, never their records.
+fn runs_page(
+    store: &airlock_store::Store,
+    filter: &airlock_store::RunFilter,
+    mut before: Option<(i64, String)>,
+    limit: usize,
+) -> airlock_store::Result<Result<(Page, Option<String>), ApiError>> {
+    let mut page = Page::new("runs", limit, &[]);
+    loop {
+        // One more than fits, to know whether the list goes on.
+        let want = RUNS_PER_FETCH.min(page.room_for_more(RUNS_FIRST_FETCH) + 1);
+        let chunk = store.list_runs(&airlock_store::RunFilter {
+            before: before.clone(),
+            limit: Some(want),
+            ..filter.clone()
+        })?;
+        let fetched = chunk.len();
+        for run in chunk {
+            match page.push(&run) {
+                Err(err) => return Ok(Err(err)),
+                Ok(true) => before = Some((run.started_at, run.run_id)),
+                Ok(false) => {
+                    let next =
+                        before.map(|(at, id)| page::encode_cursor("runs", &format!("{at}:{id}")));
+                    return Ok(Ok((page, next)));
+                }
+            }
+        }
+        if fetched < want {
+            return Ok(Ok((page, None)));
+        }
+    }
+}
+
+/// Records read from the store at once for a list: at most, and for its first page.
 const RUNS_PER_FETCH: usize = 16;
+const RUNS_FIRST_FETCH: usize = 4;
 
 /// The (started_at, run id) a runs cursor names.
 fn run_position(cursor: &str) -> Result<(i64, String), ApiError> {

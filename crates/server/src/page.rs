@@ -102,10 +102,6 @@ impl Page {
         Ok(true)
     }
 
-    pub fn len(&self) -> usize {
-        self.count
-    }
-
     /// About how many more items like the ones so far fit (at least 1; before any item,
     /// `first`): how many to read for it, so records that cannot fit are not read.
     pub fn room_for_more(&self, first: usize) -> usize {
@@ -167,7 +163,7 @@ mod tests {
         assert!(page.push(&big).unwrap());
         assert!(page.push(&big).unwrap());
         assert!(!page.push(&big).unwrap(), "a third would pass the cap");
-        assert_eq!(page.len(), 2);
+        assert_eq!(page.count, 2);
         let huge = "x".repeat(2 * MAX_PAGE_BYTES);
         let mut alone = Page::new("items", 1000, &[]);
         assert!(alone.push(&huge).unwrap(), "a page of its own");

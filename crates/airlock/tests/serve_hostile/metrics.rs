@@ -12,6 +12,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 const MALLORY: &str = "mallory-key";
+const CAROL: &str = "carol-key";
 
 fn config() -> String {
     format!(
@@ -23,8 +24,13 @@ small = "small.yaml"
 api_key_sha256 = ["{mallory}"]
 runs_per_minute = 100000
 max_cells = 16
+[server.tenants.carol]
+api_key_sha256 = ["{carol}"]
+runs_per_minute = 2
+max_sessions = 4
 "#,
         mallory = common::sha256_hex(MALLORY),
+        carol = common::sha256_hex(CAROL),
     )
 }
 
@@ -315,4 +321,49 @@ fn injected_class_names_forge_nothing_and_grow_nothing() {
         grown_kb < 32 * 1024,
         "the names' bytes stayed in the server: VmRSS grew by {grown_kb} kB"
     );
+}
+
+/// `runs_per_minute` counts what starts a payload (runs, session commands), not session
+/// opens (issue 33, item 7); the refusal is counted in `/metrics` under its reason.
+#[test]
+fn session_opens_are_not_runs_for_runs_per_minute() {
+    if !common::cells_available() {
+        return;
+    }
+    let served = Served::start(&config(), prepare);
+    let sessions: Vec<String> = (0..3)
+        .map(|_| {
+            let (status, view) = served.call(
+                CAROL,
+                "POST",
+                "/v1/sessions",
+                Some(&serde_json::json!({"contract": "small"})),
+            );
+            assert_eq!(status, 201, "3 opens within runs_per_minute = 2: {view}");
+            view["session_id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let exec = |id: &str| {
+        served.call(
+            CAROL,
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(&serde_json::json!({"argv": ["true"]})),
+        )
+    };
+    assert_eq!(exec(&sessions[0]).0, 200);
+    assert_eq!(exec(&sessions[1]).0, 200);
+    let (status, refused) = exec(&sessions[2]);
+    assert_eq!(status, 429, "a third start in the minute: {refused}");
+    assert_eq!(refused["reason"], "quota.runs_per_minute");
+    let text = scrape(&served).text;
+    assert!(
+        text.contains(
+            "airlock_denials_total{class=\"\",tenant=\"carol\",reason=\"quota.runs_per_minute\"} 1\n"
+        ),
+        "{text}"
+    );
+    for id in &sessions {
+        served.call(CAROL, "DELETE", &format!("/v1/sessions/{id}"), None);
+    }
 }

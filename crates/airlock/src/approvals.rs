@@ -524,6 +524,10 @@ fn sees(viewer: &Identity, approvers: &[String], record: &ApprovalRecord) -> boo
 }
 
 impl ClassPolicy for ServicePolicy {
+    fn class_names(&self) -> Vec<String> {
+        self.classes.keys().cloned().collect()
+    }
+
     fn pending(&self, viewer: &Identity) -> Result<Vec<ApprovalRecord>, PolicyRefusal> {
         let store = self.store()?;
         let pending = list_pending(&store, now_ms()).map_err(store_fault)?;

@@ -205,6 +205,7 @@ pub fn runs(store_args: StoreArgs, command: RunsCommand) -> ExitCode {
                     caller_uid: own_runs_only(all_users),
                     session_id: session,
                     tenant: None,
+                    before: None,
                 };
                 let runs = store.list_runs(&filter)?;
                 if json {

@@ -56,8 +56,19 @@ pub struct RunsQuery {
     pub status: Option<String>,
     /// Runs started at or after this unix time, milliseconds.
     pub since: Option<i64>,
-    /// At most this many (default 100, at most 1000).
+    /// At most this many (default 100, at most 1000; a page also ends before its JSON
+    /// passes 1 MiB).
     pub limit: Option<usize>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// A page of a list: at most `limit` items (default 100, at most 1000) and 1 MiB of
+/// JSON (unless its one item is larger); `cursor` is the previous page's `next_cursor`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct PageQuery {
+    pub limit: Option<usize>,
+    pub cursor: Option<String>,
 }
 
 /// A run as stored, with its audit entries.
@@ -73,6 +84,8 @@ pub struct RunView {
 pub struct RunList {
     #[schema(value_type = Vec<Object>)]
     pub runs: Vec<airlock_store::RunRecord>,
+    /// Present when there are more: pass it as `cursor` for the next page.
+    pub next_cursor: Option<String>,
 }
 
 /// `POST /v1/sessions`.
@@ -149,6 +162,8 @@ pub struct SessionView {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SessionList {
     pub sessions: Vec<SessionView>,
+    /// Present when there are more: pass it as `cursor` for the next page.
+    pub next_cursor: Option<String>,
 }
 
 /// `POST /v1/sessions/{id}/exec`.
@@ -206,6 +221,11 @@ pub struct TimeoutBody {
 pub struct DirQuery {
     /// A directory within the session's writable paths.
     pub dir: String,
+    /// At most this many entries (default 100, at most 1000; a page also ends before
+    /// its JSON passes 1 MiB), by name.
+    pub limit: Option<usize>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -220,6 +240,8 @@ pub struct DirEntry {
 pub struct DirList {
     pub dir: String,
     pub entries: Vec<DirEntry>,
+    /// Present when there are more: pass it as `cursor` for the next page.
+    pub next_cursor: Option<String>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]

@@ -23,6 +23,11 @@ use std::sync::Arc;
 /// The policy layer the service asks (implemented by the binary over the operator's
 /// classes and the audit store). Every method may block (store access).
 pub trait ClassPolicy: Send + Sync {
+    /// The workload classes the operator defined (`[policy.classes]`): the only class
+    /// names `/metrics` shows as they are. None by default: every class is `unknown`.
+    fn class_names(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Requests waiting for a decision now, as `viewer` may see them: an approver every
     /// request, anyone else its own.
     fn pending(&self, viewer: &Identity) -> Result<Vec<ApprovalRecord>, PolicyRefusal>;
@@ -205,6 +210,8 @@ pub enum DecisionKind {
 pub struct ApprovalList {
     #[schema(value_type = Vec<Object>)]
     pub approvals: Vec<ApprovalRecord>,
+    /// Present when there are more: pass it as `cursor` for the next page.
+    pub next_cursor: Option<String>,
 }
 
 /// The answer to a run request that needs approval (202).
@@ -293,19 +300,45 @@ pub async fn blocking<T: Send + 'static>(
     })
 }
 
-#[utoipa::path(get, path = "/v1/approvals",
-    responses((status = 200, description = "Requests waiting for a decision", body = ApprovalList),
+#[utoipa::path(get, path = "/v1/approvals", params(crate::api::PageQuery),
+    responses((status = 200, description = "Requests waiting for a decision, by id", body = ApprovalList),
+        (status = 400, description = "`cursor.invalid`, `limit.zero`", body = ErrorBody),
         (status = 401, body = ErrorBody)))]
 pub async fn list_approvals(
     State(state): State<Shared>,
     Caller(tenant): Caller,
-) -> Result<Json<ApprovalList>, ApiError> {
+    axum::extract::Query(query): axum::extract::Query<crate::api::PageQuery>,
+) -> Result<Response, ApiError> {
+    let limit = crate::page::limit(query.limit)?;
+    let after = query
+        .cursor
+        .as_deref()
+        .map(|c| crate::page::decode_cursor("approvals", c))
+        .transpose()?;
     let policy = policy_of(&state)?;
     let identity = identity_of(&tenant);
-    let listed = blocking(move || policy.pending(&identity))
+    let mut listed = blocking(move || policy.pending(&identity))
         .await
         .map_err(PolicyRefusal::into_api_error)?;
-    Ok(Json(ApprovalList { approvals: listed }))
+    listed.sort_by(|a, b| a.approval_id.cmp(&b.approval_id));
+    let mut page = crate::page::Page::new("approvals", limit, &[]);
+    let mut last: Option<String> = None;
+    let mut more = false;
+    for record in listed.iter().filter(|r| {
+        after
+            .as_ref()
+            .is_none_or(|a| r.approval_id.as_str() > a.as_str())
+    }) {
+        if !page.push(record)? {
+            more = true;
+            break;
+        }
+        last = Some(record.approval_id.clone());
+    }
+    let next = more
+        .then(|| last.map(|id| crate::page::encode_cursor("approvals", &id)))
+        .flatten();
+    Ok(page.finish(next))
 }
 
 #[utoipa::path(post, path = "/v1/approvals/{id}", request_body = Decision,

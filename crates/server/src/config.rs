@@ -63,6 +63,10 @@ pub struct ServerConfig {
     /// milliseconds: sessions are then ended and recorded as ended by the operator
     /// (`server.drained`), and the service stops.
     pub drain_grace_ms: u64,
+    /// Series `/metrics` keeps at most for the families a request adds to (runs,
+    /// latencies, denials, ceilings, cleanup failures, deadline kills); beyond it a new
+    /// series is dropped and counted in `airlock_metrics_series_dropped_total`.
+    pub metrics_max_series: usize,
     /// Periodic `airlock verify` of workload classes (docs/verify.md). Off by default.
     pub verify: VerifySchedule,
 }
@@ -110,6 +114,7 @@ impl Default for ServerConfig {
             max_blocking_per_tenant: 8,
             file_op_timeout_ms: 10_000,
             drain_grace_ms: 30_000,
+            metrics_max_series: 10_000,
             verify: VerifySchedule::default(),
         }
     }
@@ -294,6 +299,12 @@ impl ServerConfig {
                 1 << 20,
             ),
             ("max_stream_bytes", self.max_stream_bytes as u64, 1, 1 << 32),
+            (
+                "metrics_max_series",
+                self.metrics_max_series as u64,
+                100,
+                1_000_000,
+            ),
             ("header_timeout_ms", self.header_timeout_ms, 1, 600_000),
             ("body_timeout_ms", self.body_timeout_ms, 1, 3_600_000),
         ];

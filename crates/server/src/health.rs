@@ -1,10 +1,11 @@
 //! `/healthz` (the process answers), `/readyz` (the store is open and every pool is full),
-//! `/metrics` (Prometheus text).
+//! `/metrics` (Prometheus text 0.0.4 or OpenMetrics, by `Accept`).
 
 use crate::api::Health;
+use crate::metrics::Format;
 use crate::state::Shared;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use std::collections::BTreeMap;
@@ -72,8 +73,14 @@ async fn store_health(state: &Shared) -> Result<(), String> {
 }
 
 #[utoipa::path(get, path = "/metrics", security(()),
-    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain")))]
-pub async fn metrics(State(state): State<Shared>) -> Response {
+    params(("Accept" = Option<String>, Header, description = "`application/openmetrics-text` for OpenMetrics 1.0.0; otherwise Prometheus text 0.0.4")),
+    responses((status = 200, description = "Prometheus text 0.0.4 (`text/plain; version=0.0.4`), or OpenMetrics 1.0.0 (`application/openmetrics-text; version=1.0.0`) when `Accept` prefers it", content_type = "text/plain")))]
+pub async fn metrics(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    let format = Format::negotiate(
+        headers
+            .get(axum::http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok()),
+    );
     let mut open: BTreeMap<String, i64> = BTreeMap::new();
     for entry in state
         .sessions
@@ -86,11 +93,8 @@ pub async fn metrics(State(state): State<Shared>) -> Response {
     let mut text = state.metrics.render(&state.engine, &state.pools, &open);
     state.verifications.append_metrics(&mut text);
     (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
+        [(axum::http::header::CONTENT_TYPE, format.content_type())],
+        format.express(&text),
     )
         .into_response()
 }

@@ -17,6 +17,7 @@ pub mod listen;
 mod metrics;
 pub mod openapi;
 pub mod output;
+mod page;
 mod plans;
 pub mod quota;
 mod runs;
@@ -128,6 +129,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         pools.insert(name.clone(), PlanShape::of(&template));
         engine.keep_warm(template, *size)?;
     }
+    let vocabulary = metrics_vocabulary(&server, policy.as_deref());
     Ok(Arc::new(AppState {
         engine,
         store: Mutex::new(store),
@@ -135,7 +137,7 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         quotas: Arc::default(),
         contracts,
         sessions: Mutex::default(),
-        metrics: metrics::Metrics::default(),
+        metrics: metrics::Metrics::new(vocabulary),
         draining: Default::default(),
         work: Arc::default(),
         pools,
@@ -143,6 +145,23 @@ fn build_state(options: ServeOptions) -> Result<Shared, ServerError> {
         policy,
         verifications,
     }))
+}
+
+/// The names `/metrics` may show: the configuration's contracts, classes and tenants.
+fn metrics_vocabulary(
+    server: &ServerConfig,
+    policy: Option<&dyn approvals::ClassPolicy>,
+) -> metrics::Vocabulary {
+    let mut classes: std::collections::BTreeSet<String> =
+        server.contracts.keys().cloned().collect();
+    classes.extend(policy.map(|p| p.class_names()).unwrap_or_default());
+    let mut tenants: std::collections::BTreeSet<String> = server.tenants.keys().cloned().collect();
+    tenants.insert(server.operator_tenant.clone());
+    metrics::Vocabulary {
+        classes,
+        tenants,
+        max_series: server.metrics_max_series,
+    }
 }
 
 /// The `/v1` API and the health endpoints.

@@ -55,6 +55,14 @@ pub enum Work {
     Command,
 }
 
+impl Work {
+    /// Whether it counts against `runs_per_minute`: runs and session commands do; opening
+    /// a session runs nothing (its commands are counted as they start).
+    fn counts_as_a_start(self) -> bool {
+        self != Work::Session
+    }
+}
+
 #[derive(Default)]
 pub struct Quotas {
     usage: Mutex<BTreeMap<String, Usage>>,
@@ -138,7 +146,9 @@ impl Quotas {
         if work == Work::Session {
             u.sessions += 1;
         }
-        u.starts.push_back(now);
+        if work.counts_as_a_start() {
+            u.starts.push_back(now);
+        }
         Ok(Permit {
             quotas: Arc::clone(self),
             tenant: tenant.to_string(),
@@ -186,7 +196,7 @@ fn decide(u: &mut Usage, limits: Limits, work: Work, now: Instant) -> Result<(),
             5,
         ));
     }
-    if u.starts.len() >= limits.runs_per_minute as usize {
+    if work.counts_as_a_start() && u.starts.len() >= limits.runs_per_minute as usize {
         let oldest = u.starts.front().copied().unwrap_or(now);
         let wait = MINUTE.saturating_sub(now.duration_since(oldest));
         return Err(ApiError::too_many(
@@ -294,5 +304,21 @@ mod tests {
         assert_eq!(err.retry_after, Some(31));
         q.admit("a", l, Work::Run, t0 + Duration::from_secs(61))
             .unwrap();
+    }
+
+    #[test]
+    fn opening_a_session_is_not_a_run_but_its_commands_are() {
+        let q = Arc::new(Quotas::default());
+        let now = Instant::now();
+        let l = limits(10, 10, 2);
+        let _sessions: Vec<Permit> = (0..5)
+            .map(|_| q.admit("a", l, Work::Session, now).unwrap())
+            .collect();
+        q.admit("a", l, Work::Command, now).unwrap();
+        q.admit("a", l, Work::Run, now).unwrap();
+        let err = q.admit("a", l, Work::Command, now).err().unwrap();
+        assert_eq!(err.body.reason, "quota.runs_per_minute");
+        // A full rate window still lets a session open: it starts nothing.
+        q.admit("a", l, Work::Session, now).unwrap();
     }
 }

@@ -4,6 +4,7 @@
 use crate::api::{RunBody, RunList, RunView, RunsQuery, Verified, WaitQuery};
 use crate::error::{ApiError, ErrorBody};
 use crate::output::{self, Ended, Frame, OutputLog, Stream};
+use crate::page::{self, Page};
 use crate::plans::{self, PlanRefusal, Wanted};
 use crate::quota::Work;
 use crate::state::{ApiJson, Caller, Shared};
@@ -430,24 +431,82 @@ pub async fn get_run(
 }
 
 #[utoipa::path(get, path = "/v1/runs", params(RunsQuery),
-    responses((status = 200, body = RunList), (status = 401, body = ErrorBody)))]
+    responses((status = 200, body = RunList),
+        (status = 400, description = "`cursor.invalid`, `limit.zero`", body = ErrorBody),
+        (status = 401, body = ErrorBody)))]
 pub async fn list_runs(
     State(state): State<Shared>,
     Caller(tenant): Caller,
     Query(query): Query<RunsQuery>,
-) -> Result<Json<RunList>, ApiError> {
+) -> Result<Response, ApiError> {
+    let limit = page::limit(query.limit)?;
+    let before = query.cursor.as_deref().map(run_position).transpose()?;
     let filter = airlock_store::RunFilter {
         status: query.status,
         workload_class: query.class,
         since: query.since,
-        limit: Some(query.limit.unwrap_or(100).min(1000)),
         tenant: (!tenant.operator).then(|| tenant.name.clone()),
         ..Default::default()
     };
-    let runs = state
-        .with_store(move |store| store.list_runs(&filter))
-        .await?;
-    Ok(Json(RunList { runs }))
+    let (page, next) = state
+        .with_store(move |store| runs_page(store, &filter, before, limit))
+        .await??;
+    Ok(page.finish(next))
+}
+
+/// A page of runs and its next cursor, read a few records at a time and written into the
+/// page as they come, on the store's thread under its lock: only the page's bytes leave,
+/// so concurrent lists hold a page each, never their records.
+fn runs_page(
+    store: &airlock_store::Store,
+    filter: &airlock_store::RunFilter,
+    mut before: Option<(i64, String)>,
+    limit: usize,
+) -> airlock_store::Result<Result<(Page, Option<String>), ApiError>> {
+    let mut page = Page::new("runs", limit, &[]);
+    loop {
+        // One more than fits, to know whether the list goes on.
+        let want = RUNS_PER_FETCH.min(page.room_for_more(RUNS_FIRST_FETCH) + 1);
+        let chunk = store.list_runs(&airlock_store::RunFilter {
+            before: before.clone(),
+            limit: Some(want),
+            ..filter.clone()
+        })?;
+        let fetched = chunk.len();
+        for run in chunk {
+            match page.push(&run) {
+                Err(err) => return Ok(Err(err)),
+                Ok(true) => before = Some((run.started_at, run.run_id)),
+                Ok(false) => {
+                    let next =
+                        before.map(|(at, id)| page::encode_cursor("runs", &format!("{at}:{id}")));
+                    return Ok(Ok((page, next)));
+                }
+            }
+        }
+        if fetched < want {
+            return Ok(Ok((page, None)));
+        }
+    }
+}
+
+/// Records read from the store at once for a list: at most, and for its first page.
+const RUNS_PER_FETCH: usize = 16;
+const RUNS_FIRST_FETCH: usize = 4;
+
+/// The (started_at, run id) a runs cursor names.
+fn run_position(cursor: &str) -> Result<(i64, String), ApiError> {
+    let position = page::decode_cursor("runs", cursor)?;
+    position
+        .split_once(':')
+        .and_then(|(at, id)| Some((at.parse().ok()?, id.to_string())))
+        .filter(|(_, id)| !id.is_empty())
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "cursor.invalid",
+                "cursor is not a next_cursor of this list (runs)".into(),
+            )
+        })
 }
 
 #[utoipa::path(get, path = "/v1/audit/verify",

@@ -6,6 +6,7 @@
 //! ceiling of idle time; the tenant's own idle timeout (which `POST .../timeout` extends)
 //! is enforced here, by [`reap`].
 
+use crate::api::PageQuery;
 use crate::api::{
     CommandView, DirList, DirQuery, ExecBody, FollowQuery, NetworkBody, NetworkView, SessionBody,
     SessionList, SessionView, SignalBody, TimeoutBody, Written,
@@ -14,6 +15,7 @@ use crate::approvals::{self, ClassPolicy, ClassSession, NetworkRequest, PolicyRe
 use crate::error::{ApiError, ErrorBody};
 use crate::files;
 use crate::output::{self, Frame, OutputLog};
+use crate::page::{self, Page};
 use crate::plans::Wanted;
 use crate::quota::{Permit, Work};
 use crate::runs::{ended_of, ndjson, output_pipes, record_refusal, stdin_of};
@@ -326,20 +328,50 @@ fn allowed_domains(contract: &airlock_contract::Contract) -> Vec<String> {
     }
 }
 
-#[utoipa::path(get, path = "/v1/sessions",
-    responses((status = 200, body = SessionList), (status = 401, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sessions", params(PageQuery),
+    responses((status = 200, body = SessionList),
+        (status = 400, description = "`cursor.invalid`, `limit.zero`", body = ErrorBody),
+        (status = 401, body = ErrorBody)))]
 pub async fn list_sessions(
     State(state): State<Shared>,
     Caller(tenant): Caller,
-) -> Json<SessionList> {
-    let sessions = state.sessions.lock().unwrap_or_else(|p| p.into_inner());
-    Json(SessionList {
-        sessions: sessions
-            .values()
-            .filter(|s| tenant.may_see(Some(&s.tenant)))
-            .map(|s| s.view())
-            .collect(),
-    })
+    Query(query): Query<PageQuery>,
+) -> Result<Response, ApiError> {
+    let limit = page::limit(query.limit)?;
+    let after = query
+        .cursor
+        .as_deref()
+        .map(|c| page::decode_cursor("sessions", c))
+        .transpose()?;
+    // The caller's sessions after the cursor, one more than a page, by id; their views
+    // are made once the map is unlocked.
+    let visible: Vec<(String, Arc<SessionEntry>)> = {
+        let sessions = state.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let from = match &after {
+            Some(id) => std::ops::Bound::Excluded(id.as_str()),
+            None => std::ops::Bound::Unbounded,
+        };
+        sessions
+            .range::<str, _>((from, std::ops::Bound::Unbounded))
+            .filter(|(_, s)| tenant.may_see(Some(&s.tenant)))
+            .take(limit + 1)
+            .map(|(id, s)| (id.clone(), Arc::clone(s)))
+            .collect()
+    };
+    let mut page = Page::new("sessions", limit, &[]);
+    let mut last = None;
+    let mut more = false;
+    for (id, entry) in visible {
+        if !page.push(&entry.view())? {
+            more = true;
+            break;
+        }
+        last = Some(id);
+    }
+    let next = more
+        .then(|| last.map(|id| page::encode_cursor("sessions", &id)))
+        .flatten();
+    Ok(page.finish(next))
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}", params(("id" = String, Path)),
@@ -858,18 +890,40 @@ pub async fn list_files(
     Caller(tenant): Caller,
     Path(id): Path<String>,
     Query(query): Query<DirQuery>,
-) -> Result<Json<DirList>, ApiError> {
+) -> Result<Response, ApiError> {
+    let limit = page::limit(query.limit)?;
+    let after = query
+        .cursor
+        .as_deref()
+        .map(|c| page::decode_cursor("files", c))
+        .transpose()?;
     let entry = session_of(&state, &tenant, &id)?;
     let dir = query.dir.clone();
-    let limit = file_deadline(&state);
-    let entries = state
-        .blocking(&tenant, &file_path(&dir), limit, move || {
-            let deadline = files::Deadline::after(limit);
+    let deadline_after = file_deadline(&state);
+    let mut entries = state
+        .blocking(&tenant, &file_path(&dir), deadline_after, move || {
+            let deadline = files::Deadline::after(deadline_after);
             files::list(&entry.proc_dir, &entry.writable, &dir, deadline)
         })
         .await?;
-    Ok(Json(DirList {
-        dir: file_path(&query.dir),
-        entries,
-    }))
+    // By name, so a cursor (the last name of a page) says where the next one starts.
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    let shown = file_path(&query.dir);
+    let mut page = Page::new("entries", limit, &[("dir", &shown)]);
+    let mut last: Option<String> = None;
+    let mut more = false;
+    for listed in entries
+        .iter()
+        .filter(|e| after.as_ref().is_none_or(|a| e.name.as_str() > a.as_str()))
+    {
+        if !page.push(listed)? {
+            more = true;
+            break;
+        }
+        last = Some(listed.name.clone());
+    }
+    let next = more
+        .then(|| last.map(|name| page::encode_cursor("files", &name)))
+        .flatten();
+    Ok(page.finish(next))
 }

@@ -272,6 +272,9 @@ pub struct RunFilter {
     pub session_id: Option<String>,
     /// Only the runs of this service tenant.
     pub tenant: Option<String>,
+    /// Only the runs after this one in the newest-first order (`started_at`, `run_id`):
+    /// the last run of the previous page, so a page goes on where the last one ended.
+    pub before: Option<(i64, String)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -1294,6 +1297,11 @@ impl Store {
         if let Some(tenant) = &filter.tenant {
             sql.push_str(" AND tenant = ?");
             args.push(tenant.clone().into());
+        }
+        if let Some((started_at, run_id)) = &filter.before {
+            sql.push_str(" AND (started_at < ? OR (started_at = ? AND run_id < ?))");
+            args.extend([(*started_at).into(), (*started_at).into()]);
+            args.push(run_id.clone().into());
         }
         sql.push_str(" ORDER BY started_at DESC, run_id DESC");
         if let Some(n) = filter.limit {

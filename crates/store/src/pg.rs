@@ -1169,6 +1169,14 @@ impl Fleet {
         if let Some(tenant) = &filter.tenant {
             arg(&mut sql, "tenant", "=", Box::new(tenant.clone()));
         }
+        if let Some((started_at, run_id)) = &filter.before {
+            args.push(Box::new(*started_at));
+            args.push(Box::new(run_id.clone()));
+            let (at, id) = (args.len() - 1, args.len());
+            sql.push_str(&format!(
+                " AND (started_at < ${at} OR (started_at = ${at} AND run_id < ${id}))"
+            ));
+        }
         sql.push_str(" ORDER BY started_at DESC, run_id DESC");
         if let Some(n) = filter.limit {
             sql.push_str(&format!(" LIMIT {n}"));

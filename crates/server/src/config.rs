@@ -137,6 +137,9 @@ pub struct TenantConfig {
     pub max_sessions: usize,
     /// Runs and session commands started per minute.
     pub runs_per_minute: u32,
+    /// Session commands of the tenant running at once (each is watched by a thread of
+    /// the service's blocking pool while it runs, so the pool is sized from this).
+    pub max_commands: usize,
 }
 
 impl Default for TenantConfig {
@@ -148,6 +151,7 @@ impl Default for TenantConfig {
             max_cells: 8,
             max_sessions: 4,
             runs_per_minute: 600,
+            max_commands: 16,
         }
     }
 }
@@ -225,6 +229,24 @@ impl ServerConfig {
             }
             Listen::Tcp(_) => Ok(()),
         }
+    }
+
+    /// Threads of the service's blocking pool: every tenant's caps at once (its cells,
+    /// each watched by a thread while it lives; its sessions' opening and ending; its
+    /// running session commands; its share for file and store work) and a reserve for
+    /// the operator's and the service's own work, and never fewer than tokio's default.
+    /// So no tenant, nor all of them together within their quotas, can leave another's
+    /// request waiting for a thread.
+    pub fn blocking_pool_size(&self) -> usize {
+        const RESERVE: usize = 128;
+        const TOKIO_DEFAULT: usize = 512;
+        let tenants = self.tenants.values().fold(0usize, |sum, t| {
+            sum.saturating_add(t.max_cells)
+                .saturating_add(t.max_sessions)
+                .saturating_add(t.max_commands)
+                .saturating_add(self.max_blocking_per_tenant)
+        });
+        tenants.saturating_add(RESERVE).max(TOKIO_DEFAULT)
     }
 
     /// Every bound and reference checked: listeners parse, pools name contracts, key

@@ -83,6 +83,7 @@ const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 pub fn serve(options: ServeOptions) -> Result<(), ServerError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(options.server.blocking_pool_size())
         .thread_name("airlock-serve")
         .build()
         .map_err(|source| ServerError::Io {

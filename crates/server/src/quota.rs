@@ -14,6 +14,8 @@ const MINUTE: Duration = Duration::from_secs(60);
 struct Usage {
     cells: usize,
     sessions: usize,
+    /// Session commands running now.
+    commands: usize,
     /// When each run of the last minute started, oldest first.
     starts: VecDeque<Instant>,
     /// Blocking-pool threads working for the tenant now.
@@ -26,6 +28,7 @@ pub struct Limits {
     pub max_cells: usize,
     pub max_sessions: usize,
     pub runs_per_minute: u32,
+    pub max_commands: usize,
 }
 
 impl Limits {
@@ -33,6 +36,7 @@ impl Limits {
         max_cells: usize::MAX,
         max_sessions: usize::MAX,
         runs_per_minute: u32::MAX,
+        max_commands: usize::MAX,
     };
 
     pub fn of(config: &TenantConfig) -> Limits {
@@ -40,6 +44,7 @@ impl Limits {
             max_cells: config.max_cells,
             max_sessions: config.max_sessions,
             runs_per_minute: config.runs_per_minute,
+            max_commands: config.max_commands,
         }
     }
 }
@@ -51,7 +56,8 @@ pub enum Work {
     Run,
     /// A session: a cell and a session slot.
     Session,
-    /// A command of an open session: a start only (its cell is the session's).
+    /// A command of an open session: a start and a running command (its cell is the
+    /// session's).
     Command,
 }
 
@@ -68,7 +74,8 @@ pub struct Quotas {
     usage: Mutex<BTreeMap<String, Usage>>,
 }
 
-/// Held while the work lives; gives its cell and session slot back when dropped.
+/// Held while the work lives; gives its cell, session slot or running command back when
+/// dropped.
 pub struct Permit {
     quotas: Arc<Quotas>,
     tenant: String,
@@ -79,11 +86,13 @@ impl Drop for Permit {
     fn drop(&mut self) {
         let mut usage = self.quotas.usage.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(u) = usage.get_mut(&self.tenant) {
-            if self.work != Work::Command {
-                u.cells = u.cells.saturating_sub(1);
-            }
-            if self.work == Work::Session {
-                u.sessions = u.sessions.saturating_sub(1);
+            match self.work {
+                Work::Command => u.commands = u.commands.saturating_sub(1),
+                Work::Run => u.cells = u.cells.saturating_sub(1),
+                Work::Session => {
+                    u.cells = u.cells.saturating_sub(1);
+                    u.sessions = u.sessions.saturating_sub(1);
+                }
             }
         }
     }
@@ -140,11 +149,13 @@ impl Quotas {
         let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         let u = usage.entry(tenant.to_string()).or_default();
         decide(u, limits, work, now)?;
-        if work != Work::Command {
-            u.cells += 1;
-        }
-        if work == Work::Session {
-            u.sessions += 1;
+        match work {
+            Work::Command => u.commands += 1,
+            Work::Run => u.cells += 1,
+            Work::Session => {
+                u.cells += 1;
+                u.sessions += 1;
+            }
         }
         if work.counts_as_a_start() {
             u.starts.push_back(now);
@@ -189,6 +200,16 @@ fn decide(u: &mut Usage, limits: Limits, work: Work, now: Instant) -> Result<(),
             1,
         ));
     }
+    if work == Work::Command && u.commands >= limits.max_commands {
+        return Err(ApiError::too_many(
+            "quota.commands",
+            format!(
+                "the tenant has its {} session commands running",
+                limits.max_commands
+            ),
+            1,
+        ));
+    }
     if work == Work::Session && u.sessions >= limits.max_sessions {
         return Err(ApiError::too_many(
             "quota.sessions",
@@ -220,6 +241,7 @@ mod tests {
             max_cells: cells,
             max_sessions: sessions,
             runs_per_minute: per_minute,
+            max_commands: 2,
         }
     }
 
@@ -254,6 +276,24 @@ mod tests {
         let full = limits(1, 1, 100);
         q.admit("a", full, Work::Command, now).unwrap();
         q.admit("a", full, Work::Command, now).unwrap();
+    }
+
+    #[test]
+    fn running_commands_are_bounded_and_given_back_when_they_end() {
+        let q = Arc::new(Quotas::default());
+        let now = Instant::now();
+        let l = limits(1, 1, 100);
+        let running: Vec<_> = (0..2)
+            .map(|_| q.admit("a", l, Work::Command, now).unwrap())
+            .collect();
+        let err = q.admit("a", l, Work::Command, now).err().unwrap();
+        assert_eq!(err.body.reason, "quota.commands");
+        assert_eq!(err.status, 429);
+        // Another tenant's commands are not affected, nor this tenant's cells.
+        q.admit("b", l, Work::Command, now).unwrap();
+        let _cell = q.admit("a", l, Work::Run, now).unwrap();
+        drop(running);
+        q.admit("a", l, Work::Command, now).unwrap();
     }
 
     #[test]

@@ -420,7 +420,9 @@ pub async fn get_run(
     Caller(tenant): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<RunView>, ApiError> {
-    let detail = state.with_store(move |store| store.show_run(&id)).await?;
+    let detail = state
+        .with_store(&tenant, move |store| store.show_run(&id))
+        .await?;
     match detail {
         Some(detail) if tenant.may_see(detail.run.tenant.as_deref()) => Ok(Json(RunView {
             run: detail.run,
@@ -449,7 +451,9 @@ pub async fn list_runs(
         ..Default::default()
     };
     let (page, next) = state
-        .with_store(move |store| runs_page(store, &filter, before, limit))
+        .with_store(&tenant, move |store| {
+            runs_page(store, &filter, before, limit)
+        })
         .await??;
     Ok(page.finish(next))
 }

@@ -5,7 +5,7 @@ use crate::config::ServerConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::plans::Contracts;
-use crate::quota::{Limits, Permit, Quotas, Work};
+use crate::quota::{BlockingPermit, Limits, Permit, Quotas, Work};
 use crate::sessions::SessionEntry;
 use crate::tenants::{Peer, Tenant, Tenants};
 use airlock_engine::{Engine, PlanShape};
@@ -78,15 +78,7 @@ impl AppState {
         limit: std::time::Duration,
         f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        let permit = if tenant.operator {
-            None
-        } else {
-            Some(
-                self.quotas
-                    .blocking(&tenant.name, self.config.max_blocking_per_tenant)
-                    .inspect_err(|err| self.metrics.deny("", &tenant.name, &err.body.reason))?,
-            )
-        };
+        let permit = self.blocking_share(tenant)?;
         let task = tokio::task::spawn_blocking(move || {
             let _permit = permit;
             f()
@@ -99,13 +91,30 @@ impl AppState {
         }
     }
 
-    /// Runs `f` with the store on a blocking thread.
+    /// A slot of `tenant`'s share of the blocking pool (none for the operator), or 429
+    /// `quota.blocking` at once.
+    fn blocking_share(&self, tenant: &Tenant) -> Result<Option<BlockingPermit>, ApiError> {
+        if tenant.operator {
+            return Ok(None);
+        }
+        self.quotas
+            .blocking(&tenant.name, self.config.max_blocking_per_tenant)
+            .map(Some)
+            .inspect_err(|err| self.metrics.deny("", &tenant.name, &err.body.reason))
+    }
+
+    /// Runs `f` with the store on a blocking thread, within `tenant`'s share of the pool:
+    /// requests queued on the store's lock hold threads, so a flood of one tenant's
+    /// queries is answered 429 instead of taking the pool from every other tenant.
     pub async fn with_store<T: Send + 'static>(
         self: &Arc<Self>,
+        tenant: &Tenant,
         f: impl FnOnce(&Store) -> airlock_store::Result<T> + Send + 'static,
     ) -> Result<T, ApiError> {
         let state = Arc::clone(self);
+        let permit = self.blocking_share(tenant)?;
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let store = state.store.lock().unwrap_or_else(|p| p.into_inner());
             f(&store)
         })

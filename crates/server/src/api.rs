@@ -42,6 +42,7 @@ pub struct RunBody {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct WaitQuery {
     /// Answer with the record only, once the run ended (no NDJSON stream).
     #[serde(default)]
@@ -49,6 +50,7 @@ pub struct WaitQuery {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct RunsQuery {
     /// Workload class (the contract's name).
     pub class: Option<String>,
@@ -56,7 +58,8 @@ pub struct RunsQuery {
     pub status: Option<String>,
     /// Runs started at or after this unix time, milliseconds.
     pub since: Option<i64>,
-    /// At most this many (default 100, at most 1000).
+    /// At most this many (default 100, at most 1000: more is 400 `query.invalid`).
+    #[param(minimum = 0, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
@@ -180,6 +183,7 @@ pub struct CommandView {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct FollowQuery {
     /// Keep streaming until the command ends.
     #[serde(default)]
@@ -203,6 +207,7 @@ pub struct TimeoutBody {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DirQuery {
     /// A directory within the session's writable paths.
     pub dir: String,
@@ -231,6 +236,8 @@ pub struct Written {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Verified {
     pub ok: bool,
+    /// `fleet` (the operator: every run) or `tenant` (the caller's own runs).
+    pub scope: String,
     pub entries: u64,
     pub runs: u64,
 }

@@ -5,6 +5,7 @@
 //! [`ClassPolicy`], so the service only maps identities and answers.
 
 use crate::error::{ApiError, ErrorBody};
+use crate::state::Path;
 use crate::state::{ApiJson, Caller, Shared};
 use crate::tenants::Tenant;
 use airlock_cell::report::{ResultClass, RunReport};
@@ -12,7 +13,7 @@ use airlock_contract::Contract;
 use airlock_policy::approval::{Identity, Scope};
 use airlock_policy::Asked;
 use airlock_store::approvals::ApprovalRecord;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;

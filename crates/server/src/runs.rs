@@ -7,12 +7,13 @@ use crate::output::{self, Ended, Frame, OutputLog, Stream};
 use crate::plans::{self, PlanRefusal, Wanted};
 use crate::quota::Work;
 use crate::state::{ApiJson, Caller, Shared};
+use crate::state::{Path, Query};
 use crate::stdin_stream;
 use crate::tenants::Tenant;
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::PayloadStdin;
 use airlock_engine::{record, Engine, Refusal, RunRequest};
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use std::os::fd::OwnedFd;
@@ -412,6 +413,9 @@ pub async fn get_run(
     }
 }
 
+/// The most runs one list answers (docs/openapi.json `limit`'s maximum).
+const MAX_LIST: usize = 1000;
+
 #[utoipa::path(get, path = "/v1/runs", params(RunsQuery),
     responses((status = 200, body = RunList), (status = 401, body = ErrorBody)))]
 pub async fn list_runs(
@@ -419,11 +423,15 @@ pub async fn list_runs(
     Caller(tenant): Caller,
     Query(query): Query<RunsQuery>,
 ) -> Result<Json<RunList>, ApiError> {
+    if query.limit.is_some_and(|limit| limit > MAX_LIST) {
+        let error = format!("limit: at most {MAX_LIST}");
+        return Err(ApiError::bad_request("query.invalid", error));
+    }
     let filter = airlock_store::RunFilter {
         status: query.status,
         workload_class: query.class,
         since: query.since,
-        limit: Some(query.limit.unwrap_or(100).min(1000)),
+        limit: Some(query.limit.unwrap_or(100)),
         tenant: (!tenant.operator).then(|| tenant.name.clone()),
         ..Default::default()
     };
@@ -434,28 +442,25 @@ pub async fn list_runs(
 }
 
 #[utoipa::path(get, path = "/v1/audit/verify",
-    responses((status = 200, body = Verified), (status = 401, body = ErrorBody),
+    responses((status = 200, description = "The whole chain is intact; the counts are the caller's own runs and their entries (the fleet's for the operator)", body = Verified), (status = 401, body = ErrorBody),
         (status = 409, description = "The audit chain is broken", body = ErrorBody)))]
 pub async fn verify(
     State(state): State<Shared>,
-    Caller(_tenant): Caller,
+    Caller(tenant): Caller,
 ) -> Result<Json<Verified>, ApiError> {
     let state = Arc::clone(&state);
     let verified = tokio::task::spawn_blocking(move || {
-        state
-            .store
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let store = state.store.lock().unwrap_or_else(|p| p.into_inner());
+        store
             .verify()
+            .map(|report| verified_for(&store, &tenant, report))
     })
     .await
     .map_err(|e| ApiError::internal("server.task", e.to_string()))?;
     match verified {
-        Ok(report) => Ok(Json(Verified {
-            ok: true,
-            entries: report.entries,
-            runs: report.runs,
-        })),
+        Ok(verified) => verified
+            .map(Json)
+            .map_err(|err| ApiError::internal("store", err.to_string())),
         Err(err) => Err(ApiError::new(
             axum::http::StatusCode::CONFLICT,
             ResultClass::RuntimeFault,
@@ -463,4 +468,28 @@ pub async fn verify(
             err.to_string(),
         )),
     }
+}
+
+/// What an intact chain's check tells `tenant`: the fleet's counts only to the operator,
+/// a tenant its own runs' (another tenant's activity is not its business).
+fn verified_for(
+    store: &airlock_store::Store,
+    tenant: &Tenant,
+    report: airlock_store::VerifyReport,
+) -> airlock_store::Result<Verified> {
+    if tenant.operator {
+        return Ok(Verified {
+            ok: true,
+            scope: "fleet".into(),
+            entries: report.entries,
+            runs: report.runs,
+        });
+    }
+    let own = store.tenant_counts(&tenant.name)?;
+    Ok(Verified {
+        ok: true,
+        scope: "tenant".into(),
+        entries: own.entries,
+        runs: own.runs,
+    })
 }

@@ -487,6 +487,9 @@ impl Gate {
         next: axum::middleware::Next,
     ) -> axum::response::Response {
         let (mut parts, body) = request.into_parts();
+        if self.owners.is_some() && !MCP_METHODS.contains(&parts.method) {
+            return method_not_allowed();
+        }
         let caller = match (self.authenticate)(&parts) {
             Ok(caller) => caller,
             Err(refused) => return refusal(axum::http::StatusCode::UNAUTHORIZED, &refused),
@@ -518,6 +521,29 @@ impl Gate {
         }
         response
     }
+}
+
+/// The methods of the streamable-HTTP transport at `/mcp`.
+const MCP_METHODS: [axum::http::Method; 3] = [
+    axum::http::Method::GET,
+    axum::http::Method::POST,
+    axum::http::Method::DELETE,
+];
+
+/// Any other method at `/mcp`: 405 with `Allow`, before a session id is looked at (an
+/// unknown one would otherwise answer 404 for a method that never applies).
+fn method_not_allowed() -> axum::response::Response {
+    let refused = Refused {
+        class: ResultClass::PolicyDenied,
+        reason: "method.not_allowed".into(),
+        message: "/mcp takes GET, POST and DELETE (see Allow)".into(),
+    };
+    let mut response = refusal(axum::http::StatusCode::METHOD_NOT_ALLOWED, &refused);
+    response.headers_mut().insert(
+        axum::http::header::ALLOW,
+        axum::http::HeaderValue::from_static("GET,POST,DELETE"),
+    );
+    response
 }
 
 /// A session's `DELETE` as the MCP specification and its SDKs expect it: rmcp answers

@@ -56,7 +56,8 @@ pub async fn readyz(State(state): State<Shared>) -> Response {
 }
 
 #[utoipa::path(get, path = "/metrics", security(()),
-    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain")))]
+    responses((status = 200, description = "The metrics: OpenMetrics text (Prometheus text 0.0.4 when negotiated by Accept)",
+        content((String = "application/openmetrics-text"), (String = "text/plain")))))]
 pub async fn metrics(State(state): State<Shared>) -> Response {
     let mut open: BTreeMap<String, i64> = BTreeMap::new();
     for entry in state

@@ -86,7 +86,8 @@ mod agent_routes {
     /// envelope a model gets and the call's metadata.
     #[utoipa::path(post, path = "/v1/tools/{name}/call", tag = "tools",
         params(("name" = String, Path, description = "A tool of the registry")),
-        request_body(content = Object, content_type = "application/json", description = "The tool's input"),
+        request_body(content = Option<serde_json::Value>, content_type = "application/json",
+            description = "The tool's input, any text: the tool's own schema decides it, and refuses it in the reply (`{reply: {ok: false, error}}`), not by status"),
         responses(
             (status = 200, description = "`{reply, meta}`: the reply (ok or an error naming its reason: an unknown tool, an input the tool's schema refuses) and the run's id, class, exit code", body = Object),
             (status = 413, body = ErrorBody),

@@ -458,6 +458,8 @@ fn schemathesis(served: &Served, key: &str) {
         .arg("--report-junit-path")
         .arg(&report)
         .env("SCHEMATHESIS_HOOKS", "")
+        // Its cache (.schemathesis/) in the test's directory, not the source tree.
+        .current_dir(served.dir.path())
         .output()
         .expect("the venv's python runs");
     let text = common::output_text(&out);

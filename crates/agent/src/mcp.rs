@@ -467,9 +467,10 @@ impl SessionOwners {
 }
 
 /// The pure decision: a session is usable by the tenant that opened it; one this
-/// router never saw opened is left to rmcp, which answers 404 for it.
+/// router never saw opened is unknown (404), as another tenant's is: rmcp would accept
+/// the `DELETE` of any id.
 fn session_verdict(owner: Option<&str>, tenant: &str) -> bool {
-    owner.is_none_or(|owner| owner == tenant)
+    owner == Some(tenant)
 }
 
 /// The authentication in front of the agent's routes.
@@ -485,8 +486,10 @@ impl Gate {
         request: axum::extract::Request,
         next: axum::middleware::Next,
     ) -> axum::response::Response {
-        use axum::response::IntoResponse;
         let (mut parts, body) = request.into_parts();
+        if self.owners.is_some() && !MCP_METHODS.contains(&parts.method) {
+            return method_not_allowed();
+        }
         let caller = match (self.authenticate)(&parts) {
             Ok(caller) => caller,
             Err(refused) => return refusal(axum::http::StatusCode::UNAUTHORIZED, &refused),
@@ -498,8 +501,12 @@ impl Gate {
             .map(String::from);
         if let (Some(owners), Some(asked)) = (&self.owners, &asked) {
             if !owners.may_use(asked, caller.tenant()) {
-                let body = "no such MCP session (Mcp-Session-Id)\n";
-                return (axum::http::StatusCode::NOT_FOUND, body).into_response();
+                let refused = Refused {
+                    class: ResultClass::PolicyDenied,
+                    reason: "not_found".into(),
+                    message: "no such MCP session (Mcp-Session-Id)".into(),
+                };
+                return refusal(axum::http::StatusCode::NOT_FOUND, &refused);
             }
         }
         let method = parts.method.clone();
@@ -510,9 +517,55 @@ impl Gate {
             .await;
         if let Some(owners) = &self.owners {
             owners.learn(asked.as_deref(), &method, &response, &tenant);
+            return ended_session_answer(&method, response);
         }
         response
     }
+}
+
+/// The methods of the streamable-HTTP transport at `/mcp`.
+const MCP_METHODS: [axum::http::Method; 3] = [
+    axum::http::Method::GET,
+    axum::http::Method::POST,
+    axum::http::Method::DELETE,
+];
+
+/// Any other method at `/mcp`: 405 with `Allow`, before a session id is looked at (an
+/// unknown one would otherwise answer 404 for a method that never applies).
+fn method_not_allowed() -> axum::response::Response {
+    let refused = Refused {
+        class: ResultClass::PolicyDenied,
+        reason: "method.not_allowed".into(),
+        message: "/mcp takes GET, POST and DELETE (see Allow)".into(),
+    };
+    let mut response = refusal(axum::http::StatusCode::METHOD_NOT_ALLOWED, &refused);
+    response.headers_mut().insert(
+        axum::http::header::ALLOW,
+        axum::http::HeaderValue::from_static("GET,POST,DELETE"),
+    );
+    response
+}
+
+/// A session's `DELETE` as the MCP specification and its SDKs expect it: rmcp answers
+/// 202, which the official Python SDK logs as "Session termination failed" (it takes
+/// 200 or 204); the session is gone, so this answers 204 No Content.
+fn ended_session_answer(
+    method: &axum::http::Method,
+    mut response: axum::response::Response,
+) -> axum::response::Response {
+    if *method == axum::http::Method::DELETE
+        && response.status() == axum::http::StatusCode::ACCEPTED
+    {
+        *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+        *response.body_mut() = axum::body::Body::empty();
+        response
+            .headers_mut()
+            .remove(axum::http::header::CONTENT_LENGTH);
+        response
+            .headers_mut()
+            .remove(axum::http::header::CONTENT_TYPE);
+    }
+    response
 }
 
 /// A refusal as the API's error body: `{error, reason, class}`.
@@ -605,11 +658,14 @@ async fn call_tool(
             let body = json!({"reply": result.reply, "meta": result.meta});
             (status, axum::Json(body)).into_response()
         }
-        Err(_) => (
+        Err(_) => refusal(
             axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "the tool call failed inside the service\n",
-        )
-            .into_response(),
+            &Refused {
+                class: ResultClass::RuntimeFault,
+                reason: "server.task".into(),
+                message: "the tool call failed inside the service".into(),
+            },
+        ),
     }
 }
 
@@ -633,10 +689,7 @@ mod tests {
     fn an_mcp_session_is_usable_only_by_the_tenant_that_opened_it() {
         assert!(session_verdict(Some("alice"), "alice"));
         assert!(!session_verdict(Some("alice"), "bob"));
-        assert!(
-            session_verdict(None, "bob"),
-            "unknown sessions are rmcp's 404"
-        );
+        assert!(!session_verdict(None, "bob"), "an unknown session is 404");
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub struct RunBody {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct WaitQuery {
     /// Answer with the record only, once the run ended (no NDJSON stream).
     #[serde(default)]
@@ -49,6 +50,7 @@ pub struct WaitQuery {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct RunsQuery {
     /// Workload class (the contract's name).
     pub class: Option<String>,
@@ -56,8 +58,9 @@ pub struct RunsQuery {
     pub status: Option<String>,
     /// Runs started at or after this unix time, milliseconds.
     pub since: Option<i64>,
-    /// At most this many (default 100, at most 1000; a page also ends before its JSON
-    /// passes 1 MiB).
+    /// At most this many (default 100, at most 1000: more is 400 `query.invalid`; a page
+    /// also ends before its JSON passes 1 MiB).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -66,7 +69,9 @@ pub struct RunsQuery {
 /// A page of a list: at most `limit` items (default 100, at most 1000) and 1 MiB of
 /// JSON (unless its one item is larger); `cursor` is the previous page's `next_cursor`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PageQuery {
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     pub cursor: Option<String>,
 }
@@ -195,6 +200,7 @@ pub struct CommandView {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct FollowQuery {
     /// Keep streaming until the command ends.
     #[serde(default)]
@@ -218,11 +224,13 @@ pub struct TimeoutBody {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DirQuery {
     /// A directory within the session's writable paths.
     pub dir: String,
     /// At most this many entries (default 100, at most 1000; a page also ends before
     /// its JSON passes 1 MiB), by name.
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -253,6 +261,8 @@ pub struct Written {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Verified {
     pub ok: bool,
+    /// `fleet` (the operator: every run) or `tenant` (the caller's own runs).
+    pub scope: String,
     pub entries: u64,
     pub runs: u64,
 }

@@ -5,6 +5,7 @@
 //! [`ClassPolicy`], so the service only maps identities and answers.
 
 use crate::error::{ApiError, ErrorBody};
+use crate::state::Path;
 use crate::state::{ApiJson, Caller, Shared};
 use crate::tenants::Tenant;
 use airlock_cell::report::{ResultClass, RunReport};
@@ -12,7 +13,7 @@ use airlock_contract::Contract;
 use airlock_policy::approval::{Identity, Scope};
 use airlock_policy::Asked;
 use airlock_store::approvals::ApprovalRecord;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -302,7 +303,7 @@ pub async fn blocking<T: Send + 'static>(
 
 #[utoipa::path(get, path = "/v1/approvals", params(crate::api::PageQuery),
     responses((status = 200, description = "Requests waiting for a decision, by id", body = ApprovalList),
-        (status = 400, description = "`cursor.invalid`, `limit.zero`", body = ErrorBody),
+        (status = 400, description = "`cursor.invalid`, `limit.zero`, `query.invalid` (a limit over 1000)", body = ErrorBody),
         (status = 401, body = ErrorBody)))]
 pub async fn list_approvals(
     State(state): State<Shared>,

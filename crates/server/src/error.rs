@@ -203,3 +203,105 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// The longest framework error text kept as an [`ErrorBody`]'s `error`.
+const FRAMEWORK_TEXT_BYTES: usize = 4096;
+
+/// The layer over every route (the API's and the agent's): an error answer whose body
+/// is not `application/json` (the framework's own: a wrong method, a body limit, rmcp's
+/// refusals) becomes an [`ErrorBody`] with the same status and headers (`Allow`,
+/// `Retry-After`), so every error of the service is one shape (docs/api.md).
+pub async fn json_errors(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    if !is_bare_error(&response) {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, FRAMEWORK_TEXT_BYTES)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let mut rewritten = framework_error(parts.status, text).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            rewritten.headers_mut().append(name, value.clone());
+        }
+    }
+    rewritten
+}
+
+fn is_bare_error(response: &Response) -> bool {
+    let status = response.status();
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    (status.is_client_error() || status.is_server_error()) && !json
+}
+
+/// The pure decision: the reason code of a framework's error answer, by its status.
+pub fn framework_error(status: StatusCode, text: String) -> ApiError {
+    let (class, reason) = match status {
+        StatusCode::NOT_FOUND => (ResultClass::PolicyDenied, "not_found"),
+        StatusCode::METHOD_NOT_ALLOWED => (ResultClass::PolicyDenied, "method.not_allowed"),
+        StatusCode::PAYLOAD_TOO_LARGE => (ResultClass::PolicyDenied, "request.too_large"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (ResultClass::PolicyDenied, "body.content_type"),
+        StatusCode::NOT_ACCEPTABLE => (ResultClass::PolicyDenied, "request.not_acceptable"),
+        StatusCode::REQUEST_TIMEOUT => (ResultClass::PolicyDenied, "request.timeout"),
+        s if s.is_server_error() => (ResultClass::RuntimeFault, "server.fault"),
+        _ => (ResultClass::PolicyDenied, "request.invalid"),
+    };
+    let error = match text.is_empty() {
+        true => status
+            .canonical_reason()
+            .unwrap_or("refused")
+            .to_lowercase(),
+        false => text,
+    };
+    ApiError::new(status, class, reason, error)
+}
+
+/// The answer of a route no router serves.
+pub async fn no_such_route() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        ResultClass::PolicyDenied,
+        "not_found",
+        "no such route".into(),
+    )
+}
+
+/// The answer of a route served, but not with this method (axum adds `Allow`).
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        ResultClass::PolicyDenied,
+        "method.not_allowed",
+        "the route does not take this method (see Allow)".into(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framework_statuses_have_their_own_reasons() {
+        for (status, reason) in [
+            (StatusCode::NOT_FOUND, "not_found"),
+            (StatusCode::METHOD_NOT_ALLOWED, "method.not_allowed"),
+            (StatusCode::PAYLOAD_TOO_LARGE, "request.too_large"),
+            (StatusCode::UNSUPPORTED_MEDIA_TYPE, "body.content_type"),
+            (StatusCode::BAD_REQUEST, "request.invalid"),
+            (StatusCode::BAD_GATEWAY, "server.fault"),
+        ] {
+            let err = framework_error(status, String::new());
+            assert_eq!((err.status, err.body.reason.as_str()), (status, reason));
+            assert!(!err.body.error.is_empty());
+        }
+    }
+}

@@ -74,7 +74,7 @@ async fn store_health(state: &Shared) -> Result<(), String> {
 
 #[utoipa::path(get, path = "/metrics", security(()),
     params(("Accept" = Option<String>, Header, description = "`application/openmetrics-text` for OpenMetrics 1.0.0; otherwise Prometheus text 0.0.4")),
-    responses((status = 200, description = "Prometheus text 0.0.4 (`text/plain; version=0.0.4`), or OpenMetrics 1.0.0 (`application/openmetrics-text; version=1.0.0`) when `Accept` prefers it", content_type = "text/plain")))]
+    responses((status = 200, description = "Prometheus text 0.0.4 (`text/plain; version=0.0.4`), or OpenMetrics 1.0.0 (`application/openmetrics-text; version=1.0.0`) when `Accept` prefers it", content((String = "text/plain"), (String = "application/openmetrics-text")))))]
 pub async fn metrics(State(state): State<Shared>, headers: HeaderMap) -> Response {
     let format = Format::negotiate(
         headers

@@ -34,7 +34,7 @@ pub use plans::{ImageLease, ImageResolver, LeasedImage};
 
 use airlock_engine::{Engine, EngineConfig, PlanShape};
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post, put};
+use axum::routing::{get, post, put, MethodRouter};
 use axum::Router;
 use state::{AppState, Shared};
 use std::collections::BTreeMap;
@@ -165,52 +165,78 @@ fn metrics_vocabulary(
     }
 }
 
-/// The `/v1` API and the health endpoints.
+/// The `/v1` API and the health endpoints: every route the service itself serves, an
+/// unknown route 404 and a wrong method 405 (with `Allow`), both as `ErrorBody`.
 pub fn router(state: Shared) -> Router {
-    let max_file = state.config.max_file_bytes;
-    Router::new()
-        .route("/v1/runs", post(runs::create_run).get(runs::list_runs))
-        .route(stdin_stream::PATH, post(runs::create_streamed_run))
-        .route("/v1/runs/{id}", get(runs::get_run))
-        .route("/v1/audit/verify", get(runs::verify))
-        .route("/v1/approvals", get(approvals::list_approvals))
-        .route("/v1/approvals/{id}", post(approvals::decide_approval))
-        .route("/v1/verify/{class}/ack", post(verification::acknowledge))
-        .route(
+    let routes = api_routes(state.config.max_file_bytes);
+    routes
+        .into_iter()
+        .fold(Router::new(), |router, (path, methods)| {
+            router.route(path, methods)
+        })
+        .fallback(error::no_such_route)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .with_state(state)
+}
+
+/// Each path of the API and its handlers: one list, so that a test holds it against
+/// docs/openapi.json (src/openapi.rs).
+fn api_routes(max_file: usize) -> Vec<(&'static str, MethodRouter<Shared>)> {
+    vec![
+        ("/v1/runs", post(runs::create_run).get(runs::list_runs)),
+        (stdin_stream::PATH, post(runs::create_streamed_run)),
+        ("/v1/runs/{id}", get(runs::get_run)),
+        ("/v1/audit/verify", get(runs::verify)),
+        ("/v1/approvals", get(approvals::list_approvals)),
+        ("/v1/approvals/{id}", post(approvals::decide_approval)),
+        ("/v1/verify/{class}/ack", post(verification::acknowledge)),
+        (
             "/v1/sessions",
             post(sessions::create_session).get(sessions::list_sessions),
-        )
-        .route(
+        ),
+        (
             "/v1/sessions/{id}",
             get(sessions::get_session).delete(sessions::delete_session),
-        )
-        .route("/v1/sessions/{id}/exec", post(sessions::exec))
-        .route(
+        ),
+        ("/v1/sessions/{id}/exec", post(sessions::exec)),
+        (
             "/v1/sessions/{id}/commands/{cid}",
             get(sessions::get_command),
-        )
-        .route(
+        ),
+        (
             "/v1/sessions/{id}/commands/{cid}/output",
             get(sessions::command_output),
-        )
-        .route(
+        ),
+        (
             "/v1/sessions/{id}/commands/{cid}/signal",
             post(sessions::signal),
-        )
-        .route("/v1/sessions/{id}/timeout", post(sessions::set_timeout))
-        .route("/v1/sessions/{id}/network", post(sessions::change_network))
-        .route("/v1/sessions/{id}/files", get(sessions::list_files))
-        .route(
+        ),
+        ("/v1/sessions/{id}/timeout", post(sessions::set_timeout)),
+        ("/v1/sessions/{id}/network", post(sessions::change_network)),
+        ("/v1/sessions/{id}/files", get(sessions::list_files)),
+        (
             "/v1/sessions/{id}/files/{*path}",
             put(sessions::put_file)
                 .get(sessions::get_file)
                 .layer(DefaultBodyLimit::max(max_file)),
-        )
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
-        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
-        .with_state(state)
+        ),
+        ("/healthz", get(health::healthz)),
+        ("/readyz", get(health::readyz)),
+        ("/metrics", get(health::metrics)),
+    ]
+}
+
+/// The paths of the agent's routes ([`McpMount`]: `/mcp` and the tool calls), as
+/// docs/openapi.json describes them.
+pub const AGENT_PATHS: &[&str] = &["/mcp", "/v1/tools/{name}/call"];
+
+/// The paths [`router`] serves, as docs/openapi.json spells them (`{*path}` is `{path}`).
+pub fn api_paths() -> Vec<String> {
+    api_routes(0)
+        .into_iter()
+        .map(|(path, _)| path.replace("{*", "{"))
+        .collect()
 }
 
 async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
@@ -224,6 +250,8 @@ async fn serve_async(mut options: ServeOptions) -> Result<(), ServerError> {
         let mcp = mount(Arc::clone(&state.engine), authenticate).map_err(ServerError::Config)?;
         routes = routes.merge(mcp);
     }
+    // After the merge: the agent's routes answer their errors as ErrorBody too.
+    let routes = routes.layer(axum::middleware::from_fn(error::json_errors));
     let bound = listen::bind(&state.config, euid_is_root, tls).await?;
     let graceful = Arc::new(hyper_util::server::graceful::GracefulShutdown::new());
     let app = listen::App {

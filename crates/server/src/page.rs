@@ -24,7 +24,11 @@ pub fn limit(asked: Option<usize>) -> Result<usize, ApiError> {
             "limit.zero",
             "limit must be at least 1".into(),
         )),
-        Some(n) => Ok(n.min(MAX_LIMIT)),
+        Some(n) if n > MAX_LIMIT => Err(ApiError::bad_request(
+            "query.invalid",
+            format!("limit: at most {MAX_LIMIT}"),
+        )),
+        Some(n) => Ok(n),
     }
 }
 

@@ -8,12 +8,13 @@ use crate::page::{self, Page};
 use crate::plans::{self, PlanRefusal, Wanted};
 use crate::quota::Work;
 use crate::state::{ApiJson, Caller, Shared};
+use crate::state::{Path, Query};
 use crate::stdin_stream;
 use crate::tenants::Tenant;
 use airlock_cell::report::{ResultClass, RunReport};
 use airlock_cell::PayloadStdin;
 use airlock_engine::{record, Engine, Refusal, RunRequest};
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use std::os::fd::OwnedFd;
@@ -434,7 +435,7 @@ pub async fn get_run(
 
 #[utoipa::path(get, path = "/v1/runs", params(RunsQuery),
     responses((status = 200, body = RunList),
-        (status = 400, description = "`cursor.invalid`, `limit.zero`", body = ErrorBody),
+        (status = 400, description = "`cursor.invalid`, `limit.zero`, `query.invalid` (a limit over 1000)", body = ErrorBody),
         (status = 401, body = ErrorBody)))]
 pub async fn list_runs(
     State(state): State<Shared>,
@@ -514,29 +515,23 @@ fn run_position(cursor: &str) -> Result<(i64, String), ApiError> {
 }
 
 #[utoipa::path(get, path = "/v1/audit/verify",
-    responses((status = 200, body = Verified), (status = 401, body = ErrorBody),
+    responses((status = 200, description = "The whole chain is intact; the counts are the caller's own runs and their entries (the fleet's for the operator)", body = Verified), (status = 401, body = ErrorBody),
         (status = 409, description = "The audit chain is broken", body = ErrorBody),
+        (status = 429, description = "The tenant's share of the blocking pool is in use (`quota.blocking`)", body = ErrorBody),
         (status = 503, description = "The store cannot be reached (`store.unavailable`, Retry-After): nothing was checked", body = ErrorBody)))]
 pub async fn verify(
     State(state): State<Shared>,
-    Caller(_tenant): Caller,
+    Caller(tenant): Caller,
 ) -> Result<Json<Verified>, ApiError> {
-    let state = Arc::clone(&state);
-    let verified = tokio::task::spawn_blocking(move || {
-        state
-            .store
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .verify()
-    })
-    .await
-    .map_err(|e| ApiError::internal("server.task", e.to_string()))?;
+    let verified = state
+        .with_store(&tenant.clone(), move |store| {
+            Ok(store
+                .verify()
+                .map(|report| verified_for(store, &tenant, report)))
+        })
+        .await?;
     match verified {
-        Ok(report) => Ok(Json(Verified {
-            ok: true,
-            entries: report.entries,
-            runs: report.runs,
-        })),
+        Ok(verified) => verified.map(Json).map_err(|err| ApiError::store(&err)),
         Err(err) => Err(verify_failure(&err)),
     }
 }
@@ -554,4 +549,28 @@ fn verify_failure(err: &airlock_store::StoreError) -> ApiError {
         ),
         _ => ApiError::store(err),
     }
+}
+
+/// What an intact chain's check tells `tenant`: the fleet's counts only to the operator,
+/// a tenant its own runs' (another tenant's activity is not its business).
+fn verified_for(
+    store: &airlock_store::Store,
+    tenant: &Tenant,
+    report: airlock_store::VerifyReport,
+) -> airlock_store::Result<Verified> {
+    if tenant.operator {
+        return Ok(Verified {
+            ok: true,
+            scope: "fleet".into(),
+            entries: report.entries,
+            runs: report.runs,
+        });
+    }
+    let own = store.tenant_counts(&tenant.name)?;
+    Ok(Verified {
+        ok: true,
+        scope: "tenant".into(),
+        entries: own.entries,
+        runs: own.runs,
+    })
 }

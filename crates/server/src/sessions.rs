@@ -9,7 +9,7 @@
 use crate::api::PageQuery;
 use crate::api::{
     CommandView, DirList, DirQuery, ExecBody, FollowQuery, NetworkBody, NetworkView, SessionBody,
-    SessionList, SessionView, SignalBody, TimeoutBody, Written,
+    SessionList, SessionView, SignalBody, TimeoutBody, WaitQuery, Written,
 };
 use crate::approvals::{self, ClassPolicy, ClassSession, NetworkRequest, PolicyRefusal};
 use crate::error::{ApiError, ErrorBody};
@@ -19,13 +19,13 @@ use crate::page::{self, Page};
 use crate::plans::Wanted;
 use crate::quota::{Permit, Work};
 use crate::runs::{ended_of, ndjson, output_pipes, record_refusal, stdin_of};
-use crate::state::{ApiBytes, ApiJson, Caller, Shared};
+use crate::state::{ApiBytes, ApiJson, Caller, LateJson, Path, Query, Shared};
 use crate::tenants::Tenant;
 use airlock_cell::control::CommandSignal;
 use airlock_cell::report::ResultClass;
 use airlock_contract::{check_command, CommandInput};
 use airlock_engine::{record, CommandRequest, Session, SessionRequest};
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use std::collections::BTreeMap;
@@ -330,7 +330,7 @@ fn allowed_domains(contract: &airlock_contract::Contract) -> Vec<String> {
 
 #[utoipa::path(get, path = "/v1/sessions", params(PageQuery),
     responses((status = 200, body = SessionList),
-        (status = 400, description = "`cursor.invalid`, `limit.zero`", body = ErrorBody),
+        (status = 400, description = "`cursor.invalid`, `limit.zero`, `query.invalid` (a limit over 1000)", body = ErrorBody),
         (status = 401, body = ErrorBody)))]
 pub async fn list_sessions(
     State(state): State<Shared>,
@@ -384,9 +384,10 @@ pub async fn get_session(
     Ok(Json(session_of(&state, &tenant, &id)?.view()))
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/exec", params(("id" = String, Path)), request_body = ExecBody,
+#[utoipa::path(post, path = "/v1/sessions/{id}/exec", params(("id" = String, Path), WaitQuery), request_body = ExecBody,
     responses(
-        (status = 200, description = "NDJSON frames like a run's (start names the command id too)", content_type = "application/x-ndjson"),
+        (status = 200, description = "NDJSON frames like a run's (start names the command id too); with wait=true the command's record (JSON) once it ended", content((String = "application/x-ndjson"), (Object = "application/json"))),
+        (status = 400, description = "wait=true with background=true (`exec.wait_background`)", body = ErrorBody),
         (status = 202, description = "A background command", body = CommandView),
         (status = 404, body = ErrorBody),
         (status = 422, description = "The command breaks a command rule (`request.*`)", body = ErrorBody),
@@ -395,9 +396,17 @@ pub async fn exec(
     State(state): State<Shared>,
     Caller(tenant): Caller,
     Path(id): Path<String>,
-    ApiJson(body): ApiJson<ExecBody>,
+    Query(query): Query<WaitQuery>,
+    body: LateJson,
 ) -> Result<Response, ApiError> {
     let entry = session_of(&state, &tenant, &id)?;
+    let body: ExecBody = body.parse(&state).await?;
+    if query.wait && body.background {
+        return Err(ApiError::bad_request(
+            "exec.wait_background",
+            "wait=true answers once the command ended; a background command answers at once".into(),
+        ));
+    }
     check_exec_body(&entry, &body)?;
     if let Err(answer) = check_class_command(&state, &tenant, &entry, &body.argv).await? {
         return Ok(answer);
@@ -456,6 +465,12 @@ pub async fn exec(
         id: command_id,
         log: Arc::clone(&log),
     };
+    if query.wait {
+        // Held while waiting: a client that goes away kills its command, as when streamed.
+        let ended = crate::runs::wait_ended(&log).await;
+        drop(on_disconnect);
+        return Ok(Json(ended.record).into_response());
+    }
     Ok(ndjson(output::ndjson_body(
         log,
         Some(start),
@@ -544,9 +559,10 @@ pub async fn change_network(
     State(state): State<Shared>,
     Caller(tenant): Caller,
     Path(id): Path<String>,
-    ApiJson(body): ApiJson<NetworkBody>,
+    body: LateJson,
 ) -> Result<Response, ApiError> {
     let entry = session_of(&state, &tenant, &id)?;
+    let body: NetworkBody = body.parse(&state).await?;
     let Some(class) = entry.class.as_ref().map(|c| c.name.clone()) else {
         return Err(ApiError::new(
             axum::http::StatusCode::CONFLICT,
@@ -706,9 +722,10 @@ pub async fn signal(
     State(state): State<Shared>,
     Caller(tenant): Caller,
     Path((id, cid)): Path<(String, u64)>,
-    ApiJson(body): ApiJson<SignalBody>,
+    body: LateJson,
 ) -> Result<axum::http::StatusCode, ApiError> {
     let (entry, _) = command_of(&state, &tenant, &id, cid)?;
+    let body: SignalBody = body.parse(&state).await?;
     let Some(signal) = CommandSignal::from_name(&body.signal) else {
         let known: Vec<&str> = CommandSignal::ALL.iter().map(|s| s.name()).collect();
         return Err(ApiError::bad_request(
@@ -733,9 +750,10 @@ pub async fn set_timeout(
     State(state): State<Shared>,
     Caller(tenant): Caller,
     Path(id): Path<String>,
-    ApiJson(body): ApiJson<TimeoutBody>,
+    body: LateJson,
 ) -> Result<Json<SessionView>, ApiError> {
     let entry = session_of(&state, &tenant, &id)?;
+    let body: TimeoutBody = body.parse(&state).await?;
     let idle = seconds(
         Some(body.idle_timeout_s),
         0,

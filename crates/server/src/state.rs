@@ -184,7 +184,10 @@ pub fn tenant_of(parts: &Parts, state: &Shared) -> Result<Tenant, ApiError> {
     state.tenants.resolve(peer, authorization)
 }
 
-/// A JSON body whose rejections (malformed, too large) are API errors with a reason.
+/// A JSON body whose rejections are API errors naming what is wrong: not JSON
+/// (400 `body.invalid_json`, with the line and column), JSON of the wrong shape (422
+/// `body.invalid_field`, naming the field), not declared `application/json` (415
+/// `body.content_type`), longer than `max_body_bytes` (413 `request.too_large`).
 pub struct ApiJson<T>(pub T);
 
 impl<T: serde::de::DeserializeOwned> FromRequest<Shared> for ApiJson<T> {
@@ -193,17 +196,79 @@ impl<T: serde::de::DeserializeOwned> FromRequest<Shared> for ApiJson<T> {
     async fn from_request(req: Request, state: &Shared) -> Result<ApiJson<T>, ApiError> {
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(value)) => Ok(ApiJson(value)),
-            Err(rejection) => {
-                let status = rejection.status();
-                let reason = if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                    "request.too_large"
-                } else {
-                    "request.invalid"
-                };
-                let mut err = ApiError::bad_request(reason, rejection.body_text());
-                err.status = status;
-                Err(err)
-            }
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+/// The one mapping of a JSON body's rejection to its reason code.
+pub fn json_rejection(rejection: axum::extract::rejection::JsonRejection) -> ApiError {
+    use axum::extract::rejection::JsonRejection as R;
+    let reason = match &rejection {
+        R::JsonSyntaxError(_) => "body.invalid_json",
+        R::JsonDataError(_) => "body.invalid_field",
+        R::MissingJsonContentType(_) => "body.content_type",
+        _ if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE => "request.too_large",
+        _ => "request.invalid",
+    };
+    let mut err = ApiError::bad_request(reason, rejection.body_text());
+    err.status = rejection.status();
+    err
+}
+
+/// A JSON body parsed only when the handler asks ([`LateJson::parse`]): the handler
+/// first looks up the resource its path names, so that an unknown one is 404 whatever
+/// the body's content type (404 before 415).
+pub struct LateJson(Request);
+
+impl FromRequest<Shared> for LateJson {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &Shared) -> Result<LateJson, ApiError> {
+        Ok(LateJson(req))
+    }
+}
+
+impl LateJson {
+    pub async fn parse<T: serde::de::DeserializeOwned>(
+        self,
+        state: &Shared,
+    ) -> Result<T, ApiError> {
+        ApiJson::<T>::from_request(self.0, state)
+            .await
+            .map(|ApiJson(v)| v)
+    }
+}
+
+/// The query string, its rejection (a value of the wrong type, a missing parameter)
+/// 400 `query.invalid` naming the parameter.
+pub struct Query<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned> FromRequestParts<Shared> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Shared) -> Result<Query<T>, ApiError> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(Query(value)),
+            Err(rejection) => Err(ApiError::bad_request(
+                "query.invalid",
+                rejection.body_text(),
+            )),
+        }
+    }
+}
+
+/// The path's parameters, its rejection (a command id that is not a number) 400
+/// `path.invalid` naming the parameter.
+pub struct Path<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned + Send> FromRequestParts<Shared> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Shared) -> Result<Path<T>, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(Path(value)),
+            Err(rejection) => Err(ApiError::bad_request("path.invalid", rejection.body_text())),
         }
     }
 }

@@ -4,9 +4,10 @@
 //! (`POST /v1/verify/{class}/ack`). The binary runs the verifications and reports here.
 
 use crate::error::{ApiError, ErrorBody};
+use crate::state::Path;
 use crate::state::{Caller, Shared};
 use airlock_cell::report::ResultClass;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Serialize;

@@ -296,6 +296,13 @@ pub struct ClassStats {
     pub cleanup_failures: u64,
 }
 
+/// One tenant's share of the store ([`Store::tenant_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TenantCounts {
+    pub runs: u64,
+    pub entries: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct VerifyReport {
     pub entries: u64,
@@ -1373,6 +1380,32 @@ impl Store {
             }
             out.flush().map_err(io)?;
             Ok(n)
+        })
+    }
+
+    /// How many runs of `tenant` the store holds, and how many audit entries are about
+    /// them: what `GET /v1/audit/verify` shows a tenant (the fleet's counts are the
+    /// operator's).
+    pub fn tenant_counts(&self, tenant: &str) -> Result<TenantCounts> {
+        if let Some(fleet) = &self.fleet {
+            return fleet.tenant_counts(tenant);
+        }
+        self.read_tx(|c| {
+            let runs: i64 = c.query_row(
+                "SELECT COUNT(*) FROM runs WHERE tenant = ?1",
+                [tenant],
+                |r| r.get(0),
+            )?;
+            let entries: i64 = c.query_row(
+                "SELECT COUNT(*) FROM audit_log
+                 WHERE run_id IN (SELECT run_id FROM runs WHERE tenant = ?1)",
+                [tenant],
+                |r| r.get(0),
+            )?;
+            Ok(TenantCounts {
+                runs: runs as u64,
+                entries: entries as u64,
+            })
         })
     }
 

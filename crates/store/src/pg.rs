@@ -1244,6 +1244,25 @@ impl Fleet {
         Ok(lines.len() as u64)
     }
 
+    pub fn tenant_counts(&self, tenant: &str) -> Result<crate::TenantCounts> {
+        self.read_tx(|tx| {
+            let runs: i64 = tx
+                .query_one("SELECT COUNT(*) FROM runs WHERE tenant = $1", &[&tenant])?
+                .get(0);
+            let entries: i64 = tx
+                .query_one(
+                    "SELECT COUNT(*) FROM audit_log
+                     WHERE run_id IN (SELECT run_id FROM runs WHERE tenant = $1)",
+                    &[&tenant],
+                )?
+                .get(0);
+            Ok(crate::TenantCounts {
+                runs: runs as u64,
+                entries: entries as u64,
+            })
+        })
+    }
+
     pub fn stats(&self) -> Result<BTreeMap<String, ClassStats>> {
         self.read_tx(|tx| {
             let mut fold = StatsFold::default();

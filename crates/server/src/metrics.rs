@@ -237,7 +237,7 @@ fn to_text_004(openmetrics: &str) -> String {
 
 /// Every family: its name (after `airlock_`, before a counter's `_total`), its type, its
 /// HELP (docs/api.md lists them).
-const FAMILIES: [(&str, &str, &str); 12] = [
+const FAMILIES: [(&str, &str, &str); 13] = [
     (
         "runs",
         "counter",
@@ -286,6 +286,11 @@ const FAMILIES: [(&str, &str, &str); 12] = [
         "counter",
         "Series not created because [server] metrics_max_series was reached",
     ),
+    (
+        "store_finishes_lost",
+        "counter",
+        "Finishes of runs the store could not take and the spool had no room for",
+    ),
 ];
 
 fn help(name: &str) -> &'static str {
@@ -302,6 +307,8 @@ pub struct Metrics {
     /// and tenant of the configuration).
     series: AtomicUsize,
     series_dropped: Counter,
+    /// Mirrors `airlock_store::spool::lost_finishes` (the process's count) at each scrape.
+    finishes_lost: Counter,
     runs: Family<RunLabels, Counter>,
     start_latency: Histograms,
     wall_time: Histograms,
@@ -331,6 +338,7 @@ impl Metrics {
             vocabulary,
             series: AtomicUsize::new(0),
             series_dropped: Counter::default(),
+            finishes_lost: Counter::default(),
             runs: Family::default(),
             start_latency: Family::new_with_constructor(seconds_histogram),
             wall_time: Family::new_with_constructor(seconds_histogram),
@@ -370,6 +378,8 @@ impl Metrics {
         r.register(cells, help(cells), self.cells_alive.clone());
         let dropped = "metrics_series_dropped";
         r.register(dropped, help(dropped), self.series_dropped.clone());
+        let lost = "store_finishes_lost";
+        r.register(lost, help(lost), self.finishes_lost.clone());
     }
 
     /// The families an alert watches show 0 before anything happened: cleanup failures
@@ -509,7 +519,16 @@ impl Metrics {
         }
         self.set_sessions_active(sessions);
         self.cells_alive.set(engine.live_cells() as i64);
+        self.mirror_lost_finishes(airlock_store::spool::lost_finishes());
         self.encode()
+    }
+
+    /// Raises the lost-finishes counter to the store's count (which only grows).
+    fn mirror_lost_finishes(&self, lost: u64) {
+        let shown = self.finishes_lost.get();
+        if lost > shown {
+            self.finishes_lost.inc_by(lost - shown);
+        }
     }
 
     /// Every tenant of the configuration, 0 when it has no session open.
@@ -693,6 +712,24 @@ mod tests {
         assert_eq!(
             Format::negotiate(Some("application/openmetrics-text;q=0")),
             Format::Text004
+        );
+    }
+
+    #[test]
+    fn lost_finishes_are_shown_as_the_store_counts_them() {
+        let metrics = Metrics::new(vocabulary(100));
+        let text = metrics.encode();
+        assert!(
+            text.contains("\nairlock_store_finishes_lost_total 0\n"),
+            "{text}"
+        );
+        metrics.mirror_lost_finishes(3);
+        metrics.mirror_lost_finishes(3);
+        metrics.mirror_lost_finishes(2);
+        let text = metrics.encode();
+        assert!(
+            text.contains("\nairlock_store_finishes_lost_total 3\n"),
+            "{text}"
         );
     }
 

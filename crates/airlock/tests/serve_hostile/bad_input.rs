@@ -198,6 +198,7 @@ fn assert_refused(what: &str, door: &str, answer: (u16, Value), reason: &str, fi
 
 #[test]
 fn every_door_of_the_service_refuses_bad_commands_before_any_cell() {
+    let _load = crate::shared();
     crate::require_cells!();
     let server = start();
     let cases = bad_inputs();
@@ -278,6 +279,7 @@ fn counted_bytes(error: &str) -> usize {
 
 #[test]
 fn the_largest_command_accepted_runs_exactly_as_recorded() {
+    let _load = crate::shared();
     crate::require_cells!();
     let server = start();
     // The payload hashes its own argv as the kernel gave it, and the variable it got.
@@ -344,6 +346,7 @@ fn hex(bytes: &[u8]) -> String {
 
 #[test]
 fn airlock_run_refuses_a_command_too_large_for_a_cell_before_one_exists() {
+    let _load = crate::shared();
     crate::require_cells!();
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
@@ -377,6 +380,7 @@ fn airlock_run_refuses_a_command_too_large_for_a_cell_before_one_exists() {
 
 #[test]
 fn a_handed_off_airlock_run_over_the_bound_is_refused_by_the_service() {
+    let _load = crate::shared();
     crate::require_cells!();
     let server = start();
     let dir = tempfile::tempdir().unwrap();
@@ -425,6 +429,7 @@ fn rpc(
 
 #[test]
 fn an_mcp_tool_call_with_a_nul_in_its_argv_is_refused_naming_it() {
+    let _load = crate::shared();
     crate::require_cells!();
     let dir = tempfile::tempdir().unwrap();
     let mut mcp = Command::new(common::airlock_bin())
@@ -469,6 +474,7 @@ fn an_mcp_tool_call_with_a_nul_in_its_argv_is_refused_naming_it() {
 
 #[test]
 fn a_command_whose_every_byte_is_escaped_on_the_wire_still_reaches_its_cell() {
+    let _load = crate::shared();
     crate::require_cells!();
     let server = start();
     // 250 KB of control characters: JSON carries each as `\u0001`, six bytes, in the

@@ -316,6 +316,7 @@ fn pid_gone(pid: u32) -> bool {
 
 #[test]
 fn puts_onto_fifos_and_sockets_neither_hang_nor_slow_another_tenant_and_sigterm_drains() {
+    let _load = crate::exclusive();
     crate::require_cells!();
     let mut served = start();
     let session = session_with_special_files(&served);
@@ -434,6 +435,7 @@ fn puts_onto_fifos_and_sockets_neither_hang_nor_slow_another_tenant_and_sigterm_
 
 #[test]
 fn gets_lists_symlinks_and_nul_paths_are_answered_as_the_cell_sees_them() {
+    let _load = crate::exclusive();
     crate::require_cells!();
     let served = start();
     let session = session_with_special_files(&served);

@@ -166,6 +166,7 @@ fn exactly_once(walked: &[String]) -> BTreeSet<String> {
 
 #[test]
 fn thirty_maximal_lists_of_big_records_stay_bounded_and_cursors_walk_each_run_once() {
+    let _load = crate::exclusive();
     if !common::cells_available() {
         return;
     }
@@ -288,6 +289,7 @@ fn hex_of(s: &str) -> String {
 
 #[test]
 fn sessions_and_a_sessions_files_are_paged_by_cursor() {
+    let _load = crate::exclusive();
     if !common::cells_available() {
         return;
     }

@@ -204,6 +204,7 @@ fn series(view: &Value) -> usize {
 
 #[test]
 fn injected_class_names_forge_nothing_and_grow_nothing() {
+    let _load = crate::shared();
     if !common::cells_available() {
         return;
     }
@@ -327,6 +328,7 @@ fn injected_class_names_forge_nothing_and_grow_nothing() {
 /// opens (issue 33, item 7); the refusal is counted in `/metrics` under its reason.
 #[test]
 fn session_opens_are_not_runs_for_runs_per_minute() {
+    let _load = crate::shared();
     if !common::cells_available() {
         return;
     }

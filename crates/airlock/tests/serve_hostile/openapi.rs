@@ -134,6 +134,7 @@ fn args(v: &[String]) -> Vec<&str> {
 
 #[test]
 fn the_description_passes_openapi_spec_validator() {
+    let _load = crate::shared();
     let out = Command::new(python())
         .args(["-m", "openapi_spec_validator"])
         .arg(description())
@@ -144,6 +145,7 @@ fn the_description_passes_openapi_spec_validator() {
 
 #[test]
 fn the_frameworks_own_rejections_are_error_bodies() {
+    let _load = crate::shared();
     let served = start();
     let big = format!("{{\"argv\": [\"{}\"]}}", "x".repeat(70_000));
     let table: Vec<(&str, &str, Vec<String>, u16, &str)> = vec![
@@ -273,6 +275,7 @@ fn concrete(path: &str) -> String {
 
 #[test]
 fn every_described_path_is_served_with_exactly_its_methods() {
+    let _load = crate::shared();
     let served = start();
     let doc = described();
     const METHODS: [&str; 6] = ["GET", "POST", "PUT", "DELETE", "PATCH", "TRACE"];
@@ -315,6 +318,7 @@ fn every_described_path_is_served_with_exactly_its_methods() {
 
 #[test]
 fn a_session_exec_with_wait_true_answers_the_commands_record() {
+    let _load = crate::shared();
     if !common::cells_available() {
         return;
     }
@@ -345,6 +349,7 @@ fn a_session_exec_with_wait_true_answers_the_commands_record() {
 
 #[test]
 fn the_audit_checks_counts_are_the_callers_own_runs() {
+    let _load = crate::shared();
     if !common::cells_available() {
         return;
     }
@@ -421,6 +426,7 @@ print("termination_failed", len(failed), failed)
 
 #[test]
 fn the_mcp_sdk_ends_its_session_without_error() {
+    let _load = crate::shared();
     let served = start();
     let url = format!("http://127.0.0.1:{}/mcp", served.port);
     let out = Command::new(python())
@@ -478,6 +484,7 @@ fn schemathesis(served: &Served, key: &str) {
 
 #[test]
 fn schemathesis_finds_no_failure_as_either_tenant() {
+    let _load = crate::exclusive();
     if !common::cells_available() {
         return;
     }

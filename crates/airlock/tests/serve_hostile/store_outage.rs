@@ -364,6 +364,7 @@ fn wait_spool_empty(served: &Served) {
 
 #[test]
 fn a_postgres_outage_refuses_runs_as_store_unavailable_and_loses_no_finish() {
+    let _load = crate::exclusive();
     crate::require_cells!();
     let Some(mut pg) = PgServer::start() else {
         return;
@@ -429,6 +430,7 @@ fn a_postgres_outage_refuses_runs_as_store_unavailable_and_loses_no_finish() {
 
 #[test]
 fn a_service_started_while_postgres_is_down_does_not_start_and_a_spool_left_behind_is_replayed() {
+    let _load = crate::exclusive();
     crate::require_cells!();
     let Some(mut pg) = PgServer::start() else {
         return;
@@ -521,6 +523,7 @@ impl Drop for KillOnDrop {
 
 #[test]
 fn a_full_spool_still_answers_the_outcome_and_logs_the_lost_finish() {
+    let _load = crate::exclusive();
     crate::require_cells!();
     let Some(mut pg) = PgServer::start() else {
         return;

@@ -25,6 +25,8 @@ fn config() -> String {
     format!(
         r#"[server]
 listen = ["unix:SOCK", "tcp:127.0.0.1:PORT"]
+# All 30 lists at once are served (the default share of 8 would answer 22 of them 429).
+max_blocking_per_tenant = 32
 [server.contracts]
 small = "small.yaml"
 [server.tenants.alice]

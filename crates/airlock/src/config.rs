@@ -468,6 +468,32 @@ mod tests {
     }
 
     #[test]
+    fn the_credentials_rule_holds_the_model_keys_the_agents_key_and_the_operators() {
+        let loaded = config(
+            "[tools.agent]\napi_key_env = \"MY_MODEL_KEY\"\n[credentials]\n\
+             forbidden = [\"MY_HOST_TOKEN\"]\n[credentials.classes.c]\n\
+             allow_forbidden = [\"OPENAI_API_KEY\"]\n",
+        );
+        loaded.check().unwrap();
+        let rules = loaded.credential_rules();
+        for name in [
+            "OPENAI_API_KEY",
+            "ANTHROPIC_API_KEY",
+            "MY_MODEL_KEY",
+            "MY_HOST_TOKEN",
+        ] {
+            assert!(rules.forbidden.contains(name), "{name}");
+        }
+        assert!(rules.lifted_for_class["c"].contains("OPENAI_API_KEY"));
+        // A name that is no variable would forbid nothing: the configuration is refused.
+        for bad in ["9X", "", "A-B"] {
+            let text = format!("[credentials]\nforbidden = [{bad:?}]\n");
+            let err = config(&text).check().unwrap_err().to_string();
+            assert!(err.contains("credentials.forbidden"), "{err}");
+        }
+    }
+
+    #[test]
     fn bounds_name_the_key_and_the_range() {
         let err = config("[egress]\nmax_connections = 0\n")
             .check()

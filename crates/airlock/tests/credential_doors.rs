@@ -28,6 +28,9 @@ enum Door {
     ServeRun,
     /// `POST /v1/sessions` of `airlock serve` (a named contract, and a class).
     ServeSession,
+    /// `POST /v1/tools/{name}/call` of `airlock serve` (the registry on the service's
+    /// engine, the key in the service's environment).
+    ServeToolCall,
     /// `airlock tool call`.
     ToolCall,
     /// `airlock mcp` over stdio, driven by the official MCP SDK.
@@ -38,11 +41,12 @@ enum Door {
     Agent,
 }
 
-const DOORS: [Door; 8] = [
+const DOORS: [Door; 9] = [
     Door::Run,
     Door::Handoff,
     Door::ServeRun,
     Door::ServeSession,
+    Door::ServeToolCall,
     Door::ToolCall,
     Door::McpStdio,
     Door::McpHttp,
@@ -55,7 +59,7 @@ impl Door {
         match self {
             Door::Run => "run",
             Door::Handoff => "run",
-            Door::ServeRun | Door::ServeSession => "serve",
+            Door::ServeRun | Door::ServeSession | Door::ServeToolCall => "serve",
             Door::ToolCall => "tool",
             Door::McpStdio | Door::McpHttp => "mcp",
             Door::Agent => "agent",
@@ -260,7 +264,9 @@ fn ask(door: Door, dir: &Path, marker: &str) -> Vec<(&'static str, Attempt)> {
             ]
         }
         Door::Handoff => handoff_attempts(dir, marker),
-        Door::ServeRun | Door::ServeSession => serve_attempts(door, dir, marker),
+        Door::ServeRun | Door::ServeSession | Door::ServeToolCall => {
+            serve_attempts(door, dir, marker)
+        }
         Door::ToolCall => {
             let mut call = airlock(marker);
             call.args(["tool", "--config"])
@@ -356,17 +362,22 @@ fn serve_attempts(door: Door, dir: &Path, marker: &str) -> Vec<(&'static str, At
     });
     let (path, argv) = match door {
         Door::ServeRun => ("/v1/runs?wait=true", Some(["env"])),
+        Door::ServeToolCall => ("/v1/tools/greedy/call", None),
         _ => ("/v1/sessions", None),
     };
+    let asked = match door {
+        Door::ServeToolCall => vec![("from_env", serde_json::json!({}))],
+        _ => vec![
+            ("from_env", serde_json::json!({"contract": "greedy"})),
+            (
+                "the host's variable",
+                serde_json::json!({"contract": "host"}),
+            ),
+            ("class default", serde_json::json!({"class": "classkey"})),
+        ],
+    };
     let mut attempts = Vec::new();
-    for (how, mut body) in [
-        ("from_env", serde_json::json!({"contract": "greedy"})),
-        (
-            "the host's variable",
-            serde_json::json!({"contract": "host"}),
-        ),
-        ("class default", serde_json::json!({"class": "classkey"})),
-    ] {
+    for (how, mut body) in asked {
         if let Some(argv) = argv {
             body["argv"] = serde_json::json!(argv);
         }

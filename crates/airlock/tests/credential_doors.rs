@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 const FORBIDDEN: &str = "policy.credential_forbidden";
+/// The service tenant's API key (TCP, `/mcp`).
+const TENANT_KEY: &str = "credential-doors-tenant-key";
 
 /// Every entry point that starts a cell for a caller. A new door needs a row here, and
 /// [`every_cli_command_is_a_door_or_says_why_not`] fails until the CLI's command is
@@ -31,6 +33,8 @@ enum Door {
     /// `POST /v1/tools/{name}/call` of `airlock serve` (the registry on the service's
     /// engine, the key in the service's environment).
     ServeToolCall,
+    /// `/mcp` of `airlock serve`, streamable HTTP, driven by the official MCP SDK.
+    ServeMcp,
     /// `airlock tool call`.
     ToolCall,
     /// `airlock mcp` over stdio, driven by the official MCP SDK.
@@ -41,12 +45,13 @@ enum Door {
     Agent,
 }
 
-const DOORS: [Door; 9] = [
+const DOORS: [Door; 10] = [
     Door::Run,
     Door::Handoff,
     Door::ServeRun,
     Door::ServeSession,
     Door::ServeToolCall,
+    Door::ServeMcp,
     Door::ToolCall,
     Door::McpStdio,
     Door::McpHttp,
@@ -59,7 +64,7 @@ impl Door {
         match self {
             Door::Run => "run",
             Door::Handoff => "run",
-            Door::ServeRun | Door::ServeSession | Door::ServeToolCall => "serve",
+            Door::ServeRun | Door::ServeSession | Door::ServeToolCall | Door::ServeMcp => "serve",
             Door::ToolCall => "tool",
             Door::McpStdio | Door::McpHttp => "mcp",
             Door::Agent => "agent",
@@ -136,17 +141,20 @@ fn operator_config(dir: &Path) -> PathBuf {
 [policy.classes.classkey.template]\ncredentials = [{{ name = \"s\", env = \"STOLEN\", from_env = \"OPENAI_API_KEY\" }}]\n[policy.classes.classkey.commands]\nunmatched = \"allow\"\n[policy.classes.classkey.bounds.session]\nallowed = true\nmax_lifetime_seconds = 60\n\
 [policy.classes.model-caller]\ndescription = \"the operator lifts the model key for it\"\n\
 [policy.classes.model-caller.template]\ncredentials = [{{ name = \"s\", env = \"STOLEN\", from_env = \"OPENAI_API_KEY\" }}]\n[policy.classes.model-caller.commands]\nunmatched = \"allow\"\n\
-[server]\nlisten = [\"unix:SOCK\"]\n\
+[server]\nlisten = [\"unix:SOCK\", \"tcp:127.0.0.1:PORT\"]\n\
+[server.tenants.alice]\napi_key_sha256 = [\"{}\"]\n\
 [server.contracts]\ngreedy = \"greedy.yaml\"\nhost = \"host.yaml\"\nplain = \"plain.yaml\"\n",
         tool("greedy", "greedy.yaml"),
         tool("plain", "plain.yaml"),
+        common::sha256_hex(TENANT_KEY),
     );
     let path = dir.join("airlock.toml");
     std::fs::write(&path, text).unwrap();
     std::fs::write(
         dir.join("airlock.cli.toml"),
         (std::fs::read_to_string(&path).unwrap())
-            .replace("SOCK", &dir.join("airlock.sock").display().to_string()),
+            .replace("SOCK", &dir.join("airlock.sock").display().to_string())
+            .replace("PORT", "9"),
     )
     .unwrap();
     dir.join("airlock.cli.toml")
@@ -267,6 +275,7 @@ fn ask(door: Door, dir: &Path, marker: &str) -> Vec<(&'static str, Attempt)> {
         Door::ServeRun | Door::ServeSession | Door::ServeToolCall => {
             serve_attempts(door, dir, marker)
         }
+        Door::ServeMcp => serve_mcp_attempt(dir, marker),
         Door::ToolCall => {
             let mut call = airlock(marker);
             call.args(["tool", "--config"])
@@ -396,6 +405,29 @@ fn serve_attempts(door: Door, dir: &Path, marker: &str) -> Vec<(&'static str, At
     attempts
 }
 
+/// The official MCP SDK against the service's own `/mcp`, as tenant alice.
+fn serve_mcp_attempt(dir: &Path, marker: &str) -> Vec<(&'static str, Attempt)> {
+    std::env::set_var("OPENAI_API_KEY", marker);
+    let served = Served::start(&served_config(dir), |at| {
+        write_contracts(at);
+    });
+    let script = dir.join("mcp_call.py");
+    std::fs::write(&script, MCP_CALL).unwrap();
+    let out = Command::new(python())
+        .arg(&script)
+        .arg("url")
+        .arg(format!("http://127.0.0.1:{}/mcp", served.port))
+        .arg(TENANT_KEY)
+        .arg("-")
+        .arg("greedy")
+        .output()
+        .expect("the test's Python runs");
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    let mut attempt = Attempt::of(&[&out], vec![served.state_dir()]);
+    attempt.text.push_str(&served.log());
+    vec![("from_env", attempt)]
+}
+
 fn agent_attempt(dir: &Path, config: &Path, marker: &str) -> Attempt {
     let completion = |finish: &str, message: serde_json::Value| {
         serde_json::json!({"status": 200, "body": {"id": "c", "object": "chat.completion",
@@ -460,8 +492,9 @@ fn agent_attempt(dir: &Path, config: &Path, marker: &str) -> Attempt {
     attempt
 }
 
-/// The official MCP SDK calls one tool over stdio or streamable HTTP and prints the
-/// result (is_error, text) as one JSON line.
+/// The official MCP SDK calls one tool over stdio or streamable HTTP (`airlock mcp
+/// --listen`, or a service's `/mcp` at a URL with a key) and prints the result
+/// (is_error, text) as one JSON line.
 const MCP_CALL: &str = r#"
 import asyncio, json, os, re, subprocess, sys, uuid
 from mcp import ClientSession, StdioServerParameters, stdio_client
@@ -500,7 +533,18 @@ async def over_http():
         _, err = server.communicate(timeout=30)
         sys.stderr.write(err)
 
-asyncio.run(over_stdio() if transport == "stdio" else over_http())
+async def at_url():
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+    url, key = airlock, config
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(120.0)) as client:
+        async with streamable_http_client(url, http_client=client) as streams:
+            async with ClientSession(streams[0], streams[1]) as session:
+                await session.initialize()
+                show(await session.call_tool(tool, {}))
+
+asyncio.run({"stdio": over_stdio, "http": over_http, "url": at_url}[transport]())
 "#;
 
 #[test]

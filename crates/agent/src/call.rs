@@ -112,9 +112,6 @@ pub struct ToolBox {
     pub registry: Registry,
     pub engine: Arc<Engine>,
     pub planner: Arc<dyn Planner>,
-    /// Environment variables no tool's contract may take a credential from (the agent
-    /// loop's API key variable).
-    pub forbidden_credential_env: Vec<String>,
     /// Values that must never reach the model (API keys), redacted from every message.
     pub secrets: Vec<String>,
 }
@@ -125,7 +122,6 @@ impl ToolBox {
             registry,
             engine,
             planner,
-            forbidden_credential_env: Vec::new(),
             secrets: Vec::new(),
         }
     }
@@ -272,24 +268,21 @@ impl ToolBox {
                     &err.detail,
                 ))
             })?;
-        let forbidden = planned
-            .plan
-            .credentials
-            .iter()
-            .find(|c| self.forbidden_credential_env.contains(&c.from_env));
-        if let Some(credential) = forbidden {
-            let detail = format!(
-                "credential {:?} comes from {}, the model endpoint's API key",
-                credential.name, credential.from_env
+        // The engine's one decision (it decides the run again): refused here, before
+        // any value is read from this process's environment, with its own reason.
+        let class = format!("tool:{}", tool.name);
+        if let Err(forbidden) = self.engine.decide_credentials(&planned.plan, &class) {
+            let message = format!(
+                "the tool's contract asks for {}, which the operator forbids in cells",
+                forbidden.from_env
             );
-            let message = "the tool's contract asks for the model endpoint's API key";
             return Err(Box::new(self.refuse_recorded(
                 &tool.name,
                 caller,
                 ResultClass::PolicyDenied,
-                reason::CREDENTIAL,
-                message,
-                &detail,
+                forbidden.reason(),
+                &message,
+                &forbidden.to_string(),
             )));
         }
         Ok(planned)

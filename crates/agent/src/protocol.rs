@@ -18,7 +18,7 @@ pub mod reason {
     pub const INPUT_SCHEMA: &str = "input.schema";
     pub const INPUT_TOO_LARGE: &str = "input.too_large";
     pub const CONTRACT: &str = "tool.contract";
-    pub const CREDENTIAL: &str = "tool.credential";
+    pub const CREDENTIAL: &str = airlock_contract::CREDENTIAL_FORBIDDEN;
     pub const EXIT: &str = "tool.exit";
     pub const OUTPUT_NOT_JSON: &str = "output.not_json";
     pub const OUTPUT_SCHEMA: &str = "output.schema";

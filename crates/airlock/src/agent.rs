@@ -56,12 +56,11 @@ pub fn agent(args: AgentArgs) -> ExitCode {
 }
 
 fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
+    // The engine's credentials rule already forbids `api_key_env` in every cell
+    // (OperatorConfig::credential_rules).
     let mut toolbox = crate::tool::toolbox(&args.source)?;
     let settings = toolbox.registry.agent.clone();
     let api_key = take_api_key(&settings)?;
-    toolbox
-        .forbidden_credential_env
-        .push(settings.api_key_env.clone());
     toolbox.secrets.push(api_key.clone());
     let base_url = args.base_url.or(settings.base_url.clone()).ok_or_else(|| {
         anyhow::anyhow!("no endpoint: pass --base-url or set [tools.agent] base_url")

@@ -28,6 +28,51 @@ pub struct OperatorConfig {
     /// Brokered actions (`[broker.actions.NAME]`, docs/credentials.md): structured requests
     /// a cell hands the trusted side, which performs them with its own credential.
     pub broker: airlock_broker::BrokerConfig,
+    /// Variables of airlock's environment no contract credential may read
+    /// (`[credentials]`, docs/credentials.md).
+    pub credentials: CredentialsConfig,
+}
+
+/// `[credentials]`: the supervisor's variables that never reach a cell as a credential.
+/// The well-known model keys (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`) and the agent's
+/// `[tools.agent] api_key_env` are always in the list; `forbidden` adds the host's own.
+#[derive(Debug, Default, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct CredentialsConfig {
+    /// More variables no credential may read (`from_env`), e.g. `["MY_HOST_TOKEN"]`.
+    pub forbidden: Vec<String>,
+    /// Per workload class (`[credentials.classes.NAME]`): forbidden variables its runs
+    /// may read anyway; each run that does records the lift in its plan
+    /// (`credentials_lifted`).
+    pub classes: std::collections::BTreeMap<String, ClassCredentials>,
+}
+
+impl CredentialsConfig {
+    /// A name that is no variable would forbid nothing: refused, so a typo fails closed.
+    fn check(&self) -> anyhow::Result<()> {
+        let lifts = self.classes.iter().flat_map(|(class, lift)| {
+            (lift.allow_forbidden.iter())
+                .map(move |name| (format!("credentials.classes.{class}.allow_forbidden"), name))
+        });
+        let forbidden =
+            (self.forbidden.iter()).map(|name| ("credentials.forbidden".to_string(), name));
+        for (key, name) in forbidden.chain(lifts) {
+            let valid = !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                bail!("{key}: {name:?} must match [A-Za-z_][A-Za-z0-9_]* (docs/config.md)");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClassCredentials {
+    /// Forbidden variables (model keys included) this class's credentials may read.
+    pub allow_forbidden: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
@@ -286,6 +331,7 @@ impl OperatorConfig {
             }
         }
         self.policy.check()?;
+        self.credentials.check()?;
         self.server.check().map_err(|e| anyhow::anyhow!(e))?;
         for (name, secret) in &self.secrets {
             secret.check(name)?;
@@ -323,7 +369,25 @@ impl OperatorConfig {
         engine.quarantine_max_bytes = self.policy.quarantine_max_bytes;
         engine.store_postgres = self.store_postgres()?;
         engine.store_spool_max_files = self.spool_max_files();
+        engine.credential_rules = self.credential_rules();
         Ok(engine)
+    }
+
+    /// The credentials rule every door's engine decides with: the model keys, the agent's
+    /// key variable and `[credentials] forbidden`, with the classes' lifts.
+    pub fn credential_rules(&self) -> airlock_contract::CredentialRules {
+        let extra = (self.credentials.forbidden.iter().cloned())
+            .chain(std::iter::once(self.tools.agent.api_key_env.clone()));
+        let mut rules = airlock_contract::CredentialRules::with_model_keys(extra);
+        rules.lifted_for_class = (self.credentials.classes.iter())
+            .map(|(class, lift)| {
+                (
+                    class.clone(),
+                    lift.allow_forbidden.iter().cloned().collect(),
+                )
+            })
+            .collect();
+        rules
     }
 
     /// `[store] url` and `[store] node`, checked: the fleet's store and this node's name in
@@ -401,6 +465,32 @@ mod tests {
 
     fn config(text: &str) -> OperatorConfig {
         toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn the_credentials_rule_holds_the_model_keys_the_agents_key_and_the_operators() {
+        let loaded = config(
+            "[tools.agent]\napi_key_env = \"MY_MODEL_KEY\"\n[credentials]\n\
+             forbidden = [\"MY_HOST_TOKEN\"]\n[credentials.classes.c]\n\
+             allow_forbidden = [\"OPENAI_API_KEY\"]\n",
+        );
+        loaded.check().unwrap();
+        let rules = loaded.credential_rules();
+        for name in [
+            "OPENAI_API_KEY",
+            "ANTHROPIC_API_KEY",
+            "MY_MODEL_KEY",
+            "MY_HOST_TOKEN",
+        ] {
+            assert!(rules.forbidden.contains(name), "{name}");
+        }
+        assert!(rules.lifted_for_class["c"].contains("OPENAI_API_KEY"));
+        // A name that is no variable would forbid nothing: the configuration is refused.
+        for bad in ["9X", "", "A-B"] {
+            let text = format!("[credentials]\nforbidden = [{bad:?}]\n");
+            let err = config(&text).check().unwrap_err().to_string();
+            assert!(err.contains("credentials.forbidden"), "{err}");
+        }
     }
 
     #[test]

@@ -240,6 +240,9 @@ fn prepare(
             return Err(refuse_plan(ResultClass::SandboxUnavailable, error));
         }
     }
+    engine
+        .decide_credentials(&plan, &args.workload_class)
+        .map_err(|err| refuse_plan(ResultClass::PolicyDenied, err.to_string()))?;
     let credentials = airlock_cell::credential_env(&plan)
         .map_err(|err| refuse_plan(err.class(), err.to_string()))?;
     let (stdin, stdin_kind) = prepare_stdin(&plan).map_err(|err| {
@@ -306,6 +309,7 @@ pub fn run(mut args: RunArgs, started: Instant) -> ExitCode {
     engine_config.broker = broker;
     engine_config.quarantine_max_bytes = config.policy.quarantine_max_bytes;
     engine_config.store_postgres = store_postgres;
+    engine_config.credential_rules = config.credential_rules();
     let engine = Engine::new(engine_config);
     // `_lease` lives until this function returns: the image cannot be removed while the
     // cell runs.
@@ -576,6 +580,14 @@ fn parsed_contract(contract: &HandoffContract) -> Option<airlock_contract::Contr
         .and_then(|format| airlock_contract::parse_contract(text, format).ok())
 }
 
+/// Whether a credential of the contract reads one of the well-known model keys.
+fn reads_a_model_key(contract: Option<&airlock_contract::Contract>) -> bool {
+    contract.is_some_and(|contract| {
+        (contract.credentials.iter())
+            .any(|c| airlock_contract::MODEL_KEY_VARIABLES.contains(&c.from_env.as_str()))
+    })
+}
+
 /// The variables of this process's environment that the contract's credentials read,
 /// for the service to resolve as this process would.
 fn credential_values(contract: Option<&airlock_contract::Contract>) -> Vec<(String, String)> {
@@ -632,6 +644,15 @@ fn hand_off(args: &RunArgs) -> Option<ExitCode> {
     };
     let (contract, base_dir) = handoff_contract(args)?;
     let parsed = parsed_contract(&contract);
+    if reads_a_model_key(parsed.as_ref()) {
+        // A model key never crosses the socket: this process decides it under its own
+        // operator configuration (refused, or lifted for the class).
+        say(
+            args,
+            format_args!("running in this process (a credential reads a model key)"),
+        );
+        return None;
+    }
     let credential_values = credential_values(parsed.as_ref());
     let request = HandoffRequest {
         contract,

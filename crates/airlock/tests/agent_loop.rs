@@ -288,7 +288,10 @@ fn a_contract_taking_the_api_key_as_a_credential_is_refused() {
     assert_eq!(out.status.code(), Some(0), "{}", common::output_text(&out));
     let received = server.received();
     let reply = tool_message(&received[1], "call_1");
-    assert_eq!(reply["error"]["reason"], "tool.credential", "{reply}");
+    assert_eq!(
+        reply["error"]["reason"], "policy.credential_forbidden",
+        "{reply}"
+    );
     assert!(!received[1]["raw"].as_str().unwrap().contains(API_KEY));
 }
 

@@ -144,6 +144,7 @@ pub fn compile(contract: &Contract, input: &CompileInput) -> Result<CellPlan, Co
                 from_env: credential.from_env.clone(),
             })
             .collect(),
+        credentials_lifted: Vec::new(),
         secrets: contract
             .secrets
             .iter()

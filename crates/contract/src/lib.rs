@@ -5,6 +5,7 @@
 pub mod command_input;
 mod compile;
 mod contract;
+pub mod credential_rules;
 mod error;
 mod etc;
 pub mod layout;
@@ -21,6 +22,10 @@ pub use command_input::{
 };
 pub use compile::{compile, contract_sha256, CompileInput, PodInput};
 pub use contract::*;
+pub use credential_rules::{
+    decide_credentials, CredentialForbidden, CredentialRules, LiftedCredential,
+    CREDENTIAL_FORBIDDEN, MODEL_KEY_VARIABLES,
+};
 pub use error::{ContractError, ContractFormat, FieldError, FieldErrors};
 pub use etc::{ETC_DENIED, ETC_GENERATED, HOST_ETC_ENTRIES, HOST_ETC_EXCLUDED};
 pub use layout::*;

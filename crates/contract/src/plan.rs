@@ -47,6 +47,10 @@ pub struct CellPlan {
     pub output_allowlist: Vec<String>,
     /// Credentials the supervisor injects; values never appear in the plan.
     pub credentials: Vec<CredentialPlan>,
+    /// Forbidden variables its credentials read under the operator's lift for the run's
+    /// class (crate::credential_rules), set by the engine: the record says so.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials_lifted: Vec<crate::credential_rules::LiftedCredential>,
     /// Secrets the egress proxy injects; the cell holds only per-run placeholders in
     /// these variables (docs/credentials.md).
     #[serde(default)]

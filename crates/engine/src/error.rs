@@ -34,6 +34,10 @@ pub enum EngineError {
     /// A command no cell may be sent ([`airlock_contract::check_exec`]): nothing ran.
     #[error("{0}")]
     CommandRefused(#[from] airlock_contract::CommandInputError),
+    /// A credential reads a variable the operator forbids in cells
+    /// ([`airlock_contract::decide_credentials`]): nothing ran.
+    #[error("{0}")]
+    CredentialForbidden(#[from] airlock_contract::CredentialForbidden),
 }
 
 impl EngineError {
@@ -50,9 +54,9 @@ impl EngineError {
             EngineError::SessionFailed(_)
             | EngineError::SessionClosed
             | EngineError::NoSuchCommand(_) => ResultClass::RuntimeFault,
-            EngineError::DestinationsNotSet(_) | EngineError::CommandRefused(_) => {
-                ResultClass::PolicyDenied
-            }
+            EngineError::DestinationsNotSet(_)
+            | EngineError::CommandRefused(_)
+            | EngineError::CredentialForbidden(_) => ResultClass::PolicyDenied,
         }
     }
 }

@@ -403,6 +403,16 @@ pub fn serve_connection(
         let reply = refuse(ResultClass::SandboxUnavailable, error, Some(&plan), tenant);
         return write_frame(&stream, &reply, &[]);
     }
+    // Decided before any value the client sent is looked at.
+    if let Err(forbidden) = engine.decide_credentials(&plan, &request.workload_class) {
+        let reply = refuse(
+            ResultClass::PolicyDenied,
+            forbidden.to_string(),
+            Some(&plan),
+            tenant,
+        );
+        return write_frame(&stream, &reply, &[]);
+    }
     let credentials = airlock_cell::credential_env_from(&plan, |name| {
         (request.credential_values.iter())
             .find(|(from_env, _)| from_env == name)

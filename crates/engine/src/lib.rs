@@ -64,6 +64,9 @@ pub struct EngineConfig {
     /// The most bytes of a suspected escape's writable paths kept in the quarantine area
     /// (`<state dir>/quarantine`); 0 keeps none.
     pub quarantine_max_bytes: u64,
+    /// The supervisor's variables no credential may read, and the classes' lifts
+    /// (`[credentials]`, docs/credentials.md); every run and session is decided by it.
+    pub credential_rules: airlock_contract::CredentialRules,
 }
 
 impl EngineConfig {
@@ -94,6 +97,9 @@ impl EngineConfig {
             host_ids: Default::default(),
             broker: Arc::new(airlock_broker::Broker::default()),
             quarantine_max_bytes: 64 << 20,
+            credential_rules: airlock_contract::CredentialRules::with_model_keys(
+                Vec::<String>::new(),
+            ),
         }
     }
 }
@@ -122,6 +128,23 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// Which credentials a cell of `workload_class` may receive from `plan`
+    /// ([`airlock_contract::decide_credentials`] under the operator's rules): the engine
+    /// decides every run and session with it, and a door calls it before it reads any
+    /// value from its environment.
+    pub fn decide_credentials(
+        &self,
+        plan: &airlock_contract::CellPlan,
+        workload_class: &str,
+    ) -> Result<Vec<airlock_contract::LiftedCredential>, airlock_contract::CredentialForbidden>
+    {
+        airlock_contract::decide_credentials(
+            &plan.credentials,
+            &self.config.credential_rules,
+            workload_class,
+        )
     }
 
     /// Keeps `size` warm cells of `template`'s shape (its command is ignored) parked for

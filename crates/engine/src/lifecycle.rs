@@ -372,10 +372,11 @@ impl Engine {
     /// the read-only inputs. A refusal is recorded and carries the request's plan.
     pub(crate) fn prepare(
         &self,
-        request: RunRequest,
+        mut request: RunRequest,
     ) -> Result<(PreparedRun, RunRequest), Box<RecordedRefusal>> {
         let checked = self
-            .check(&request)
+            .grant_credentials(&mut request)
+            .and_then(|()| self.check(&request))
             .and_then(|prepared| self.with_secrets(prepared, &request));
         match checked {
             Ok((prepared, placeholders)) => {
@@ -415,6 +416,25 @@ impl Engine {
         prepared.secrets.extend(hidden);
         prepared.injections = injections;
         Ok((prepared, placeholders))
+    }
+
+    /// The credentials decision, first: a forbidden one refuses the run before anything
+    /// else looks at the request; a lifted one is written into the plan (its record).
+    fn grant_credentials(&self, request: &mut RunRequest) -> Result<(), Box<RecordedRefusal>> {
+        match self.decide_credentials(&request.plan, &request.workload_class) {
+            Ok(lifted) => {
+                request.plan.credentials_lifted = lifted;
+                Ok(())
+            }
+            Err(forbidden) => Err(Box::new(self.refuse(Refusal {
+                argv: &request.plan.argv,
+                workload_class: &request.workload_class,
+                status: ResultClass::PolicyDenied,
+                error: forbidden.to_string(),
+                plan: Some(&request.plan),
+                tenant: request.tenant.as_deref(),
+            }))),
+        }
     }
 
     fn check(&self, request: &RunRequest) -> Result<PreparedRun, Box<RecordedRefusal>> {

@@ -140,7 +140,7 @@ impl Engine {
     /// Builds a session's cell and begins its record.
     pub fn open_session(&self, request: SessionRequest) -> Result<Session, EngineError> {
         let SessionRequest {
-            plan,
+            mut plan,
             workload_class,
             credentials,
             artifacts,
@@ -149,6 +149,7 @@ impl Engine {
             tenant,
             after_close,
         } = request;
+        plan.credentials_lifted = self.decide_credentials(&plan, &workload_class)?;
         record::check_exec(&[], &plan, &credentials, &[])?;
         if plan.broker.is_some() {
             // A session's socket would outlive each command's authorization: not built.

@@ -182,6 +182,9 @@ impl ApiError {
         if let airlock_engine::EngineError::CommandRefused(refused) = err {
             return ApiError::command_input(refused);
         }
+        if let airlock_engine::EngineError::CredentialForbidden(forbidden) = err {
+            return ApiError::forbidden(forbidden.reason(), forbidden.to_string());
+        }
         match err.class() {
             ResultClass::CapacityExceeded => {
                 ApiError::too_many("engine.capacity", err.to_string(), 1)

@@ -689,7 +689,9 @@ fn the_session_file_api_reaches_the_writable_paths_only() {
         &format!("{base}/files/tmp/etc-link/passwd"),
         None,
     );
-    assert_eq!(code, 404, "the link resolves inside /tmp: {body}");
+    // The link resolves as the cell resolves it, to its own /etc: not a writable path.
+    assert_eq!(code, 403, "the link leaves /tmp: {body}");
+    assert!(body.contains("path.escapes"), "{body}");
     let (code, body) = served.call_text(KEY, "GET", &format!("{base}/files/etc/passwd"), None);
     assert_eq!(code, 403, "{body}");
     assert!(!body.contains("root:"), "{body}");

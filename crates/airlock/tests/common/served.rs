@@ -88,6 +88,23 @@ impl Served {
         }
     }
 
+    /// kB of a field of the running service's `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`).
+    pub fn status_kb(&self, field: &str) -> u64 {
+        let pid = self.pid().expect("the service is running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(field)?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+    }
+
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }

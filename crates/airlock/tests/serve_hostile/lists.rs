@@ -106,23 +106,6 @@ fn seed_big_runs(served: &Served) -> BTreeSet<String> {
     })
 }
 
-/// kB of a field of the server's /proc status (`VmRSS:`, `VmHWM:`).
-fn status_kb(served: &Served, field: &str) -> u64 {
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", served.pid().unwrap())).unwrap();
-    status
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .trim()
-                .strip_suffix("kB")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap()
-}
-
 /// Every item of a list, following `next_cursor`: the items' `field`, in order.
 fn walk(served: &Served, key: &str, path: &str, list: &str, field: &str) -> Vec<Value> {
     let mut seen = Vec::new();
@@ -188,8 +171,8 @@ fn thirty_maximal_lists_of_big_records_stay_bounded_and_cursors_walk_each_run_on
         .collect();
 
     // 30 lists at once, each asking for all 1000.
-    let rss_before = status_kb(&served, "VmRSS:");
-    let hwm_before = status_kb(&served, "VmHWM:");
+    let rss_before = served.status_kb("VmRSS:");
+    let hwm_before = served.status_kb("VmHWM:");
     let pages: Vec<String> = std::thread::scope(|scope| {
         let lists: Vec<_> = (0..30)
             .map(|_| scope.spawn(|| served.call_text(ALICE, "GET", "/v1/runs?limit=1000", None)))
@@ -203,7 +186,7 @@ fn thirty_maximal_lists_of_big_records_stay_bounded_and_cursors_walk_each_run_on
             })
             .collect()
     });
-    let hwm_after = status_kb(&served, "VmHWM:");
+    let hwm_after = served.status_kb("VmHWM:");
     let peak_growth = hwm_after.saturating_sub(rss_before);
     eprintln!(
         "{BIG_RUNS} runs of ~{} KB argv; 30 concurrent GET /v1/runs?limit=1000: server VmRSS \
@@ -211,9 +194,9 @@ fn thirty_maximal_lists_of_big_records_stay_bounded_and_cursors_walk_each_run_on
          growth {peak_growth} kB; VmRSS {} kB after (RssAnon {} kB, RssFile {} kB); pages \
          of {:?} bytes",
         3 * ARG_BYTES / 1024,
-        status_kb(&served, "VmRSS:"),
-        status_kb(&served, "RssAnon:"),
-        status_kb(&served, "RssFile:"),
+        served.status_kb("VmRSS:"),
+        served.status_kb("RssAnon:"),
+        served.status_kb("RssFile:"),
         pages.iter().map(String::len).take(3).collect::<Vec<_>>()
     );
     for text in &pages {

@@ -182,23 +182,6 @@ fn inject(served: &Served, names: &[String]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// kB of `VmRSS` (or another field) in the server's /proc status.
-fn status_kb(served: &Served, field: &str) -> u64 {
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", served.pid().unwrap())).unwrap();
-    status
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .trim()
-                .strip_suffix("kB")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap()
-}
-
 fn series(view: &Value) -> usize {
     view["samples"].as_array().unwrap().len()
 }
@@ -249,7 +232,7 @@ fn injected_class_names_forge_nothing_and_grow_nothing() {
         "airlock_sessions_active",
         serde_json::json!({"tenant": "mallory"})
     ));
-    let rss_before = status_kb(&served, "VmRSS:");
+    let rss_before = served.status_kb("VmRSS:");
 
     let mut hostile: Vec<String> = [
         "\"",
@@ -312,12 +295,12 @@ fn injected_class_names_forge_nothing_and_grow_nothing() {
         "10,107 names added {grown} series:\n{}",
         after_scrape.text
     );
-    let rss_after = status_kb(&served, "VmRSS:");
+    let rss_after = served.status_kb("VmRSS:");
     let grown_kb = rss_after.saturating_sub(rss_before);
     eprintln!(
         "server VmRSS {rss_before} kB before, {rss_after} kB after 10,107 injected names \
          (100 of 500 KB); VmHWM {} kB",
-        status_kb(&served, "VmHWM:")
+        served.status_kb("VmHWM:")
     );
     assert!(
         grown_kb < 32 * 1024,
